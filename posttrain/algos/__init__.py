@@ -1,0 +1,38 @@
+"""The algorithm library: pure tensor functions, registered by name.
+
+Imports only torch. Token-level tensors are ``[B, T]`` with an ``action_mask [B, T]``
+(1 = policy-generated token); sequence-level tensors are ``[B]``. A recipe selects each
+function by its registry name; see docs/algorithms.md for the formulas and sources.
+"""
+
+from posttrain.algos import (  # noqa: F401  (importing registers the functions)
+    advantages,
+    corrections,
+    distill,
+    entropy,
+    kl,
+    policy_losses,
+    preference,
+    reductions,
+    shaping,
+    value,
+)
+from posttrain.algos.registry import (
+    ADVANTAGES,
+    CORRECTIONS,
+    KL_ESTIMATORS,
+    POLICY_LOSSES,
+    PREFERENCE_LOSSES,
+    REDUCTIONS,
+    Registry,
+)
+
+__all__ = [
+    "ADVANTAGES",
+    "CORRECTIONS",
+    "KL_ESTIMATORS",
+    "POLICY_LOSSES",
+    "PREFERENCE_LOSSES",
+    "REDUCTIONS",
+    "Registry",
+]

@@ -1,0 +1,3 @@
+"""Advantage and return estimators (registry ADVANTAGES)."""
+
+from __future__ import annotations

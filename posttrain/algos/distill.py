@@ -1,0 +1,3 @@
+"""On-policy distillation token losses."""
+
+from __future__ import annotations

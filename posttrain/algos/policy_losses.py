@@ -1,0 +1,3 @@
+"""Policy losses (registry POLICY_LOSSES)."""
+
+from __future__ import annotations

@@ -1,0 +1,56 @@
+"""Name -> function registries that recipes select from YAML.
+
+A registry is a plain ``dict`` (so ``sorted(ADVANTAGES)`` lists the names) that refuses a
+second registration under a taken name and answers an unknown name with the valid ones.
+Pattern after verl's ``register_adv_est`` / ``get_policy_loss_fn``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+class Registry(dict[str, Callable[..., Any]]):
+    """A named mapping of string keys to pure functions.
+
+    ``register(name)`` is a decorator; ``get(name)`` (or ``[name]``) raises ``KeyError`` naming
+    the registry and listing every valid key when ``name`` is unknown.
+    """
+
+    def __init__(self, kind: str) -> None:
+        super().__init__()
+        self.kind = kind
+
+    def register(self, name: str) -> Callable[[F], F]:
+        """Register ``fn`` under ``name``; a taken name is a ``ValueError``."""
+
+        def deco(fn: F) -> F:
+            if name in self:
+                raise ValueError(f"{self.kind} {name!r} is already registered (by {self[name].__module__})")
+            super(Registry, self).__setitem__(name, fn)
+            return fn
+
+        return deco
+
+    def __setitem__(self, key: str, value: Callable[..., Any]) -> None:
+        raise TypeError(f"use {self.kind} registry .register({key!r}) instead of item assignment")
+
+    def __missing__(self, key: str) -> Callable[..., Any]:
+        raise KeyError(f"unknown {self.kind} {key!r}; valid: {', '.join(sorted(self))}")
+
+    def get(self, key: str, default: Any = None) -> Callable[..., Any]:  # type: ignore[override]
+        """Like ``self[key]``: unknown names raise, they never return a silent default."""
+        if default is not None:
+            raise TypeError("Registry.get takes no default: an unknown name is an error")
+        return self[key]
+
+
+ADVANTAGES = Registry("advantage estimator")
+POLICY_LOSSES = Registry("policy loss")
+KL_ESTIMATORS = Registry("KL estimator")
+REDUCTIONS = Registry("loss reduction")
+CORRECTIONS = Registry("behavior correction")
+PREFERENCE_LOSSES = Registry("preference loss")

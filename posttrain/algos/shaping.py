@@ -1,0 +1,3 @@
+"""Reward shaping: DAPO soft overlong punishment and the effort/budget penalty."""
+
+from __future__ import annotations

@@ -1,0 +1,3 @@
+"""Critic value loss, clipped and unclipped."""
+
+from __future__ import annotations

@@ -1,0 +1,55 @@
+"""The ``posttrain`` command line: ``posttrain <command> [args]``.
+
+Each command lives in its own module exposing ``register(subparsers)``, which adds its parser
+and sets ``func``. Errors a user can fix (bad config, missing file) are one clear line on stderr
+and exit code 2, not a traceback.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+from collections.abc import Sequence
+
+# name -> module that implements it (each has register(subparsers)).
+COMMANDS: dict[str, str] = {
+    "bench": "posttrain.commands.bench",
+}
+
+
+class UserError(Exception):
+    """An error caused by the user's input: printed as one line, exit code 2."""
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The top-level parser with every command registered."""
+    parser = argparse.ArgumentParser(
+        prog="posttrain",
+        description="Online RL post-training of language models with verifiable rewards.",
+    )
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    for mod in COMMANDS.values():
+        importlib.import_module(mod).register(sub)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of the console script."""
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if not getattr(args, "func", None):
+        parser.print_help()
+        return 0
+    try:
+        return int(args.func(args) or 0)
+    except (UserError, FileNotFoundError, ValueError, KeyError) as e:
+        if "--traceback" in (argv or sys.argv):
+            raise
+        msg = e.args[0] if isinstance(e, KeyError) and e.args else e
+        print(f"posttrain {args.command}: error: {msg}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

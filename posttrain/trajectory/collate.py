@@ -1,0 +1,132 @@
+"""Trajectories <-> padded learner tensors.
+
+Right padding to the longest sequence ``T`` of the batch. Every tensor is ``[B, T]`` and keeps
+the record's alignment: position ``t`` concerns token ``t``. The learner's forward pass predicts
+token ``t`` from logits at ``t - 1``; it shifts, the contract does not.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+
+import numpy as np
+import torch
+
+from posttrain.trajectory.enums import CODE_ROLES, ROLE_CODES, Role
+from posttrain.trajectory.record import Trajectory, TrajectoryError
+
+
+@dataclasses.dataclass
+class TrajectoryBatch:
+    """Padded tensors of a list of trajectories (all ``[B, T]`` unless noted).
+
+    - ``input_ids`` long; padding positions hold ``pad_token_id``
+    - ``attention_mask`` long: 1 on real tokens (prompt, action, observation, system)
+    - ``action_mask`` float: 1 only on policy-generated tokens
+    - ``role_codes`` long: ``ROLE_CODES`` of each token, padding -> ``ROLE_CODES[Role.PADDING]``
+    - ``behavior_logprob`` / ``old_logprob`` / ``ref_logprob`` float64, 0 off the action mask;
+      ``old_logprob`` / ``ref_logprob`` are ``None`` unless every trajectory has them
+    - ``behavior_version`` long, -1 off the action mask
+    - ``lengths`` ``[B]`` long: real length of each row
+    """
+
+    trajectories: list[Trajectory]
+    input_ids: torch.Tensor
+    attention_mask: torch.Tensor
+    action_mask: torch.Tensor
+    role_codes: torch.Tensor
+    behavior_logprob: torch.Tensor
+    behavior_version: torch.Tensor
+    old_logprob: torch.Tensor | None
+    ref_logprob: torch.Tensor | None
+    lengths: torch.Tensor
+    pad_token_id: int
+
+    @property
+    def size(self) -> int:
+        """Number of rows ``B``."""
+        return len(self.trajectories)
+
+
+def _pad(rows: Sequence[np.ndarray], T: int, fill: float | int, dtype: torch.dtype) -> torch.Tensor:
+    out = torch.full((len(rows), T), fill, dtype=dtype)
+    for i, r in enumerate(rows):
+        out[i, : len(r)] = torch.as_tensor(np.array(r), dtype=dtype)
+    return out
+
+
+def collate(trajectories: Sequence[Trajectory], pad_token_id: int = 0) -> TrajectoryBatch:
+    """Pad ``trajectories`` into a :class:`TrajectoryBatch` (see its docstring for layout)."""
+    trajs = list(trajectories)
+    if not trajs:
+        raise TrajectoryError("collate: empty list of trajectories")
+    T = max(t.length for t in trajs)
+    pad_code = ROLE_CODES[Role.PADDING]
+
+    def opt(name: str) -> torch.Tensor | None:
+        vals = [getattr(t, name) for t in trajs]
+        if any(v is None for v in vals):
+            return None
+        return _pad(vals, T, 0.0, torch.float64)
+
+    return TrajectoryBatch(
+        trajectories=trajs,
+        input_ids=_pad([t.token_ids for t in trajs], T, pad_token_id, torch.long),
+        attention_mask=_pad([np.ones(t.length, dtype=np.int64) for t in trajs], T, 0, torch.long),
+        action_mask=_pad([t.action_mask for t in trajs], T, 0, torch.float32),
+        role_codes=_pad([np.array([ROLE_CODES[r] for r in t.roles]) for t in trajs], T, pad_code, torch.long),
+        behavior_logprob=_pad([t.behavior_logprob for t in trajs], T, 0.0, torch.float64),
+        behavior_version=_pad([t.behavior_version for t in trajs], T, -1, torch.long),
+        old_logprob=opt("old_logprob"),
+        ref_logprob=opt("ref_logprob"),
+        lengths=torch.tensor([t.length for t in trajs], dtype=torch.long),
+        pad_token_id=pad_token_id,
+    )
+
+
+def token_field_to_rows(batch: TrajectoryBatch, values: torch.Tensor) -> list[np.ndarray]:
+    """Cut a ``[B, T]`` tensor back into per-trajectory float64 arrays, 0.0 off the action mask."""
+    if tuple(values.shape) != tuple(batch.input_ids.shape):
+        raise TrajectoryError(f"values have shape {tuple(values.shape)}, batch is {tuple(batch.input_ids.shape)}")
+    masked = (values.detach().to(torch.float64) * batch.action_mask.to(torch.float64)).cpu().numpy()
+    return [masked[i, : int(n)].copy() for i, n in enumerate(batch.lengths.tolist())]
+
+
+def with_logprobs(
+    batch: TrajectoryBatch, field: str, values: torch.Tensor, version: int
+) -> list[Trajectory]:
+    """Freeze learner log-probs into the records: ``field`` is ``'old'`` or ``'ref'``.
+
+    Returns new trajectories with ``{field}_logprob`` set from ``values [B, T]`` and
+    ``{field}_version = version``.
+    """
+    if field not in ("old", "ref"):
+        raise ValueError(f"field must be 'old' or 'ref', got {field!r}")
+    rows = token_field_to_rows(batch, values)
+    return [
+        t.replace(**{f"{field}_logprob": r, f"{field}_version": version})
+        for t, r in zip(batch.trajectories, rows, strict=True)
+    ]
+
+
+def uncollate(batch: TrajectoryBatch) -> list[Trajectory]:
+    """Rebuild the trajectories from the batch tensors (the inverse of :func:`collate`).
+
+    Per-token fields come from the tensors, per-trajectory metadata from ``batch.trajectories``.
+    """
+    out: list[Trajectory] = []
+    for i, (t, n) in enumerate(zip(batch.trajectories, batch.lengths.tolist(), strict=True)):
+        kw: dict[str, object] = dict(
+            token_ids=batch.input_ids[i, :n].numpy(),
+            roles=tuple(CODE_ROLES[int(c)] for c in batch.role_codes[i, :n]),
+            action_mask=batch.action_mask[i, :n].to(torch.int8).numpy(),
+            behavior_logprob=batch.behavior_logprob[i, :n].numpy(),
+            behavior_version=batch.behavior_version[i, :n].numpy(),
+        )
+        if batch.old_logprob is not None:
+            kw["old_logprob"] = batch.old_logprob[i, :n].numpy()
+        if batch.ref_logprob is not None:
+            kw["ref_logprob"] = batch.ref_logprob[i, :n].numpy()
+        out.append(t.replace(**kw))
+    return out

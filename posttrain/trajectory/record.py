@@ -1,0 +1,225 @@
+"""The per-trajectory record: every token accounted for.
+
+Per token (arrays of the flattened sequence length ``L``; value at index ``t`` concerns token
+``t`` itself, i.e. ``behavior_logprob[t] = log mu(token_t | tokens_<t)``):
+
+- ``token_ids`` int64, ``roles`` (:class:`Role`), ``action_mask`` int8 (1 only on ACTION tokens)
+- ``behavior_logprob`` float64: exact log-prob under the distribution that sampled the token
+  (engine + sampler after temperature / top-p / top-k renormalisation); 0.0 where not an action
+- ``behavior_version`` int64: the engine version that sampled the token, -1 where not an action
+  (a paused-and-resumed trajectory spans versions)
+- ``old_logprob`` / ``ref_logprob`` float64 or ``None`` until the learner freezes them; 0.0 where
+  not an action. Their ``old_version`` / ``ref_version`` are one integer per trajectory: the
+  learner recomputes a whole sequence in one forward pass under one version.
+
+Per trajectory: ids, group, env seed / snapshot, sampling config + RNG seed, raw reward
+components + weights + total, ``verifier`` ``name@version``, ``status``, ``finish``, timings,
+policy lag at consumption, and a free ``meta`` dict of JSON scalars (prompt text, answer...).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+
+from posttrain.trajectory.enums import Finish, Role, Status
+
+JSONScalar = str | int | float | bool | None
+
+
+class TrajectoryError(ValueError):
+    """A trajectory violates the contract; the message names the trajectory and field."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Reward:
+    """Raw, unweighted components, their weights, and ``total = sum(w_k * c_k)``.
+
+    ``total`` is ``None`` when the trajectory has no valid reward (``infra_error`` or not yet
+    scored): it must never be replaced by zero.
+    """
+
+    components: Mapping[str, float] = dataclasses.field(default_factory=dict)
+    weights: Mapping[str, float] = dataclasses.field(default_factory=dict)
+    total: float | None = None
+
+
+def _arr(x: Any, dtype: npt.DTypeLike) -> npt.NDArray[Any]:
+    a = np.asarray(x, dtype=dtype)
+    a.setflags(write=False)
+    return a
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class Trajectory:
+    """One trajectory of the contract; validated on construction (see module docstring)."""
+
+    traj_id: str
+    prompt_id: str
+    group_id: str
+    token_ids: npt.NDArray[np.int64]
+    roles: tuple[Role, ...]
+    action_mask: npt.NDArray[np.int8]
+    behavior_logprob: npt.NDArray[np.float64]
+    behavior_version: npt.NDArray[np.int64]
+    finish: Finish
+    status: Status | None = None
+    reward: Reward = dataclasses.field(default_factory=Reward)
+    verifier: str | None = None
+    old_logprob: npt.NDArray[np.float64] | None = None
+    old_version: int | None = None
+    ref_logprob: npt.NDArray[np.float64] | None = None
+    ref_version: int | None = None
+    env_seed: int | None = None
+    snapshot_id: str | None = None
+    sampling: Mapping[str, JSONScalar] = dataclasses.field(default_factory=dict)
+    rng_seed: int | None = None
+    timings: Mapping[str, float] = dataclasses.field(default_factory=dict)
+    policy_lag: int | None = None
+    meta: Mapping[str, JSONScalar] = dataclasses.field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        set_ = object.__setattr__
+        set_(self, "token_ids", _arr(self.token_ids, np.int64))
+        set_(self, "roles", tuple(Role(r) for r in self.roles))
+        set_(self, "action_mask", _arr(self.action_mask, np.int8))
+        set_(self, "behavior_logprob", _arr(self.behavior_logprob, np.float64))
+        set_(self, "behavior_version", _arr(self.behavior_version, np.int64))
+        set_(self, "finish", Finish(self.finish))
+        if self.status is not None:
+            set_(self, "status", Status(self.status))
+        for name in ("old_logprob", "ref_logprob"):
+            v = getattr(self, name)
+            if v is not None:
+                set_(self, name, _arr(v, np.float64))
+        self.validate()
+
+    # ------------------------------------------------------------------ validation
+    def _fail(self, field: str, msg: str) -> TrajectoryError:
+        return TrajectoryError(f"trajectory {self.traj_id!r}: field {field!r}: {msg}")
+
+    def validate(self) -> None:
+        """Check the contract; raise :class:`TrajectoryError` naming trajectory and field."""
+        n = self.token_ids.shape
+        if self.token_ids.ndim != 1:
+            raise self._fail("token_ids", f"must be 1-D, got shape {n}")
+        L = int(n[0])
+        if L == 0:
+            raise self._fail("token_ids", "is empty")
+        for name in ("action_mask", "behavior_logprob", "behavior_version", "old_logprob", "ref_logprob"):
+            v = getattr(self, name)
+            if v is not None and v.shape != (L,):
+                raise self._fail(name, f"has shape {v.shape}, token_ids has ({L},)")
+        if len(self.roles) != L:
+            raise self._fail("roles", f"has length {len(self.roles)}, token_ids has {L}")
+        if not np.isin(self.action_mask, (0, 1)).all():
+            raise self._fail("action_mask", "must hold only 0 and 1")
+        is_action = np.array([r is Role.ACTION for r in self.roles])
+        bad = np.flatnonzero(is_action != self.action_mask.astype(bool))
+        if bad.size:
+            raise self._fail("action_mask", f"disagrees with roles at token {int(bad[0])} (1 only on action tokens)")
+        act = self.action_mask.astype(bool)
+        for name in ("behavior_logprob", "old_logprob", "ref_logprob"):
+            v = getattr(self, name)
+            if v is None:
+                continue
+            on = v[act]
+            if not np.isfinite(on).all():
+                raise self._fail(name, f"not finite at action token {int(np.flatnonzero(act)[~np.isfinite(on)][0])}")
+            if (on > 0).any():
+                raise self._fail(name, f"log-prob > 0 at action token {int(np.flatnonzero(act)[on > 0][0])}")
+            if (v[~act] != 0).any():
+                raise self._fail(name, "must be 0.0 on non-action tokens")
+        if act.any() and (self.behavior_version[act] < 0).any():
+            raise self._fail("behavior_version", "must be >= 0 on action tokens")
+        if (self.behavior_version[~act] != -1).any():
+            raise self._fail("behavior_version", "must be -1 on non-action tokens")
+        if self.old_logprob is not None and self.old_version is None:
+            raise self._fail("old_version", "old_logprob is set without its version")
+        if self.ref_logprob is not None and self.ref_version is None:
+            raise self._fail("ref_version", "ref_logprob is set without its version")
+        if self.status is Status.INFRA_ERROR and self.reward.total is not None:
+            raise self._fail("reward.total", "an infra_error trajectory has no reward (never zero)")
+        if self.reward.total is not None and not math.isfinite(self.reward.total):
+            raise self._fail("reward.total", f"not finite: {self.reward.total}")
+        if self.verifier is not None and "@" not in self.verifier:
+            raise self._fail("verifier", f"must be 'name@version', got {self.verifier!r}")
+
+    # ------------------------------------------------------------------ helpers
+    @property
+    def length(self) -> int:
+        """Flattened sequence length ``L`` (prompt + actions + observations)."""
+        return int(self.token_ids.shape[0])
+
+    @property
+    def num_actions(self) -> int:
+        """Number of policy-generated tokens."""
+        return int(self.action_mask.sum())
+
+    @property
+    def prompt_length(self) -> int:
+        """Tokens before the first action token (the whole length if none)."""
+        idx = np.flatnonzero(self.action_mask)
+        return int(idx[0]) if idx.size else self.length
+
+    @property
+    def version_span(self) -> int:
+        """max - min behavior version over action tokens (0 for a single-version trajectory)."""
+        v = self.behavior_version[self.action_mask.astype(bool)]
+        return int(v.max() - v.min()) if v.size else 0
+
+    def replace(self, **changes: Any) -> Trajectory:
+        """A validated copy with ``changes`` applied (records are immutable)."""
+        return dataclasses.replace(self, **changes)
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, Trajectory):
+            return NotImplemented
+        for f in dataclasses.fields(self):
+            a, b = getattr(self, f.name), getattr(other, f.name)
+            if isinstance(a, np.ndarray) or isinstance(b, np.ndarray):
+                if a is None or b is None or a.shape != b.shape or not np.array_equal(a, b):
+                    return False
+            elif a != b:
+                return False
+        return True
+
+    __hash__ = None  # type: ignore[assignment]
+
+
+def make_trajectory(
+    *,
+    traj_id: str,
+    prompt_id: str,
+    group_id: str,
+    prompt_ids: Sequence[int],
+    action_ids: Sequence[int],
+    action_logprobs: Sequence[float],
+    action_versions: Sequence[int] | int,
+    finish: Finish | str,
+    **rest: Any,
+) -> Trajectory:
+    """Build a single-turn trajectory ``prompt ++ actions`` with the masks filled in."""
+    P, A = len(prompt_ids), len(action_ids)
+    if len(action_logprobs) != A:
+        raise TrajectoryError(
+            f"trajectory {traj_id!r}: field 'behavior_logprob': {len(action_logprobs)} log-probs for {A} actions"
+        )
+    versions = [action_versions] * A if isinstance(action_versions, int) else list(action_versions)
+    return Trajectory(
+        traj_id=traj_id,
+        prompt_id=prompt_id,
+        group_id=group_id,
+        token_ids=np.asarray([*prompt_ids, *action_ids], dtype=np.int64),
+        roles=(Role.PROMPT,) * P + (Role.ACTION,) * A,
+        action_mask=np.asarray([0] * P + [1] * A, dtype=np.int8),
+        behavior_logprob=np.asarray([0.0] * P + list(action_logprobs), dtype=np.float64),
+        behavior_version=np.asarray([-1] * P + versions, dtype=np.int64),
+        finish=Finish(finish),
+        **rest,
+    )
