@@ -6,7 +6,6 @@ stdout and, with ``--json PATH``, to a JSON file. See docs/benchmarks.md for mea
 
 from __future__ import annotations
 
-import argparse
 import importlib
 from typing import Any
 

@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-from enum import Enum
+from enum import StrEnum
 
 
-class Role(str, Enum):
+class Role(StrEnum):
     """Who produced a token. Only ``ACTION`` tokens ever carry ``action_mask = 1``."""
 
     PROMPT = "prompt"
@@ -15,7 +15,7 @@ class Role(str, Enum):
     PADDING = "padding"
 
 
-class Status(str, Enum):
+class Status(StrEnum):
     """The verifier's honest verdict on a trajectory.
 
     ``INFRA_ERROR`` (a crash of the verifier, its pool or the machine) is never a reward:
@@ -30,7 +30,7 @@ class Status(str, Enum):
     INFRA_ERROR = "infra_error"
 
 
-class Finish(str, Enum):
+class Finish(StrEnum):
     """How the sequence ended. Terminal and truncated stay distinct in value targets;
     paused is neither (the trajectory will resume)."""
 

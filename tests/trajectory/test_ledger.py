@@ -10,7 +10,7 @@ import numpy as np
 import pyarrow.parquet as pq
 import pytest
 
-from posttrain.trajectory import Finish, Ledger, Reward, Role, Status, Trajectory, make_trajectory
+from posttrain.trajectory import Finish, Ledger, Reward, Role, Status, Trajectory
 
 
 def _rich_trajectory(i: int) -> Trajectory:
