@@ -1,0 +1,520 @@
+"""The policy learner: log-prob recompute and the clipped-surrogate update of the actor.
+
+One ``update`` call consumes one rollout batch: ``ppo_epochs`` passes, each shuffling the rows
+into ``num_minibatches`` mini-batches (one optimizer step each), each mini-batch run as
+token-budget micro-batches whose gradients accumulate. The loss of a mini-batch ``M`` is
+
+    L(M) = sum_{b,t in M} w[b,t] * ( c[b,t] * l_pg[b,t] + beta * kl[b,t] - alpha * H[b,t] )
+
+with ``l_pg`` from ``POLICY_LOSSES[policy_loss]`` (PPO: Schulman et al. 2017,
+arXiv:1707.06347), ``c`` the behavior-correction weight (``CORRECTIONS``, 1 without one),
+``kl`` from ``KL_ESTIMATORS`` against ``ref_logprob`` (KL in the loss, GRPO: Shao et al. 2024,
+arXiv:2402.03300), ``H`` the token entropy, and ``w`` the reduction weights
+``REDUCTIONS[reduction](mask_mb, num_sequences=|M|, num_tokens=N(M), max_len=...)`` computed
+from *mini-batch* counts. Because ``w`` depends on a row only through that row and the global
+counts, the micro-batch losses sum exactly to ``L(M)`` however ``M`` is split: the update is
+invariant to the micro-batch size (tests/learner/test_actor.py checks it in float64).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import inspect
+import math
+from collections.abc import Iterator, Mapping, Sequence
+from typing import Any, Protocol
+
+import torch
+
+from posttrain.algos.policy_losses import PolicyLossInputs
+from posttrain.algos.registry import CORRECTIONS, KL_ESTIMATORS, POLICY_LOSSES, REDUCTIONS
+from posttrain.learner.logprobs import forward_logprobs, token_logprobs
+from posttrain.learner.lora import is_peft_model, merged_state_dict, wrap_lora
+from posttrain.learner.microbatch import minibatch_rows, split_by_token_budget, take_rows
+from posttrain.learner.schedule import build_optimizer, build_scheduler
+from posttrain.trajectory.collate import TrajectoryBatch
+
+
+class KLCoefficient(Protocol):
+    """A KL coefficient controller (``posttrain.algos.kl``): ``.value`` is the current beta."""
+
+    @property
+    def value(self) -> float: ...
+
+    def state_dict(self) -> dict[str, Any]: ...
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None: ...
+
+
+_AUTOCAST = {"bfloat16": torch.bfloat16, "bf16": torch.bfloat16, "float16": torch.float16, "fp16": torch.float16}
+
+
+@dataclasses.dataclass
+class _Acc:
+    """Running sums of one ``update`` (turned into metrics by :meth:`metrics`)."""
+
+    loss: float = 0.0
+    pg_loss: float = 0.0
+    kl_loss: float = 0.0
+    entropy_loss: float = 0.0
+    tokens: float = 0.0
+    kl_sum: float = 0.0
+    entropy_sum: float = 0.0
+    ratio_sum: float = 0.0
+    ratio_min: float = math.inf
+    ratio_max: float = -math.inf
+    diag_sums: dict[str, float] = dataclasses.field(default_factory=dict)
+    grad_norms: list[float] = dataclasses.field(default_factory=list)
+    steps: int = 0
+    minibatches: int = 0
+    empty: int = 0
+    nonfinite: int = 0
+    lr: float = 0.0
+
+
+class PolicyLearner:
+    """Actor update for online RL (see the module docstring for the loss).
+
+    Arguments are flat (no config object). Optimizer: AdamW(``lr``, ``betas``, ``adam_eps``,
+    ``weight_decay``) with the ``lr_schedule`` of :mod:`posttrain.learner.schedule`, stepped once
+    per mini-batch; ``max_grad_norm`` clips the global L2 norm (``None``: no clipping).
+    ``microbatch_tokens`` bounds ``rows * longest_row`` per forward (``None``: whole mini-batch).
+    ``policy_loss`` / ``reduction`` / ``kl_estimator`` / ``correction`` are registry names with
+    their keyword arguments (``seq_mean_token_sum_norm`` needs ``reduction_kwargs={"max_len":
+    L_max}``, the generation budget). ``kl_coef`` is a float or a controller with ``.value`` (the loop
+    calls ``controller.update`` with the reported ``kl``). ``temperature`` must equal the
+    sampler's. ``autocast_dtype`` (``"bfloat16"``) turns on mixed precision where the device
+    supports it; ``None`` (the CPU default) computes in the model's dtype. ``lora_rank > 0``
+    wraps the model with peft LoRA adapters (then :attr:`model` is the peft model).
+    ``compute_entropy`` reports the token entropy (from the same logits, no extra forward) even
+    when ``entropy_coef == 0``.
+    ``seed`` seeds the mini-batch shuffle generator (saved by :meth:`state_dict`).
+    The model is kept in eval mode (dropout off) so pi_theta equals pi_old before the first step.
+    """
+
+    def __init__(
+        self,
+        model: torch.nn.Module,
+        *,
+        lr: float = 1e-6,
+        betas: tuple[float, float] = (0.9, 0.999),
+        weight_decay: float = 0.0,
+        adam_eps: float = 1e-8,
+        warmup_steps: int = 0,
+        total_steps: int | None = None,
+        lr_schedule: str = "constant",
+        min_lr_ratio: float = 0.0,
+        max_grad_norm: float | None = 1.0,
+        microbatch_tokens: int | None = None,
+        ppo_epochs: int = 1,
+        num_minibatches: int = 1,
+        policy_loss: str = "ppo_clip",
+        policy_loss_kwargs: Mapping[str, Any] | None = None,
+        reduction: str = "token_mean",
+        reduction_kwargs: Mapping[str, Any] | None = None,
+        kl_estimator: str | None = None,
+        kl_coef: float | KLCoefficient = 0.0,
+        entropy_coef: float = 0.0,
+        temperature: float = 1.0,
+        correction: str | None = None,
+        correction_kwargs: Mapping[str, Any] | None = None,
+        autocast_dtype: str | None = None,
+        entropy_chunk_size: int | None = None,
+        compute_entropy: bool = True,
+        gradient_checkpointing: bool = False,
+        lora_rank: int = 0,
+        lora_alpha: float | None = None,
+        lora_target_modules: Sequence[str] | str | None = None,
+        lora_dropout: float = 0.0,
+        seed: int = 0,
+    ) -> None:
+        if ppo_epochs < 1:
+            raise ValueError(f"ppo_epochs must be >= 1, got {ppo_epochs}")
+        if num_minibatches < 1:
+            raise ValueError(f"num_minibatches must be >= 1, got {num_minibatches}")
+        if microbatch_tokens is not None and microbatch_tokens < 1:
+            raise ValueError(f"microbatch_tokens must be >= 1 or None, got {microbatch_tokens}")
+        if max_grad_norm is not None and not max_grad_norm > 0:
+            raise ValueError(f"max_grad_norm must be > 0 or None, got {max_grad_norm}")
+        if not temperature > 0:
+            raise ValueError(f"temperature must be > 0, got {temperature}")
+        if autocast_dtype is not None and autocast_dtype not in _AUTOCAST:
+            raise ValueError(f"unknown autocast_dtype {autocast_dtype!r}; valid: {', '.join(_AUTOCAST)} or None")
+        # Resolve names once: an unknown name fails here, listing the valid ones.
+        self._policy_loss = POLICY_LOSSES[policy_loss]
+        self._reduction = REDUCTIONS[reduction]
+        self._kl = KL_ESTIMATORS[kl_estimator] if kl_estimator is not None else None
+        self._correction = CORRECTIONS[correction] if correction is not None else None
+        # Fail at construction, not mid-update, on bad reduction kwargs (e.g. a missing max_len).
+        self._reduction(torch.ones(1, 1), num_sequences=1, num_tokens=1.0, **dict(reduction_kwargs or {}))
+        self.policy_loss_name, self.reduction_name = policy_loss, reduction
+        self.kl_estimator_name, self.correction_name = kl_estimator, correction
+        self.policy_loss_kwargs = dict(policy_loss_kwargs or {})
+        self.reduction_kwargs = dict(reduction_kwargs or {})
+        self.correction_kwargs = dict(correction_kwargs or {})
+        self.kl_coef = kl_coef
+        self.entropy_coef = float(entropy_coef)
+        self.temperature = float(temperature)
+        self.max_grad_norm = max_grad_norm
+        self.microbatch_tokens = microbatch_tokens
+        self.ppo_epochs, self.num_minibatches = ppo_epochs, num_minibatches
+        self.autocast_dtype = _AUTOCAST[autocast_dtype] if autocast_dtype is not None else None
+        self.entropy_chunk_size = entropy_chunk_size
+        self.compute_entropy = compute_entropy
+
+        if lora_rank > 0:
+            model = wrap_lora(
+                model, rank=lora_rank, alpha=lora_alpha, target_modules=lora_target_modules, dropout=lora_dropout
+            )
+        if gradient_checkpointing:
+            model.gradient_checkpointing_enable()  # type: ignore[operator]
+        self.model = model.eval()
+        self.params = [p for p in model.parameters() if p.requires_grad]
+        self.optimizer = build_optimizer(self.params, lr=lr, betas=betas, weight_decay=weight_decay, eps=adam_eps)
+        self.scheduler = build_scheduler(
+            self.optimizer, lr_schedule, warmup_steps=warmup_steps, total_steps=total_steps, min_lr_ratio=min_lr_ratio
+        )
+        self.generator = torch.Generator().manual_seed(seed)
+        self.version = 0
+        self.optimizer_steps = 0
+
+    # ------------------------------------------------------------------ helpers
+    @property
+    def device(self) -> torch.device:
+        """Device of the model's parameters (batches are moved there)."""
+        return next(self.model.parameters()).device
+
+    @property
+    def compute_dtype(self) -> torch.dtype:
+        """dtype of log-probs and losses: float64 for a float64 model, else float32."""
+        return torch.float64 if next(self.model.parameters()).dtype == torch.float64 else torch.float32
+
+    def _autocast(self) -> contextlib.AbstractContextManager[Any]:
+        if self.autocast_dtype is None:
+            return contextlib.nullcontext()
+        return torch.autocast(device_type=self.device.type, dtype=self.autocast_dtype)
+
+    def current_kl_coef(self) -> float:
+        """beta: the float ``kl_coef`` or the controller's current ``.value``."""
+        return float(self.kl_coef) if isinstance(self.kl_coef, (int, float)) else float(self.kl_coef.value)
+
+    def current_lr(self) -> float:
+        """Learning rate the next optimizer step will use."""
+        return float(self.optimizer.param_groups[0]["lr"])
+
+    # ------------------------------------------------------------------ log-probs
+    def compute_logprobs(self, batch: TrajectoryBatch) -> torch.Tensor:
+        """Frozen log-probs ``[B, T]`` (float64, CPU) of ``batch`` under the current weights.
+
+        ``logprob[b, t] = log softmax(z[b, t-1] / temperature)[token[b, t]]`` on action tokens,
+        0 elsewhere; no grad, micro-batched by ``microbatch_tokens``. Call it before
+        :meth:`update` for ``old_logprob`` (pi_old) and on the reference model's learner for
+        ``ref_logprob``; freeze with ``posttrain.trajectory.with_logprobs``.
+        """
+        lp, _ = self._frozen(batch, with_entropy=False)
+        return lp
+
+    def _frozen(self, batch: TrajectoryBatch, *, with_entropy: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
+        dev = self.device
+        with self._autocast():
+            lp, ent = token_logprobs(
+                self.model,
+                batch.input_ids.to(dev),
+                batch.attention_mask.to(dev),
+                temperature=self.temperature,
+                microbatch_tokens=self.microbatch_tokens,
+                with_entropy=with_entropy,
+                entropy_chunk_size=self.entropy_chunk_size,
+            )
+        mask = batch.action_mask.to(torch.float64)
+        lp = lp.detach().to("cpu", torch.float64) * mask
+        return lp, (ent.detach().to("cpu", torch.float64) * mask if ent is not None else None)
+
+    # ------------------------------------------------------------------ update
+    def _prepare(
+        self, batch: TrajectoryBatch, advantages: torch.Tensor, old_logprob: torch.Tensor | None
+    ) -> tuple[dict[str, torch.Tensor | None], dict[str, float]]:
+        """Move the batch to the device, apply the behavior correction, check shapes."""
+        B, T = batch.input_ids.shape
+        if advantages.dim() == 1:
+            if advantages.shape[0] != B:
+                raise ValueError(f"advantages have shape {tuple(advantages.shape)}, batch has {B} rows")
+            advantages = advantages[:, None].expand(B, T)  # a sequence-level advantage per token
+        if tuple(advantages.shape) != (B, T):
+            raise ValueError(f"advantages have shape {tuple(advantages.shape)}, batch is {(B, T)}")
+        if old_logprob is None:
+            old_logprob = batch.old_logprob
+        if old_logprob is None:
+            # On-policy: pi_old is the current policy; freeze it now (before any step).
+            old_logprob = self.compute_logprobs(batch)
+        if tuple(old_logprob.shape) != (B, T):
+            raise ValueError(f"old_logprob has shape {tuple(old_logprob.shape)}, batch is {(B, T)}")
+        if self._kl is not None and batch.ref_logprob is None:
+            raise ValueError(
+                f"kl_estimator={self.kl_estimator_name!r} needs ref_logprob: freeze it with "
+                "with_logprobs(batch, 'ref', ...) before the update"
+            )
+        if not torch.isfinite(advantages[batch.action_mask > 0]).all():
+            raise ValueError("advantages are not finite on some action token")
+        dev, dt = self.device, self.compute_dtype
+        action_mask = batch.action_mask.to(dev, dt)
+        t: dict[str, torch.Tensor | None] = {
+            "input_ids": batch.input_ids.to(dev),
+            "attention_mask": batch.attention_mask.to(dev),
+            "old_logprob": old_logprob.to(dev, dt) * action_mask,
+            "behavior_logprob": batch.behavior_logprob.to(dev, dt) * action_mask,
+            "ref_logprob": batch.ref_logprob.to(dev, dt) * action_mask if batch.ref_logprob is not None else None,
+            "advantages": advantages.to(dev, dt) * action_mask,
+        }
+        info: dict[str, float] = {}
+        weights, keep = torch.ones_like(action_mask), torch.ones_like(action_mask)
+        if self._correction is not None:
+            kw = dict(self.correction_kwargs)
+            params = inspect.signature(self._correction).parameters
+            # Staleness-type corrections read versions; pass them only to functions that take them.
+            if "behavior_version" in params:
+                kw.setdefault("behavior_version", batch.behavior_version.to(dev))
+            if "current_version" in params:
+                kw.setdefault("current_version", self.version)
+            out = self._correction(t["behavior_logprob"], t["old_logprob"], action_mask, **kw)
+            weights, keep = out.weights.to(dt).detach(), out.keep.to(dt).detach()
+            for k, v in out.diagnostics.items():
+                v = torch.as_tensor(v, dtype=dt, device=dev)
+                info[f"correction/{k}"] = float(
+                    (v * action_mask).sum() / action_mask.sum().clamp(min=1) if v.shape == action_mask.shape else v.mean()
+                )
+            info["correction/kept_token_frac"] = float((keep * action_mask).sum() / action_mask.sum().clamp(min=1))
+        t["loss_mask"] = action_mask * keep
+        t["correction_weight"] = weights
+        n = action_mask.sum().clamp(min=1)
+        log_kappa = (t["behavior_logprob"] - t["old_logprob"]).abs() * action_mask  # type: ignore[operator]
+        info["logkappa_abs_mean"] = float(log_kappa.sum() / n)
+        info["logkappa_abs_max"] = float(log_kappa.max())
+        return t, info
+
+    def _reduction_weights(self, mask: torch.Tensor, num_sequences: int, num_tokens: float) -> torch.Tensor:
+        return self._reduction(mask, num_sequences=num_sequences, num_tokens=num_tokens, **self.reduction_kwargs)
+
+    def _microbatches(self, t: Mapping[str, torch.Tensor | None], rows: Sequence[int]) -> Iterator[dict[str, Any]]:
+        am = t["attention_mask"]
+        assert am is not None
+        lengths = am.sum(dim=1)
+        sub = [int(lengths[r]) for r in rows]
+        groups = (
+            [list(range(len(rows)))]
+            if self.microbatch_tokens is None
+            else split_by_token_budget(sub, self.microbatch_tokens)
+        )
+        for g in groups:
+            idx = [rows[i] for i in g]
+            yield take_rows(t, idx, max(1, max(sub[i] for i in g)))
+
+    def _accumulate(self, t: Mapping[str, torch.Tensor | None], rows: Sequence[int], acc: _Acc) -> float:
+        """Forward + backward of mini-batch ``rows`` in micro-batches; returns its loss tokens."""
+        mask_all = t["loss_mask"]
+        assert mask_all is not None
+        sel = mask_all[list(rows)]
+        num_tokens = float(sel.sum())
+        if num_tokens == 0:
+            return 0.0
+        # Every row of the mini-batch counts in B, even one with no loss token (reductions contract).
+        num_sequences = len(rows)
+        beta = self.current_kl_coef() if self._kl is not None else 0.0
+        entropy_grad = self.entropy_coef != 0.0
+        for mb in self._microbatches(t, rows):
+            mask = mb["loss_mask"]
+            with self._autocast():
+                lp, ent = forward_logprobs(
+                    self.model,
+                    mb["input_ids"],
+                    mb["attention_mask"],
+                    temperature=self.temperature,
+                    with_entropy=entropy_grad or self.compute_entropy,
+                    entropy_grad=entropy_grad,
+                    entropy_chunk_size=self.entropy_chunk_size,
+                )
+            lp = lp.to(self.compute_dtype)
+            out = self._policy_loss(
+                PolicyLossInputs(
+                    logprob=lp,
+                    old_logprob=mb["old_logprob"],
+                    advantages=mb["advantages"],
+                    action_mask=mask,
+                    behavior_logprob=mb["behavior_logprob"],
+                ),
+                **self.policy_loss_kwargs,
+            )
+            w = self._reduction_weights(mask, num_sequences, num_tokens)
+            pg = (out.loss * mb["correction_weight"] * w).sum()
+            total = pg
+            kl_tok = None
+            if self._kl is not None:
+                kl_tok = self._kl(lp, mb["ref_logprob"]) * mask
+                kl_term = (kl_tok * w).sum()
+                total = total + beta * kl_term
+                acc.kl_loss += float(kl_term)
+            if ent is not None:
+                ent = ent.to(self.compute_dtype) * mask
+                if entropy_grad:
+                    ent_term = (ent * w).sum()
+                    total = total - self.entropy_coef * ent_term
+                    acc.entropy_loss += float(ent_term)
+            total.backward()
+            # Diagnostics (no grad): token sums over the loss mask.
+            with torch.no_grad():
+                if ent is not None:
+                    acc.entropy_sum += float(ent.detach().sum())
+                lpd = lp.detach()
+                on = mask > 0
+                ratio = torch.exp(lpd - mb["old_logprob"])
+                acc.loss += float(total)
+                acc.pg_loss += float(pg)
+                acc.tokens += float(mask.sum())
+                if kl_tok is not None:
+                    acc.kl_sum += float(kl_tok.detach().sum())
+                if on.any():
+                    acc.ratio_sum += float((ratio * mask).sum())
+                    acc.ratio_min = min(acc.ratio_min, float(ratio[on].min()))
+                    acc.ratio_max = max(acc.ratio_max, float(ratio[on].max()))
+                for k, v in out.diagnostics.items():
+                    v = torch.as_tensor(v).detach()
+                    if v.shape == mask.shape:
+                        acc.diag_sums[k] = acc.diag_sums.get(k, 0.0) + float((v.to(mask.dtype) * mask).sum())
+        return num_tokens
+
+    def compute_gradients(
+        self, batch: TrajectoryBatch, advantages: torch.Tensor, *, old_logprob: torch.Tensor | None = None
+    ) -> tuple[float, dict[str, torch.Tensor]]:
+        """Loss and gradients of the whole batch as ONE mini-batch, without an optimizer step.
+
+        Returns ``(L(batch), {param_name: dL/dparam})`` (copies; ``.grad`` is cleared again).
+        Micro-batched exactly like :meth:`update`; the shuffle generator is not touched. Used by
+        the split-invariance test and ``posttrain check``.
+        """
+        t, _ = self._prepare(batch, advantages, old_logprob)
+        self.optimizer.zero_grad(set_to_none=True)
+        acc = _Acc()
+        self._accumulate(t, list(range(batch.size)), acc)
+        grads = {
+            n: (p.grad.detach().clone() if p.grad is not None else torch.zeros_like(p))
+            for n, p in self.model.named_parameters()
+            if p.requires_grad
+        }
+        self.optimizer.zero_grad(set_to_none=True)
+        return acc.loss, grads
+
+    def update(
+        self, batch: TrajectoryBatch, advantages: torch.Tensor, *, old_logprob: torch.Tensor | None = None
+    ) -> dict[str, float]:
+        """Train on one rollout batch; increments :attr:`version` by one. Returns metrics.
+
+        ``advantages``: ``[B, T]`` per token (or ``[B]``, broadcast over the row's tokens); only
+        action tokens count. ``old_logprob`` defaults to ``batch.old_logprob``, and when that is
+        absent it is recomputed here before the first step (on-policy). A mini-batch with no loss
+        token is skipped (counted in ``empty_minibatches``); a step whose gradient norm is not
+        finite is skipped, its gradient dropped (counted in ``nonfinite_steps``).
+
+        Metrics: ``loss`` / ``pg_loss`` / ``kl_loss`` / ``entropy_loss`` — mean over optimizer
+        steps of the reduced mini-batch terms; ``kl`` / ``entropy`` / ``ratio_mean`` — token means
+        over loss tokens of all epochs; ``ratio_min`` / ``ratio_max``; ``clip_frac_low`` /
+        ``clip_frac_high`` and ``pg/<name>`` — token means of the policy loss diagnostics;
+        ``grad_norm`` (mean, before clipping) and ``grad_norm_max``; ``lr`` (of the last step);
+        ``tokens_trained`` (loss tokens x epochs); ``optimizer_steps``; ``logkappa_abs_mean`` /
+        ``logkappa_abs_max`` = |behavior - old| over action tokens; ``version`` (after the update).
+        """
+        t, info = self._prepare(batch, advantages, old_logprob)
+        acc = _Acc()
+        for _ in range(self.ppo_epochs):
+            for rows in minibatch_rows(batch.size, self.num_minibatches, self.generator):
+                acc.minibatches += 1
+                self.optimizer.zero_grad(set_to_none=True)
+                if self._accumulate(t, rows, acc) == 0.0:
+                    acc.empty += 1
+                    continue
+                norm = torch.nn.utils.clip_grad_norm_(
+                    self.params, self.max_grad_norm if self.max_grad_norm is not None else math.inf
+                )
+                if not torch.isfinite(norm):
+                    acc.nonfinite += 1
+                    self.optimizer.zero_grad(set_to_none=True)
+                    continue
+                acc.grad_norms.append(float(norm))
+                acc.lr = self.current_lr()
+                self.optimizer.step()
+                self.scheduler.step()
+                acc.steps += 1
+                self.optimizer_steps += 1
+        self.optimizer.zero_grad(set_to_none=True)
+        self.version += 1
+        return {**self._metrics(acc), **info}
+
+    def _metrics(self, acc: _Acc) -> dict[str, float]:
+        n_mb = max(1, acc.minibatches - acc.empty)
+        n_tok = max(1.0, acc.tokens)
+        m: dict[str, float] = {
+            "loss": acc.loss / n_mb,
+            "pg_loss": acc.pg_loss / n_mb,
+            "kl_loss": acc.kl_loss / n_mb,
+            "entropy_loss": acc.entropy_loss / n_mb,
+            "kl": acc.kl_sum / n_tok,
+            "entropy": acc.entropy_sum / n_tok,
+            "ratio_mean": acc.ratio_sum / n_tok if acc.tokens else 1.0,
+            "ratio_min": acc.ratio_min if acc.tokens else 1.0,
+            "ratio_max": acc.ratio_max if acc.tokens else 1.0,
+            "grad_norm": sum(acc.grad_norms) / len(acc.grad_norms) if acc.grad_norms else 0.0,
+            "grad_norm_max": max(acc.grad_norms) if acc.grad_norms else 0.0,
+            "lr": acc.lr if acc.steps else self.current_lr(),
+            "tokens_trained": acc.tokens,
+            "optimizer_steps": float(acc.steps),
+            "empty_minibatches": float(acc.empty),
+            "nonfinite_steps": float(acc.nonfinite),
+            "kl_coef": self.current_kl_coef(),
+            "version": float(self.version),
+        }
+        for k, s in acc.diag_sums.items():
+            m[f"pg/{k}"] = s / n_tok
+            # The clipped-surrogate losses flag clipped tokens as ``clipped_low`` / ``clipped_high``.
+        m["clip_frac_low"] = m.get("pg/clipped_low", 0.0)
+        m["clip_frac_high"] = m.get("pg/clipped_high", 0.0)
+        return m
+
+    # ------------------------------------------------------------------ weights and state
+    def weights_for_rollout(self) -> Mapping[str, torch.Tensor]:
+        """Weights for the rollout engine under the plain model's parameter names.
+
+        Without LoRA: ``model.state_dict()`` itself (live tensors, no copy — the engine must
+        copy or load them before the next :meth:`update`). With LoRA: merged copies
+        ``W + (alpha / r) B A``. Pair with :attr:`version` (incremented by each update).
+        """
+        if is_peft_model(self.model):
+            return merged_state_dict(self.model)
+        return self.model.state_dict()
+
+    def state_dict(self) -> dict[str, Any]:
+        """Optimizer, scheduler, shuffle generator, counters and the KL controller (if any)."""
+        s: dict[str, Any] = {
+            "optimizer": self.optimizer.state_dict(),
+            "scheduler": self.scheduler.state_dict(),
+            "generator": self.generator.get_state(),
+            "version": self.version,
+            "optimizer_steps": self.optimizer_steps,
+        }
+        if not isinstance(self.kl_coef, (int, float)):
+            s["kl_controller"] = self.kl_coef.state_dict()
+        return s
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        """Inverse of :meth:`state_dict` (model weights are loaded separately)."""
+        missing = {"optimizer", "scheduler", "generator", "version", "optimizer_steps"} - set(state)
+        if missing:
+            raise ValueError(f"policy learner state is missing {sorted(missing)}")
+        self.optimizer.load_state_dict(state["optimizer"])
+        self.scheduler.load_state_dict(state["scheduler"])
+        self.generator.set_state(state["generator"])
+        self.version = int(state["version"])
+        self.optimizer_steps = int(state["optimizer_steps"])
+        if "kl_controller" in state:
+            if isinstance(self.kl_coef, (int, float)):
+                raise ValueError("state holds a KL controller but this learner has a fixed kl_coef")
+            self.kl_coef.load_state_dict(state["kl_controller"])

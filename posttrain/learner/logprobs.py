@@ -1,0 +1,123 @@
+"""Per-token log-probabilities (and entropies) of a causal LM on right-padded rows.
+
+Alignment follows the trajectory contract: position ``t`` concerns token ``t``, so the value
+at ``t`` comes from the logits at ``t - 1`` (the model's prediction of token ``t`` from the
+prefix ``tokens_<t``). Position 0 has no prediction and padding is not a token: both are 0.
+
+The temperature is applied exactly as the rollout sampler applies it, ``log_softmax(z / T)``,
+so the recomputed ``old_logprob`` measures the same distribution as ``behavior_logprob``
+(up to top-p/top-k truncation, which a sampler records in ``behavior_logprob`` but which is
+not part of the learner's policy ``pi_theta``; see docs/learner.md).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from posttrain.algos.entropy import entropy_from_logits
+from posttrain.learner.microbatch import split_by_token_budget
+
+
+def _upcast(logits: torch.Tensor) -> torch.Tensor:
+    """float16/bfloat16 logits -> float32 for the softmax; float32/float64 stay as they are."""
+    return logits.float() if logits.dtype in (torch.float16, torch.bfloat16) else logits
+
+
+def forward_logprobs(
+    model: torch.nn.Module,
+    input_ids: torch.Tensor,
+    attention_mask: torch.Tensor,
+    *,
+    temperature: float = 1.0,
+    with_entropy: bool = False,
+    entropy_grad: bool = True,
+    entropy_chunk_size: int | None = None,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """One forward pass: ``logprob[b, t] = log softmax(z[b, t-1] / T)[input_ids[b, t]]``.
+
+    Shapes: ``input_ids``, ``attention_mask`` ``[B, T]`` (right padding, mask 1 on real
+    tokens); returns ``logprob [B, T]`` and, if ``with_entropy``, ``entropy [B, T]`` with
+    ``entropy[b, t] = H(softmax(z[b, t-1] / T))`` (the entropy of the distribution that
+    token ``t`` was drawn from). Both are 0 at ``t = 0`` and on padding. The softmax runs in
+    float32 for half-precision models and in the model's dtype otherwise (float64 stays exact).
+
+    ``entropy_grad=False`` computes the entropy from detached logits (a metric, no graph).
+    Runs under the caller's grad mode: use it inside the update (with grad) or through
+    :func:`token_logprobs` (no grad, micro-batched). Temperature scaling of logits before the
+    softmax as in Ackley, Hinton & Sejnowski 1985 / every LM sampler.
+    """
+    if input_ids.shape != attention_mask.shape or input_ids.dim() != 2:
+        raise ValueError(
+            f"input_ids {tuple(input_ids.shape)} and attention_mask {tuple(attention_mask.shape)} must be equal [B, T]"
+        )
+    if not temperature > 0:
+        raise ValueError(f"temperature must be > 0, got {temperature}")
+    B, T = input_ids.shape
+    out = model(input_ids=input_ids, attention_mask=attention_mask, use_cache=False)
+    logits = _upcast(out.logits[:, :-1, :])
+    if temperature != 1.0:
+        logits = logits / temperature
+    logp_all = torch.log_softmax(logits, dim=-1)
+    picked = logp_all.gather(-1, input_ids[:, 1:].unsqueeze(-1)).squeeze(-1)
+    mask = attention_mask[:, 1:].to(picked.dtype)
+    zero = picked.new_zeros(B, 1)
+    logprob = torch.cat([zero, picked * mask], dim=1)
+    entropy = None
+    if with_entropy:
+        kw = {} if entropy_chunk_size is None else {"chunk_size": entropy_chunk_size}
+        if entropy_grad:
+            ent = entropy_from_logits(logits, **kw)
+        else:
+            with torch.no_grad():
+                ent = entropy_from_logits(logits.detach(), **kw)
+        entropy = torch.cat([zero.to(ent.dtype), ent * mask.to(ent.dtype)], dim=1)
+    return logprob, entropy
+
+
+@torch.no_grad()
+def token_logprobs(
+    model: torch.nn.Module,
+    input_ids: torch.Tensor,
+    attention_mask: torch.Tensor,
+    *,
+    temperature: float = 1.0,
+    microbatch_tokens: int | None = None,
+    with_entropy: bool = False,
+    entropy_chunk_size: int | None = None,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """:func:`forward_logprobs` without grad, micro-batched over rows by a token budget.
+
+    Rows are grouped by :func:`split_by_token_budget` on their real lengths so each forward
+    sees at most ``microbatch_tokens`` padded tokens (a single longer row runs alone), and each
+    group's columns are trimmed to its own longest row. ``None`` means one forward for all rows.
+    Used to freeze ``old_logprob`` (pi_old, before the update) and ``ref_logprob`` (pi_ref).
+    Returns tensors ``[B, T]`` on ``input_ids.device``, 0 at ``t = 0`` and on padding.
+    """
+    B, T = input_ids.shape
+    if B == 0:
+        raise ValueError("token_logprobs: empty batch (0 rows)")
+    lengths = attention_mask.sum(dim=1).tolist()
+    groups = [list(range(B))] if microbatch_tokens is None else split_by_token_budget(lengths, microbatch_tokens)
+    logprob: torch.Tensor | None = None
+    entropy: torch.Tensor | None = None
+    for rows in groups:
+        idx = torch.tensor(rows, dtype=torch.long, device=input_ids.device)
+        width = max(1, int(max(lengths[r] for r in rows)))
+        lp, ent = forward_logprobs(
+            model,
+            input_ids[idx, :width],
+            attention_mask[idx, :width],
+            temperature=temperature,
+            with_entropy=with_entropy,
+            entropy_chunk_size=entropy_chunk_size,
+        )
+        if logprob is None:
+            logprob = lp.new_zeros(B, T)
+        logprob[idx, :width] = lp
+        if ent is not None:
+            if entropy is None:
+                entropy = ent.new_zeros(B, T)
+            entropy[idx, :width] = ent
+    if logprob is None:  # unreachable for B >= 1; keeps the type checker honest
+        raise ValueError("token_logprobs: no micro-batch ran")
+    return logprob, entropy

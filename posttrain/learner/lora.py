@@ -1,0 +1,76 @@
+"""LoRA adapters through ``peft`` (optional extra ``posttrain[peft]``).
+
+LoRA (Hu et al. 2021, arXiv:2106.09685): a frozen weight ``W`` plus a trainable low-rank
+update, ``W x + (alpha / r) B A x``. The rollout engine and ``from_pretrained`` consumers
+need plain weights, so :func:`merged_state_dict` returns ``W + (alpha / r) B A`` under the
+base model's own parameter names.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+
+
+def _peft() -> Any:
+    try:
+        import peft
+    except ImportError as e:  # the optional extra is missing: say how to get it
+        raise ImportError("LoRA needs the optional extra: pip install 'posttrain[peft]'") from e
+    return peft
+
+
+def is_peft_model(model: torch.nn.Module) -> bool:
+    """True when ``model`` is a ``peft.PeftModel`` (without importing peft if it is absent)."""
+    return any(c.__name__ == "PeftModel" and c.__module__.startswith("peft") for c in type(model).__mro__)
+
+
+def wrap_lora(
+    model: torch.nn.Module,
+    *,
+    rank: int,
+    alpha: float | None = None,
+    target_modules: Sequence[str] | str | None = None,
+    dropout: float = 0.0,
+) -> torch.nn.Module:
+    """Wrap a causal LM with LoRA adapters of rank ``rank`` (``alpha`` defaults to ``2 * rank``).
+
+    ``target_modules=None`` lets peft choose its default for the architecture (attention
+    projections for Qwen2/Llama); ``"all-linear"`` adapts every linear layer but the head.
+    Only the adapter weights are trainable afterwards. ``dropout`` defaults to 0 so that
+    pi_theta equals pi_old exactly before the first step.
+    """
+    if rank < 1:
+        raise ValueError(f"lora rank must be >= 1, got {rank}")
+    peft = _peft()
+    cfg = peft.LoraConfig(
+        r=rank,
+        lora_alpha=float(2 * rank if alpha is None else alpha),
+        target_modules=list(target_modules) if isinstance(target_modules, (list, tuple)) else target_modules,
+        lora_dropout=dropout,
+        bias="none",
+        task_type="CAUSAL_LM",
+    )
+    return peft.get_peft_model(model, cfg)
+
+
+@torch.no_grad()
+def merged_state_dict(model: torch.nn.Module) -> dict[str, torch.Tensor]:
+    """Plain-model weights ``W + (alpha / r) B A`` of a peft model, as copies, base-model names.
+
+    Merges the adapters in place, copies the base weights (dropping ``lora_*`` entries and the
+    ``base_layer`` indirection peft inserts) and unmerges, leaving the model as it was.
+    """
+    base = model.get_base_model()  # type: ignore[operator]
+    model.merge_adapter()  # type: ignore[operator]
+    try:
+        out = {
+            k.replace(".base_layer.", "."): v.detach().clone()
+            for k, v in base.state_dict().items()
+            if "lora_" not in k
+        }
+    finally:
+        model.unmerge_adapter()  # type: ignore[operator]
+    return out
