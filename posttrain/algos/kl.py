@@ -1,3 +1,141 @@
-"""KL estimators (registry KL_ESTIMATORS) and the adaptive KL coefficient controller."""
+"""KL estimators (registry KL_ESTIMATORS) and the adaptive KL coefficient controller.
+
+The estimators are per-token Monte-Carlo estimates of ``KL(pi_theta || pi_ref)`` evaluated at the
+sampled token ``y ~ pi_theta`` from its two log-probs (Schulman 2020, "Approximating KL
+Divergence", http://joschu.net/blog/kl-approx.html). With ``log_r = log pi_ref(y) - log pi_theta(y)``:
+
+- ``k1 = -log_r``                  unbiased, high variance, can be negative per token;
+- ``k2 = 0.5 * log_r**2``          biased, low variance, always >= 0 (its gradient is the
+  gradient of the true KL for on-policy samples; REINFORCE++ uses "k2 as loss");
+- ``k3 = exp(log_r) - log_r - 1``  unbiased, low variance, always >= 0 (GRPO's estimator).
+
+Every estimator returns a tensor of the inputs' shape; the caller masks (off-action positions may
+hold any finite value) and chooses whether the KL goes into the reward or into the loss.
+
+The controllers are small stateful objects kept outside the pure functions: the learner asks
+``.value`` for the coefficient beta and calls ``.update(observed_kl, n_steps)`` once per step.
+"""
 
 from __future__ import annotations
+
+from torch import Tensor
+
+from posttrain.algos.registry import KL_ESTIMATORS
+
+__all__ = ["AdaptiveKLController", "FixedKLController", "kl_k1", "kl_k2", "kl_k3"]
+
+
+def _check(logprob: Tensor, ref_logprob: Tensor) -> None:
+    if logprob.shape != ref_logprob.shape:
+        raise ValueError(
+            f"KL estimator: logprob shape {tuple(logprob.shape)} != ref_logprob shape {tuple(ref_logprob.shape)}"
+        )
+
+
+@KL_ESTIMATORS.register("k1")
+def kl_k1(logprob: Tensor, ref_logprob: Tensor) -> Tensor:
+    """k1 = log pi_theta(y) - log pi_ref(y), per token (Schulman 2020).
+
+    Unbiased estimate of KL(pi_theta || pi_ref) for y ~ pi_theta; may be negative per token.
+    Shapes: both inputs ``[...]`` (usually ``[B, T]``), output the same shape; caller masks.
+    """
+    _check(logprob, ref_logprob)
+    return logprob - ref_logprob
+
+
+@KL_ESTIMATORS.register("k2")
+def kl_k2(logprob: Tensor, ref_logprob: Tensor) -> Tensor:
+    """k2 = 0.5 * (log pi_theta(y) - log pi_ref(y))**2, per token (Schulman 2020).
+
+    Biased but low-variance and >= 0. Used as a loss term by REINFORCE++ (Hu 2025,
+    arXiv:2501.03262). Same shape as the inputs; caller masks.
+    """
+    _check(logprob, ref_logprob)
+    d = logprob - ref_logprob
+    return 0.5 * d * d
+
+
+@KL_ESTIMATORS.register("k3")
+def kl_k3(logprob: Tensor, ref_logprob: Tensor) -> Tensor:
+    """k3 = exp(log q - log p) - (log q - log p) - 1 with p = pi_theta, q = pi_ref (Schulman 2020).
+
+    Unbiased for KL(p || q) under y ~ p and >= 0 for every token (since e^x >= 1 + x). This is
+    the estimator of DeepSeekMath's GRPO (Shao et al. 2024, arXiv:2402.03300, eq. 4).
+    Computed as ``expm1(x) - x`` so values near 0 keep their precision. No clamping: a huge
+    ``log q - log p`` overflows to ``inf`` on purpose rather than being silently capped.
+    Same shape as the inputs; caller masks.
+    """
+    _check(logprob, ref_logprob)
+    x = ref_logprob - logprob
+    return x.expm1() - x
+
+
+class FixedKLController:
+    """A constant KL coefficient with the controller interface (``value``, ``update``, state)."""
+
+    def __init__(self, coef: float) -> None:
+        if coef < 0:
+            raise ValueError(f"FixedKLController: coef must be >= 0, got {coef}")
+        self.value = float(coef)
+
+    def update(self, observed_kl: float, n_steps: int) -> float:
+        """No-op (the coefficient is fixed); returns ``value``."""
+        return self.value
+
+    def state_dict(self) -> dict[str, float]:
+        """The controller state as plain floats (checkpointable as JSON)."""
+        return {"value": self.value}
+
+    def load_state_dict(self, state: dict[str, float]) -> None:
+        """Restore from ``state_dict()``; a missing key is a ``ValueError``."""
+        if "value" not in state:
+            raise ValueError(f"FixedKLController.load_state_dict: missing 'value' in {sorted(state)}")
+        self.value = float(state["value"])
+
+
+class AdaptiveKLController:
+    """Proportional KL coefficient controller (Ziegler et al. 2019, arXiv:1909.08593, sec. 2.2).
+
+    With e = clip(observed_kl / target_kl - 1, -0.2, 0.2) the update is
+    ``beta <- beta * (1 + e * n_steps / horizon)``, i.e. the paper's
+    ``beta_{t+1} = beta_t (1 + K_beta e_t)`` with ``K_beta = n_steps / horizon`` (the form of the
+    paper's reference code, where ``n_steps`` is the number of samples/steps since the last update).
+    ``observed_kl`` is the mean per-sequence KL the learner measured (same units as ``target_kl``).
+    """
+
+    def __init__(self, init_coef: float, target_kl: float, horizon: float) -> None:
+        if init_coef < 0:
+            raise ValueError(f"AdaptiveKLController: init_coef must be >= 0, got {init_coef}")
+        if target_kl <= 0:
+            raise ValueError(f"AdaptiveKLController: target_kl must be > 0, got {target_kl}")
+        if horizon <= 0:
+            raise ValueError(f"AdaptiveKLController: horizon must be > 0, got {horizon}")
+        self.value = float(init_coef)
+        self.target_kl = float(target_kl)
+        self.horizon = float(horizon)
+
+    def update(self, observed_kl: float, n_steps: int) -> float:
+        """Apply one proportional update and return the new coefficient.
+
+        ``observed_kl`` must be finite; ``n_steps`` >= 0 (0 leaves the coefficient unchanged).
+        """
+        if observed_kl != observed_kl or observed_kl in (float("inf"), float("-inf")):
+            raise ValueError(f"AdaptiveKLController.update: observed_kl must be finite, got {observed_kl}")
+        if n_steps < 0:
+            raise ValueError(f"AdaptiveKLController.update: n_steps must be >= 0, got {n_steps}")
+        error = min(max(observed_kl / self.target_kl - 1.0, -0.2), 0.2)
+        self.value *= 1.0 + error * n_steps / self.horizon
+        return self.value
+
+    def state_dict(self) -> dict[str, float]:
+        """The controller state as plain floats (checkpointable as JSON)."""
+        return {"value": self.value, "target_kl": self.target_kl, "horizon": self.horizon}
+
+    def load_state_dict(self, state: dict[str, float]) -> None:
+        """Restore from ``state_dict()``; a missing key is a ``ValueError``."""
+        missing = {"value", "target_kl", "horizon"} - set(state)
+        if missing:
+            raise ValueError(f"AdaptiveKLController.load_state_dict: missing {sorted(missing)}")
+        self.value = float(state["value"])
+        self.target_kl = float(state["target_kl"])
+        self.horizon = float(state["horizon"])
