@@ -132,7 +132,9 @@ def _seq(inputs: AdvantageInputs, name: str, valid: Tensor) -> Tensor:
     x = x.to(_float_dtype(inputs))
     bad = valid & ~torch.isfinite(x)
     if bool(bad.any()):
-        raise ValueError(f"advantage: {name} is not finite on valid rows {torch.nonzero(bad).flatten().tolist()}")
+        raise ValueError(
+            f"advantage: {name} is not finite on valid rows {torch.nonzero(bad).flatten().tolist()}"
+        )
     return torch.where(valid, x, torch.zeros_like(x))
 
 
@@ -200,7 +202,9 @@ def _expand(c: Tensor, mask: Tensor) -> Tensor:
     return torch.where(mask, c.gather(1, pos), torch.zeros((), dtype=c.dtype))
 
 
-def _reward_stream(inputs: AdvantageInputs, mask: Tensor, valid: Tensor, seq_rewards: Tensor | None) -> Tensor:
+def _reward_stream(
+    inputs: AdvantageInputs, mask: Tensor, valid: Tensor, seq_rewards: Tensor | None
+) -> Tensor:
     """Compacted per-action rewards [B, N+1]: token_rewards plus ``seq_rewards`` at the last action."""
     dtype = _float_dtype(inputs)
     b, t = mask.shape
@@ -212,7 +216,9 @@ def _reward_stream(inputs: AdvantageInputs, mask: Tensor, valid: Tensor, seq_rew
         off = (~mask) & (tr != 0) & valid[:, None]
         if bool(off.any()):
             rows = sorted(set(torch.nonzero(off)[:, 0].tolist()))
-            raise ValueError(f"advantage: token_rewards non-zero off the action mask in rows {rows} (would be lost)")
+            raise ValueError(
+                f"advantage: token_rewards non-zero off the action mask in rows {rows} (would be lost)"
+            )
         live = mask & valid[:, None]
         bad = live & ~torch.isfinite(tr)
         if bool(bad.any()):
@@ -250,7 +256,9 @@ def _final_next_value(inputs: AdvantageInputs, b: int, dtype: torch.dtype, valid
     bv = bv.to(dtype)
     bad = truncated & ~torch.isfinite(bv)
     if bool(bad.any()):
-        raise ValueError(f"advantage: bootstrap_value not finite on truncated rows {torch.nonzero(bad).flatten().tolist()}")
+        raise ValueError(
+            f"advantage: bootstrap_value not finite on truncated rows {torch.nonzero(bad).flatten().tolist()}"
+        )
     return torch.where(truncated, bv, torch.zeros_like(bv))
 
 
@@ -262,7 +270,9 @@ def place_at_last_action(rewards: Tensor, action_mask: Tensor) -> Tensor:
     """
     mask = action_mask > 0
     if rewards.shape != (mask.shape[0],):
-        raise ValueError(f"place_at_last_action: rewards must be [B]={mask.shape[0]}, got {tuple(rewards.shape)}")
+        raise ValueError(
+            f"place_at_last_action: rewards must be [B]={mask.shape[0]}, got {tuple(rewards.shape)}"
+        )
     t = mask.shape[1]
     idx = torch.arange(t, device=mask.device).expand(mask.shape)
     last = torch.where(mask, idx, torch.full_like(idx, -1)).max(dim=1).values
@@ -284,7 +294,10 @@ def discounted_returns(
     default all True). Sutton & Barto 2018, eq. 3.9. Returns ``[B, T]``, 0 off the mask.
     """
     inputs = AdvantageInputs(
-        action_mask=action_mask, token_rewards=token_rewards, terminal=terminal, bootstrap_value=bootstrap_value
+        action_mask=action_mask,
+        token_rewards=token_rewards,
+        terminal=terminal,
+        bootstrap_value=bootstrap_value,
     )
     mask = _mask(inputs)
     b = mask.shape[0]
@@ -504,7 +517,13 @@ def reinforce_pp(
 
 
 def _reinforce_pp_core(
-    inputs: AdvantageInputs, mask: Tensor, valid: Tensor, seq: Tensor | None, gamma: float, eps: float, min_std: float
+    inputs: AdvantageInputs,
+    mask: Tensor,
+    valid: Tensor,
+    seq: Tensor | None,
+    gamma: float,
+    eps: float,
+    min_std: float,
 ) -> AdvantageOutputs:
     r = _reward_stream(inputs, mask, valid, seq)
     zeros = torch.zeros(mask.shape[0], dtype=r.dtype, device=r.device)
@@ -573,7 +592,9 @@ def gigpo(
         raise ValueError(f"gigpo: step_anchor must be [B, S] with B={b}, got {tuple(anchor.shape)}")
     s_len = anchor.shape[1]
     if inputs.step_rewards.shape != anchor.shape:
-        raise ValueError(f"gigpo: step_rewards {tuple(inputs.step_rewards.shape)} != step_anchor {tuple(anchor.shape)}")
+        raise ValueError(
+            f"gigpo: step_rewards {tuple(inputs.step_rewards.shape)} != step_anchor {tuple(anchor.shape)}"
+        )
     if inputs.step_index.shape != (b, t_len):
         raise ValueError(f"gigpo: step_index must be [B, T]={b, t_len}, got {tuple(inputs.step_index.shape)}")
     step_live = (anchor >= 0) & valid[:, None]

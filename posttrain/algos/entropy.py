@@ -31,7 +31,9 @@ def entropy_from_logits(logits: Tensor, chunk_size: int = 1024) -> Tensor:
     the gradient is exact. float16/bfloat16 logits are computed (and returned) in float32.
     """
     if logits.dim() < 1 or logits.shape[-1] < 1:
-        raise ValueError(f"entropy_from_logits: need logits [..., V] with V >= 1, got shape {tuple(logits.shape)}")
+        raise ValueError(
+            f"entropy_from_logits: need logits [..., V] with V >= 1, got shape {tuple(logits.shape)}"
+        )
     if chunk_size < 1:
         raise ValueError(f"entropy_from_logits: chunk_size must be >= 1, got {chunk_size}")
     lead = logits.shape[:-1]

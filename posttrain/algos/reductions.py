@@ -17,6 +17,11 @@ Names and weights, for row i with ``len_i = sum_t mask[i, t]``:
 - ``seq_mean_token_sum_norm`` w = mask / (B * L_max)             (Dr. GRPO, Liu et al. 2025,
   arXiv:2503.20783, sec. 3.1: a constant denominator independent of the generated length).
 
+A row's total weight sum_t w[i, t] is len_i / N_tokens (token_mean), 1/B (seq_mean_token_mean),
+len_i / B (seq_mean_token_sum) and len_i / (B * L_max) (seq_mean_token_sum_norm): a sequence-level
+advantage broadcast to the tokens is weighted by the answer's length under every reduction except
+``seq_mean_token_mean`` — that is each reduction's documented choice, never the estimator's.
+
 A row with no action tokens gets weight 0 everywhere but still counts in B (it was sampled; it
 just has nothing to learn from), so no reduction ever divides by a zero length.
 """
@@ -159,8 +164,10 @@ def reduce_loss(
     """Scalar loss = sum_{i,t} per_token_loss[i, t] * w[i, t], w = REDUCTIONS[reduction](mask, ...).
 
     Positions with weight 0 are selected away with ``torch.where`` (not multiplied), so a NaN/inf
-    in a masked-out position can never reach the loss. Unknown ``reduction`` names raise a
-    ``KeyError`` listing the valid ones.
+    in a masked-out position never reaches the loss value, and finite values there get exactly
+    zero gradient. (A NaN produced upstream still yields a NaN *gradient* through 0 * NaN in its
+    own backward: keep masked positions finite before they enter differentiable ops.) Unknown
+    ``reduction`` names raise a ``KeyError`` listing the valid ones.
     """
     if per_token_loss.shape != action_mask.shape:
         raise ValueError(

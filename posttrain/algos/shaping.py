@@ -29,13 +29,17 @@ def dapo_overlong_penalty(lengths: Tensor, max_len: int, cache_len: int) -> Tens
     if max_len < 1:
         raise ValueError(f"dapo_overlong_penalty: max_len must be >= 1, got {max_len}")
     if not 0 < cache_len <= max_len:
-        raise ValueError(f"dapo_overlong_penalty: need 0 < cache_len <= max_len, got cache_len={cache_len}, max_len={max_len}")
+        raise ValueError(
+            f"dapo_overlong_penalty: need 0 < cache_len <= max_len, got cache_len={cache_len}, max_len={max_len}"
+        )
     if lengths.dim() != 1:
         raise ValueError(f"dapo_overlong_penalty: lengths must be [B], got shape {tuple(lengths.shape)}")
     dtype = torch.float64 if lengths.dtype == torch.float64 else torch.float32
     L = lengths.to(dtype)
     if bool((L < 0).any()):
-        raise ValueError(f"dapo_overlong_penalty: negative lengths at rows {torch.nonzero(L < 0).flatten().tolist()}")
+        raise ValueError(
+            f"dapo_overlong_penalty: negative lengths at rows {torch.nonzero(L < 0).flatten().tolist()}"
+        )
     soft_start = float(max_len - cache_len)
     window = (soft_start - L) / float(cache_len)
     out = torch.where(L <= soft_start, torch.zeros_like(L), window)
@@ -58,6 +62,8 @@ def effort_penalty(lengths: Tensor, budget: Tensor, tau: float) -> Tensor:
         )
     b = budget.to(torch.float64)
     if bool((b <= 0).any()):
-        raise ValueError(f"effort_penalty: budget must be > 0, bad rows {torch.nonzero(b <= 0).flatten().tolist()}")
+        raise ValueError(
+            f"effort_penalty: budget must be > 0, bad rows {torch.nonzero(b <= 0).flatten().tolist()}"
+        )
     over = lengths.to(torch.float64) > tau * b
     return torch.where(over, -1.0, 0.0).to(torch.float32)

@@ -34,12 +34,23 @@ def t(x: object, dtype: torch.dtype = D) -> torch.Tensor:
 
 def test_every_registered_name_is_covered_here() -> None:
     assert sorted(ADVANTAGES) == sorted(
-        ["gae", "grpo", "dr_grpo", "rloo", "reinforce", "reinforce_pp", "reinforce_pp_baseline", "remax", "gigpo"]
+        [
+            "gae",
+            "grpo",
+            "dr_grpo",
+            "rloo",
+            "reinforce",
+            "reinforce_pp",
+            "reinforce_pp_baseline",
+            "remax",
+            "gigpo",
+        ]
     )
     assert ADVANTAGES["gae"] is gae and ADVANTAGES["gigpo"] is gigpo
 
 
 # ------------------------------------------------------------------------------------------ GAE
+
 
 # 2-step trajectory, gamma=0.9, lam=0.8 (gamma*lam = 0.72), r = [0, 1] (R=1 at the last action),
 # V = [0.5, 0.6].
@@ -108,8 +119,11 @@ def test_mc_returns_hand_values_and_gae_lambda_one_matches() -> None:
     # GAE with lam = 1 telescopes to the MC return: returns == G whatever the values are.
     out = gae(
         AdvantageInputs(
-            action_mask=mask, token_rewards=rew, values=t([[0.3, -1, 4], [2, 2, 2], [5, 1, 0]]),
-            terminal=term, bootstrap_value=boot,
+            action_mask=mask,
+            token_rewards=rew,
+            values=t([[0.3, -1, 4], [2, 2, 2], [5, 1, 0]]),
+            terminal=term,
+            bootstrap_value=boot,
         ),
         gamma=0.9,
         lam=1.0,
@@ -151,8 +165,11 @@ def test_gae_invariant_to_inserted_observation_tokens(
     inserts = data.draw(st.lists(st.integers(0, 3), min_size=n_actions, max_size=n_actions))
     boot = data.draw(fl)
     inp = AdvantageInputs(
-        action_mask=torch.ones(1, n_actions, dtype=D), token_rewards=t([rew]), values=t([val]),
-        terminal=torch.tensor([terminal]), bootstrap_value=t([boot]),
+        action_mask=torch.ones(1, n_actions, dtype=D),
+        token_rewards=t([rew]),
+        values=t([val]),
+        terminal=torch.tensor([terminal]),
+        bootstrap_value=t([boot]),
     )
     ref = gae(inp, gamma=gamma, lam=lam)
     # Interleave k_i observation tokens (mask 0, zero reward, random value) before each action.
@@ -167,8 +184,11 @@ def test_gae_invariant_to_inserted_observation_tokens(
         v2.append(val[i])
     out = gae(
         AdvantageInputs(
-            action_mask=t([mask]), token_rewards=t([r2]), values=t([v2]),
-            terminal=torch.tensor([terminal]), bootstrap_value=t([boot]),
+            action_mask=t([mask]),
+            token_rewards=t([r2]),
+            values=t([v2]),
+            terminal=torch.tensor([terminal]),
+            bootstrap_value=t([boot]),
         ),
         gamma=gamma,
         lam=lam,
@@ -183,14 +203,20 @@ def test_gae_invariant_to_inserted_observation_tokens(
 def test_gae_errors_and_invalid_rows() -> None:
     mask = t([[1, 1]])
     with pytest.raises(ValueError, match="bootstrap_value"):
-        gae(AdvantageInputs(action_mask=mask, rewards=t([1.0]), values=t([[0, 0]]), terminal=torch.tensor([False])))
+        gae(
+            AdvantageInputs(
+                action_mask=mask, rewards=t([1.0]), values=t([[0, 0]]), terminal=torch.tensor([False])
+            )
+        )
     with pytest.raises(ValueError, match="values"):
         gae(AdvantageInputs(action_mask=mask, rewards=t([1.0])))
     with pytest.raises(ValueError, match="off the action mask"):
         gae(AdvantageInputs(action_mask=t([[1, 0]]), token_rewards=t([[0, 1.0]]), values=t([[0, 0]])))
     out = gae(
         AdvantageInputs(
-            action_mask=t([[1, 1], [1, 1]]), rewards=t([1.0, math.nan]), values=t([[0, 0], [0, 0]]),
+            action_mask=t([[1, 1], [1, 1]]),
+            rewards=t([1.0, math.nan]),
+            values=t([[0, 0], [0, 0]]),
             valid=torch.tensor([True, False]),
         ),
         gamma=1.0,
@@ -211,7 +237,9 @@ def test_grpo_hand_values_and_broadcast() -> None:
     # rewards [1, 0, 1, 0]: mean 0.5; unbiased std = sqrt(4 * 0.25 / 3) = sqrt(1/3) = 0.5773503
     # A = +-0.5 / 0.5773503 = +-0.8660254 (eps=1e-6 shifts the 6th decimal only).
     mask = t([[1, 1, 0], [1, 0, 0], [1, 1, 1], [0, 1, 1]])
-    out = grpo(AdvantageInputs(action_mask=mask, rewards=t([1, 0, 1, 0]), group_index=torch.tensor([3, 3, 3, 3])))
+    out = grpo(
+        AdvantageInputs(action_mask=mask, rewards=t([1, 0, 1, 0]), group_index=torch.tensor([3, 3, 3, 3]))
+    )
     a = 0.8660254
     expected = t([[a, a, 0], [-a, 0, 0], [a, a, a], [0, -a, -a]])
     torch.testing.assert_close(out.advantages, expected, atol=1e-5, rtol=0)
@@ -222,14 +250,22 @@ def test_grpo_all_equal_rewards_give_exactly_zero() -> None:
     # float32 0.1 * 3: the group mean is not exactly 0.1, so a naive (r - mean) / (std + eps)
     # would return amplified float noise; the min_std rule returns exact zeros.
     r = torch.tensor([0.1, 0.1, 0.1, 1.0, 0.0], dtype=torch.float32)
-    out = grpo(AdvantageInputs(action_mask=torch.ones(5, 2), rewards=r, group_index=torch.tensor([0, 0, 0, 1, 1])))
+    out = grpo(
+        AdvantageInputs(action_mask=torch.ones(5, 2), rewards=r, group_index=torch.tensor([0, 0, 0, 1, 1]))
+    )
     assert bool((out.advantages[:3] == 0).all())
     # group 1: mean 0.5, unbiased std = sqrt(0.5) -> A = +-0.5/0.7071068 = +-0.7071068
-    torch.testing.assert_close(out.advantages[3:, 0], torch.tensor([0.7071068, -0.7071068]), atol=1e-5, rtol=0)
+    torch.testing.assert_close(
+        out.advantages[3:, 0], torch.tensor([0.7071068, -0.7071068]), atol=1e-5, rtol=0
+    )
 
 
 def test_grpo_tiny_std_gives_zero_not_nan_or_noise() -> None:
-    out = grpo(AdvantageInputs(action_mask=torch.ones(2, 3, dtype=D), rewards=t([0.0, 1e-9]), group_index=torch.tensor([0, 0])))
+    out = grpo(
+        AdvantageInputs(
+            action_mask=torch.ones(2, 3, dtype=D), rewards=t([0.0, 1e-9]), group_index=torch.tensor([0, 0])
+        )
+    )
     assert bool(torch.isfinite(out.advantages).all())
     assert bool((out.advantages == 0).all())
 
@@ -240,16 +276,28 @@ def test_grpo_missing_results_are_zero_and_excluded_from_group_stats() -> None:
     r = t([1.0, 0.0, math.nan, 3.0, 7.0])
     valid = torch.tensor([True, True, False, True, False])
     gidx = torch.tensor([0, 0, 0, 1, 1])
-    out = grpo(AdvantageInputs(action_mask=torch.ones(5, 1, dtype=D), rewards=r, group_index=gidx, valid=valid))
+    out = grpo(
+        AdvantageInputs(action_mask=torch.ones(5, 1, dtype=D), rewards=r, group_index=gidx, valid=valid)
+    )
     torch.testing.assert_close(out.advantages[:, 0], t([0.7071068, -0.7071068, 0, 0, 0]), atol=1e-5, rtol=0)
     # Same as the batch without the missing rows.
-    alone = grpo(AdvantageInputs(action_mask=torch.ones(3, 1, dtype=D), rewards=t([1.0, 0.0, 3.0]), group_index=torch.tensor([0, 0, 1])))
+    alone = grpo(
+        AdvantageInputs(
+            action_mask=torch.ones(3, 1, dtype=D),
+            rewards=t([1.0, 0.0, 3.0]),
+            group_index=torch.tensor([0, 0, 1]),
+        )
+    )
     torch.testing.assert_close(out.advantages[[0, 1, 3]], alone.advantages)
 
 
 def test_grpo_without_std_and_dr_grpo() -> None:
     # rewards [1, 0, 0]: mean 1/3 -> [2/3, -1/3, -1/3]; other group [2, 4] -> [-1, 1]
-    inp = AdvantageInputs(action_mask=torch.ones(5, 1, dtype=D), rewards=t([1, 0, 0, 2, 4]), group_index=torch.tensor([0, 0, 0, 1, 1]))
+    inp = AdvantageInputs(
+        action_mask=torch.ones(5, 1, dtype=D),
+        rewards=t([1, 0, 0, 2, 4]),
+        group_index=torch.tensor([0, 0, 0, 1, 1]),
+    )
     expected = t([2 / 3, -1 / 3, -1 / 3, -1, 1])
     torch.testing.assert_close(dr_grpo(inp).advantages[:, 0], expected)
     torch.testing.assert_close(grpo(inp, norm_std=False).advantages[:, 0], expected)
@@ -268,26 +316,43 @@ def test_group_estimators_need_group_index() -> None:
 def test_rloo_hand_values() -> None:
     # group 0 rewards [1, 2, 6]: baselines (2+6)/2 = 4, (1+6)/2 = 3.5, (1+2)/2 = 1.5
     #   -> A = [1-4, 2-3.5, 6-1.5] = [-3, -1.5, 4.5]; group 1 [0, 1] -> [-1, 1]
-    inp = AdvantageInputs(action_mask=t([[1, 1], [1, 0], [0, 1], [1, 1], [1, 1]]), rewards=t([1, 2, 6, 0, 1]),
-                          group_index=torch.tensor([5, 5, 5, 9, 9]))
+    inp = AdvantageInputs(
+        action_mask=t([[1, 1], [1, 0], [0, 1], [1, 1], [1, 1]]),
+        rewards=t([1, 2, 6, 0, 1]),
+        group_index=torch.tensor([5, 5, 5, 9, 9]),
+    )
     out = rloo(inp)
     torch.testing.assert_close(out.advantages, t([[-3, -3], [-1.5, 0], [0, 4.5], [-1, -1], [1, 1]]))
 
 
 def test_rloo_invalid_member_excluded() -> None:
     # [1, 2, (6 missing)] -> K = 2: A = [1 - 2, 2 - 1, 0]
-    out = rloo(AdvantageInputs(action_mask=torch.ones(3, 1, dtype=D), rewards=t([1, 2, math.nan]),
-                               group_index=torch.tensor([0, 0, 0]), valid=torch.tensor([True, True, False])))
+    out = rloo(
+        AdvantageInputs(
+            action_mask=torch.ones(3, 1, dtype=D),
+            rewards=t([1, 2, math.nan]),
+            group_index=torch.tensor([0, 0, 0]),
+            valid=torch.tensor([True, True, False]),
+        )
+    )
     torch.testing.assert_close(out.advantages[:, 0], t([-1, 1, 0]))
 
 
 def test_rloo_k_below_two_is_a_clear_error_naming_the_group() -> None:
-    inp = AdvantageInputs(action_mask=torch.ones(3, 1), rewards=torch.tensor([1.0, 0.0, 1.0]), group_index=torch.tensor([0, 0, 7]))
+    inp = AdvantageInputs(
+        action_mask=torch.ones(3, 1),
+        rewards=torch.tensor([1.0, 0.0, 1.0]),
+        group_index=torch.tensor([0, 0, 7]),
+    )
     with pytest.raises(ValueError, match=r"7: 1"):
         rloo(inp)
     # K drops to 1 because of a missing result: still an error.
-    inp2 = AdvantageInputs(action_mask=torch.ones(2, 1), rewards=torch.tensor([1.0, 0.0]), group_index=torch.tensor([4, 4]),
-                           valid=torch.tensor([True, False]))
+    inp2 = AdvantageInputs(
+        action_mask=torch.ones(2, 1),
+        rewards=torch.tensor([1.0, 0.0]),
+        group_index=torch.tensor([4, 4]),
+        valid=torch.tensor([True, False]),
+    )
     with pytest.raises(ValueError, match=r"4: 1"):
         rloo(inp2)
 
@@ -298,13 +363,21 @@ def test_rloo_k_below_two_is_a_clear_error_naming_the_group() -> None:
 def test_reinforce_batch_mean_baseline() -> None:
     # mean of [1, 2, 6] = 3 -> [-2, -1, 3]; with row 2 missing: mean 1.5 -> [-0.5, 0.5, 0]
     mask = torch.ones(3, 2, dtype=D)
-    torch.testing.assert_close(reinforce(AdvantageInputs(action_mask=mask, rewards=t([1, 2, 6]))).advantages[:, 0], t([-2, -1, 3]))
-    out = reinforce(AdvantageInputs(action_mask=mask, rewards=t([1, 2, math.nan]), valid=torch.tensor([True, True, False])))
+    torch.testing.assert_close(
+        reinforce(AdvantageInputs(action_mask=mask, rewards=t([1, 2, 6]))).advantages[:, 0], t([-2, -1, 3])
+    )
+    out = reinforce(
+        AdvantageInputs(
+            action_mask=mask, rewards=t([1, 2, math.nan]), valid=torch.tensor([True, True, False])
+        )
+    )
     torch.testing.assert_close(out.advantages, t([[-0.5, -0.5], [0.5, 0.5], [0, 0]]))
 
 
 def test_remax_greedy_baseline() -> None:
-    out = remax(AdvantageInputs(action_mask=t([[1, 1], [0, 1]]), rewards=t([1.0, 0.5]), baseline=t([0.5, 0.5])))
+    out = remax(
+        AdvantageInputs(action_mask=t([[1, 1], [0, 1]]), rewards=t([1.0, 0.5]), baseline=t([0.5, 0.5]))
+    )
     torch.testing.assert_close(out.advantages, t([[0.5, 0.5], [0, 0]]))
     with pytest.raises(ValueError, match="baseline"):
         remax(AdvantageInputs(action_mask=t([[1.0]]), rewards=t([1.0])))
@@ -318,9 +391,16 @@ def test_reinforce_pp_token_returns_with_kl_and_batch_norm() -> None:
     # returns: row0 t1 = -0.2 + 1 = 0.8, t0 = -0.1 + 0.8 = 0.7; row1 t0 = -0.3
     # batch over 3 tokens: mean 0.4, devs [0.3, 0.4, -0.7], pop var = 0.74/3 = 0.2466667,
     # std = 0.4966555 -> A = [0.6040404, 0.8053872, -1.4094277]
-    out = reinforce_pp(AdvantageInputs(action_mask=t([[1, 1], [1, 0]]), rewards=t([1.0, 0.0]),
-                                       token_rewards=t([[-0.1, -0.2], [-0.3, 0.0]])))
-    torch.testing.assert_close(out.advantages, t([[0.6040404, 0.8053872], [-1.4094277, 0]]), atol=1e-6, rtol=0)
+    out = reinforce_pp(
+        AdvantageInputs(
+            action_mask=t([[1, 1], [1, 0]]),
+            rewards=t([1.0, 0.0]),
+            token_rewards=t([[-0.1, -0.2], [-0.3, 0.0]]),
+        )
+    )
+    torch.testing.assert_close(
+        out.advantages, t([[0.6040404, 0.8053872], [-1.4094277, 0]]), atol=1e-6, rtol=0
+    )
 
 
 def test_reinforce_pp_constant_batch_is_zero_not_nan() -> None:
@@ -333,8 +413,12 @@ def test_reinforce_pp_baseline_group_mean_then_batch_norm() -> None:
     # tokens: [0.5, 0.5, -0.5, 0, 0]; mean 0.1; devs [.4, .4, -.6, -.1, -.1]; pop var = 0.70/5 = 0.14;
     # std = 0.3741657 -> A: row0 1.0690450, row1 -1.6035675, rows 2, 3 -0.2672612.
     # A missing 5th row (NaN) in group 1 must change nothing.
-    inp = AdvantageInputs(action_mask=t([[1, 1], [1, 0], [0, 1], [1, 0], [1, 1]]), rewards=t([1, 0, 1, 1, math.nan]),
-                          group_index=torch.tensor([0, 0, 1, 1, 1]), valid=torch.tensor([True, True, True, True, False]))
+    inp = AdvantageInputs(
+        action_mask=t([[1, 1], [1, 0], [0, 1], [1, 0], [1, 1]]),
+        rewards=t([1, 0, 1, 1, math.nan]),
+        group_index=torch.tensor([0, 0, 1, 1, 1]),
+        valid=torch.tensor([True, True, True, True, False]),
+    )
     out = reinforce_pp_baseline(inp)
     expected = t([[1.0690450, 1.0690450], [-1.6035675, 0], [0, -0.2672612], [-0.2672612, 0], [0, 0]])
     torch.testing.assert_close(out.advantages, expected, atol=1e-6, rtol=0)
@@ -385,7 +469,9 @@ def test_gigpo_with_std_and_omega() -> None:
     #   tau2 s0 -.7071068 - .4003204 = -1.1074272; s1 -.7071068
     out = gigpo(_webshop_inputs(), omega=0.5, gamma=0.5)
     e = 0.7071068
-    expected = t([[0, 0.5469786, 0.5469786, 0, e, 0, 1.2675554, 1.2675554], [0, -1.1074272, 0, -e, -e, 0, 0, 0]])
+    expected = t(
+        [[0, 0.5469786, 0.5469786, 0, e, 0, 1.2675554, 1.2675554], [0, -1.1074272, 0, -e, -e, 0, 0, 0]]
+    )
     torch.testing.assert_close(out.advantages, expected, atol=1e-5, rtol=0)
 
 
@@ -397,25 +483,39 @@ def test_gigpo_anchors_are_not_shared_across_rollout_groups_and_errors() -> None
     out = gigpo(split, omega=1.0, gamma=0.5, norm_std=False)
     expected = t([[0, -0.375, -0.375, 0, 0, 0, 0.375, 0.375], [0, 0, 0, 0, 0, 0, 0, 0]])
     torch.testing.assert_close(out.advantages, expected)
-    bad = AdvantageInputs(**{**base.__dict__, "step_index": torch.tensor([[-1, 0, 0, -1, 1, -1, 2, 2], [-1, 0, -1, 2, 2, -1, -1, -1]])})
+    bad = AdvantageInputs(
+        **{
+            **base.__dict__,
+            "step_index": torch.tensor([[-1, 0, 0, -1, 1, -1, 2, 2], [-1, 0, -1, 2, 2, -1, -1, -1]]),
+        }
+    )
     with pytest.raises(ValueError, match=r"rows \[1\]"):
         gigpo(bad)
     with pytest.raises(ValueError, match="step_index"):
-        gigpo(AdvantageInputs(action_mask=base.action_mask, rewards=base.rewards, group_index=base.group_index))
+        gigpo(
+            AdvantageInputs(action_mask=base.action_mask, rewards=base.rewards, group_index=base.group_index)
+        )
 
 
 # ------------------------------------------------------------------------ shared properties
 
 
-@pytest.mark.parametrize("name", ["grpo", "dr_grpo", "rloo", "reinforce", "remax", "reinforce_pp", "reinforce_pp_baseline"])
+@pytest.mark.parametrize(
+    "name", ["grpo", "dr_grpo", "rloo", "reinforce", "remax", "reinforce_pp", "reinforce_pp_baseline"]
+)
 def test_zero_off_mask_and_on_invalid_rows(name: str) -> None:
     g = torch.Generator().manual_seed(0)
     mask = (torch.rand(6, 5, generator=g) > 0.4).to(D)
     mask[:, 0] = 1
     r = torch.randn(6, generator=g, dtype=D)
     r[5] = math.nan
-    inp = AdvantageInputs(action_mask=mask, rewards=r, group_index=torch.tensor([0, 0, 0, 1, 1, 1]),
-                          valid=torch.tensor([True] * 5 + [False]), baseline=torch.zeros(6, dtype=D))
+    inp = AdvantageInputs(
+        action_mask=mask,
+        rewards=r,
+        group_index=torch.tensor([0, 0, 0, 1, 1, 1]),
+        valid=torch.tensor([True] * 5 + [False]),
+        baseline=torch.zeros(6, dtype=D),
+    )
     adv = ADVANTAGES[name](inp).advantages
     assert bool(torch.isfinite(adv).all())
     assert bool((adv[mask == 0] == 0).all())

@@ -1,0 +1,87 @@
+"""KL estimators (hand values, k3 >= 0, unbiasedness by exact expectation) and KL controllers."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from posttrain.algos import KL_ESTIMATORS
+from posttrain.algos.kl import AdaptiveKLController, FixedKLController, kl_k1, kl_k2, kl_k3
+
+LOG2 = math.log(2.0)
+
+
+def test_every_registered_name_is_covered_here() -> None:
+    assert sorted(KL_ESTIMATORS) == ["k1", "k2", "k3"]
+    assert KL_ESTIMATORS["k3"] is kl_k3
+
+
+def test_hand_values() -> None:
+    # p = 0.5, q = 0.25: log p - log q = log 2 = 0.6931472
+    #   k1 = 0.6931472; k2 = 0.5 * 0.6931472^2 = 0.2402265
+    #   k3: x = log q - log p = -log 2; e^x - x - 1 = 0.5 + 0.6931472 - 1 = 0.1931472
+    # p = 0.25, q = 0.5: k1 = -0.6931472; k2 = 0.2402265; k3 = 2 - 0.6931472 - 1 = 0.3068528
+    lp = torch.log(torch.tensor([0.5, 0.25, 0.3], dtype=torch.float64))
+    lq = torch.log(torch.tensor([0.25, 0.5, 0.3], dtype=torch.float64))
+    torch.testing.assert_close(kl_k1(lp, lq), torch.tensor([LOG2, -LOG2, 0.0], dtype=torch.float64))
+    torch.testing.assert_close(
+        kl_k2(lp, lq), torch.tensor([0.5 * LOG2**2, 0.5 * LOG2**2, 0.0], dtype=torch.float64)
+    )
+    torch.testing.assert_close(
+        kl_k3(lp, lq), torch.tensor([0.5 + LOG2 - 1, 2 - LOG2 - 1, 0.0], dtype=torch.float64)
+    )
+    with pytest.raises(ValueError, match="shape"):
+        kl_k1(lp, lq[:2])
+
+
+@settings(max_examples=100, deadline=None)
+@given(st.floats(-30, 0), st.floats(-30, 0))
+def test_k3_and_k2_are_nonnegative(lp: float, lq: float) -> None:
+    a, b = torch.tensor([lp], dtype=torch.float64), torch.tensor([lq], dtype=torch.float64)
+    assert kl_k3(a, b).item() >= 0.0
+    assert kl_k2(a, b).item() >= 0.0
+
+
+def test_k1_and_k3_are_unbiased_under_exact_expectation() -> None:
+    # E_{y~p}[k(y)] computed exactly by summing over a 5-token vocabulary must equal KL(p||q).
+    p = torch.tensor([0.1, 0.2, 0.3, 0.15, 0.25], dtype=torch.float64)
+    q = torch.tensor([0.3, 0.1, 0.2, 0.2, 0.2], dtype=torch.float64)
+    exact = (p * (p.log() - q.log())).sum()
+    for fn in (kl_k1, kl_k3):
+        est = (p * fn(p.log(), q.log())).sum()
+        torch.testing.assert_close(est, exact)
+    # k2 is biased: its expectation differs from the KL for this pair.
+    assert abs((p * kl_k2(p.log(), q.log())).sum().item() - exact.item()) > 1e-3
+
+
+def test_adaptive_controller_hand_values_and_state() -> None:
+    c = AdaptiveKLController(init_coef=0.1, target_kl=6.0, horizon=10000)
+    # KL 9: error = 9/6 - 1 = 0.5, clipped to 0.2; mult = 1 + 0.2 * 256/10000 = 1.00512 -> 0.100512
+    assert c.update(9.0, n_steps=256) == pytest.approx(0.100512)
+    # KL 6.6: error 0.1 (unclipped); mult = 1 + 0.1 * 1000/10000 = 1.01 -> 0.100512 * 1.01 = 0.10151712
+    assert c.update(6.6, n_steps=1000) == pytest.approx(0.10151712)
+    # KL 0: error -1 -> -0.2; mult = 1 - 0.2 * 5000/10000 = 0.9 -> 0.091365408
+    assert c.update(0.0, n_steps=5000) == pytest.approx(0.091365408)
+    assert c.value == pytest.approx(0.091365408)
+    d = AdaptiveKLController(init_coef=1.0, target_kl=1.0, horizon=1.0)
+    d.load_state_dict(c.state_dict())
+    assert d.state_dict() == c.state_dict()
+    assert d.update(9.0, 256) == c.update(9.0, 256)
+    with pytest.raises(ValueError, match="target_kl"):
+        AdaptiveKLController(0.1, 0.0, 100)
+    with pytest.raises(ValueError, match="finite"):
+        c.update(math.nan, 1)
+    with pytest.raises(ValueError, match="missing"):
+        d.load_state_dict({"value": 1.0})
+
+
+def test_fixed_controller() -> None:
+    c = FixedKLController(0.05)
+    assert c.update(100.0, 10) == 0.05 and c.value == 0.05
+    c2 = FixedKLController(0.0)
+    c2.load_state_dict(c.state_dict())
+    assert c2.value == 0.05
