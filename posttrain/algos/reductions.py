@@ -10,12 +10,12 @@ full batch): the learner passes them; by default they are this batch's own B and
 Names and weights, for row i with ``len_i = sum_t mask[i, t]``:
 
 - ``token_mean``              w = mask / N_tokens                (DAPO "token-level" loss, Yu et al.
-  2025, arXiv:2503.14476, eq. 12; a row's total weight grows with its length);
+  2025, arXiv:2503.14476, sec. 3.3; a row's total weight grows with its length);
 - ``seq_mean_token_mean``     w = mask / (len_i * B)             (original GRPO, Shao et al. 2024,
   arXiv:2402.03300, eq. 3: the 1/|o_i| inside, 1/G outside; every row weighs the same);
 - ``seq_mean_token_sum``      w = mask / B                       (sum over tokens, mean over rows);
 - ``seq_mean_token_sum_norm`` w = mask / (B * L_max)             (Dr. GRPO, Liu et al. 2025,
-  arXiv:2503.20783, sec. 3.1: a constant denominator independent of the generated length).
+  arXiv:2503.20783: a constant denominator independent of the generated length).
 
 A row's total weight sum_t w[i, t] is len_i / N_tokens (token_mean), 1/B (seq_mean_token_mean),
 len_i / B (seq_mean_token_sum) and len_i / (B * L_max) (seq_mean_token_sum_norm): a sequence-level

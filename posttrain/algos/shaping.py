@@ -15,7 +15,7 @@ __all__ = ["dapo_overlong_penalty", "effort_penalty"]
 
 
 def dapo_overlong_penalty(lengths: Tensor, max_len: int, cache_len: int) -> Tensor:
-    """DAPO soft overlong punishment (Yu et al. 2025, arXiv:2503.14476, eq. 13), per sequence.
+    """DAPO soft overlong punishment (Yu et al. 2025, arXiv:2503.14476, sec. 3.4), per sequence.
 
     With L = ``lengths`` (generated tokens, ``[B]``), L_max = ``max_len``, L_cache = ``cache_len``::
 
