@@ -520,3 +520,87 @@ def test_zero_off_mask_and_on_invalid_rows(name: str) -> None:
     assert bool(torch.isfinite(adv).all())
     assert bool((adv[mask == 0] == 0).all())
     assert bool((adv[5] == 0).all())
+
+
+# ------------------------------------------------- reference (plain loop) vs vectorised batch
+
+
+@settings(max_examples=30, deadline=None)
+@given(
+    data=st.data(), b=st.integers(1, 5), t_len=st.integers(1, 7), gamma=st.floats(0, 1), lam=st.floats(0, 1)
+)
+def test_gae_batched_ragged_rows_equal_each_row_alone(
+    data: st.DataObject, b: int, t_len: int, gamma: float, lam: float
+) -> None:
+    # Rows of different lengths batched together must give exactly what each row gives alone
+    # (no leakage across rows through the shared time loop).
+    fl = st.floats(-3, 3, allow_nan=False)
+    mask = t(
+        data.draw(
+            st.lists(
+                st.lists(st.sampled_from([0.0, 1.0]), min_size=t_len, max_size=t_len), min_size=b, max_size=b
+            )
+        )
+    )
+    rew = t(data.draw(st.lists(st.lists(fl, min_size=t_len, max_size=t_len), min_size=b, max_size=b))) * mask
+    val = t(data.draw(st.lists(st.lists(fl, min_size=t_len, max_size=t_len), min_size=b, max_size=b)))
+    term = torch.tensor(data.draw(st.lists(st.booleans(), min_size=b, max_size=b)))
+    boot = t(data.draw(st.lists(fl, min_size=b, max_size=b)))
+    full = gae(
+        AdvantageInputs(action_mask=mask, token_rewards=rew, values=val, terminal=term, bootstrap_value=boot),
+        gamma=gamma,
+        lam=lam,
+    )
+    for i in range(b):
+        one = gae(
+            AdvantageInputs(
+                action_mask=mask[i : i + 1],
+                token_rewards=rew[i : i + 1],
+                values=val[i : i + 1],
+                terminal=term[i : i + 1],
+                bootstrap_value=boot[i : i + 1],
+            ),
+            gamma=gamma,
+            lam=lam,
+        )
+        torch.testing.assert_close(full.advantages[i : i + 1], one.advantages)
+        # Plain-loop reference for the row: backwards over its action positions.
+        pos = [j for j in range(t_len) if mask[i, j] == 1]
+        expected = torch.zeros(t_len, dtype=D)
+        nxt_v = 0.0 if bool(term[i]) else float(boot[i])
+        running = 0.0
+        for j in reversed(pos):
+            delta = float(rew[i, j]) + gamma * nxt_v - float(val[i, j])
+            running = delta + gamma * lam * running
+            expected[j] = running
+            nxt_v = float(val[i, j])
+        torch.testing.assert_close(full.advantages[i], expected)
+
+
+@settings(max_examples=30, deadline=None)
+@given(data=st.data(), b=st.integers(2, 9))
+def test_grpo_and_rloo_vectorised_equal_plain_loop(data: st.DataObject, b: int) -> None:
+    rewards = data.draw(st.lists(st.sampled_from([0.0, 0.5, 1.0, 2.0]), min_size=b, max_size=b))
+    groups = data.draw(st.lists(st.integers(0, 2), min_size=b, max_size=b))
+    inp = AdvantageInputs(
+        action_mask=torch.ones(b, 1, dtype=D), rewards=t(rewards), group_index=torch.tensor(groups)
+    )
+    got = grpo(inp).advantages[:, 0]
+    for i in range(b):
+        members = [rewards[j] for j in range(b) if groups[j] == groups[i]]
+        if len(members) < 2:
+            exp = 0.0
+        else:
+            mean = sum(members) / len(members)
+            std = math.sqrt(sum((x - mean) ** 2 for x in members) / (len(members) - 1))
+            exp = 0.0 if std < 1e-6 else (rewards[i] - mean) / (std + 1e-6)
+        assert got[i].item() == pytest.approx(exp, abs=1e-9)
+    counts = {g: groups.count(g) for g in groups}
+    if min(counts.values()) >= 2:
+        r_out = rloo(inp).advantages[:, 0]
+        for i in range(b):
+            others = [rewards[j] for j in range(b) if groups[j] == groups[i] and j != i]
+            assert r_out[i].item() == pytest.approx(rewards[i] - sum(others) / len(others), abs=1e-12)
+    else:
+        with pytest.raises(ValueError, match="K >= 2"):
+            rloo(inp)
