@@ -185,7 +185,7 @@ def _sequence_log_ratio(p: _Prepared) -> Tensor:
 
 @POLICY_LOSSES.register("gspo")
 def gspo(inputs: PolicyLossInputs, *, eps_low: float = 3e-4, eps_high: float = 4e-4) -> PolicyLossOutputs:
-    """GSPO sequence-level clipped surrogate (Zheng et al. 2025, arXiv:2507.18071, eqs. 5-7).
+    """GSPO sequence-level clipped surrogate (Zheng et al. 2025, arXiv:2507.18071).
 
     ``s_i = (pi_theta(y_i|x) / pi_old(y_i|x))^(1/|y_i|) = exp(mean_{t in y_i}(logprob - old_logprob))``
     (the length-normalised, geometric-mean ratio over the row's action tokens), and per token
@@ -208,7 +208,7 @@ def gspo(inputs: PolicyLossInputs, *, eps_low: float = 3e-4, eps_high: float = 4
 def gspo_token(
     inputs: PolicyLossInputs, *, eps_low: float = 3e-4, eps_high: float = 4e-4
 ) -> PolicyLossOutputs:
-    """GSPO-token (Zheng et al. 2025, arXiv:2507.18071, eqs. 13-14): token-level advantages.
+    """GSPO-token (Zheng et al. 2025, arXiv:2507.18071): token-level advantages.
 
     ``s_{i,t} = sg[s_i] * pi_theta(y_{i,t}) / sg[pi_theta(y_{i,t})]``, computed as
     ``exp(sg[log s_i] + logprob_t - sg[logprob_t])``: numerically equal to ``s_i`` (so the clip
@@ -228,7 +228,7 @@ def gspo_token(
 def cispo(
     inputs: PolicyLossInputs, *, eps_low: float | None = None, eps_high: float = 0.28
 ) -> PolicyLossOutputs:
-    """CISPO: clipped, stop-gradient IS weight times log-prob (MiniMax-M1, arXiv:2506.13585, eqs. 4-5).
+    """CISPO: clipped, stop-gradient IS weight times log-prob (MiniMax-M1, arXiv:2506.13585).
 
     ``w_t = sg(clip(r_t, 1 - eps_low, 1 + eps_high))`` with ``r_t = pi_theta / pi_old``;
     ``loss_t = -w_t A_t logprob_t``. The weight is clipped, not the objective, so every token keeps
@@ -259,7 +259,7 @@ def topr(
     level: str = "sequence",
     ratio_against: str = "old",
 ) -> PolicyLossOutputs:
-    """Tapered Off-Policy REINFORCE (Le Roux, Bellemare et al. 2025, arXiv:2503.14286, eq. 8).
+    """Tapered Off-Policy REINFORCE (Le Roux, Bellemare et al. 2025, arXiv:2503.14286).
 
     ``loss_t = -w A_t logprob_t`` with ``w = 1`` when ``A_t >= 0`` (plain SFT-like REINFORCE term,
     no importance weight) and ``w = sg(clip(pi_theta / mu, 0, cap))`` when ``A_t < 0`` (truncated
@@ -351,7 +351,7 @@ def decoupled_ppo(
     behavior_weight_cap: float | None = None,
     cap_mode: str = "truncate",
 ) -> PolicyLossOutputs:
-    """Decoupled PPO (AReaL, Fu et al. 2025, arXiv:2505.24298, eq. 5; Hilton et al. 2022, arXiv:2110.00641).
+    """Decoupled PPO (AReaL, Fu et al. 2025, arXiv:2505.24298; Hilton et al. 2022, arXiv:2110.00641).
 
     The proximal policy pi_prox (= ``old_logprob``, recomputed before the update) is the trust
     region centre; mu (= ``behavior_logprob``) sampled the tokens:

@@ -96,7 +96,7 @@ def ipo(
     tau: float = 0.1,
 ) -> tuple[Tensor, Diagnostics]:
     """IPO (Azar et al. 2023, "A General Theoretical Paradigm to Understand Learning from Human
-    Preferences", arXiv:2310.12036, eq. 17): ``loss = (h - 1 / (2 tau))^2``.
+    Preferences", arXiv:2310.12036, the empirical IPO loss): ``loss = (h - 1 / (2 tau))^2``.
 
     The identity Psi makes the regression target a finite margin 1/(2 tau) instead of DPO's
     unbounded push. ``h`` uses summed sequence log-probs as in the paper (some libraries use
@@ -132,7 +132,7 @@ def simpo(
     beta: float = 2.0,
     gamma: float = 0.5,
 ) -> tuple[Tensor, Diagnostics]:
-    """SimPO (Meng, Xia, Chen 2024, arXiv:2405.14734, eq. 6); no reference model.
+    """SimPO (Meng, Xia, Chen 2024, arXiv:2405.14734); no reference model.
 
     ``loss = -log sigma(beta / |y_c| * pi_c - beta / |y_r| * pi_r - gamma)``: the implicit reward is
     the length-normalised (average per-token) log-prob, and gamma is a target reward margin.
@@ -169,7 +169,7 @@ def orpo(
     rejected_lengths: Tensor,
     lam: float = 0.1,
 ) -> tuple[Tensor, Diagnostics]:
-    """ORPO (Hong, Lee, Thorne 2024, arXiv:2403.07691, eqs. 6-9); no reference model.
+    """ORPO (Hong, Lee, Thorne 2024, arXiv:2403.07691); no reference model.
 
     With the length-normalised likelihood ``P(y|x) = exp(logp(y) / |y|)`` and
     ``odds(y) = P / (1 - P)``:
@@ -208,7 +208,7 @@ def kto(
     lambda_d: float = 1.0,
     lambda_u: float = 1.0,
 ) -> tuple[Tensor, Diagnostics]:
-    """KTO, unpaired (Ethayarajh et al. 2024, arXiv:2402.01306, eq. 8). Own signature.
+    """KTO, unpaired (Ethayarajh et al. 2024, arXiv:2402.01306). Own signature.
 
     Per example ``(x, y)`` with sequence log-probs ``policy_logp`` / ``ref_logp`` ``[B]`` and a
     ``[B]`` bool ``is_desirable``: ``r = policy_logp - ref_logp``,
@@ -248,7 +248,7 @@ def odpo(
     alpha: float = 1.0,
     offset_transform: str = "identity",
 ) -> tuple[Tensor, Diagnostics]:
-    """ODPO, DPO with an offset (Amini, Vieira, Cotterell 2024, arXiv:2402.10571, eq. 6).
+    """ODPO, DPO with an offset (Amini, Vieira, Cotterell 2024, arXiv:2402.10571).
 
     ``loss = -log sigma(beta h - Delta)``, ``Delta = alpha * f(score_diff)`` where ``score_diff``
     ``[B]`` = score(x, y_c) - score(x, y_r) >= 0 (a reward model or annotator's scores) and f is

@@ -295,7 +295,7 @@ def test_gspo_token_hand_and_equivalence() -> None:
     inp2 = _row([0.2, -0.1], [-1.0, -3.0])
     (g2,) = torch.autograd.grad(_run("gspo", {}, inp2).loss.sum(), inp2.logprob)
     assert torch.allclose(g2, torch.tensor([[2 * s, 2 * s]], dtype=D), atol=1e-12)
-    # with a row-constant advantage the two agree in value and gradient (paper, eq. 14)
+    # with a row-constant advantage the two agree in value and gradient (GSPO paper, GSPO-token section)
     a, b = _row([0.2, -0.1, 0.05], [-2.0] * 3), _row([0.2, -0.1, 0.05], [-2.0] * 3)
     oa, ob = _run("gspo", {}, a), _run("gspo_token", {}, b)
     assert torch.allclose(oa.loss, ob.loss, atol=1e-12)
