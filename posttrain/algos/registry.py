@@ -41,7 +41,7 @@ class Registry(dict[str, Callable[..., Any]]):
     def __missing__(self, key: str) -> Callable[..., Any]:
         raise KeyError(f"unknown {self.kind} {key!r}; valid: {', '.join(sorted(self))}")
 
-    def get(self, key: str, default: Any = None) -> Callable[..., Any]:  # type: ignore[override]
+    def get(self, key: str, default: Any = None) -> Callable[..., Any]:
         """Like ``self[key]``: unknown names raise, they never return a silent default."""
         if default is not None:
             raise TypeError("Registry.get takes no default: an unknown name is an error")
