@@ -47,7 +47,12 @@ class KLCoefficient(Protocol):
     def load_state_dict(self, state: Mapping[str, Any]) -> None: ...
 
 
-_AUTOCAST = {"bfloat16": torch.bfloat16, "bf16": torch.bfloat16, "float16": torch.float16, "fp16": torch.float16}
+_AUTOCAST = {
+    "bfloat16": torch.bfloat16,
+    "bf16": torch.bfloat16,
+    "float16": torch.float16,
+    "fp16": torch.float16,
+}
 
 
 @dataclasses.dataclass
@@ -140,7 +145,9 @@ class PolicyLearner:
         if not temperature > 0:
             raise ValueError(f"temperature must be > 0, got {temperature}")
         if autocast_dtype is not None and autocast_dtype not in _AUTOCAST:
-            raise ValueError(f"unknown autocast_dtype {autocast_dtype!r}; valid: {', '.join(_AUTOCAST)} or None")
+            raise ValueError(
+                f"unknown autocast_dtype {autocast_dtype!r}; valid: {', '.join(_AUTOCAST)} or None"
+            )
         # Resolve names once: an unknown name fails here, listing the valid ones.
         self._policy_loss = POLICY_LOSSES[policy_loss]
         self._reduction = REDUCTIONS[reduction]
@@ -165,15 +172,25 @@ class PolicyLearner:
 
         if lora_rank > 0:
             model = wrap_lora(
-                model, rank=lora_rank, alpha=lora_alpha, target_modules=lora_target_modules, dropout=lora_dropout
+                model,
+                rank=lora_rank,
+                alpha=lora_alpha,
+                target_modules=lora_target_modules,
+                dropout=lora_dropout,
             )
         if gradient_checkpointing:
             model.gradient_checkpointing_enable()  # type: ignore[operator]
         self.model = model.eval()
         self.params = [p for p in model.parameters() if p.requires_grad]
-        self.optimizer = build_optimizer(self.params, lr=lr, betas=betas, weight_decay=weight_decay, eps=adam_eps)
+        self.optimizer = build_optimizer(
+            self.params, lr=lr, betas=betas, weight_decay=weight_decay, eps=adam_eps
+        )
         self.scheduler = build_scheduler(
-            self.optimizer, lr_schedule, warmup_steps=warmup_steps, total_steps=total_steps, min_lr_ratio=min_lr_ratio
+            self.optimizer,
+            lr_schedule,
+            warmup_steps=warmup_steps,
+            total_steps=total_steps,
+            min_lr_ratio=min_lr_ratio,
         )
         self.generator = torch.Generator().manual_seed(seed)
         self.version = 0
@@ -215,7 +232,9 @@ class PolicyLearner:
         lp, _ = self._frozen(batch, with_entropy=False)
         return lp
 
-    def _frozen(self, batch: TrajectoryBatch, *, with_entropy: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
+    def _frozen(
+        self, batch: TrajectoryBatch, *, with_entropy: bool
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
         dev = self.device
         with self._autocast():
             lp, ent = token_logprobs(
@@ -264,7 +283,9 @@ class PolicyLearner:
             "attention_mask": batch.attention_mask.to(dev),
             "old_logprob": old_logprob.to(dev, dt) * action_mask,
             "behavior_logprob": batch.behavior_logprob.to(dev, dt) * action_mask,
-            "ref_logprob": batch.ref_logprob.to(dev, dt) * action_mask if batch.ref_logprob is not None else None,
+            "ref_logprob": batch.ref_logprob.to(dev, dt) * action_mask
+            if batch.ref_logprob is not None
+            else None,
             "advantages": advantages.to(dev, dt) * action_mask,
         }
         info: dict[str, float] = {}
@@ -282,9 +303,13 @@ class PolicyLearner:
             for k, v in out.diagnostics.items():
                 v = torch.as_tensor(v, dtype=dt, device=dev)
                 info[f"correction/{k}"] = float(
-                    (v * action_mask).sum() / action_mask.sum().clamp(min=1) if v.shape == action_mask.shape else v.mean()
+                    (v * action_mask).sum() / action_mask.sum().clamp(min=1)
+                    if v.shape == action_mask.shape
+                    else v.mean()
                 )
-            info["correction/kept_token_frac"] = float((keep * action_mask).sum() / action_mask.sum().clamp(min=1))
+            info["correction/kept_token_frac"] = float(
+                (keep * action_mask).sum() / action_mask.sum().clamp(min=1)
+            )
         t["loss_mask"] = action_mask * keep
         t["correction_weight"] = weights
         n = action_mask.sum().clamp(min=1)
@@ -294,9 +319,13 @@ class PolicyLearner:
         return t, info
 
     def _reduction_weights(self, mask: torch.Tensor, num_sequences: int, num_tokens: float) -> torch.Tensor:
-        return self._reduction(mask, num_sequences=num_sequences, num_tokens=num_tokens, **self.reduction_kwargs)
+        return self._reduction(
+            mask, num_sequences=num_sequences, num_tokens=num_tokens, **self.reduction_kwargs
+        )
 
-    def _microbatches(self, t: Mapping[str, torch.Tensor | None], rows: Sequence[int]) -> Iterator[dict[str, Any]]:
+    def _microbatches(
+        self, t: Mapping[str, torch.Tensor | None], rows: Sequence[int]
+    ) -> Iterator[dict[str, Any]]:
         am = t["attention_mask"]
         assert am is not None
         lengths = am.sum(dim=1)
@@ -353,13 +382,13 @@ class PolicyLearner:
                 kl_tok = self._kl(lp, mb["ref_logprob"]) * mask
                 kl_term = (kl_tok * w).sum()
                 total = total + beta * kl_term
-                acc.kl_loss += float(kl_term)
+                acc.kl_loss += float(kl_term.detach())
             if ent is not None:
                 ent = ent.to(self.compute_dtype) * mask
                 if entropy_grad:
                     ent_term = (ent * w).sum()
                     total = total - self.entropy_coef * ent_term
-                    acc.entropy_loss += float(ent_term)
+                    acc.entropy_loss += float(ent_term.detach())
             total.backward()
             # Diagnostics (no grad): token sums over the loss mask.
             with torch.no_grad():
@@ -368,8 +397,8 @@ class PolicyLearner:
                 lpd = lp.detach()
                 on = mask > 0
                 ratio = torch.exp(lpd - mb["old_logprob"])
-                acc.loss += float(total)
-                acc.pg_loss += float(pg)
+                acc.loss += float(total.detach())
+                acc.pg_loss += float(pg.detach())
                 acc.tokens += float(mask.sum())
                 if kl_tok is not None:
                     acc.kl_sum += float(kl_tok.detach().sum())

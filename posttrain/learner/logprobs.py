@@ -97,7 +97,9 @@ def token_logprobs(
     if B == 0:
         raise ValueError("token_logprobs: empty batch (0 rows)")
     lengths = attention_mask.sum(dim=1).tolist()
-    groups = [list(range(B))] if microbatch_tokens is None else split_by_token_budget(lengths, microbatch_tokens)
+    groups = (
+        [list(range(B))] if microbatch_tokens is None else split_by_token_budget(lengths, microbatch_tokens)
+    )
     logprob: torch.Tensor | None = None
     entropy: torch.Tensor | None = None
     for rows in groups:

@@ -82,6 +82,8 @@ def minibatch_rows(num_rows: int, num_minibatches: int, generator: torch.Generat
     ``randperm`` draw, so saving its state makes the shuffle resumable.
     """
     if not 1 <= num_minibatches <= num_rows:
-        raise ValueError(f"num_minibatches must be in [1, {num_rows}] (rows in the batch), got {num_minibatches}")
+        raise ValueError(
+            f"num_minibatches must be in [1, {num_rows}] (rows in the batch), got {num_minibatches}"
+        )
     perm = torch.randperm(num_rows, generator=generator)
     return [sorted(p.tolist()) for p in torch.tensor_split(perm, num_minibatches)]

@@ -1,0 +1,326 @@
+"""The critic: a value head on a transformer backbone, and its clipped value-loss learner.
+
+Alignment (the same as the log-probs and as ``ADVANTAGES['gae']`` expects): ``values[b, t] =
+V(s_t)``, the value of the state *before* token ``t`` (the prefix ``tokens_<t``), computed as
+``head(h[b, t-1])`` from the backbone's last hidden state at ``t - 1``. Position 0 and padding
+hold 0. ``final_values[b] = head(h[b, L_b - 1])`` is the value of the state after the row's last
+token: the bootstrap of a truncated row.
+
+Two layouts (``shared_backbone``):
+- ``False`` (default, PPO as in Ouyang et al. 2022, arXiv:2203.02155): the critic owns a deep
+  copy of the actor's backbone and trains it with the head.
+- ``True``: the critic reads the actor's backbone under ``no_grad`` and trains only the head
+  (no value gradient reaches the actor; one backbone in memory, but an extra forward).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import json
+import math
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import safetensors.torch
+import torch
+
+from posttrain.algos.registry import REDUCTIONS
+from posttrain.algos.value import value_loss
+from posttrain.learner.checkpoint import load_pretrained_weights
+from posttrain.learner.lora import is_peft_model
+from posttrain.learner.microbatch import minibatch_rows, split_by_token_budget, take_rows
+from posttrain.learner.schedule import build_optimizer, build_scheduler
+from posttrain.trajectory.collate import TrajectoryBatch
+
+HEAD_FILE = "value_head.safetensors"
+META_FILE = "value_model.json"
+
+
+class ValueModel(torch.nn.Module):
+    """``backbone`` (a ``transformers`` base model returning ``last_hidden_state``) + linear head.
+
+    Build it with :meth:`from_causal_lm`. ``forward(input_ids, attention_mask)`` returns
+    ``(values [B, T], final_values [B])`` aligned as the module docstring says.
+    """
+
+    def __init__(self, backbone: torch.nn.Module, hidden_size: int, *, shared_backbone: bool, seed: int = 0):
+        super().__init__()
+        self.shared_backbone = shared_backbone
+        if shared_backbone:
+            # Not registered as a submodule: the actor owns (and saves, and optimizes) it.
+            object.__setattr__(self, "_shared", backbone)
+        else:
+            self.backbone = backbone
+        dtype = next(backbone.parameters()).dtype
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(seed)
+            self.head = torch.nn.Linear(hidden_size, 1, dtype=dtype)
+            # Small init: V starts near 0, the head learns the reward scale (OpenRLHF-style).
+            torch.nn.init.normal_(self.head.weight, std=1.0 / math.sqrt(hidden_size + 1))
+            torch.nn.init.zeros_(self.head.bias)
+
+    @classmethod
+    def from_causal_lm(
+        cls, lm: torch.nn.Module, *, shared_backbone: bool = False, seed: int = 0
+    ) -> ValueModel:
+        """Critic over ``lm``'s backbone (``lm.base_model``): a copy, or the actor's own (shared)."""
+        if is_peft_model(lm):
+            raise ValueError("build the critic from the plain actor model, not its peft (LoRA) wrapper")
+        base = getattr(lm, "base_model", None)
+        if base is None or base is lm:
+            raise ValueError(
+                f"{type(lm).__name__} has no separate base_model backbone to put a value head on"
+            )
+        hidden = int(lm.config.hidden_size)  # type: ignore[union-attr]
+        backbone = base if shared_backbone else copy.deepcopy(base)
+        return cls(backbone, hidden, shared_backbone=shared_backbone, seed=seed).train(False)
+
+    @property
+    def body(self) -> torch.nn.Module:
+        """The backbone (owned copy or the actor's shared one)."""
+        return self._shared if self.shared_backbone else self.backbone  # type: ignore[no-any-return]
+
+    def forward(
+        self, input_ids: torch.Tensor, attention_mask: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """``values [B, T]`` with ``values[:, t] = head(h[:, t-1])`` (0 at t=0 and on padding)
+        and ``final_values [B] = head(h[b, L_b - 1])``."""
+        ctx = torch.no_grad() if self.shared_backbone else contextlib.nullcontext()
+        with ctx:
+            h = self.body(
+                input_ids=input_ids, attention_mask=attention_mask, use_cache=False
+            ).last_hidden_state
+        v = self.head(h).squeeze(-1)  # v[:, t] = V(tokens_<=t) = V(s_{t+1})
+        B = v.shape[0]
+        mask = attention_mask[:, 1:].to(v.dtype)
+        values = torch.cat([v.new_zeros(B, 1), v[:, :-1] * mask], dim=1)
+        last = (attention_mask.sum(dim=1) - 1).clamp(min=0)
+        final_values = v.gather(1, last[:, None]).squeeze(1)
+        return values, final_values
+
+    def save(self, directory: str | Path) -> None:
+        """Write the head as safetensors and, unless shared, the backbone via ``save_pretrained``
+        (loadable with ``AutoModel.from_pretrained(directory / 'backbone')``)."""
+        d = Path(directory)
+        d.mkdir(parents=True, exist_ok=True)
+        safetensors.torch.save_file(
+            {k: v.contiguous() for k, v in self.head.state_dict().items()}, d / HEAD_FILE
+        )
+        if not self.shared_backbone:
+            self.backbone.save_pretrained(d / "backbone")  # type: ignore[operator]
+        (d / META_FILE).write_text(json.dumps({"shared_backbone": self.shared_backbone}))
+
+    def load(self, directory: str | Path) -> None:
+        """Load weights written by :meth:`save` into this (identically built) value model."""
+        d = Path(directory)
+        meta = json.loads((d / META_FILE).read_text())
+        if bool(meta["shared_backbone"]) != self.shared_backbone:
+            raise ValueError(
+                f"{d}: critic saved with shared_backbone={meta['shared_backbone']}, this one differs"
+            )
+        self.head.load_state_dict(safetensors.torch.load_file(d / HEAD_FILE))
+        if not self.shared_backbone:
+            load_pretrained_weights(self.backbone, d / "backbone")
+
+
+class CriticLearner:
+    """Value-function regression with PPO's clipped value loss (``posttrain.algos.value``).
+
+    Loss of a mini-batch ``M``: ``sum_{b,t} w[b,t] * value_loss(V, V_old, R, clip_eps)[b,t]`` with
+    ``w = REDUCTIONS[reduction]`` over the loss mask using mini-batch counts (split-invariant, as in
+    the policy learner). Own AdamW + schedule; ``epochs`` x ``num_minibatches`` steps per update.
+    """
+
+    def __init__(
+        self,
+        value_model: ValueModel,
+        *,
+        lr: float = 1e-5,
+        betas: tuple[float, float] = (0.9, 0.999),
+        weight_decay: float = 0.0,
+        adam_eps: float = 1e-8,
+        warmup_steps: int = 0,
+        total_steps: int | None = None,
+        lr_schedule: str = "constant",
+        min_lr_ratio: float = 0.0,
+        max_grad_norm: float | None = 1.0,
+        microbatch_tokens: int | None = None,
+        epochs: int = 1,
+        num_minibatches: int = 1,
+        clip_eps: float | None = None,
+        reduction: str = "token_mean",
+        reduction_kwargs: Mapping[str, Any] | None = None,
+        seed: int = 0,
+    ) -> None:
+        if epochs < 1 or num_minibatches < 1:
+            raise ValueError(f"epochs and num_minibatches must be >= 1, got {epochs}, {num_minibatches}")
+        self.model = value_model
+        self._reduction = REDUCTIONS[reduction]
+        self.reduction_kwargs = dict(reduction_kwargs or {})
+        self.clip_eps = clip_eps
+        self.max_grad_norm = max_grad_norm
+        self.microbatch_tokens = microbatch_tokens
+        self.epochs, self.num_minibatches = epochs, num_minibatches
+        self.params = [p for p in value_model.parameters() if p.requires_grad]
+        self.optimizer = build_optimizer(
+            self.params, lr=lr, betas=betas, weight_decay=weight_decay, eps=adam_eps
+        )
+        self.scheduler = build_scheduler(
+            self.optimizer,
+            lr_schedule,
+            warmup_steps=warmup_steps,
+            total_steps=total_steps,
+            min_lr_ratio=min_lr_ratio,
+        )
+        self.generator = torch.Generator().manual_seed(seed)
+        self.optimizer_steps = 0
+
+    @property
+    def device(self) -> torch.device:
+        """Device of the value head."""
+        return self.model.head.weight.device
+
+    @property
+    def compute_dtype(self) -> torch.dtype:
+        """float64 for a float64 critic, else float32."""
+        return torch.float64 if self.model.head.weight.dtype == torch.float64 else torch.float32
+
+    @torch.no_grad()
+    def compute_values(self, batch: TrajectoryBatch) -> tuple[torch.Tensor, torch.Tensor]:
+        """Frozen ``(values [B, T], final_values [B])`` float64 on CPU; values 0 off the action mask.
+
+        Feed ``values`` (and ``final_values`` as the truncated rows' bootstrap) to GAE, and pass
+        ``values`` again as ``old_values`` to :meth:`update` for value clipping.
+        """
+        dev = self.device
+        ids, am = batch.input_ids.to(dev), batch.attention_mask.to(dev)
+        lengths = am.sum(dim=1).tolist()
+        groups = (
+            [list(range(batch.size))]
+            if self.microbatch_tokens is None
+            else split_by_token_budget(lengths, self.microbatch_tokens)
+        )
+        values = torch.zeros(batch.input_ids.shape, dtype=torch.float64)
+        final = torch.zeros(batch.size, dtype=torch.float64)
+        for rows in groups:
+            width = max(1, int(max(lengths[r] for r in rows)))
+            idx = torch.tensor(rows, dtype=torch.long)
+            v, f = self.model(ids[idx.to(dev), :width], am[idx.to(dev), :width])
+            values[idx, :width] = v.to("cpu", torch.float64)
+            final[idx] = f.to("cpu", torch.float64)
+        return values * batch.action_mask.to(torch.float64), final
+
+    def update(
+        self,
+        batch: TrajectoryBatch,
+        returns: torch.Tensor,
+        *,
+        old_values: torch.Tensor | None = None,
+        loss_mask: torch.Tensor | None = None,
+    ) -> dict[str, float]:
+        """Regress ``values`` onto ``returns [B, T]`` on action tokens (times ``loss_mask`` if given).
+
+        ``old_values`` (needed when ``clip_eps`` is set) defaults to :meth:`compute_values` now.
+        Metrics: ``value_loss`` (mean over steps), ``value_clip_frac``, ``value_error_abs`` (token
+        mean |V - R|), ``explained_variance`` = 1 - Var(R - V_old) / Var(R) on the loss tokens,
+        ``grad_norm``, ``lr``, ``optimizer_steps``.
+        """
+        B, T = batch.input_ids.shape
+        if tuple(returns.shape) != (B, T):
+            raise ValueError(f"returns have shape {tuple(returns.shape)}, batch is {(B, T)}")
+        if old_values is None:
+            old_values = self.compute_values(batch)[0]
+        dev, dt = self.device, self.compute_dtype
+        mask = batch.action_mask.to(dev, dt)
+        if loss_mask is not None:
+            mask = mask * loss_mask.to(dev, dt)
+        t: dict[str, torch.Tensor | None] = {
+            "input_ids": batch.input_ids.to(dev),
+            "attention_mask": batch.attention_mask.to(dev),
+            "returns": returns.to(dev, dt) * mask,
+            "old_values": old_values.to(dev, dt) * mask,
+            "mask": mask,
+        }
+        on = mask > 0
+        r_on, v_on = t["returns"][on], t["old_values"][on]  # type: ignore[index]
+        var_r = float(r_on.var()) if r_on.numel() > 1 else 0.0
+        ev = 1.0 - float((r_on - v_on).var()) / var_r if var_r > 0 else 0.0
+        loss_sum, clip_sum, err_sum, tokens, norms, steps, n_mb = 0.0, 0.0, 0.0, 0.0, [], 0, 0
+        lr_used = float(self.optimizer.param_groups[0]["lr"])
+        for _ in range(self.epochs):
+            for rows in minibatch_rows(B, self.num_minibatches, self.generator):
+                sel = mask[rows]
+                num_tokens = float(sel.sum())
+                if num_tokens == 0:
+                    continue
+                n_mb += 1
+                self.optimizer.zero_grad(set_to_none=True)
+                for mb in self._microbatches(t, rows):
+                    v, _ = self.model(mb["input_ids"], mb["attention_mask"])
+                    v = v.to(dt)
+                    per_tok, diag = value_loss(v, mb["old_values"], mb["returns"], mb["mask"], self.clip_eps)
+                    w = self._reduction(
+                        mb["mask"], num_sequences=len(rows), num_tokens=num_tokens, **self.reduction_kwargs
+                    )
+                    loss = (per_tok * w).sum()
+                    loss.backward()
+                    loss_sum += float(loss.detach())
+                    clip_sum += float((diag["clipped"] * mb["mask"]).sum())
+                    err_sum += float((diag["value_error"].abs() * mb["mask"]).sum())
+                    tokens += float(mb["mask"].sum())
+                norm = torch.nn.utils.clip_grad_norm_(
+                    self.params, self.max_grad_norm if self.max_grad_norm is not None else math.inf
+                )
+                if not torch.isfinite(norm):
+                    self.optimizer.zero_grad(set_to_none=True)
+                    continue
+                norms.append(float(norm))
+                lr_used = float(self.optimizer.param_groups[0]["lr"])
+                self.optimizer.step()
+                self.scheduler.step()
+                steps += 1
+                self.optimizer_steps += 1
+        self.optimizer.zero_grad(set_to_none=True)
+        return {
+            "value_loss": loss_sum / max(1, n_mb),
+            "value_clip_frac": clip_sum / max(1.0, tokens),
+            "value_error_abs": err_sum / max(1.0, tokens),
+            "explained_variance": ev,
+            "grad_norm": sum(norms) / len(norms) if norms else 0.0,
+            "lr": lr_used,
+            "optimizer_steps": float(steps),
+        }
+
+    def _microbatches(
+        self, t: Mapping[str, torch.Tensor | None], rows: Sequence[int]
+    ) -> list[dict[str, Any]]:
+        am = t["attention_mask"]
+        assert am is not None
+        sub = [int(am[r].sum()) for r in rows]
+        groups = (
+            [list(range(len(rows)))]
+            if self.microbatch_tokens is None
+            else split_by_token_budget(sub, self.microbatch_tokens)
+        )
+        return [take_rows(t, [rows[i] for i in g], max(1, max(sub[i] for i in g))) for g in groups]
+
+    def state_dict(self) -> dict[str, Any]:
+        """Optimizer, scheduler, shuffle generator and step counter (weights saved separately)."""
+        return {
+            "optimizer": self.optimizer.state_dict(),
+            "scheduler": self.scheduler.state_dict(),
+            "generator": self.generator.get_state(),
+            "optimizer_steps": self.optimizer_steps,
+        }
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        """Inverse of :meth:`state_dict`."""
+        missing = {"optimizer", "scheduler", "generator", "optimizer_steps"} - set(state)
+        if missing:
+            raise ValueError(f"critic learner state is missing {sorted(missing)}")
+        self.optimizer.load_state_dict(state["optimizer"])
+        self.scheduler.load_state_dict(state["scheduler"])
+        self.generator.set_state(state["generator"])
+        self.optimizer_steps = int(state["optimizer_steps"])

@@ -1,0 +1,240 @@
+"""The policy learner: split invariance, ratio = 1 at lr = 0, learning, state, rollout weights."""
+
+import copy
+import math
+
+import pytest
+import torch
+
+from posttrain.algos.kl import AdaptiveKLController
+from posttrain.algos.registry import REDUCTIONS
+from posttrain.learner.actor import PolicyLearner
+from posttrain.trajectory import collate, make_trajectory, with_logprobs
+
+MAX_LEN = 12  # generation budget for seq_mean_token_sum_norm (>= every row's action count)
+
+
+def _red_kwargs(name):
+    return {"max_len": MAX_LEN} if name == "seq_mean_token_sum_norm" else {}
+
+
+def _perturbed_old(learner, batch, seed=5, scale=0.3):
+    """pi_old != pi_theta so clipping and ratios are exercised (fixed noise on action tokens)."""
+    g = torch.Generator().manual_seed(seed)
+    old = learner.compute_logprobs(batch)
+    noise = scale * torch.randn(old.shape, generator=g, dtype=torch.float64)
+    return (old + noise).clamp(max=-1e-3) * batch.action_mask.to(torch.float64)
+
+
+# Budgets for 16 rows of length <= 14: 1 -> one row per micro-batch; 4*14 and 16*14 -> at most
+# 4 and 16 rows (16 = the whole batch in one pass); 23 -> an irregular split (1-3 rows each).
+BUDGETS = [1, 4 * 14, 16 * 14, 23]
+
+
+@pytest.mark.parametrize("reduction", sorted(REDUCTIONS))
+def test_gradients_invariant_to_microbatch_split(make_model, make_batch, make_advantages, reduction):
+    batch = make_batch(n=16)
+    assert int(batch.lengths.max()) <= 14
+    adv = make_advantages(batch)
+    # KL, entropy and a behavior correction switched on too: every term must be split-invariant.
+    kw = dict(
+        policy_loss="ppo_clip",
+        policy_loss_kwargs={"eps_low": 0.1, "eps_high": 0.2},
+        reduction=reduction,
+        reduction_kwargs=_red_kwargs(reduction),
+        kl_estimator="k3",
+        kl_coef=0.05,
+        entropy_coef=0.01,
+        correction="tis",
+        correction_kwargs={"cap": 1.5},
+    )
+    ref_model = make_model(seed=7)
+    ref = PolicyLearner(ref_model, lr=0.0, **{k: v for k, v in kw.items() if k.startswith("red")})
+    ref_lp = ref.compute_logprobs(batch)
+    batch = collate(with_logprobs(batch, "ref", ref_lp, 0), pad_token_id=0)
+    results = []
+    for budget in BUDGETS:
+        learner = PolicyLearner(make_model(), lr=1e-3, microbatch_tokens=budget, **kw)
+        old = _perturbed_old(learner, batch)
+        results.append(learner.compute_gradients(batch, adv, old_logprob=old))
+    loss0, g0 = results[0]
+    assert math.isfinite(loss0) and loss0 != 0.0
+    assert max(float(g.abs().max()) for g in g0.values()) > 1e-4  # the gradient is not trivially 0
+    for budget, (loss, g) in zip(BUDGETS[1:], results[1:], strict=True):
+        assert loss == pytest.approx(loss0, abs=1e-12), budget
+        for name in g0:
+            torch.testing.assert_close(g[name], g0[name], rtol=0, atol=1e-10, msg=f"{name} budget={budget}")
+
+
+@pytest.mark.parametrize("policy_loss", ["ppo_clip", "cispo", "gspo", "reinforce"])
+def test_update_invariant_to_split_across_losses(make_model, make_batch, make_advantages, policy_loss):
+    """A whole update (AdamW step, 2 mini-batches) lands on the same weights for any split."""
+    batch = make_batch(n=8)
+    adv = make_advantages(batch)
+    finals = []
+    for budget in (1, 30, None):
+        learner = PolicyLearner(
+            make_model(),
+            lr=1e-3,
+            microbatch_tokens=budget,
+            policy_loss=policy_loss,
+            num_minibatches=2,
+            seed=3,
+        )
+        old = _perturbed_old(learner, batch, scale=0.01)
+        learner.update(batch, adv, old_logprob=old)
+        finals.append({k: v.detach().clone() for k, v in learner.model.state_dict().items()})
+    for other in finals[1:]:
+        for k in finals[0]:
+            torch.testing.assert_close(other[k], finals[0][k], rtol=0, atol=1e-10, msg=k)
+
+
+def test_ratio_is_one_at_lr_zero(make_model, make_batch, make_advantages):
+    # float32 (the CPU default): old log-probs are recomputed by the same micro-batched forward,
+    # so pi_theta / pi_old is exactly 1 on every action token and nothing is clipped.
+    batch = make_batch(n=8)
+    learner = PolicyLearner(make_model(dtype=torch.float32), lr=0.0, microbatch_tokens=40)
+    before = {k: v.clone() for k, v in learner.model.state_dict().items()}
+    m = learner.update(batch, make_advantages(batch))
+    assert m["ratio_min"] == 1.0 and m["ratio_max"] == 1.0 and m["ratio_mean"] == 1.0
+    assert m["clip_frac_low"] == 0.0 and m["clip_frac_high"] == 0.0
+    assert m["tokens_trained"] == float(batch.action_mask.sum())
+    assert m["grad_norm"] > 0 and m["optimizer_steps"] == 1.0 and m["lr"] == 0.0
+    for k, v in learner.model.state_dict().items():
+        assert torch.equal(v, before[k])
+
+
+def test_learning_raises_logprob_of_rewarded_rows(make_model, make_batch):
+    batch = make_batch(n=6)
+    mask = batch.action_mask.to(torch.float64)
+    # Rows 0-2 advantage +1, rows 3-5 advantage -1 (sequence-level, broadcast by the learner).
+    adv = torch.tensor([1.0, 1.0, 1.0, -1.0, -1.0, -1.0], dtype=torch.float64)
+    learner = PolicyLearner(make_model(dtype=torch.float32), lr=3e-3, reduction="seq_mean_token_mean")
+
+    def seq_lp():
+        return (learner.compute_logprobs(batch) * mask).sum(dim=1)
+
+    start = seq_lp()
+    for _ in range(8):
+        learner.update(batch, adv)  # on-policy: old log-probs recomputed each call
+    end = seq_lp()
+    assert (end[:3] > start[:3] + 0.5).all(), (start, end)
+    assert (end[3:] < start[3:] - 0.5).all(), (start, end)
+    assert learner.version == 8
+
+
+def test_clipping_is_reported(make_model, make_batch):
+    batch = make_batch(n=8)
+    learner = PolicyLearner(make_model(), lr=0.0, policy_loss_kwargs={"eps_low": 0.05, "eps_high": 0.05})
+    old = learner.compute_logprobs(batch)
+    # pi_old 0.5 nats below pi_theta: ratio e^0.5 > 1.05 everywhere -> clipped_high on A > 0 tokens.
+    adv = torch.ones(batch.size, dtype=torch.float64)
+    m = learner.update(batch, adv, old_logprob=(old - 0.5) * batch.action_mask)
+    assert m["clip_frac_high"] == pytest.approx(1.0)
+    assert m["ratio_min"] == pytest.approx(math.exp(0.5), rel=1e-9)
+
+
+def test_zero_advantages_and_empty_minibatch_are_safe(make_model, make_batch):
+    batch = make_batch(n=4)
+    learner = PolicyLearner(make_model(), lr=1e-2)
+    m = learner.update(batch, torch.zeros(batch.size, dtype=torch.float64))
+    assert m["grad_norm"] == 0.0 and m["loss"] == 0.0 and all(math.isfinite(v) for v in m.values())
+    # A prompt-only row (no action token) alone in a mini-batch: skipped, counted, no NaN.
+    t = make_trajectory(
+        traj_id="x",
+        prompt_id="x",
+        group_id="x",
+        prompt_ids=[5, 6, 7],
+        action_ids=[],
+        action_logprobs=[],
+        action_versions=0,
+        finish="truncated",
+    )
+    b1 = collate([t])
+    m = PolicyLearner(make_model(), lr=1e-2).update(b1, torch.ones(1, dtype=torch.float64))
+    assert m["empty_minibatches"] == 1.0 and m["optimizer_steps"] == 0.0
+
+
+def test_adaptive_kl_controller_and_state_round_trip(make_model, make_batch, make_advantages):
+    batch = make_batch(n=8)
+    ref = PolicyLearner(make_model(seed=9), lr=0.0)
+    batch = collate(with_logprobs(batch, "ref", ref.compute_logprobs(batch), 0))
+    adv = make_advantages(batch)
+
+    def build():
+        ctrl = AdaptiveKLController(init_coef=0.1, target_kl=0.01, horizon=100)
+        return PolicyLearner(
+            make_model(),
+            lr=1e-3,
+            kl_estimator="k3",
+            kl_coef=ctrl,
+            num_minibatches=2,
+            ppo_epochs=2,
+            lr_schedule="cosine",
+            warmup_steps=1,
+            total_steps=10,
+            seed=11,
+        ), ctrl
+
+    a, ctrl_a = build()
+    m = a.update(batch, adv)
+    assert m["kl"] > 0 and m["kl_coef"] == 0.1 and m["optimizer_steps"] == 4.0
+    ctrl_a.update(m["kl"], n_steps=batch.size)
+    state = copy.deepcopy(a.state_dict())  # state_dict holds live optimizer tensors
+    weights = {k: v.clone() for k, v in a.model.state_dict().items()}
+    # Resume: fresh learner, weights + state loaded -> the next update is identical.
+    b, ctrl_b = build()
+    b.model.load_state_dict(weights)
+    b.load_state_dict(state)
+    assert ctrl_b.value == ctrl_a.value != 0.1 and b.version == 1 and b.current_lr() == a.current_lr()
+    ma, mb = a.update(batch, adv), b.update(batch, adv)
+    assert ma == mb
+    for k, v in a.model.state_dict().items():
+        assert torch.equal(v, b.model.state_dict()[k])
+
+
+def test_weights_for_rollout_is_the_live_state_dict(make_model, make_batch, make_advantages):
+    batch = make_batch(n=4)
+    learner = PolicyLearner(make_model(), lr=1e-2)
+    w = learner.weights_for_rollout()
+    p = dict(learner.model.named_parameters())["model.layers.0.mlp.up_proj.weight"]
+    assert w["model.layers.0.mlp.up_proj.weight"].data_ptr() == p.data_ptr()  # no copy
+    assert learner.version == 0
+    learner.update(batch, make_advantages(batch))
+    assert learner.version == 1
+
+
+def test_bad_input_errors(make_model, make_batch):
+    batch = make_batch(n=3)
+    with pytest.raises(KeyError, match="valid"):
+        PolicyLearner(make_model(), policy_loss="nope")
+    with pytest.raises(ValueError, match="max_len"):
+        PolicyLearner(make_model(), reduction="seq_mean_token_sum_norm")
+    learner = PolicyLearner(make_model(), kl_estimator="k3", kl_coef=0.1)
+    with pytest.raises(ValueError, match="ref_logprob"):
+        learner.update(batch, torch.zeros(3, dtype=torch.float64))
+    with pytest.raises(ValueError, match="advantages have shape"):
+        PolicyLearner(make_model()).update(batch, torch.zeros(2, dtype=torch.float64))
+
+
+def test_lora_trains_only_adapters_and_exports_merged_weights(make_model, make_batch, make_advantages):
+    batch = make_batch(n=4)
+    base = make_model(dtype=torch.float32)
+    frozen = {k: v.clone() for k, v in base.state_dict().items()}
+    learner = PolicyLearner(base, lr=5e-2, lora_rank=2, lora_target_modules=["q_proj", "v_proj"])
+    assert all("lora_" in n for n, p in learner.model.named_parameters() if p.requires_grad)
+    for _ in range(2):
+        learner.update(batch, make_advantages(batch))
+    merged = learner.weights_for_rollout()
+    assert set(merged) == set(frozen)
+    assert not torch.equal(
+        merged["model.layers.0.self_attn.q_proj.weight"], frozen["model.layers.0.self_attn.q_proj.weight"]
+    )
+    assert torch.equal(
+        merged["model.layers.0.mlp.up_proj.weight"], frozen["model.layers.0.mlp.up_proj.weight"]
+    )
+    # A plain model loaded with the merged weights reproduces the adapted policy's log-probs.
+    plain = make_model(dtype=torch.float32)
+    plain.load_state_dict(merged)
+    lp_plain = PolicyLearner(plain, lr=0.0).compute_logprobs(batch)
+    torch.testing.assert_close(lp_plain, learner.compute_logprobs(batch), rtol=0, atol=1e-5)
