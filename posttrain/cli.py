@@ -14,6 +14,9 @@ from collections.abc import Sequence
 
 # name -> module that implements it (each has register(subparsers)).
 COMMANDS: dict[str, str] = {
+    "train": "posttrain.commands.train",
+    "demo": "posttrain.commands.demo",
+    "eval": "posttrain.commands.eval",
     "bench": "posttrain.commands.bench",
 }
 

@@ -1,0 +1,302 @@
+"""Typed run configuration: the single source of truth for keys, defaults and validation.
+
+A recipe is a YAML file validated into :class:`RunConfig`; ``key=value`` overrides on the
+command line address nested keys with dots (``optim.lr=3e-4``) and are parsed as YAML
+scalars. Unknown keys and wrong types are errors that name the key. The six axes of a recipe
+(feedback, sampling, credit, correction, reduction, system) each have their own section.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+RECIPES_DIR = Path(__file__).parent / "recipes"
+
+
+class _Section(BaseModel):
+    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+
+
+class ModelConfig(_Section):
+    """The actor (and, by default, reference) model."""
+
+    path: str = Field(
+        "builtin:tiny",
+        description="'builtin:<preset>' (a randomly initialised tiny Qwen2 of posttrain.models.TINY_PRESETS "
+        "with the char tokenizer), 'builtin:smollm2-135m-instruct', or a local Hugging Face model directory "
+        "(e.g. a posttrain checkpoint's actor/ folder)",
+    )
+    dtype: Literal["float32", "float64", "bfloat16"] = "float32"
+    init_seed: int = Field(0, description="seed of the random init of builtin presets")
+
+
+class TaskConfig(_Section):
+    """Feedback axis: the task (prompt source + verifier)."""
+
+    name: str = Field("arithmetic", description="a name in posttrain.envs TASKS, or 'module.path:factory'")
+    kwargs: dict[str, Any] = Field(default_factory=dict, description="keyword arguments of the task factory")
+
+
+class RewardConfig(_Section):
+    """Feedback axis: how verdict components become the scalar reward."""
+
+    weights: dict[str, float] = Field(default_factory=lambda: {"task": 1.0}, description="component -> weight")
+    overlong_max_len: int | None = Field(None, ge=1, description="DAPO soft overlong punishment L_max (None = off)")
+    overlong_cache_len: int = Field(0, ge=0, description="DAPO overlong cache window L_cache")
+    workers: int = Field(0, ge=0, description="verifier worker processes (0 = verify in-process)")
+    timeout_s: float = Field(10.0, gt=0, description="per-verification time limit")
+    retries: int = Field(1, ge=0, description="retries of a verification that hit an infra error")
+
+
+class SamplingConfig(_Section):
+    """Sampling-structure axis: how many rollouts per prompt and under which sampler."""
+
+    prompts_per_step: int = Field(16, ge=1)
+    group_size: int = Field(8, ge=1, description="G samples per prompt")
+    temperature: float = Field(1.0, ge=0.0)
+    top_p: float = Field(1.0, gt=0.0, le=1.0)
+    top_k: int = Field(0, ge=0)
+    max_new_tokens: int = Field(16, ge=1)
+    dynamic_sampling: bool = Field(False, description="DAPO: drop groups whose rewards are all equal and oversample")
+    max_sampling_rounds: int = Field(4, ge=1, description="oversampling rounds before giving up filling the batch")
+
+
+class CreditConfig(_Section):
+    """Credit axis: the advantage / return estimator."""
+
+    estimator: str = Field("grpo", description="a name in posttrain.algos.ADVANTAGES")
+    kwargs: dict[str, Any] = Field(default_factory=dict)
+    kl_in_reward: bool = Field(False, description="subtract kl_coef * KL(token) from token rewards (PPO style)")
+
+
+class CorrectionConfig(_Section):
+    """Behavior-correction axis (train/inference mismatch, staleness)."""
+
+    name: str | None = Field(None, description="a name in posttrain.algos.CORRECTIONS, or None")
+    kwargs: dict[str, Any] = Field(default_factory=dict)
+
+
+class LossConfig(_Section):
+    """Policy loss and the reduction axis."""
+
+    policy_loss: str = Field("ppo_clip", description="a name in posttrain.algos.POLICY_LOSSES")
+    kwargs: dict[str, Any] = Field(default_factory=dict)
+    reduction: str = Field("token_mean", description="a name in posttrain.algos.REDUCTIONS")
+    kl_estimator: str | None = Field(None, description="a name in KL_ESTIMATORS; None = no reference model")
+    kl_coef: float = Field(0.0, ge=0.0)
+    kl_target: float | None = Field(None, gt=0, description="adaptive KL controller target (None = fixed coef)")
+    kl_horizon: int = Field(10000, ge=1)
+    entropy_coef: float = Field(0.0)
+
+
+class OptimConfig(_Section):
+    """Optimiser and update schedule."""
+
+    lr: float = Field(1e-3, ge=0.0)
+    weight_decay: float = Field(0.0, ge=0.0)
+    betas: tuple[float, float] = (0.9, 0.999)
+    warmup_steps: int = Field(0, ge=0)
+    schedule: Literal["constant", "linear", "cosine"] = "constant"
+    max_grad_norm: float | None = Field(1.0, gt=0)
+    microbatch_tokens: int = Field(4096, ge=1, description="token budget per micro-batch (rows x padded length)")
+    ppo_epochs: int = Field(1, ge=1)
+    num_minibatches: int = Field(1, ge=1)
+
+
+class CriticConfig(_Section):
+    """Optional learned critic (PPO + GAE)."""
+
+    enabled: bool = False
+    lr: float = Field(1e-3, ge=0.0)
+    shared_backbone: bool = False
+    value_clip: float | None = Field(0.2, gt=0)
+
+
+class SystemConfig(_Section):
+    """System axis: how rollout and update are scheduled."""
+
+    mode: Literal["sync"] = Field("sync", description="sync barrier (other modes arrive with issue 5)")
+    backend: Literal["local"] = "local"
+
+
+class EvalConfig(_Section):
+    """Held-out evaluation and the promote / reject rule."""
+
+    every: int = Field(10, ge=1, description="evaluate every N steps (and at the start and end)")
+    size: int = Field(200, ge=1, description="held-out prompts")
+    temperature: float = Field(0.0, ge=0.0, description="0 = greedy")
+    max_new_tokens: int | None = Field(None, ge=1, description="default: sampling.max_new_tokens")
+    reject_drop: float = Field(0.5, ge=0.0, le=1.0, description="reject a revision whose held-out accuracy falls "
+                               "more than this below the best promoted one (restore the promoted weights)")
+
+
+class SFTConfig(_Section):
+    """Supervised warm-up on the task's reference answers before RL (the demo uses it)."""
+
+    steps: int = Field(0, ge=0)
+    batch_size: int = Field(64, ge=1)
+    lr: float = Field(3e-3, gt=0)
+    examples: int = Field(2000, ge=1, description="distinct training examples the warm-up sees")
+
+
+class GuardsConfig(_Section):
+    """Monitors: thresholds that warn or stop the run with a reason."""
+
+    action: Literal["warn", "stop"] = "warn"
+    max_abs_log_kappa: float = Field(1e-2, gt=0, description="behavior vs recomputed old log-prob (max |log k|)")
+    min_entropy: float = Field(1e-3, ge=0, description="entropy collapse")
+    max_truncation_rate: float = Field(0.9, ge=0, le=1)
+    max_zero_adv_fraction: float = Field(1.0, ge=0, le=1)
+    min_response_length: float = Field(0.0, ge=0)
+
+
+class LoggingConfig(_Section):
+    tensorboard: bool = False
+    wandb: bool = False
+    progress: bool = True
+
+
+class RunConfig(_Section):
+    """A full recipe: the six axes plus model, optimiser and run controls."""
+
+    name: str = "run"
+    seed: int = 0
+    steps: int = Field(50, ge=0)
+    run_dir: str | None = Field(None, description="default: runs/<name>")
+    resume: bool = False
+    checkpoint_every: int = Field(0, ge=0, description="0 = only at the end")
+    model: ModelConfig = Field(default_factory=ModelConfig)
+    task: TaskConfig = Field(default_factory=TaskConfig)
+    reward: RewardConfig = Field(default_factory=RewardConfig)
+    sampling: SamplingConfig = Field(default_factory=SamplingConfig)
+    credit: CreditConfig = Field(default_factory=CreditConfig)
+    correction: CorrectionConfig = Field(default_factory=CorrectionConfig)
+    loss: LossConfig = Field(default_factory=LossConfig)
+    optim: OptimConfig = Field(default_factory=OptimConfig)
+    critic: CriticConfig = Field(default_factory=CriticConfig)
+    system: SystemConfig = Field(default_factory=SystemConfig)
+    eval: EvalConfig = Field(default_factory=EvalConfig)
+    sft: SFTConfig = Field(default_factory=SFTConfig)
+    guards: GuardsConfig = Field(default_factory=GuardsConfig)
+    logging: LoggingConfig = Field(default_factory=LoggingConfig)
+
+    @model_validator(mode="after")
+    def _check_names(self) -> RunConfig:
+        import posttrain.algos as A
+
+        for key, reg, name in (
+            ("credit.estimator", A.ADVANTAGES, self.credit.estimator),
+            ("loss.policy_loss", A.POLICY_LOSSES, self.loss.policy_loss),
+            ("loss.reduction", A.REDUCTIONS, self.loss.reduction),
+            ("loss.kl_estimator", A.KL_ESTIMATORS, self.loss.kl_estimator),
+            ("correction.name", A.CORRECTIONS, self.correction.name),
+        ):
+            if name is not None and name not in reg:
+                raise ValueError(f"{key}: unknown {reg.kind} {name!r}; valid: {', '.join(sorted(reg))}")
+        if self.credit.estimator in ("gae",) and not self.critic.enabled:
+            raise ValueError("credit.estimator=gae needs critic.enabled=true")
+        if self.credit.estimator in ("grpo", "dr_grpo", "rloo", "reinforce_pp_baseline") and self.sampling.group_size < 2:
+            raise ValueError(f"credit.estimator={self.credit.estimator} needs sampling.group_size >= 2")
+        if self.loss.kl_coef > 0 and self.loss.kl_estimator is None:
+            raise ValueError("loss.kl_coef > 0 needs loss.kl_estimator (k1, k2 or k3)")
+        return self
+
+    def axes(self) -> dict[str, str]:
+        """The recipe's full composition along the six axes (for ``--print-recipe``)."""
+        corr = self.correction.name or "none"
+        return {
+            "feedback": f"task {self.task.name} {self.task.kwargs or ''} weights {self.reward.weights}"
+            + (f" + overlong(L_max={self.reward.overlong_max_len}, L_cache={self.reward.overlong_cache_len})"
+               if self.reward.overlong_max_len else ""),
+            "sampling": f"G={self.sampling.group_size} x {self.sampling.prompts_per_step} prompts, "
+            f"T={self.sampling.temperature}, top_p={self.sampling.top_p}, max_new={self.sampling.max_new_tokens}"
+            + (", dynamic sampling" if self.sampling.dynamic_sampling else ""),
+            "credit": f"{self.credit.estimator} {self.credit.kwargs or ''}"
+            + (" + critic" if self.critic.enabled else "")
+            + (f", KL in reward ({self.loss.kl_estimator}, coef {self.loss.kl_coef})" if self.credit.kl_in_reward else ""),
+            "correction": f"{corr} {self.correction.kwargs or ''}",
+            "reduction": f"{self.loss.reduction}; loss {self.loss.policy_loss} {self.loss.kwargs or ''}"
+            + (f"; KL in loss {self.loss.kl_estimator} coef {self.loss.kl_coef}"
+               if self.loss.kl_estimator and not self.credit.kl_in_reward else ""),
+            "system": f"{self.system.mode} / {self.system.backend}",
+        }
+
+
+class ConfigError(ValueError):
+    """A recipe or override is invalid; the message names the key (and file)."""
+
+
+def _parse_override(item: str) -> tuple[list[str], Any]:
+    if "=" not in item:
+        raise ConfigError(f"override {item!r} is not key=value")
+    key, _, raw = item.partition("=")
+    if not key or any(not p for p in key.split(".")):
+        raise ConfigError(f"override {item!r}: bad key")
+    return key.split("."), yaml.safe_load(raw) if raw != "" else ""
+
+
+def apply_overrides(data: dict[str, Any], overrides: list[str]) -> dict[str, Any]:
+    """Set dotted ``key=value`` overrides into a nested dict (values parsed as YAML scalars)."""
+    for item in overrides:
+        path, value = _parse_override(item)
+        node = data
+        for p in path[:-1]:
+            nxt = node.setdefault(p, {})
+            if not isinstance(nxt, dict):
+                raise ConfigError(f"override {item!r}: {p!r} is not a section")
+            node = nxt
+        node[path[-1]] = value
+    return data
+
+
+def resolve_recipe_path(recipe: str) -> Path:
+    """A path to a YAML file, or the name of a shipped recipe (``grpo`` -> recipes/grpo.yaml)."""
+    p = Path(recipe)
+    if p.exists():
+        return p
+    for cand in (RECIPES_DIR / recipe, RECIPES_DIR / f"{recipe}.yaml", RECIPES_DIR / p.name):
+        if cand.exists():
+            return cand
+    shipped = ", ".join(sorted(q.stem for q in RECIPES_DIR.glob("*.yaml")))
+    raise ConfigError(f"recipe {recipe!r} not found (a YAML path, or one of: {shipped})")
+
+
+def _format_validation(e: ValidationError, source: str) -> str:
+    lines = []
+    for err in e.errors():
+        loc = ".".join(str(x) for x in err["loc"]) or "(root)"
+        msg = err["msg"]
+        if err["type"] == "extra_forbidden":
+            msg = "unknown key"
+        lines.append(f"{source}: {loc}: {msg}")
+    return "; ".join(lines)
+
+
+def load_config(recipe: str | None = None, overrides: list[str] | None = None) -> RunConfig:
+    """Load a recipe (path or shipped name; None = all defaults), apply overrides, validate."""
+    data: dict[str, Any] = {}
+    source = "defaults"
+    if recipe is not None:
+        path = resolve_recipe_path(recipe)
+        source = str(path)
+        try:
+            loaded = yaml.safe_load(path.read_text()) or {}
+        except yaml.YAMLError as e:
+            raise ConfigError(f"{path}: not valid YAML: {e}") from None
+        if not isinstance(loaded, dict):
+            raise ConfigError(f"{path}: a recipe must be a mapping of keys")
+        data = loaded
+    data = apply_overrides(data, list(overrides or []))
+    try:
+        return RunConfig.model_validate(data)
+    except ValidationError as e:
+        raise ConfigError(_format_validation(e, source)) from None
+
+
+def dump_config(cfg: RunConfig) -> str:
+    """The fully resolved config as YAML."""
+    return yaml.safe_dump(cfg.model_dump(mode="json"), sort_keys=False)

@@ -1,0 +1,1 @@
+"""Held-out evaluation and run reports."""

@@ -1,0 +1,1 @@
+"""Drivers: the audited RL iteration (synchronous barrier)."""

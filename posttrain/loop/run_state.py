@@ -1,0 +1,280 @@
+"""A run's parts and its resumable state: what a checkpoint holds and how a step is recorded.
+
+``open_run`` builds the tokenizer, actor, frozen reference, engine, learner, task and held-out
+set; with ``resume=true`` it restores the latest atomic checkpoint (weights, optimizer,
+scheduler, RNG, data cursor, versions, adaptive-KL state) and moves ledger steps written after
+that checkpoint to ``ledger/discarded/`` so the ledger continues without gaps or duplicates.
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import json
+import logging
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from posttrain.config import RunConfig, dump_config
+from posttrain.loop.builders import build_engine, build_learner, build_model, build_task
+from posttrain.loop.metrics_log import MetricsLog
+from posttrain.trajectory import Ledger, Trajectory
+
+log = logging.getLogger("posttrain")
+
+
+@dataclasses.dataclass
+class RunState:
+    """Everything that must survive a crash besides weights and optimizer state."""
+
+    step: int = 0
+    cursor: int = 0  # training prompts consumed
+    ref_version: int = 0
+    best_heldout_accuracy: float = -1.0
+    last_heldout_accuracy: float = float("nan")
+    promoted_step: int = 0
+    heldout_curve: list[tuple[int, float, float]] = dataclasses.field(default_factory=list)  # step, acc, reward
+    reward_curve: list[tuple[int, float]] = dataclasses.field(default_factory=list)
+    decisions: list[dict[str, Any]] = dataclasses.field(default_factory=list)
+    stopped: str | None = None
+    wall_seconds: float = 0.0
+
+
+class Run:
+    """The composed parts of one run (built by :func:`open_run`)."""
+
+    def __init__(self, cfg: RunConfig) -> None:
+        self.cfg = cfg
+        self.dir = Path(cfg.run_dir or f"runs/{cfg.name}")
+        self.dir.mkdir(parents=True, exist_ok=True)
+        torch.manual_seed(cfg.seed)
+        self.tokenizer, actor = build_model(cfg)
+        self.pad_token_id = int(self.tokenizer.pad_token_id or 0)
+        self.task = build_task(cfg)
+        self.learner = build_learner(cfg, actor)
+        self.engine = build_engine(self.learner.model, self.tokenizer)
+        self.ref_model: torch.nn.Module | None = None
+        if cfg.loss.kl_estimator is not None:
+            self.ref_model = copy.deepcopy(self.learner.model).eval().requires_grad_(False)
+        self.critic = None
+        if cfg.critic.enabled:
+            from posttrain.learner.critic import CriticLearner, ValueModel
+
+            vm = ValueModel.from_actor(self.learner.model, shared_backbone=cfg.critic.shared_backbone)
+            self.critic = CriticLearner(vm, lr=cfg.critic.lr, clip_eps=cfg.critic.value_clip,
+                                        microbatch_tokens=cfg.optim.microbatch_tokens,
+                                        max_grad_norm=cfg.optim.max_grad_norm)
+        self.heldout = self.task.examples("heldout", cfg.eval.size, seed=cfg.seed)
+        self.ledger = Ledger(self.dir / "ledger")
+        self.log = MetricsLog(self.dir, tensorboard=cfg.logging.tensorboard, wandb=cfg.logging.wandb, run_name=cfg.name)
+        self.state = RunState()
+        self.verify_batch = None
+        self._pool = None
+        if cfg.reward.workers > 0:
+            from posttrain.rewards import VerifierPool
+
+            self._pool = VerifierPool(workers=cfg.reward.workers, timeout_s=cfg.reward.timeout_s,
+                                      retries=cfg.reward.retries)
+            self.verify_batch = self._pool.verify_batch
+        self._promoted: dict[str, torch.Tensor] | None = None
+        self._t_start = time.perf_counter()
+        self._wall_before = 0.0
+
+    # ------------------------------------------------------------------ data
+    def next_prompts(self, n: int) -> list[Any]:
+        """``n`` training prompts at the data cursor (deterministic by seed and cursor)."""
+        seed = self.cfg.seed * 7_919 + self.state.cursor
+        self.state.cursor += n
+        return list(self.task.examples("train", n, seed=seed))
+
+    # ------------------------------------------------------------------ policy
+    def ref_logprobs(self, batch: Any) -> torch.Tensor:
+        """Reference log-probs (frozen model, same temperature as the learner)."""
+        from posttrain.learner.logprobs import token_logprobs
+
+        assert self.ref_model is not None
+        lp, _ = token_logprobs(self.ref_model, batch.input_ids, batch.attention_mask,
+                               temperature=self.learner.temperature,
+                               microbatch_tokens=self.cfg.optim.microbatch_tokens)
+        return lp * batch.action_mask.to(lp.dtype)
+
+    def kl_coef_value(self) -> float:
+        """Current KL coefficient (fixed or from the adaptive controller)."""
+        c = self.learner.kl_coef if not self.cfg.credit.kl_in_reward else self.cfg.loss.kl_coef
+        return float(getattr(c, "value", c))
+
+    def observe_kl(self, metrics: dict[str, Any]) -> None:
+        """Feed the observed KL to an adaptive controller."""
+        ctl = self.learner.kl_coef
+        if hasattr(ctl, "update") and metrics.get("kl") is not None:
+            ctl.update(float(metrics["kl"]), self.cfg.sampling.prompts_per_step * self.cfg.sampling.group_size)
+            metrics["kl_coef"] = float(ctl.value)
+
+    def sync_weights(self) -> None:
+        """Push the learner's weights to the engine under the learner's version."""
+        self.engine.update_weights(self.learner.weights_for_rollout(), version=self.learner.version)
+
+    def _snapshot(self) -> dict[str, torch.Tensor]:
+        return {k: v.detach().clone() for k, v in self.learner.model.state_dict().items()}
+
+    def reject(self, step: int, reason: str) -> None:
+        """Restore the last promoted weights and log why (the revision is rejected)."""
+        if self._promoted is not None:
+            self.learner.model.load_state_dict(self._promoted)
+        self.state.decisions.append({"step": step, "decision": "rejected", "reason": reason})
+        log.warning("step %d: revision rejected: %s", step, reason)
+
+    def evaluate(self) -> Any:
+        """Held-out evaluation of the engine's current weights."""
+        from posttrain.evaluation.heldout import evaluate
+
+        e = self.cfg.eval
+        return evaluate(self.engine, self.tokenizer, self.task, self.heldout,
+                        max_new_tokens=e.max_new_tokens or self.cfg.sampling.max_new_tokens,
+                        temperature=e.temperature, seed=self.cfg.seed)
+
+    def evaluate_and_judge(self, step: int) -> dict[str, float]:
+        """Evaluate; promote if best so far, reject (restore) on a collapse, else retain."""
+        res = self.evaluate()
+        st = self.state
+        acc = res.accuracy
+        decision, reason = "retained", ""
+        if st.best_heldout_accuracy >= 0 and acc < st.best_heldout_accuracy - self.cfg.eval.reject_drop:
+            decision = "rejected"
+            reason = f"held-out accuracy {acc:.3f} collapsed below best {st.best_heldout_accuracy:.3f}"
+            self.reject(step, reason)
+            self.sync_weights()
+        elif acc >= st.best_heldout_accuracy:
+            decision = "promoted"
+            st.best_heldout_accuracy, st.promoted_step = acc, step
+            self._promoted = self._snapshot()
+        if decision != "rejected":
+            st.decisions.append({"step": step, "decision": decision, "accuracy": acc})
+        st.last_heldout_accuracy = acc
+        st.heldout_curve.append((step, acc, res.reward_mean))
+        return {**res.as_metrics(), "revision": decision, "revision_reason": reason}
+
+    # ------------------------------------------------------------------ warm-up
+    def warmup_and_baseline(self, progress: Any = None) -> None:
+        """SFT warm-up on reference answers (if ``sft.steps``), then the step-0 held-out eval."""
+        cfg = self.cfg
+        if cfg.sft.steps > 0:
+            from posttrain.learner.sft import run_sft
+
+            pool = self.task.examples("train", cfg.sft.examples, seed=cfg.seed + 12_345)
+            tok = self.tokenizer
+            eos = tok.eos_token_id
+            pairs = [(tok(ex.prompt).input_ids, tok(self.task.reference_response(ex)).input_ids + [eos]) for ex in pool]
+            g = torch.Generator().manual_seed(cfg.seed)
+            bar = progress.add_task("SFT warm-up", total=cfg.sft.steps) if progress else None
+
+            def batches(s: int) -> list[tuple[list[int], list[int]]]:
+                idx = torch.randint(len(pairs), (cfg.sft.batch_size,), generator=g).tolist()
+                return [pairs[i] for i in idx]
+
+            def on_step(s: int, loss: float) -> None:
+                if progress is not None:
+                    progress.update(bar, advance=1, description=f"SFT warm-up loss {loss:.3f}")
+
+            losses = run_sft(self.learner.model, batches, steps=cfg.sft.steps, lr=cfg.sft.lr,
+                             pad_token_id=self.pad_token_id, on_step=on_step)
+            self.learner.model.eval()
+            (self.dir / "sft_losses.json").write_text(json.dumps(losses))
+            if self.ref_model is not None:
+                self.ref_model.load_state_dict(self.learner.model.state_dict())
+            self.sync_weights()
+        m = self.evaluate_and_judge(0)
+        self.log.log(0, m)
+
+    # ------------------------------------------------------------------ bookkeeping
+    def finish_step(self, step: int, trajs: list[Trajectory], metrics: dict[str, Any], t_step: float) -> None:
+        """Ledger + metrics for ``step``, advance the state, checkpoint when due."""
+        metrics["time/step_s"] = time.perf_counter() - t_step
+        self.state.step = step
+        if "reward/mean" in metrics:
+            self.state.reward_curve.append((step, float(metrics["reward/mean"])))
+        scalars = {k: v for k, v in metrics.items() if isinstance(v, (int, float, str, bool)) or v is None}
+        self.ledger.write_trajectories(step, trajs)
+        self.ledger.write_metrics(step, scalars)
+        self.log.log(step, scalars)
+        every = self.cfg.checkpoint_every
+        if (every and step % every == 0) or step == self.cfg.steps:
+            self.checkpoint()
+
+    def checkpoint(self) -> Path:
+        """Atomic checkpoint of everything needed to resume exactly."""
+        from posttrain.learner.checkpoint import save_checkpoint
+
+        self.state.wall_seconds = self._wall_before + time.perf_counter() - self._t_start
+        extra = {"run_state": dataclasses.asdict(self.state), "engine_version": self.engine.version}
+        if self.ref_model is not None:
+            extra["has_ref"] = True
+        return save_checkpoint(
+            self.dir / "checkpoints" / f"step_{self.state.step:06d}",
+            step=self.state.step, actor=self.learner.model, tokenizer=self.tokenizer,
+            critic=self.critic, learner_state=self._learner_state(), extra=extra,
+        )
+
+    def _learner_state(self) -> dict[str, Any]:
+        s: dict[str, Any] = {"learner": self.learner.state_dict()}
+        if self.ref_model is not None:
+            s["ref_model"] = self.ref_model.state_dict()
+        if self._promoted is not None:
+            s["promoted"] = self._promoted
+        if self.critic is not None:
+            s["critic"] = self.critic.state_dict()
+        return s
+
+    def resume(self) -> bool:
+        """Restore the latest checkpoint, if any; returns whether it did."""
+        from posttrain.learner.checkpoint import latest_checkpoint, load_checkpoint, restore_rng
+
+        path = latest_checkpoint(self.dir / "checkpoints")
+        if path is None:
+            return False
+        ck = load_checkpoint(path)
+        self.learner.model.load_state_dict(ck.actor_state_dict())
+        ls = ck.learner_state
+        self.learner.load_state_dict(ls["learner"])
+        if self.ref_model is not None and "ref_model" in ls:
+            self.ref_model.load_state_dict(ls["ref_model"])
+        if self.critic is not None and "critic" in ls:
+            self.critic.load_state_dict(ls["critic"])
+        self._promoted = ls.get("promoted")
+        rs = dict(ck.extra["run_state"])
+        rs["heldout_curve"] = [tuple(x) for x in rs["heldout_curve"]]
+        rs["reward_curve"] = [tuple(x) for x in rs["reward_curve"]]
+        self.state = RunState(**rs)
+        self._wall_before = self.state.wall_seconds
+        self.engine.update_weights(self.learner.weights_for_rollout(), version=int(ck.extra["engine_version"]))
+        restore_rng(ck)
+        moved = self.ledger.discard_after(self.state.step)
+        if moved:
+            log.warning("resume: moved %d ledger files written after step %d to ledger/discarded/",
+                        len(moved), self.state.step)
+        return True
+
+    def stop(self, reason: str) -> None:
+        """Stop the run with a reason (logged, ledger-visible via metrics, checkpointed)."""
+        self.state.stopped = reason
+        self.log.log(self.state.step, {"stopped": reason})
+        log.error("run stopped at step %d: %s", self.state.step, reason)
+        self.checkpoint()
+
+    def close(self) -> None:
+        self.state.wall_seconds = self._wall_before + time.perf_counter() - self._t_start
+        self.log.close()
+        if self._pool is not None:
+            self._pool.close()
+
+
+def open_run(cfg: RunConfig) -> Run:
+    """Build the run; resume from its latest checkpoint when ``cfg.resume``."""
+    run = Run(cfg)
+    (run.dir / "config.yaml").write_text(dump_config(cfg))
+    if cfg.resume and run.resume():
+        log.info("resumed %s at step %d", run.dir, run.state.step)
+    return run

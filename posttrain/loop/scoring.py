@@ -1,0 +1,94 @@
+"""Completions -> verified, rewarded trajectories (the "validate statuses -> score" stage).
+
+Every completion gets a :class:`~posttrain.rewards.Verdict`. A verifier that raises is an
+``infra_error`` (counted, never a zero reward); raw components are kept unweighted in the
+record alongside the weights and the composed total.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import torch
+
+from posttrain.trajectory import Reward, Status, Trajectory
+
+
+def decode_response(tokenizer: Any, completion: Any) -> str:
+    """Response text of a completion: its generated tokens without the closing eos/specials."""
+    return str(tokenizer.decode(completion.token_ids, skip_special_tokens=True))
+
+
+@dataclasses.dataclass(frozen=True)
+class ScoringSpec:
+    """How verdict components become the scalar reward (flat copy of the reward config)."""
+
+    weights: Mapping[str, float]
+    overlong_max_len: int | None = None
+    overlong_cache_len: int = 0
+
+
+def _shaping_components(spec: ScoringSpec, n_actions: Sequence[int]) -> list[dict[str, float]]:
+    if spec.overlong_max_len is None:
+        return [{} for _ in n_actions]
+    from posttrain.algos.shaping import dapo_overlong_penalty
+
+    pen = dapo_overlong_penalty(
+        torch.tensor(list(n_actions), dtype=torch.float64), spec.overlong_max_len, spec.overlong_cache_len
+    )
+    return [{"overlong": float(p)} for p in pen]
+
+
+def score(
+    completions: Sequence[Any],
+    examples: Sequence[Any],
+    *,
+    task: Any,
+    tokenizer: Any,
+    spec: ScoringSpec,
+    group_ids: Sequence[str],
+    step: int,
+    verify_batch: Any | None = None,
+) -> tuple[list[Trajectory], dict[str, float]]:
+    """Verify and reward ``completions`` (``examples[i]`` is the prompt of ``completions[i]``).
+
+    ``verify_batch`` (e.g. ``VerifierPool.verify_batch``) runs verification out of process;
+    without it verification runs in-process and an exception becomes ``infra_error``.
+    Returns the trajectories and ``{"time/reward_s": ...}``.
+    """
+    from posttrain.rewards import Verdict, compose
+
+    t0 = time.perf_counter()
+    texts = [decode_response(tokenizer, c) for c in completions]
+    if verify_batch is not None:
+        verdicts = verify_batch([(task.verifier, t, ex.reference, {}) for t, ex in zip(texts, examples, strict=True)])
+    else:
+        verdicts = []
+        for t, ex in zip(texts, examples, strict=True):
+            try:
+                verdicts.append(task.verifier.verify(t, ex.reference))
+            except Exception as e:  # noqa: BLE001 - an exception in a verifier is an infra error, counted
+                verdicts.append(Verdict(status=Status.INFRA_ERROR, components={}, explanation=f"{type(e).__name__}: {e}"))
+    shaping = _shaping_components(spec, [len(c.token_ids) for c in completions])
+    verifier_id = f"{task.verifier.name}@{task.verifier.version}"
+    trajs: list[Trajectory] = []
+    for i, (c, ex, v, text, extra) in enumerate(zip(completions, examples, verdicts, texts, shaping, strict=True)):
+        if v.status is Status.INFRA_ERROR:
+            reward = Reward(components={}, weights=dict(spec.weights), total=None)
+        else:
+            reward = compose({**v.components, **extra}, spec.weights)
+        trajs.append(
+            c.to_trajectory(
+                traj_id=f"s{step}-{i}",
+                prompt_id=ex.prompt_id,
+                group_id=group_ids[i],
+                status=v.status,
+                reward=reward,
+                verifier=verifier_id,
+                meta={"response": text, "reference": str(ex.reference), "explanation": v.explanation[:500]},
+            )
+        )
+    return trajs, {"time/reward_s": time.perf_counter() - t0}
