@@ -70,6 +70,15 @@ class CheckpointState:
     rng: dict[str, Any]
     extra: dict[str, Any]
 
+    def actor_state_dict(self) -> dict[str, torch.Tensor]:
+        """The full plain-model state dict of ``actor/`` (tied entries included), for
+        ``model.load_state_dict``. Builds the model with ``from_pretrained`` to resolve ties;
+        :func:`restore_actor` loads in place without that copy (and handles LoRA)."""
+        from transformers import AutoModelForCausalLM
+
+        model = AutoModelForCausalLM.from_pretrained(self.actor_dir)
+        return dict(model.state_dict())
+
 
 def checkpoint_path(run_dir: str | Path, step: int) -> Path:
     """``<run_dir>/checkpoints/step_<step:08d>`` (the name :func:`latest_checkpoint` looks for)."""
@@ -101,8 +110,10 @@ def capture_rng() -> dict[str, Any]:
     return state
 
 
-def restore_rng(rng: Mapping[str, Any]) -> None:
-    """Set the global RNGs from :func:`capture_rng` output (``CheckpointState.rng``)."""
+def restore_rng(rng: Mapping[str, Any] | CheckpointState) -> None:
+    """Set the global RNGs from :func:`capture_rng` output (or a :class:`CheckpointState`)."""
+    if isinstance(rng, CheckpointState):
+        rng = rng.rng
     v, s, g = rng["python"]
     random.setstate((int(v), tuple(int(x) for x in s), g))
     n = rng["numpy"]
@@ -242,9 +253,19 @@ def load_checkpoint(path: str | Path) -> CheckpointState:
     )
 
 
+def _checkpoints_dir(run_dir: str | Path) -> Path:
+    """``<run_dir>/checkpoints``, or ``run_dir`` itself when it is that folder already."""
+    d = Path(run_dir)
+    return d if d.name == CHECKPOINTS_SUBDIR else d / CHECKPOINTS_SUBDIR
+
+
 def latest_checkpoint(run_dir: str | Path) -> Path | None:
-    """The complete checkpoint with the highest step under ``<run_dir>/checkpoints``, or None."""
-    d = Path(run_dir) / CHECKPOINTS_SUBDIR
+    """The complete checkpoint with the highest step under ``<run_dir>/checkpoints``, or None.
+
+    ``run_dir`` may also be the ``checkpoints`` folder itself. Only ``step_<digits>`` folders
+    holding ``meta.json`` count (a crashed save leaves neither).
+    """
+    d = _checkpoints_dir(run_dir)
     if not d.is_dir():
         return None
     found = [
@@ -259,7 +280,7 @@ def prune_checkpoints(run_dir: str | Path, keep_last: int) -> list[Path]:
     """Delete all but the ``keep_last`` newest complete checkpoints; returns the deleted paths."""
     if keep_last < 1:
         raise ValueError(f"keep_last must be >= 1, got {keep_last}")
-    d = Path(run_dir) / CHECKPOINTS_SUBDIR
+    d = _checkpoints_dir(run_dir)
     if not d.is_dir():
         return []
     found = sorted((int(m.group(1)), p) for p in d.iterdir() if (m := _NAME.match(p.name)))

@@ -41,7 +41,7 @@ META_FILE = "value_model.json"
 class ValueModel(torch.nn.Module):
     """``backbone`` (a ``transformers`` base model returning ``last_hidden_state``) + linear head.
 
-    Build it with :meth:`from_causal_lm`. ``forward(input_ids, attention_mask)`` returns
+    Build it with :meth:`from_actor`. ``forward(input_ids, attention_mask)`` returns
     ``(values [B, T], final_values [B])`` aligned as the module docstring says.
     """
 
@@ -62,7 +62,7 @@ class ValueModel(torch.nn.Module):
             torch.nn.init.zeros_(self.head.bias)
 
     @classmethod
-    def from_causal_lm(
+    def from_actor(
         cls, lm: torch.nn.Module, *, shared_backbone: bool = False, seed: int = 0
     ) -> ValueModel:
         """Critic over ``lm``'s backbone (``lm.base_model``): a copy, or the actor's own (shared)."""
@@ -306,8 +306,17 @@ class CriticLearner:
         )
         return [take_rows(t, [rows[i] for i in g], max(1, max(sub[i] for i in g))) for g in groups]
 
+    def save(self, directory: str | Path) -> None:
+        """Write the value model's weights (:meth:`ValueModel.save`); lets ``save_checkpoint``
+        take the learner itself as ``critic=``."""
+        self.model.save(directory)
+
+    def load(self, directory: str | Path) -> None:
+        """Load weights written by :meth:`save` (``CheckpointState.critic_dir``)."""
+        self.model.load(directory)
+
     def state_dict(self) -> dict[str, Any]:
-        """Optimizer, scheduler, shuffle generator and step counter (weights saved separately)."""
+        """Optimizer, scheduler, shuffle generator and step counter (weights: :meth:`save`)."""
         return {
             "optimizer": self.optimizer.state_dict(),
             "scheduler": self.scheduler.state_dict(),

@@ -22,7 +22,7 @@ from posttrain.models import build_char_tokenizer
 def _trained(make_model, make_batch, make_advantages):
     batch = make_batch(n=4)
     learner = PolicyLearner(make_model(dtype=torch.float32), lr=1e-2, num_minibatches=2, seed=4)
-    critic = CriticLearner(ValueModel.from_causal_lm(learner.model), lr=1e-2)
+    critic = CriticLearner(ValueModel.from_actor(learner.model), lr=1e-2)
     adv = make_advantages(batch)
     learner.update(batch, adv)
     critic.update(batch, adv.to(torch.float64))
@@ -35,7 +35,7 @@ def _save(path, learner, critic, step, extra=None):
         step=step,
         actor=learner.model,
         tokenizer=build_char_tokenizer(),
-        critic=critic.model,
+        critic=critic,  # a CriticLearner saves its value model
         learner_state={"policy": learner.state_dict(), "critic": critic.state_dict()},
         extra=extra or {"data_cursor": 12, "policy_version": learner.version, "kl": {"value": 0.05}},
     )
@@ -65,15 +65,19 @@ def test_round_trip(make_model, make_batch, make_advantages, tmp_path):
     for i, s in opt_a["state"].items():
         assert torch.equal(s["exp_avg_sq"], opt_b["state"][i]["exp_avg_sq"])
     # The critic comes back too.
-    vm = ValueModel.from_causal_lm(fresh.model, seed=8)
+    vm = ValueModel.from_actor(fresh.model, seed=8)
     vm.load(state.critic_dir)
     with torch.no_grad():
         assert torch.equal(
             vm(batch.input_ids, batch.attention_mask)[0],
             critic.model(batch.input_ids, batch.attention_mask)[0],
         )
+    # The same weights through a strict load_state_dict (tied lm_head included).
+    strict = make_model(dtype=torch.float32, seed=98)
+    strict.load_state_dict(state.actor_state_dict())
+    assert torch.equal(strict.lm_head.weight, learner.model.lm_head.weight)
     # RNG: restoring reproduces the draws taken right after the save.
-    ckpt.restore_rng(state.rng)
+    ckpt.restore_rng(state)
     assert (random.random(), float(np.random.rand()), float(torch.rand(1))) == draws
     # The actor dir is an ordinary from_pretrained folder with its tokenizer.
     hf = AutoModelForCausalLM.from_pretrained(state.actor_dir)
@@ -81,7 +85,7 @@ def test_round_trip(make_model, make_batch, make_advantages, tmp_path):
         assert torch.equal(v, hf.state_dict()[k]), k
     tok = AutoTokenizer.from_pretrained(state.actor_dir)
     assert tok.encode("12+3") == build_char_tokenizer().encode("12+3")
-    assert ckpt.latest_checkpoint(tmp_path) == path
+    assert ckpt.latest_checkpoint(tmp_path) == path == ckpt.latest_checkpoint(tmp_path / "checkpoints")
 
 
 def test_crash_mid_save_keeps_previous(make_model, make_batch, make_advantages, tmp_path, monkeypatch):
