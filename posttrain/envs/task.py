@@ -1,0 +1,125 @@
+"""Single-turn tasks: a prompt source plus a verifier, and the ``TASKS`` registry.
+
+A task hands out :class:`TaskExample` objects deterministically by ``(split, n, seed)``; the
+``train`` and ``heldout`` splits are disjoint *by problem* (a hash of the problem's canonical
+key decides its split, so no held-out problem is ever trained on, whatever the seed).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import random
+from collections.abc import Callable, Mapping
+from typing import Any, Protocol, runtime_checkable
+
+from posttrain.algos.registry import Registry
+from posttrain.rewards.verifier import Verifier, build_verifier
+from posttrain.trajectory.record import JSONScalar
+
+TASKS = Registry("task")
+"""name -> factory(**kwargs) returning a :class:`Task`."""
+
+SPLITS = ("train", "heldout")
+
+
+@dataclasses.dataclass(frozen=True)
+class TaskExample:
+    """One prompt: ``prompt`` is the exact text the model sees, ``reference`` what the verifier
+    compares against, ``meta`` JSON scalars stored in the ledger (difficulty, a model-free
+    reference answer ``answer`` for display...)."""
+
+    prompt_id: str
+    prompt: str
+    reference: Any
+    meta: Mapping[str, JSONScalar] = dataclasses.field(default_factory=dict)
+
+
+@runtime_checkable
+class Task(Protocol):
+    """A prompt source with its verifier."""
+
+    name: str
+    verifier: Verifier
+
+    def examples(self, split: str, n: int, seed: int) -> list[TaskExample]:
+        """``n`` examples of ``split`` ("train" | "heldout"); same arguments -> same list."""
+        ...
+
+
+def check_split(split: str) -> str:
+    """``split`` if it is one of :data:`SPLITS`, else a ``ValueError`` listing them."""
+    if split not in SPLITS:
+        raise ValueError(f"unknown split {split!r}; valid: {', '.join(SPLITS)}")
+    return split
+
+
+def split_of(key: str, heldout_fraction: float) -> str:
+    """Deterministic split of a problem: ``heldout`` iff ``sha256(key) mod 10^6 < f * 10^6``.
+
+    Independent of any seed and of Python's randomised ``hash``, so the split of a problem is the
+    same in every run and process.
+    """
+    if not 0.0 < heldout_fraction < 1.0:
+        raise ValueError(f"heldout_fraction must be in (0, 1), got {heldout_fraction}")
+    h = int.from_bytes(hashlib.sha256(key.encode()).digest()[:8], "big") % 1_000_000
+    return "heldout" if h < heldout_fraction * 1_000_000 else "train"
+
+
+def sample_split(
+    task_name: str,
+    split: str,
+    n: int,
+    seed: int,
+    draw: Callable[[random.Random], tuple[str, TaskExample]],
+    heldout_fraction: float,
+    rng_tag: str = "",
+    max_tries_per_example: int = 200,
+) -> list[TaskExample]:
+    """Rejection-sample ``n`` examples whose problem key falls in ``split``.
+
+    ``draw(rng) -> (key, example)`` proposes one problem; its split is
+    ``split_of(f"{task_name}|{key}")``, so it depends on the problem only (not on the difficulty
+    knobs: a curriculum that widens the difficulty never moves a held-out problem into train). Examples are unique while the split
+    still has unseen problems (tried up to ``max_tries_per_example * n`` draws); after that
+    repeats are allowed so a small problem space can still fill ``n``. The RNG is seeded from
+    ``(task_name, rng_tag, split, seed)`` (put the knobs in ``rng_tag``) so the result depends on nothing else.
+    """
+    check_split(split)
+    if n < 0:
+        raise ValueError(f"n must be >= 0, got {n}")
+    rng = random.Random(f"{task_name}|{rng_tag}|{split}|{seed}")
+    out: list[TaskExample] = []
+    seen: set[str] = set()
+    in_split: list[TaskExample] = []
+    tries = 0
+    while len(out) < n:
+        tries += 1
+        if tries > max_tries_per_example * max(n, 1):
+            if not in_split:
+                raise ValueError(f"task {task_name!r}: no problem of split {split!r} found; widen the difficulty")
+            out.append(in_split[rng.randrange(len(in_split))])
+            continue
+        key, ex = draw(rng)
+        if split_of(f"{task_name}|{key}", heldout_fraction) != split:
+            continue
+        if key in seen:
+            continue
+        seen.add(key)
+        in_split.append(ex)
+        out.append(ex)
+    return out
+
+
+def resolve_verifier(spec: Verifier | str | Mapping[str, Any]) -> Verifier:
+    """A verifier object from an object, a registry name, or ``{"name": ..., **kwargs}``."""
+    if isinstance(spec, str):
+        return build_verifier(spec)
+    if isinstance(spec, Mapping):
+        kw = dict(spec)
+        if "name" not in kw:
+            raise ValueError(f"verifier spec {spec!r} needs a 'name'")
+        return build_verifier(kw.pop("name"), **kw)
+    if not isinstance(spec, Verifier):
+        raise ValueError(f"not a verifier (needs name, version, verify): {spec!r}")
+    return spec

@@ -1,0 +1,28 @@
+"""Verifiers and rewards: verdicts with honest statuses, composition, sandbox, pool, reward model.
+
+Importing this package registers the built-in verifiers in :data:`VERIFIERS`: ``integer``,
+``exact``, ``regex``, ``choice``, ``format``, ``combine``, ``math``, ``countdown``, ``code``
+(and ``reasoning_gym`` once :mod:`posttrain.envs` is imported).
+"""
+
+from posttrain.rewards import basic, code_verifier, countdown, math_answer  # noqa: F401 - registrations
+from posttrain.rewards.compose import compose
+from posttrain.rewards.pool import VerifierPool
+from posttrain.rewards.sandbox import SandboxLimits, SandboxResult, isolation_level, run_python
+from posttrain.rewards.verdict import Verdict, infra_error
+from posttrain.rewards.verifier import VERIFIERS, Verifier, build_verifier, verifier_id
+
+__all__ = [
+    "VERIFIERS",
+    "SandboxLimits",
+    "SandboxResult",
+    "Verdict",
+    "Verifier",
+    "VerifierPool",
+    "build_verifier",
+    "compose",
+    "infra_error",
+    "isolation_level",
+    "run_python",
+    "verifier_id",
+]

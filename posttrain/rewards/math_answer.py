@@ -1,0 +1,68 @@
+"""``math``: final-answer extraction + equivalence with ``math-verify`` (optional extra ``math``).
+
+Pipeline for a response:
+1. Fast path: if the stripped response and reference are both plain integers, compare them.
+2. Extract the final answer (:func:`~posttrain.rewards.extract.extract_final_answer`:
+   ``\\boxed{}`` > ``answer:`` line > last number). Nothing found -> ``invalid``.
+3. ``math_verify.parse`` both sides and ``math_verify.verify(gold, pred)`` (fractions, decimals,
+   LaTeX, sets, intervals; Hugging Face 2025, github.com/huggingface/Math-Verify).
+
+math-verify's own timeouts use ``signal.alarm`` which fails outside the main thread, so they are
+disabled here (``parsing_timeout=None``, ``timeout_seconds=None``); the time limit is enforced by
+:class:`~posttrain.rewards.pool.VerifierPool` (worker-side alarm + host-side kill).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+from typing import Any
+
+from posttrain.rewards.extract import extract_final_answer, parse_integer
+from posttrain.rewards.verdict import Verdict
+from posttrain.rewards.verifier import VERIFIERS
+from posttrain.trajectory import Status
+
+
+def _wrap(s: str) -> str:
+    # math-verify's LaTeX extractor looks for delimited math; a bare extracted answer is wrapped.
+    return s if "$" in s or "\\boxed" in s else f"${s}$"
+
+
+@VERIFIERS.register("math")
+@dataclasses.dataclass(frozen=True)
+class MathVerifier:
+    """Math answer equivalence. ``reference`` is the gold answer as a string or number.
+
+    Components: ``task`` in {0, 1}, ``format`` = 1 iff an answer was extracted.
+    ``explanation`` names the extraction method and both parsed values.
+    """
+
+    float_rounding: int = 6
+    name: str = "math"
+    version: str = "1"
+
+    def verify(self, response: str, reference: Any, **context: Any) -> Verdict:
+        """See the class docstring."""
+        gi, ri = parse_integer(response), parse_integer(str(reference))
+        if gi is not None and ri is not None:
+            return Verdict(Status.CORRECT if gi == ri else Status.WRONG,
+                           {"task": float(gi == ri), "format": 1.0}, f"integer fast path: {gi} vs {ri}")
+        answer, method = extract_final_answer(response)
+        if answer is None:
+            return Verdict(Status.INVALID, {"task": 0.0, "format": 0.0}, "no final answer found")
+        try:
+            import math_verify
+        except ImportError as e:
+            raise ImportError("the 'math' verifier needs math-verify: pip install 'posttrain[math]'") from e
+        logging.getLogger("math_verify").setLevel(logging.ERROR)  # its "timeout disabled" warning is expected
+        gold = math_verify.parse(_wrap(str(reference)), parsing_timeout=None)
+        pred = math_verify.parse(_wrap(answer), parsing_timeout=None)
+        if not pred:
+            return Verdict(Status.INVALID, {"task": 0.0, "format": 0.0},
+                           f"{method}: {answer[:60]!r} does not parse")
+        if not gold:
+            raise ValueError(f"math verifier: reference {reference!r} does not parse")
+        ok = bool(math_verify.verify(gold, pred, float_rounding=self.float_rounding, timeout_seconds=None))
+        return Verdict(Status.CORRECT if ok else Status.WRONG, {"task": float(ok), "format": 1.0},
+                       f"{method}: {answer[:60]!r} -> {str(pred[0])[:40]} vs {str(gold[0])[:40]}")
