@@ -18,6 +18,7 @@ COMMANDS: dict[str, str] = {
     "demo": "posttrain.commands.demo",
     "eval": "posttrain.commands.eval",
     "bench": "posttrain.commands.bench",
+    "inspect": "posttrain.commands.inspect",
 }
 
 
