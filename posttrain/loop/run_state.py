@@ -63,10 +63,11 @@ class Run:
         if cfg.critic.enabled:
             from posttrain.learner.critic import CriticLearner, ValueModel
 
-            vm = ValueModel.from_actor(self.learner.model, shared_backbone=cfg.critic.shared_backbone)
+            vm = ValueModel.from_actor(self.learner.model, shared_backbone=cfg.critic.shared_backbone, seed=cfg.seed)
             self.critic = CriticLearner(vm, lr=cfg.critic.lr, clip_eps=cfg.critic.value_clip,
                                         microbatch_tokens=cfg.optim.microbatch_tokens,
-                                        max_grad_norm=cfg.optim.max_grad_norm)
+                                        max_grad_norm=cfg.optim.max_grad_norm, epochs=cfg.optim.ppo_epochs,
+                                        num_minibatches=cfg.optim.num_minibatches, seed=cfg.seed)
         self.heldout = self.task.examples("heldout", cfg.eval.size, seed=cfg.seed)
         self.ledger = Ledger(self.dir / "ledger")
         self.log = MetricsLog(self.dir, tensorboard=cfg.logging.tensorboard, wandb=cfg.logging.wandb, run_name=cfg.name)
@@ -215,7 +216,8 @@ class Run:
         return save_checkpoint(
             self.dir / "checkpoints" / f"step_{self.state.step:06d}",
             step=self.state.step, actor=self.learner.model, tokenizer=self.tokenizer,
-            critic=self.critic, learner_state=self._learner_state(), extra=extra,
+            critic=None if self.critic is None else self.critic.model,
+            learner_state=self._learner_state(), extra=extra,
         )
 
     def _learner_state(self) -> dict[str, Any]:
@@ -230,13 +232,18 @@ class Run:
 
     def resume(self) -> bool:
         """Restore the latest checkpoint, if any; returns whether it did."""
-        from posttrain.learner.checkpoint import latest_checkpoint, load_checkpoint, restore_rng
+        from posttrain.learner.checkpoint import (
+            latest_checkpoint,
+            load_checkpoint,
+            restore_actor,
+            restore_rng,
+        )
 
         path = latest_checkpoint(self.dir / "checkpoints")
         if path is None:
             return False
         ck = load_checkpoint(path)
-        self.learner.model.load_state_dict(ck.actor_state_dict())
+        restore_actor(self.learner.model, ck)
         ls = ck.learner_state
         self.learner.load_state_dict(ls["learner"])
         if self.ref_model is not None and "ref_model" in ls:
@@ -250,7 +257,7 @@ class Run:
         self.state = RunState(**rs)
         self._wall_before = self.state.wall_seconds
         self.engine.update_weights(self.learner.weights_for_rollout(), version=int(ck.extra["engine_version"]))
-        restore_rng(ck)
+        restore_rng(ck.rng)
         moved = self.ledger.discard_after(self.state.step)
         if moved:
             log.warning("resume: moved %d ledger files written after step %d to ledger/discarded/",

@@ -54,9 +54,11 @@ def train(cfg: RunConfig, *, progress: Any = None) -> RunState:
         if run.ref_model is not None:
             ref = run.ref_logprobs(batch)
             batch = collate(with_logprobs(batch, "ref", ref, st.ref_version), pad_token_id=run.pad_token_id)
-        values = run.critic.values(batch) if run.critic is not None else None
+        values = final_values = None
+        if run.critic is not None:
+            values, final_values = run.critic.compute_values(batch)
         tg = build_targets(
-            batch, old_logprob=old, ref_logprob=ref, values=values,
+            batch, old_logprob=old, ref_logprob=ref, values=values, final_values=final_values,
             estimator=cfg.credit.estimator, estimator_kwargs=cfg.credit.kwargs,
             kl_in_reward=cfg.credit.kl_in_reward, kl_estimator=cfg.loss.kl_estimator,
             kl_coef=run.kl_coef_value(),
@@ -64,7 +66,7 @@ def train(cfg: RunConfig, *, progress: Any = None) -> RunState:
         # 5. update actor (and critic) under the recipe's reduction
         upd = run.learner.update(batch, tg.advantages, old_logprob=old)
         if run.critic is not None and tg.returns is not None:
-            upd.update(run.critic.update(batch, tg.returns, tg.values))
+            upd.update({f"critic/{k}": v for k, v in run.critic.update(batch, tg.returns, old_values=values).items()})
         metrics.update(upd)
         metrics["time/learner_s"] = time.perf_counter() - t0
         metrics.update(step_metrics(batch, trajs, tg))

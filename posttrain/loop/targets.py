@@ -16,7 +16,7 @@ import posttrain.algos as A
 from posttrain.algos.advantages import AdvantageInputs
 from posttrain.trajectory import Finish, TrajectoryBatch
 
-TOKEN_LEVEL_ESTIMATORS = frozenset({"gae", "reinforce_pp"})
+TOKEN_LEVEL_ESTIMATORS = frozenset({"gae", "reinforce_pp", "reinforce_pp_baseline"})
 
 
 @dataclasses.dataclass
@@ -32,13 +32,6 @@ class Targets:
     token_kl: torch.Tensor | None
 
 
-def last_action_index(action_mask: torch.Tensor) -> torch.Tensor:
-    """``[B]`` index of the last action token of each row (0 for a row without actions)."""
-    T = action_mask.shape[1]
-    idx = torch.arange(T).expand_as(action_mask)
-    return torch.where(action_mask > 0, idx, torch.zeros_like(idx)).max(dim=1).values
-
-
 def group_index(batch: TrajectoryBatch) -> torch.Tensor:
     """``[B]`` long group ids (rows of one prompt's G samples share an id)."""
     ids: dict[str, int] = {}
@@ -51,11 +44,12 @@ def build_targets(
     old_logprob: torch.Tensor,
     ref_logprob: torch.Tensor | None,
     values: torch.Tensor | None,
-    estimator: str,
-    estimator_kwargs: dict[str, Any],
-    kl_in_reward: bool,
-    kl_estimator: str | None,
-    kl_coef: float,
+    final_values: torch.Tensor | None = None,
+    estimator: str = "grpo",
+    estimator_kwargs: dict[str, Any] | None = None,
+    kl_in_reward: bool = False,
+    kl_estimator: str | None = None,
+    kl_coef: float = 0.0,
 ) -> Targets:
     """Compute advantages (and returns) with the registered ``estimator``."""
     mask = batch.action_mask.to(torch.float64)
@@ -63,13 +57,13 @@ def build_targets(
     token_kl = None
     if ref_logprob is not None and kl_estimator is not None:
         token_kl = A.KL_ESTIMATORS[kl_estimator](old_logprob.to(torch.float64), ref_logprob.to(torch.float64)) * mask
+    # The sequence reward enters once: the estimators place ``rewards`` on the last action token
+    # themselves; ``token_rewards`` carries only the per-token KL penalty (KL in the reward).
     token_rewards = None
-    if estimator in TOKEN_LEVEL_ESTIMATORS:
-        token_rewards = torch.zeros_like(mask)
-        token_rewards[torch.arange(batch.size), last_action_index(batch.action_mask)] = rewards
-        token_rewards = token_rewards * mask
-        if kl_in_reward and token_kl is not None:
-            token_rewards = token_rewards - kl_coef * token_kl
+    if kl_in_reward and token_kl is not None:
+        if estimator not in TOKEN_LEVEL_ESTIMATORS:
+            raise ValueError(f"credit.kl_in_reward needs a token-level estimator ({', '.join(sorted(TOKEN_LEVEL_ESTIMATORS))})")
+        token_rewards = -kl_coef * token_kl
     terminal = torch.tensor([t.finish is Finish.TERMINAL for t in batch.trajectories])
     inputs = AdvantageInputs(
         action_mask=mask,
@@ -78,9 +72,10 @@ def build_targets(
         group_index=group_index(batch),
         values=None if values is None else values.to(torch.float64),
         terminal=terminal,
-        bootstrap_value=None if values is None else torch.zeros(batch.size, dtype=torch.float64),
+        # A truncated row bootstraps from the critic's value of the state after its last token.
+        bootstrap_value=None if final_values is None else final_values.to(torch.float64),
     )
-    out = A.ADVANTAGES[estimator](inputs, **estimator_kwargs)
+    out = A.ADVANTAGES[estimator](inputs, **(estimator_kwargs or {}))
     return Targets(
         old_logprob=old_logprob,
         ref_logprob=ref_logprob,
