@@ -513,8 +513,8 @@ class PolicyLearner:
         """Weights for the rollout engine under the plain model's parameter names.
 
         Without LoRA: ``model.state_dict()`` itself (live tensors, no copy — the engine must
-        copy or load them before the next :meth:`update`). With LoRA: merged copies
-        ``W + (alpha / r) B A``. Pair with :attr:`version` (incremented by each update).
+        copy or load them before the next :meth:`update`). With LoRA: new tensors
+        ``W + (alpha / r) B A`` for adapted layers (``W`` untouched), live tensors elsewhere. Pair with :attr:`version` (incremented by each update).
         """
         if is_peft_model(self.model):
             return merged_state_dict(self.model)

@@ -58,19 +58,18 @@ def wrap_lora(
 
 @torch.no_grad()
 def merged_state_dict(model: torch.nn.Module) -> dict[str, torch.Tensor]:
-    """Plain-model weights ``W + (alpha / r) B A`` of a peft model, as copies, base-model names.
+    """Plain-model weights ``W + (alpha / r) B A`` of a peft model, under base-model names.
 
-    Merges the adapters in place, copies the base weights (dropping ``lora_*`` entries and the
-    ``base_layer`` indirection peft inserts) and unmerges, leaving the model as it was.
+    Computed out of place (``W`` is never modified: a merge/unmerge round trip in float32 would
+    drift ``W`` by rounding every call). Adapted weights are new tensors; the others are the
+    live base tensors (no copy), as for a plain model's ``state_dict``.
     """
     base = model.get_base_model()  # type: ignore[operator]
-    model.merge_adapter()  # type: ignore[operator]
-    try:
-        out = {
-            k.replace(".base_layer.", "."): v.detach().clone()
-            for k, v in base.state_dict().items()
-            if "lora_" not in k
-        }
-    finally:
-        model.unmerge_adapter()  # type: ignore[operator]
+    out = {k.replace(".base_layer.", "."): v for k, v in base.state_dict().items() if "lora_" not in k}
+    for name, module in base.named_modules():
+        if not (hasattr(module, "base_layer") and hasattr(module, "get_delta_weight")):
+            continue
+        w = module.base_layer.weight.detach()
+        delta = sum(module.get_delta_weight(a) for a in module.active_adapters if a in module.lora_A)
+        out[f"{name}.weight"] = w + delta
     return out

@@ -238,3 +238,17 @@ def test_lora_trains_only_adapters_and_exports_merged_weights(make_model, make_b
     plain.load_state_dict(merged)
     lp_plain = PolicyLearner(plain, lr=0.0).compute_logprobs(batch)
     torch.testing.assert_close(lp_plain, learner.compute_logprobs(batch), rtol=0, atol=1e-5)
+
+
+def test_bf16_autocast_runs_and_stays_close(make_model, make_batch, make_advantages):
+    # CPU supports bfloat16 autocast; log-probs come back in float32 and near the fp32 ones.
+    batch = make_batch(n=4)
+    fp32 = PolicyLearner(make_model(dtype=torch.float32), lr=0.0)
+    bf16 = PolicyLearner(make_model(dtype=torch.float32), lr=0.0, autocast_dtype="bfloat16")
+    lp32, lp16 = fp32.compute_logprobs(batch), bf16.compute_logprobs(batch)
+    assert not torch.equal(lp32, lp16)  # autocast really changed the arithmetic
+    torch.testing.assert_close(lp16, lp32, rtol=0, atol=0.1)
+    m = bf16.update(batch, make_advantages(batch))
+    assert m["ratio_min"] == 1.0 == m["ratio_max"] and math.isfinite(m["loss"])
+    with pytest.raises(ValueError, match="autocast_dtype"):
+        PolicyLearner(make_model(), autocast_dtype="int8")

@@ -154,3 +154,38 @@ def test_latest_and_prune(make_model, tmp_path):
     with pytest.raises(ValueError, match="step_00000012"):
         ckpt.save_checkpoint(tmp_path / "latest", step=1, actor=m, learner_state={})
     assert not os.path.exists(tmp_path / "latest")
+
+
+def test_lora_checkpoint_saves_merged_actor_and_resumable_adapter(
+    make_model, make_batch, make_advantages, tmp_path
+):
+    batch = make_batch(n=4)
+
+    def build():
+        return PolicyLearner(
+            make_model(dtype=torch.float32), lr=5e-2, lora_rank=2, lora_target_modules=["q_proj"]
+        )
+
+    a = build()
+    a.update(batch, make_advantages(batch))
+    path = ckpt.save_checkpoint(
+        ckpt.checkpoint_path(tmp_path, 1), step=1, actor=a.model, learner_state={"policy": a.state_dict()}
+    )
+    state = ckpt.load_checkpoint(path)
+    assert state.adapter_dir is not None
+    # actor/ is the merged plain model, the same weights the rollout engine gets.
+    hf = AutoModelForCausalLM.from_pretrained(state.actor_dir)
+    for k, v in a.weights_for_rollout().items():
+        torch.testing.assert_close(hf.state_dict()[k], v, rtol=0, atol=1e-6, msg=k)
+    # A fresh LoRA learner restores the adapter and optimizer: same log-probs, same next update.
+    b = build()
+    ckpt.restore_actor(b.model, state)
+    b.load_state_dict(state.learner_state["policy"])
+    assert torch.equal(a.compute_logprobs(batch), b.compute_logprobs(batch))
+    with pytest.raises(ValueError, match="actor_adapter"):
+        plain_state = ckpt.load_checkpoint(
+            ckpt.save_checkpoint(
+                ckpt.checkpoint_path(tmp_path, 2), step=2, actor=make_model(), learner_state={}
+            )
+        )
+        ckpt.restore_actor(b.model, plain_state)
