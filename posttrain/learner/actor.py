@@ -319,9 +319,10 @@ class PolicyLearner:
         return t, info
 
     def _reduction_weights(self, mask: torch.Tensor, num_sequences: int, num_tokens: float) -> torch.Tensor:
-        return self._reduction(
+        w: torch.Tensor = self._reduction(
             mask, num_sequences=num_sequences, num_tokens=num_tokens, **self.reduction_kwargs
         )
+        return w
 
     def _microbatches(
         self, t: Mapping[str, torch.Tensor | None], rows: Sequence[int]

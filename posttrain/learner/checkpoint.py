@@ -92,7 +92,7 @@ def capture_rng() -> dict[str, Any]:
 
     Stored as tensors / ints / lists so ``torch.load(weights_only=True)`` reads them back.
     """
-    kind, keys, pos, has_gauss, gauss = np.random.get_state(legacy=True)  # type: ignore[misc]
+    kind, keys, pos, has_gauss, gauss = np.random.get_state(legacy=True)
     py_version, py_state, py_gauss = random.getstate()
     state: dict[str, Any] = {
         "python": [py_version, list(py_state), py_gauss],

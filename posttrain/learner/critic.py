@@ -62,9 +62,7 @@ class ValueModel(torch.nn.Module):
             torch.nn.init.zeros_(self.head.bias)
 
     @classmethod
-    def from_actor(
-        cls, lm: torch.nn.Module, *, shared_backbone: bool = False, seed: int = 0
-    ) -> ValueModel:
+    def from_actor(cls, lm: torch.nn.Module, *, shared_backbone: bool = False, seed: int = 0) -> ValueModel:
         """Critic over ``lm``'s backbone (``lm.base_model``): a copy, or the actor's own (shared)."""
         if is_peft_model(lm):
             raise ValueError("build the critic from the plain actor model, not its peft (LoRA) wrapper")
@@ -73,14 +71,16 @@ class ValueModel(torch.nn.Module):
             raise ValueError(
                 f"{type(lm).__name__} has no separate base_model backbone to put a value head on"
             )
-        hidden = int(lm.config.hidden_size)  # type: ignore[union-attr]
+        hidden = int(lm.config.hidden_size)  # type: ignore[union-attr,arg-type]
         backbone = base if shared_backbone else copy.deepcopy(base)
         return cls(backbone, hidden, shared_backbone=shared_backbone, seed=seed).train(False)
 
     @property
     def body(self) -> torch.nn.Module:
         """The backbone (owned copy or the actor's shared one)."""
-        return self._shared if self.shared_backbone else self.backbone  # type: ignore[no-any-return]
+        body = self._shared if self.shared_backbone else self.backbone
+        assert isinstance(body, torch.nn.Module)
+        return body
 
     def forward(
         self, input_ids: torch.Tensor, attention_mask: torch.Tensor

@@ -53,7 +53,8 @@ def wrap_lora(
         bias="none",
         task_type="CAUSAL_LM",
     )
-    return peft.get_peft_model(model, cfg)
+    wrapped: torch.nn.Module = peft.get_peft_model(model, cfg)
+    return wrapped
 
 
 @torch.no_grad()
