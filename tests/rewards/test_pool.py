@@ -1,0 +1,87 @@
+"""VerifierPool: per-call time limits, retries, crashes -> infra_error (never a zero reward)."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+from _verifiers_for_tests import Crashes, Echo, FailsOnce, HangsBlockingAlarm, NotAVerdict, Raises, Sleeps
+
+from posttrain.rewards import VerifierPool
+from posttrain.rewards.basic import IntegerVerifier
+from posttrain.trajectory import Status
+
+
+@pytest.fixture(scope="module")
+def pool():
+    with VerifierPool(workers=2, timeout_s=1.0, retries=1, grace_s=1.0) as p:
+        yield p
+
+
+def test_results_come_back_in_order_from_several_workers(pool):
+    items = [(Echo(), str(i), str(i if i % 3 else -1), {}) for i in range(12)]
+    out = pool.verify_batch(items)
+    assert [v.status for v in out] == [Status.WRONG if i % 3 == 0 else Status.CORRECT for i in range(12)]
+    assert all(v.explanation.startswith("pid ") for v in out)  # verified in a worker process
+    assert {v.explanation for v in out}.isdisjoint({f"pid {__import__('os').getpid()}"})
+
+
+def test_builtin_verifiers_run_in_workers(pool):
+    out = pool.verify_batch([(IntegerVerifier(), "46", 46, {}), (IntegerVerifier(), "x", 46, {})])
+    assert [v.status for v in out] == [Status.CORRECT, Status.INVALID]
+
+
+def test_exception_is_retried_then_infra_error_with_no_components(pool):
+    before = dict(pool.counts)
+    out = pool.verify_batch([(Raises(), "a", "a", {}), (Echo(), "b", "b", {})])
+    assert out[0].status is Status.INFRA_ERROR and out[0].components == {}
+    assert "RuntimeError: verifier bug" in out[0].explanation and "2 attempt" in out[0].explanation
+    assert out[1].status is Status.CORRECT  # the other verification is unaffected
+    assert pool.counts["errors"] - before.get("errors", 0) == 2  # first try + 1 retry
+    assert pool.counts["infra_error"] - before.get("infra_error", 0) == 1
+
+
+def test_transient_failure_succeeds_on_retry(pool, tmp_path):
+    out = pool.verify_batch([(FailsOnce(marker_dir=str(tmp_path)), "k1", None, {})])
+    assert out[0].status is Status.CORRECT and out[0].explanation == "second attempt"
+
+
+def test_slow_verifier_times_out_in_the_worker(pool):
+    t = time.perf_counter()
+    out = pool.verify_batch([(Sleeps(), "a", None, {}), (Echo(), "b", "b", {})])
+    # two attempts of a 1 s limit, run on one worker while the other serves Echo
+    assert time.perf_counter() - t < 4.5
+    assert out[0].status is Status.INFRA_ERROR and "exceeded 1s" in out[0].explanation
+    assert out[1].status is Status.CORRECT
+
+
+def test_non_verdict_return_is_an_infra_error(pool):
+    assert pool.verify_batch([(NotAVerdict(), "a", None, {})])[0].status is Status.INFRA_ERROR
+
+
+def test_crash_and_uninterruptible_hang_restart_the_pool_and_spare_other_items():
+    with VerifierPool(workers=2, timeout_s=0.5, retries=0, grace_s=0.5) as p:
+        out = p.verify_batch([(Crashes(), "a", None, {})] + [(Echo(), str(i), str(i), {}) for i in range(4)])
+        assert out[0].status is Status.INFRA_ERROR and "died" in out[0].explanation
+        assert p.counts["restarts"] >= 1
+        # items in flight with the crash are charged too (the pool cannot tell who crashed it);
+        # whatever is not infra_error must be the real verdict
+        assert all(v.status in (Status.CORRECT, Status.INFRA_ERROR) for v in out[1:])
+        out2 = p.verify_batch([(HangsBlockingAlarm(), "a", None, {}), (Echo(), "z", "z", {})])
+        assert out2[0].status is Status.INFRA_ERROR and "workers killed" in out2[0].explanation
+        assert out2[1].status is Status.CORRECT
+        assert p.verify_batch([(Echo(), "ok", "ok", {})])[0].status is Status.CORRECT
+
+
+def test_in_process_mode_converts_exceptions_too():
+    p = VerifierPool(workers=0)
+    out = p.verify_batch([(Raises(), "a", None, {}), (Echo(), "b", "b", {})])
+    assert out[0].status is Status.INFRA_ERROR and out[1].status is Status.CORRECT
+    assert p.metrics()["verify/infra_error"] == 1.0
+
+
+def test_bad_arguments_are_errors():
+    with pytest.raises(ValueError, match="mp_context"):
+        VerifierPool(workers=1, mp_context="fork")
+    with pytest.raises(ValueError, match="timeout_s"):
+        VerifierPool(workers=0, timeout_s=0)
