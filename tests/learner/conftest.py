@@ -49,19 +49,19 @@ def seq_advantages(batch: TrajectoryBatch, seed: int = 2) -> torch.Tensor:
     return a[:, None] * batch.action_mask.to(torch.float64)
 
 
-@pytest.fixture
+@pytest.fixture(scope="session")
 def make_model():
     """Fixture: :func:`micro_model`."""
     return micro_model
 
 
-@pytest.fixture
+@pytest.fixture(scope="session")
 def make_batch():
     """Fixture: :func:`ragged_batch`."""
     return ragged_batch
 
 
-@pytest.fixture
+@pytest.fixture(scope="session")
 def make_advantages():
     """Fixture: :func:`seq_advantages`."""
     return seq_advantages
