@@ -95,7 +95,9 @@ class PolicyLearner:
     ``compute_entropy`` reports the token entropy (from the same logits, no extra forward) even
     when ``entropy_coef == 0``.
     ``seed`` seeds the mini-batch shuffle generator (saved by :meth:`state_dict`).
-    The model is kept in eval mode (dropout off) so pi_theta equals pi_old before the first step.
+    The model is kept in eval mode (dropout off) so pi_theta equals pi_old before the first step;
+    ``gradient_checkpointing`` (transformers checkpoints only in train mode) switches to train
+    mode for the gradient forward and therefore refuses a model with dropout.
     """
 
     def __init__(
@@ -178,7 +180,16 @@ class PolicyLearner:
                 target_modules=lora_target_modules,
                 dropout=lora_dropout,
             )
+        self.gradient_checkpointing = gradient_checkpointing
         if gradient_checkpointing:
+            # transformers checkpoints layers only in train mode; the learner enters train mode
+            # for the gradient forward, which is only exact when the model has no dropout.
+            dropout = _dropout_rates(model)
+            if dropout:
+                raise ValueError(
+                    f"gradient_checkpointing needs a model without dropout (pi_theta must equal pi_old); "
+                    f"found {dropout[:3]}"
+                )
             model.gradient_checkpointing_enable()  # type: ignore[operator]
         self.model = model.eval()
         self.params = [p for p in model.parameters() if p.requires_grad]
@@ -211,6 +222,18 @@ class PolicyLearner:
         if self.autocast_dtype is None:
             return contextlib.nullcontext()
         return torch.autocast(device_type=self.device.type, dtype=self.autocast_dtype)
+
+    @contextlib.contextmanager
+    def _grad_mode(self) -> Iterator[None]:
+        """Train mode around the gradient forward when checkpointing (dropout-free, checked)."""
+        if not self.gradient_checkpointing:
+            yield
+            return
+        self.model.train()
+        try:
+            yield
+        finally:
+            self.model.eval()
 
     def current_kl_coef(self) -> float:
         """beta: the float ``kl_coef`` or the controller's current ``.value``."""
@@ -354,7 +377,7 @@ class PolicyLearner:
         entropy_grad = self.entropy_coef != 0.0
         for mb in self._microbatches(t, rows):
             mask = mb["loss_mask"]
-            with self._autocast():
+            with self._autocast(), self._grad_mode():
                 lp, ent = forward_logprobs(
                     self.model,
                     mb["input_ids"],
@@ -390,7 +413,8 @@ class PolicyLearner:
                     ent_term = (ent * w).sum()
                     total = total - self.entropy_coef * ent_term
                     acc.entropy_loss += float(ent_term.detach())
-            total.backward()
+            with self._grad_mode():  # checkpointed layers recompute in the same mode
+                total.backward()
             # Diagnostics (no grad): token sums over the loss mask.
             with torch.no_grad():
                 if ent is not None:
@@ -548,3 +572,14 @@ class PolicyLearner:
             if isinstance(self.kl_coef, (int, float)):
                 raise ValueError("state holds a KL controller but this learner has a fixed kl_coef")
             self.kl_coef.load_state_dict(state["kl_controller"])
+
+
+def _dropout_rates(model: torch.nn.Module) -> list[str]:
+    """``name=p`` of every ``nn.Dropout`` with p > 0 and every ``*dropout`` config value > 0."""
+    found = [f"{n}={m.p}" for n, m in model.named_modules() if isinstance(m, torch.nn.Dropout) and m.p > 0]
+    cfg = getattr(model, "config", None)
+    if cfg is not None:
+        for k, v in cfg.to_dict().items():
+            if "dropout" in k and isinstance(v, (int, float)) and v > 0:
+                found.append(f"config.{k}={v}")
+    return found

@@ -307,3 +307,21 @@ def test_staleness_correction_drops_old_rows(make_model):
     m = learner.update(batch, torch.ones(3, dtype=torch.float64))
     assert m["tokens_trained"] == 2.0  # row 1 only
     assert m["correction/kept_token_frac"] == pytest.approx(2 / 6)
+
+
+def test_gradient_checkpointing_gives_the_same_gradients(make_model, make_batch, make_advantages):
+    batch = make_batch(n=6)
+    adv = make_advantages(batch)
+    plain = PolicyLearner(make_model(), microbatch_tokens=30)
+    old = _perturbed_old(plain, batch)
+    loss0, g0 = plain.compute_gradients(batch, adv, old_logprob=old)
+    ckpt_learner = PolicyLearner(make_model(), microbatch_tokens=30, gradient_checkpointing=True)
+    loss, g = ckpt_learner.compute_gradients(batch, adv, old_logprob=old)
+    assert not ckpt_learner.model.training  # back in eval mode after the gradient forward
+    assert loss == pytest.approx(loss0, abs=1e-12)
+    for name in g0:
+        torch.testing.assert_close(g[name], g0[name], rtol=0, atol=1e-10, msg=name)
+    dropout_model = make_model()
+    dropout_model.config.attention_dropout = 0.1
+    with pytest.raises(ValueError, match="attention_dropout"):
+        PolicyLearner(dropout_model, gradient_checkpointing=True)
