@@ -309,14 +309,27 @@ def test_staleness_correction_drops_old_rows(make_model):
     assert m["correction/kept_token_frac"] == pytest.approx(2 / 6)
 
 
-def test_gradient_checkpointing_gives_the_same_gradients(make_model, make_batch, make_advantages):
+def test_gradient_checkpointing_gives_the_same_gradients(
+    make_model, make_batch, make_advantages, monkeypatch
+):
     batch = make_batch(n=6)
     adv = make_advantages(batch)
     plain = PolicyLearner(make_model(), microbatch_tokens=30)
     old = _perturbed_old(plain, batch)
+    mlp_cls = type(plain.model.model.layers[0].mlp)
+    calls = [0]
+    forward = mlp_cls.forward
+
+    def counting(self, x):
+        calls[0] += 1
+        return forward(self, x)
+
+    monkeypatch.setattr(mlp_cls, "forward", counting)
     loss0, g0 = plain.compute_gradients(batch, adv, old_logprob=old)
+    plain_calls, calls[0] = calls[0], 0
     ckpt_learner = PolicyLearner(make_model(), microbatch_tokens=30, gradient_checkpointing=True)
     loss, g = ckpt_learner.compute_gradients(batch, adv, old_logprob=old)
+    assert calls[0] == 2 * plain_calls  # each layer's forward is recomputed in the backward pass
     assert not ckpt_learner.model.training  # back in eval mode after the gradient forward
     assert loss == pytest.approx(loss0, abs=1e-12)
     for name in g0:
