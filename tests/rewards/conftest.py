@@ -15,10 +15,12 @@ sys.path.insert(0, str(Path(__file__).parent))
 
 
 def _levels() -> str:
-    from posttrain.rewards.sandbox import DESCRIPTIONS, available_levels, isolation_level
+    from posttrain.rewards.sandbox import DESCRIPTIONS, LEVELS, _probe, available_levels, isolation_level
 
     lv = isolation_level()
-    return f"code sandbox isolation: {lv} ({DESCRIPTIONS[lv]}); available here: {', '.join(available_levels())}"
+    missing = "; ".join(f"{x} unavailable: {_probe(x)}" for x in LEVELS if _probe(x) is not None)
+    return (f"code sandbox isolation: {lv} ({DESCRIPTIONS[lv]}); available here: {', '.join(available_levels())}"
+            + (f"; {missing}" if missing else ""))
 
 
 def pytest_report_header(config: pytest.Config) -> str:
