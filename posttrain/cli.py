@@ -40,15 +40,26 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the console script."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    # --traceback (anywhere on the line) shows the full traceback instead of the one-line error.
+    show_tb = "--traceback" in argv
+    argv = [a for a in argv if a != "--traceback"]
     parser = build_parser()
-    args = parser.parse_args(argv)
+    args, unknown = parser.parse_known_args(argv)
+    # key=value overrides may follow flags (`train grpo --no-progress steps=3`): argparse leaves
+    # those as unknown; anything else unknown is an error.
+    if unknown:
+        stray = [u for u in unknown if u.startswith("-") or "=" not in u]
+        if stray or not hasattr(args, "overrides"):
+            parser.error(f"unrecognized arguments: {' '.join(stray or unknown)}")
+        args.overrides = [*args.overrides, *unknown]
     if not getattr(args, "func", None):
         parser.print_help()
         return 0
     try:
         return int(args.func(args) or 0)
     except (UserError, FileNotFoundError, ValueError, KeyError) as e:
-        if "--traceback" in (argv or sys.argv):
+        if show_tb:
             raise
         msg = e.args[0] if isinstance(e, KeyError) and e.args else e
         print(f"posttrain {args.command}: error: {msg}", file=sys.stderr)

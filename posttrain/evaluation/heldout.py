@@ -44,12 +44,13 @@ def evaluate(
 ) -> EvalResult:
     """Evaluate the engine's current weights on ``examples`` (``TaskExample`` objects)."""
     from posttrain.loop.scoring import decode_response
-    from posttrain.rollout import GenerationRequest, SamplingParams
+    from posttrain.rollout.sampling import SamplingParams
+    from posttrain.rollout.types import GenerationRequest
 
     params = SamplingParams(temperature=temperature, max_new_tokens=max_new_tokens, n=1, seed=seed)
     reqs = [
-        GenerationRequest(request_id=f"eval-{ex.prompt_id}", prompt_ids=tokenizer(ex.prompt).input_ids, params=params)
-        for ex in examples
+        GenerationRequest(request_id=f"eval{i}-{ex.prompt_id}", prompt_ids=tokenizer(ex.prompt).input_ids, params=params)
+        for i, ex in enumerate(examples)
     ]
     comps = engine.generate(reqs)
     statuses: Counter[str] = Counter()

@@ -52,6 +52,7 @@ def build_model(cfg: RunConfig) -> tuple[Any, torch.nn.Module]:
 
 def build_task(cfg: RunConfig) -> Any:
     """The task named by ``cfg.task.name`` (registry name or ``module:factory``)."""
+    import posttrain.envs.chain_sum  # noqa: F401  (registers chain_sum until envs/__init__ imports it)
     from posttrain.envs import TASKS
 
     name = cfg.task.name
@@ -61,7 +62,7 @@ def build_task(cfg: RunConfig) -> Any:
 
 def build_engine(model: torch.nn.Module, tokenizer: Any) -> Any:
     """A built-in rollout engine over its own copy of the weights (synced after each update)."""
-    from posttrain.rollout import BuiltinEngine
+    from posttrain.rollout.builtin import BuiltinEngine
 
     return BuiltinEngine(copy.deepcopy(model).eval(), tokenizer, eos_token_id=tokenizer.eos_token_id,
                          pad_token_id=tokenizer.pad_token_id or 0)

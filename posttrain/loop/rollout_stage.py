@@ -30,7 +30,7 @@ class RolloutStage:
 
     @classmethod
     def from_config(cls, cfg: RunConfig, run: Any) -> RolloutStage:
-        from posttrain.rollout import SamplingParams
+        from posttrain.rollout.sampling import SamplingParams
 
         s = cfg.sampling
         params = SamplingParams(
@@ -40,14 +40,14 @@ class RolloutStage:
         return cls(run, s.prompts_per_step, s.group_size, params, spec, s.dynamic_sampling, s.max_sampling_rounds)
 
     def _round(self, step: int, n_prompts: int, round_idx: int) -> tuple[list[Trajectory], float, float]:
-        from posttrain.rollout import GenerationRequest
+        from posttrain.rollout.types import GenerationRequest
 
         run = self.run
         examples = run.next_prompts(n_prompts)
         seed = run.cfg.seed * 1_000_003 + step * 101 + round_idx
         reqs = [
             GenerationRequest(
-                request_id=f"s{step}r{round_idx}-{ex.prompt_id}",
+                request_id=f"s{step}r{round_idx}p{i}-{ex.prompt_id}",
                 prompt_ids=run.tokenizer(ex.prompt).input_ids,
                 params=dataclasses.replace(self.sampling, seed=seed + i),
             )

@@ -43,6 +43,14 @@ class RunState:
     wall_seconds: float = 0.0
 
 
+def reference_answer(task: Any, ex: Any) -> str:
+    """The model-free reference response of an example (``meta['answer']``), for SFT warm-up."""
+    ans = ex.meta.get("answer")
+    if ans is None:
+        raise ValueError(f"task {task.name!r}: example {ex.prompt_id!r} has no meta['answer'] for the SFT warm-up")
+    return str(ans)
+
+
 class Run:
     """The composed parts of one run (built by :func:`open_run`)."""
 
@@ -168,7 +176,7 @@ class Run:
             pool = self.task.examples("train", cfg.sft.examples, seed=cfg.seed + 12_345)
             tok = self.tokenizer
             eos = tok.eos_token_id
-            pairs = [(tok(ex.prompt).input_ids, tok(self.task.reference_response(ex)).input_ids + [eos]) for ex in pool]
+            pairs = [(tok(ex.prompt).input_ids, tok(reference_answer(self.task, ex)).input_ids + [eos]) for ex in pool]
             g = torch.Generator().manual_seed(cfg.seed)
             bar = progress.add_task("SFT warm-up", total=cfg.sft.steps) if progress else None
 
@@ -248,7 +256,10 @@ class Run:
         self.learner.load_state_dict(ls["learner"])
         if self.ref_model is not None and "ref_model" in ls:
             self.ref_model.load_state_dict(ls["ref_model"])
-        if self.critic is not None and "critic" in ls:
+        if self.critic is not None:
+            if ck.critic_dir is None:
+                raise ValueError(f"{path}: checkpoint has no critic/ but this run has a critic")
+            self.critic.model.load(ck.critic_dir)
             self.critic.load_state_dict(ls["critic"])
         self._promoted = ls.get("promoted")
         rs = dict(ck.extra["run_state"])
