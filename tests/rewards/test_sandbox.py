@@ -47,7 +47,7 @@ def _alive(marker: str) -> list[int]:
 
 
 def test_isolation_level_is_the_strongest_available_and_described():
-    assert S.isolation_level() == LEVELS[0]
+    assert S.isolation_level() == (os.environ.get("POSTTRAIN_SANDBOX") or LEVELS[0])
     assert S.isolation_level() in S.DESCRIPTIONS
     # every level that is not available has a reason (shown in the report header)
     assert all((S._probe(lv) is None) == (lv in LEVELS) for lv in S.LEVELS)
@@ -178,3 +178,16 @@ def test_tests_run_in_the_solution_globals_and_failures_are_listed():
 def test_files_cannot_leave_the_work_dir():
     with pytest.raises(ValueError, match="leaves the work dir"):
         S.run_python("pass", files={"../x": "y"})
+
+
+def test_fallback_is_announced_with_the_reason(monkeypatch):
+    # Simulate a machine without bubblewrap: the next level is chosen, with a warning naming why.
+    real = S._probe
+    monkeypatch.delenv("POSTTRAIN_SANDBOX", raising=False)
+    monkeypatch.setattr(S, "_probe", lambda lv: "bwrap not installed" if lv == S.BWRAP else real(lv))
+    with pytest.warns(RuntimeWarning, match=r"falls back to '(unshare-net|rlimits-only)'.*bwrap not installed"):
+        level = S.isolation_level.__wrapped__()
+    assert level != S.BWRAP
+    monkeypatch.setenv("POSTTRAIN_SANDBOX", "bwrap")
+    with pytest.raises(RuntimeError, match="does not work here: bwrap not installed"):
+        S.isolation_level.__wrapped__()
