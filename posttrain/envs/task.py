@@ -37,10 +37,17 @@ class TaskExample:
 
 @runtime_checkable
 class Task(Protocol):
-    """A prompt source with its verifier."""
+    """A prompt source with its verifier (attributes, dataclass fields or properties)."""
 
-    name: str
-    verifier: Verifier
+    @property
+    def name(self) -> str:
+        """Task name (prefix of its prompt ids)."""
+        ...
+
+    @property
+    def verifier(self) -> Verifier:
+        """The verifier of this task's responses."""
+        ...
 
     def examples(self, split: str, n: int, seed: int) -> list[TaskExample]:
         """``n`` examples of ``split`` ("train" | "heldout"); same arguments -> same list."""

@@ -13,7 +13,7 @@ from __future__ import annotations
 import ast
 import dataclasses
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from fractions import Fraction
 from typing import Any
 
@@ -28,7 +28,8 @@ class ExpressionError(ValueError):
     """The expression is not a valid countdown expression; the message says why."""
 
 
-_BINOPS = {ast.Add: lambda a, b: a + b, ast.Sub: lambda a, b: a - b, ast.Mult: lambda a, b: a * b}
+_BINOPS: dict[type[ast.operator], Callable[[Fraction, Fraction], Fraction]] = {
+    ast.Add: lambda a, b: a + b, ast.Sub: lambda a, b: a - b, ast.Mult: lambda a, b: a * b}
 
 
 def _eval(node: ast.AST, used: list[int]) -> Fraction:

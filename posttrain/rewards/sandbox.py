@@ -266,7 +266,7 @@ def isolation_level() -> str:
         if why is not None:
             raise RuntimeError(f"POSTTRAIN_SANDBOX={forced!r} does not work here: {why}")
         return forced
-    reasons = []
+    reasons: list[str] = []
     for lv in LEVELS:
         why = _probe(lv)
         if why is None:
@@ -379,7 +379,7 @@ def _supervise(proc: subprocess.Popen[bytes], rfd: int, nonce: str, stdin: str, 
             if exited_at is not None and now - exited_at > 1.0:
                 break
             for key, _ in sel.select(min(0.05, deadline - now)):
-                fd = int(key.fd)  # type: ignore[call-overload]
+                fd = int(key.fd)
                 try:
                     data = os.read(fd, 65536)
                 except BlockingIOError:
@@ -412,7 +412,7 @@ def _supervise(proc: subprocess.Popen[bytes], rfd: int, nonce: str, stdin: str, 
     if verdict == "output_limit":
         which = "stdout" if len(stdout_b) > limits.output_bytes else "stderr"
         return SandboxResult("output_limit", reason=f"{which} over {limits.output_bytes} bytes", **common)  # type: ignore[arg-type]
-    report = _parse_report(report_b, nonce)
+    report = _parse_report(bytes(report_b), nonce)
     if report is not None:
         return SandboxResult(report["outcome"], error=report.get("error"), tests=tuple(report.get("tests") or ()),
                              reason=_reason(report), **common)  # type: ignore[arg-type]

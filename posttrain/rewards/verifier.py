@@ -22,11 +22,20 @@ class Verifier(Protocol):
     """Checks one response against a reference; never raises for a bad *response*.
 
     A malformed response is ``invalid`` / ``wrong``; an exception escaping ``verify`` means the
-    verifier itself failed and is recorded as ``infra_error`` by the caller.
+    verifier itself failed and is recorded as ``infra_error`` by the caller. ``name`` and
+    ``version`` are read-only here, so plain attributes, frozen dataclass fields and properties
+    all satisfy the protocol.
     """
 
-    name: str
-    version: str
+    @property
+    def name(self) -> str:
+        """Verifier name (registry name by convention)."""
+        ...
+
+    @property
+    def version(self) -> str:
+        """Bumped whenever the verdict of some response could change."""
+        ...
 
     def verify(self, response: str, reference: Any, **context: Any) -> Verdict:
         """Verdict of ``response`` against ``reference``."""
