@@ -19,6 +19,7 @@ COMMANDS: dict[str, str] = {
     "eval": "posttrain.commands.eval",
     "bench": "posttrain.commands.bench",
     "inspect": "posttrain.commands.inspect",
+    "check": "posttrain.commands.check",
 }
 
 

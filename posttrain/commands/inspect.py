@@ -13,6 +13,8 @@ import json
 from collections.abc import Callable
 from typing import Any
 
+from posttrain.commands import inspect_ledger
+
 
 def _task_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("name", help="a task in posttrain.envs TASKS, or 'module.path:factory'")
@@ -76,6 +78,8 @@ def _run_task(args: argparse.Namespace) -> int:
 # name -> (help, add_arguments(parser), run(args) -> exit code)
 SUBCOMMANDS: dict[str, tuple[str, Callable[[argparse.ArgumentParser], None], Callable[[argparse.Namespace], int]]] = {
     "task": ("sample prompts, reference answers and their verdicts", _task_args, _run_task),
+    "ledger": ("a run's trajectories by step: statuses, rewards, lengths, versions",
+               inspect_ledger.add_arguments, inspect_ledger.run),
 }
 
 

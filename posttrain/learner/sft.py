@@ -50,7 +50,7 @@ def run_sft(
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         opt.step()
         sched.step()
-        losses.append(float(loss))
+        losses.append(float(loss.detach()))
         if on_step is not None:
             on_step(s, losses[-1])
     model.eval()

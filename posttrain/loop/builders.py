@@ -52,12 +52,14 @@ def build_model(cfg: RunConfig) -> tuple[Any, torch.nn.Module]:
 
 def build_task(cfg: RunConfig) -> Any:
     """The task named by ``cfg.task.name`` (registry name or ``module:factory``)."""
-    import posttrain.envs.chain_sum  # noqa: F401  (registers chain_sum until envs/__init__ imports it)
     from posttrain.envs import TASKS
 
     name = cfg.task.name
     factory = load_callable(name) if ":" in name else TASKS[name]
-    return factory(**cfg.task.kwargs)
+    try:
+        return factory(**cfg.task.kwargs)
+    except TypeError as e:  # a wrong keyword for this task's factory is a config error
+        raise ValueError(f"task.kwargs {cfg.task.kwargs} do not fit task {name!r}: {e}") from None
 
 
 def build_engine(model: torch.nn.Module, tokenizer: Any) -> Any:
