@@ -128,7 +128,9 @@ class EvalConfig(_Section):
 
     every: int = Field(10, ge=1, description="evaluate every N steps (and at the start and end)")
     size: int = Field(200, ge=1, description="held-out prompts")
-    temperature: float = Field(0.0, ge=0.0, description="0 = greedy")
+    temperature: float = Field(0.0, ge=0.0, description="0 = greedy; the accuracy that promotes / rejects")
+    sampled_temperature: float | None = Field(
+        None, gt=0.0, description="also report held-out accuracy sampled at this temperature (heldout_sampled/*)")
     max_new_tokens: int | None = Field(None, ge=1, description="default: sampling.max_new_tokens")
     reject_drop: float = Field(0.5, ge=0.0, le=1.0, description="reject a revision whose held-out accuracy falls "
                                "more than this below the best promoted one (restore the promoted weights)")

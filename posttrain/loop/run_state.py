@@ -136,18 +136,21 @@ class Run:
         self.state.decisions.append({"step": step, "decision": "rejected", "reason": reason})
         log.warning("step %d: revision rejected: %s", step, reason)
 
-    def evaluate(self) -> Any:
-        """Held-out evaluation of the engine's current weights."""
+    def evaluate(self, temperature: float | None = None) -> Any:
+        """Held-out evaluation of the engine's current weights (default: ``eval.temperature``)."""
         from posttrain.evaluation.heldout import evaluate
 
         e = self.cfg.eval
         return evaluate(self.engine, self.tokenizer, self.task, self.heldout,
                         max_new_tokens=e.max_new_tokens or self.cfg.sampling.max_new_tokens,
-                        temperature=e.temperature, seed=self.cfg.seed)
+                        temperature=e.temperature if temperature is None else temperature, seed=self.cfg.seed)
 
     def evaluate_and_judge(self, step: int) -> dict[str, float]:
         """Evaluate; promote if best so far, reject (restore) on a collapse, else retain."""
         res = self.evaluate()
+        extra: dict[str, float] = {}
+        if self.cfg.eval.sampled_temperature is not None:
+            extra = self.evaluate(self.cfg.eval.sampled_temperature).as_metrics("heldout_sampled")
         st = self.state
         acc = res.accuracy
         decision, reason = "retained", ""
@@ -164,7 +167,7 @@ class Run:
             st.decisions.append({"step": step, "decision": decision, "accuracy": acc})
         st.last_heldout_accuracy = acc
         st.heldout_curve.append((step, acc, res.reward_mean))
-        return {**res.as_metrics(), "revision": decision, "revision_reason": reason}
+        return {**res.as_metrics(), **extra, "revision": decision, "revision_reason": reason}
 
     # ------------------------------------------------------------------ warm-up
     def warmup_and_baseline(self, progress: Any = None) -> None:
