@@ -46,3 +46,22 @@ class HangingVerifier:
 def hanging(hang_when: str | None = None, **kwargs: object) -> ChainSumTask:
     """chain_sum whose verifier hangs once the file ``hang_when`` exists."""
     return dataclasses.replace(ChainSumTask(**kwargs), verifier=HangingVerifier(hang_when))  # type: ignore[arg-type]
+
+
+class StartsWithDigitVerifier:
+    """Reward 1 when the response starts with a digit: learnable from a random init in a few steps."""
+
+    name = "starts_with_digit"
+    version = "1"
+
+    def verify(self, response: str, reference: object, **context: object) -> Verdict:
+        from posttrain.trajectory import Status
+
+        ok = response[:1].isdigit()
+        return Verdict(status=Status.CORRECT if ok else Status.WRONG, components={"task": float(ok)},
+                       explanation=f"first char {response[:1]!r}")
+
+
+def digit_first(**kwargs: object) -> ChainSumTask:
+    """chain_sum prompts, rewarded for any answer that starts with a digit."""
+    return dataclasses.replace(ChainSumTask(**kwargs), verifier=StartsWithDigitVerifier())  # type: ignore[arg-type]
