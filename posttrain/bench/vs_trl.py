@@ -1,0 +1,409 @@
+"""Head-to-head with TRL: posttrain's GRPO vs TRL's GRPOTrainer from the same SFT checkpoint (CPU).
+
+Both sides start from one SFT checkpoint produced by posttrain's own warm-up (the demo recipe's
+``sft`` section), train on the same task (the demo's ``chain_sum``) with the same prompts in the
+same order, group size, prompts per step, max new tokens, learning rate, optimiser, clipping,
+temperature, loss aggregation and number of steps, and are then evaluated by the *same* held-out
+evaluator (:func:`posttrain.evaluation.heldout.evaluate`, greedy, the same held-out problems,
+the same built-in engine) so that accuracy differences come from training alone.
+
+Settings matched on the TRL side (``trl.GRPOConfig``): ``num_generations = group_size``,
+``per_device_train_batch_size = prompts_per_step * group_size``, ``gradient_accumulation_steps
+= 1`` (one optimiser step per rollout batch, like posttrain's ``ppo_epochs = num_minibatches =
+1``), ``num_iterations = 1``, ``beta = 0`` (no reference model; the demo recipe has no KL),
+``loss_type = "grpo"`` (per-sequence token mean, then batch mean = posttrain's
+``seq_mean_token_mean``), ``epsilon / epsilon_high`` = the recipe's ``eps_low / eps_high``,
+``scale_rewards = "group"`` (= ``norm_std: true``), ``temperature / top_p / top_k``, constant LR
+without warm-up, AdamW with the same betas / weight decay, the same ``max_grad_norm``, float32
+(``bf16 = False``), no gradient checkpointing, no vLLM, ``use_cpu = True``, no dataset shuffling
+(the dataset holds exactly the prompts posttrain's data cursor draws, in order).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import math
+import os
+import statistics
+import time
+import warnings
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+
+log = logging.getLogger("posttrain.bench.vs_trl")
+
+# The smoke-test shape: small enough to run in well under a minute on 2 CPU cores.
+QUICK_OVERRIDES = [
+    "sft.steps=30", "sft.batch_size=32", "sft.examples=400",
+    "sampling.prompts_per_step=4", "sampling.group_size=4", "eval.size=24",
+]
+QUICK_STEPS = 3
+DEFAULT_STEPS = 20
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """Options of ``posttrain bench vs-trl``."""
+    parser.add_argument("--steps", type=int, default=None,
+                        help=f"RL steps on each side (default {DEFAULT_STEPS}; {QUICK_STEPS} with --quick)")
+    parser.add_argument("--quick", action="store_true",
+                        help="smoke test: a short SFT, 4 prompts x 4 samples, 3 steps, 24 held-out problems")
+    parser.add_argument("--recipe", default="demo", help="the recipe both sides share (default: demo)")
+    parser.add_argument("--work-dir", default="runs/bench_vs_trl",
+                        help="SFT checkpoint, posttrain run dir and TRL output dir go here")
+    parser.add_argument("--fresh-sft", action="store_true",
+                        help="redo the SFT warm-up even if a matching checkpoint exists in --work-dir")
+    parser.add_argument("--only", choices=["both", "posttrain", "trl"], default="both",
+                        help="run one side only (the other's columns are left empty)")
+    parser.add_argument("overrides", nargs="*", help="key=value overrides of the recipe (applied to both sides)")
+
+
+# ---------------------------------------------------------------------------------------------- helpers
+def _config(recipe: str, overrides: Sequence[str]) -> Any:
+    from posttrain.config import load_config
+
+    return load_config(recipe, list(overrides))
+
+
+def _heldout(cfg: Any) -> tuple[Any, list[Any]]:
+    from posttrain.loop.builders import build_task
+
+    task = build_task(cfg)
+    return task, list(task.examples("heldout", cfg.eval.size, seed=cfg.seed))
+
+
+def evaluate_model(model: torch.nn.Module, tokenizer: Any, cfg: Any) -> dict[str, Any]:
+    """Greedy held-out accuracy of ``model`` with posttrain's evaluator (the same for both sides)."""
+    from posttrain.evaluation.heldout import evaluate
+    from posttrain.loop.builders import build_engine
+
+    task, heldout = _heldout(cfg)
+    engine = build_engine(model, tokenizer)
+    res = evaluate(engine, tokenizer, task, heldout,
+                   max_new_tokens=cfg.eval.max_new_tokens or cfg.sampling.max_new_tokens,
+                   temperature=0.0, seed=cfg.seed)
+    return {"accuracy": res.accuracy, "reward_mean": res.reward_mean, "n": res.n, "status_counts": res.status_counts}
+
+
+def _load(path: Path) -> tuple[Any, torch.nn.Module]:
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(str(path))
+    model = AutoModelForCausalLM.from_pretrained(str(path), dtype=torch.float32).eval()
+    return tok, model
+
+
+def _weight_delta(model: torch.nn.Module, ref: dict[str, torch.Tensor]) -> float:
+    """L2 norm of the difference between ``model``'s weights and ``ref`` (0.0 = untouched)."""
+    sq = 0.0
+    for k, v in model.state_dict().items():
+        if k in ref:
+            sq += float((v.detach().float() - ref[k].float()).pow(2).sum())
+    return math.sqrt(sq)
+
+
+def _steady(xs: Sequence[float], drop_last: bool = False) -> list[float]:
+    """Per-step figures without the first step (warm-up) and, if asked, the last one."""
+    ys = list(xs)[1:] if len(xs) > 2 else list(xs)
+    if drop_last and len(ys) > 1:
+        ys = ys[:-1]
+    return ys
+
+
+def _side_summary(step_s: Sequence[float], step_tokens: Sequence[float], drop_last: bool) -> dict[str, float]:
+    idx = list(range(len(step_s)))
+    keep = _steady(idx, drop_last=drop_last)
+    t = [step_s[i] for i in keep]
+    n = [step_tokens[i] for i in keep]
+    return {
+        "step_s_mean": statistics.fmean(t) if t else float("nan"),
+        "step_s_median": statistics.median(t) if t else float("nan"),
+        "steady_steps": float(len(t)),
+        "gen_tokens_per_s": (sum(n) / sum(t)) if t and sum(t) > 0 else float("nan"),
+    }
+
+
+# ---------------------------------------------------------------------------------------------- SFT
+def prepare_sft(cfg: Any, work: Path, fresh: bool = False) -> tuple[Path, float]:
+    """Run posttrain's SFT warm-up of ``cfg`` once and save the model to ``work/sft_model``.
+
+    Reused when ``work/sft_model/sft.json`` records the same model / task / SFT settings.
+    Returns the checkpoint directory and the SFT time in seconds (0 when reused).
+    """
+    from posttrain.loop.run_state import open_run
+
+    out = work / "sft_model"
+    key = {"model": cfg.model.model_dump(), "task": cfg.task.model_dump(), "sft": cfg.sft.model_dump(),
+           "seed": cfg.seed}
+    marker = out / "sft.json"
+    if not fresh and marker.exists() and json.loads(marker.read_text()).get("key") == key:
+        return out, 0.0
+    if cfg.sft.steps <= 0:
+        raise ValueError("vs-trl needs an SFT warm-up (sft.steps > 0) to give both sides the same start")
+    t0 = time.perf_counter()
+    sft_cfg = cfg.model_copy(deep=True, update={"steps": 0, "run_dir": str(work / "sft_run"), "resume": False})
+    run = open_run(sft_cfg)
+    try:
+        run.warmup_and_baseline(None)
+        out.mkdir(parents=True, exist_ok=True)
+        run.learner.model.save_pretrained(str(out))
+        run.tokenizer.save_pretrained(str(out))
+    finally:
+        run.close()
+    secs = time.perf_counter() - t0
+    marker.write_text(json.dumps({"key": key, "seconds": secs}, indent=1))
+    return out, secs
+
+
+# ---------------------------------------------------------------------------------------------- posttrain
+def run_posttrain(cfg: Any, sft_dir: Path, work: Path, steps: int) -> dict[str, Any]:
+    """posttrain's synchronous GRPO loop from ``sft_dir`` for ``steps`` steps; timings + held-out."""
+    from posttrain.learner.checkpoint import latest_checkpoint
+    from posttrain.loop.sync import train
+
+    run_dir = work / "posttrain"
+    if run_dir.exists():  # a fresh run each time; keep the old one aside rather than deleting it
+        run_dir.rename(run_dir.with_name(f"posttrain.old-{int(time.time() * 1000)}"))
+    pcfg = cfg.model_copy(deep=True, update={"steps": steps, "run_dir": str(run_dir), "resume": False, "checkpoint_every": 0})
+    pcfg.model.path = str(sft_dir)
+    pcfg.sft.steps = 0
+    pcfg.eval.every = max(steps, 1)  # held-out eval only at the start and the end, as on the TRL side
+    pcfg.eval.reject_drop = 1.0  # never restore an earlier revision: TRL has no such rule
+    pcfg.eval.sampled_temperature = None
+    t0 = time.perf_counter()
+    train(pcfg)
+    wall = time.perf_counter() - t0
+    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines() if line.strip()]
+    steps_rows = [r for r in rows if r.get("step", 0) >= 1 and "time/step_s" in r]
+    step_s = [float(r["time/step_s"]) for r in steps_rows]
+    toks = [float(r.get("tokens/generated", 0.0)) for r in steps_rows]
+    split = {k: statistics.fmean(float(r.get(k, 0.0)) for r in steps_rows[1:] or steps_rows)
+             for k in ("time/rollout_s", "time/reward_s", "time/learner_s")}
+    ck = latest_checkpoint(run_dir)
+    if ck is None:
+        raise RuntimeError(f"posttrain run in {run_dir} wrote no checkpoint")
+    tok, model = _load(ck / "actor")
+    _, sft_model = _load(sft_dir)
+    ev = evaluate_model(model, tok, cfg)
+    return {
+        "steps": len(step_s), "step_s": step_s, "generated_tokens_per_step": toks,
+        "generated_tokens": sum(toks), "train_wall_s": wall,
+        # the last step also runs the held-out eval and the checkpoint: excluded from the step mean
+        **_side_summary(step_s, toks, drop_last=True),
+        "time_split_s": split,
+        "heldout": ev, "heldout_accuracy": ev["accuracy"],
+        "weight_delta_l2": _weight_delta(model, sft_model.state_dict()),
+        "reward_mean_per_step": [r.get("reward/mean") for r in steps_rows],
+    }
+
+
+# ---------------------------------------------------------------------------------------------- TRL
+def _trl_prompts(cfg: Any, steps: int) -> list[Any]:
+    """Exactly the prompts posttrain's data cursor hands out over ``steps`` steps, in order."""
+    from posttrain.loop.builders import build_task
+
+    task = build_task(cfg)
+    p = cfg.sampling.prompts_per_step
+    out: list[Any] = []
+    for s in range(steps):  # mirrors Run.next_prompts: seed = seed * 7919 + cursor
+        out.extend(task.examples("train", p, seed=cfg.seed * 7_919 + s * p))
+    return out
+
+
+def run_trl(cfg: Any, sft_dir: Path, work: Path, steps: int) -> dict[str, Any]:
+    """TRL's GRPOTrainer from ``sft_dir`` on the same prompts and settings; timings + held-out."""
+    try:
+        from datasets import Dataset
+        from transformers import TrainerCallback
+        from trl import GRPOConfig, GRPOTrainer
+    except ImportError as e:
+        raise ImportError("posttrain bench vs-trl needs TRL: pip install 'posttrain[bench]'") from e
+    from posttrain.loop.builders import build_task
+    from posttrain.rewards import compose
+
+    s, o, lk = cfg.sampling, cfg.optim, cfg.loss.kwargs
+    if cfg.loss.kl_estimator is not None or cfg.credit.estimator != "grpo" or cfg.loss.policy_loss != "ppo_clip":
+        raise ValueError("vs-trl compares GRPO with a clipped ratio and no KL (the demo recipe's composition)")
+    if cfg.loss.reduction != "seq_mean_token_mean":
+        raise ValueError("vs-trl maps loss.reduction=seq_mean_token_mean to TRL loss_type='grpo'; got "
+                         f"{cfg.loss.reduction}")
+    if o.ppo_epochs != 1 or o.num_minibatches != 1 or o.schedule != "constant" or o.warmup_steps:
+        raise ValueError("vs-trl matches one constant-LR optimiser step per rollout batch")
+
+    task = build_task(cfg)
+    examples = _trl_prompts(cfg, steps)
+    ds = Dataset.from_list([{"prompt": ex.prompt, "example_index": i} for i, ex in enumerate(examples)])
+    weights = dict(cfg.reward.weights)
+    gen_tokens: list[int] = []
+
+    def chain_sum_reward(prompts: list[str], completions: list[str], completion_ids: list[list[int]],
+                         example_index: list[int], **_: Any) -> list[float]:
+        """The task's verifier, composed with the recipe's reward weights (as posttrain scores)."""
+        gen_tokens.append(sum(len(c) for c in completion_ids))
+        out = []
+        for text, i in zip(completions, example_index, strict=True):
+            v = task.verifier.verify(text, examples[i].reference)
+            out.append(float(compose(dict(v.components), weights).total or 0.0))
+        return out
+
+    step_s: list[float] = []
+
+    class _Timer(TrainerCallback):  # type: ignore[misc]
+        """Wall-clock between optimiser steps (generation + reward + update all inside)."""
+
+        def on_train_begin(self, *a: Any, **k: Any) -> None:
+            self.t = time.perf_counter()
+
+        def on_step_end(self, *a: Any, **k: Any) -> None:
+            now = time.perf_counter()
+            step_s.append(now - self.t)
+            self.t = now
+
+    args = GRPOConfig(
+        output_dir=str(work / "trl"),
+        max_steps=steps,
+        per_device_train_batch_size=s.prompts_per_step * s.group_size,
+        gradient_accumulation_steps=1,
+        num_generations=s.group_size,
+        max_completion_length=s.max_new_tokens,
+        temperature=s.temperature,
+        top_p=s.top_p,
+        top_k=s.top_k,
+        learning_rate=o.lr,
+        lr_scheduler_type="constant",
+        warmup_steps=0,
+        weight_decay=o.weight_decay,
+        adam_beta1=o.betas[0],
+        adam_beta2=o.betas[1],
+        max_grad_norm=o.max_grad_norm if o.max_grad_norm is not None else 0.0,
+        beta=0.0,
+        num_iterations=1,
+        loss_type="grpo",
+        epsilon=float(lk.get("eps_low", lk.get("eps", 0.2))),
+        epsilon_high=float(lk.get("eps_high", lk.get("eps_low", lk.get("eps", 0.2)))),
+        scale_rewards="group" if cfg.credit.kwargs.get("norm_std", True) else "none",
+        shuffle_dataset=False,
+        use_cpu=True,
+        bf16=False,
+        fp16=False,
+        gradient_checkpointing=False,
+        report_to="none",
+        save_strategy="no",
+        logging_steps=max(steps, 1),
+        disable_tqdm=True,
+        seed=cfg.seed,
+        dataloader_num_workers=0,
+    )
+    tok, model = _load(sft_dir)
+    sft_state = {k: v.detach().clone() for k, v in model.state_dict().items()}
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        trainer = GRPOTrainer(model=model, reward_funcs=chain_sum_reward, args=args, train_dataset=ds,
+                              processing_class=tok, callbacks=[_Timer()])
+        t0 = time.perf_counter()
+        trainer.train()
+        wall = time.perf_counter() - t0
+    trained = trainer.accelerator.unwrap_model(trainer.model).eval()
+    ev = evaluate_model(trained, tok, cfg)
+    toks = [float(n) for n in gen_tokens]
+    return {
+        "steps": len(step_s), "step_s": step_s, "generated_tokens_per_step": toks,
+        "generated_tokens": sum(toks), "train_wall_s": wall,
+        **_side_summary(step_s, toks, drop_last=True),
+        "heldout": ev, "heldout_accuracy": ev["accuracy"],
+        "weight_delta_l2": _weight_delta(trained, sft_state),
+        "trl_version": __import__("trl").__version__,
+    }
+
+
+# ---------------------------------------------------------------------------------------------- report
+def _fmt(x: Any, spec: str) -> str:
+    return "-" if x is None or (isinstance(x, float) and not math.isfinite(x)) else format(x, spec)
+
+
+def _table(res: dict[str, Any]) -> str:
+    p, t = res.get("posttrain") or {}, res.get("trl") or {}
+    sft = res["sft_heldout_accuracy"]
+
+    def gain(side: dict[str, Any]) -> float | None:
+        if not side or not side.get("generated_tokens"):
+            return None
+        return (side["heldout_accuracy"] - sft) / (side["generated_tokens"] / 1000.0)
+
+    rows = [
+        ("wall-clock per step (s)", _fmt(p.get("step_s_mean"), ".3f"), _fmt(t.get("step_s_mean"), ".3f"),
+         _fmt(res.get("speedup_vs_trl"), ".2f") + "x faster"),
+        ("generated tokens / s", _fmt(p.get("gen_tokens_per_s"), ".0f"), _fmt(t.get("gen_tokens_per_s"), ".0f"),
+         _fmt(res.get("tokens_per_s_ratio"), ".2f") + "x"),
+        ("generated tokens (total)", _fmt(p.get("generated_tokens"), ".0f"), _fmt(t.get("generated_tokens"), ".0f"),
+         ""),
+        ("held-out accuracy (SFT start)", _fmt(sft, ".3f"), _fmt(sft, ".3f"), ""),
+        ("held-out accuracy (after RL)", _fmt(p.get("heldout_accuracy"), ".3f"),
+         _fmt(t.get("heldout_accuracy"), ".3f"), _fmt(res.get("heldout_accuracy_diff"), "+.3f") + " (pt - trl)"),
+        ("held-out gain / 1k gen. tokens", _fmt(gain(p), "+.4f"), _fmt(gain(t), "+.4f"), ""),
+        ("train wall-clock total (s)", _fmt(p.get("train_wall_s"), ".1f"), _fmt(t.get("train_wall_s"), ".1f"), ""),
+    ]
+    w0 = max(len(r[0]) for r in rows)
+    head = f"{'':<{w0}}  {'posttrain':>10}  {'TRL':>10}  ratio"
+    return "\n".join([head] + [f"{a:<{w0}}  {b:>10}  {c:>10}  {d}" for a, b, c, d in rows])
+
+
+def run(args: argparse.Namespace) -> int:
+    """Run the benchmark: SFT once, then posttrain GRPO and TRL GRPO back to back; print + JSON."""
+    overrides = list(QUICK_OVERRIDES if args.quick else []) + list(args.overrides)
+    steps = args.steps if args.steps is not None else (QUICK_STEPS if args.quick else DEFAULT_STEPS)
+    if steps < 1:
+        raise ValueError("--steps must be >= 1")
+    cfg = _config(args.recipe, overrides)
+    work = Path(args.work_dir)
+    work.mkdir(parents=True, exist_ok=True)
+    logging.getLogger("posttrain").setLevel(logging.ERROR)
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+    sft_dir, sft_s = prepare_sft(cfg, work, fresh=args.fresh_sft)
+    tok, sft_model = _load(sft_dir)
+    sft_eval = evaluate_model(sft_model, tok, cfg)
+    s = cfg.sampling
+    print(f"vs-trl: recipe {args.recipe}, task {cfg.task.name} {cfg.task.kwargs}, {steps} steps x "
+          f"{s.prompts_per_step} prompts x G={s.group_size}, max_new_tokens={s.max_new_tokens}, lr={cfg.optim.lr}, "
+          f"torch threads={torch.get_num_threads()}; SFT held-out accuracy {sft_eval['accuracy']:.3f}"
+          + (f" (SFT took {sft_s:.0f} s)" if sft_s else " (SFT checkpoint reused)"), flush=True)
+
+    res: dict[str, Any] = {
+        "recipe": args.recipe, "overrides": overrides, "steps": steps, "task": cfg.task.name,
+        "prompts_per_step": s.prompts_per_step, "group_size": s.group_size, "max_new_tokens": s.max_new_tokens,
+        "lr": cfg.optim.lr, "temperature": s.temperature, "torch_threads": torch.get_num_threads(),
+        "cpu_count": os.cpu_count(), "torch": torch.__version__, "sft_dir": str(sft_dir),
+        "sft_heldout_accuracy": sft_eval["accuracy"], "heldout_size": cfg.eval.size,
+        "posttrain": None, "trl": None,
+    }
+    if args.only in ("both", "posttrain"):
+        print("posttrain GRPO ...", flush=True)
+        res["posttrain"] = run_posttrain(cfg, sft_dir, work, steps)
+    if args.only in ("both", "trl"):
+        print("TRL GRPOTrainer ...", flush=True)
+        res["trl"] = run_trl(cfg, sft_dir, work, steps)
+    p, t = res["posttrain"], res["trl"]
+    if p and t:
+        res["speedup_vs_trl"] = t["step_s_mean"] / p["step_s_mean"]
+        res["tokens_per_s_ratio"] = p["gen_tokens_per_s"] / t["gen_tokens_per_s"]
+        res["heldout_accuracy_diff"] = p["heldout_accuracy"] - t["heldout_accuracy"]
+        res["generated_tokens_ratio"] = p["generated_tokens"] / max(t["generated_tokens"], 1.0)
+    else:
+        res["speedup_vs_trl"] = None
+    res["posttrain_heldout_accuracy"] = p["heldout_accuracy"] if p else None
+    res["trl_heldout_accuracy"] = t["heldout_accuracy"] if t else None
+    print(_table(res))
+    if p:
+        sp = p["time_split_s"]
+        print(f"posttrain step split (mean s): rollout {sp['time/rollout_s']:.3f}, reward {sp['time/reward_s']:.3f}, "
+              f"learner {sp['time/learner_s']:.3f}, other {p['step_s_mean'] - sum(sp.values()):.3f}")
+    if getattr(args, "json_path", None):
+        Path(args.json_path).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.json_path).write_text(json.dumps(res, indent=1, default=str))
+        print(f"json: {args.json_path}")
+    return 0
