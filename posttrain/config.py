@@ -117,10 +117,73 @@ class CriticConfig(_Section):
 
 
 class SystemConfig(_Section):
-    """System axis: how rollout and update are scheduled."""
+    """System axis: how rollout and update are scheduled (see docs/system_modes.md).
 
-    mode: Literal["sync"] = Field("sync", description="sync barrier (other modes arrive with issue 5)")
+    One loop, one knob: ``mode`` decides how batches of trajectories are produced; the update
+    is the same code in every mode. The three staleness controls are independent switches:
+    ``max_staleness`` (version tags: admission bound + drop at consumption), ``max_queue``
+    (depth bound, producers block) and the ``correction`` section / ``decoupled_ppo`` loss
+    (importance correction against the recorded behaviour log-probs).
+    """
+
+    mode: Literal["sync", "one_step_off", "async"] = Field(
+        "sync",
+        description="sync: rollout then update (barrier); one_step_off: the rollout of step k+1 runs in a "
+        "background thread while step k updates (policy lag 1); async: a rollout worker streams finished "
+        "groups into a bounded queue and the learner consumes groups as they complete (AReaL-style)",
+    )
     backend: Literal["local"] = "local"
+    max_staleness: int | None = Field(
+        None, ge=0,
+        description="bound on policy lag in versions. A rollout is only started when its batch "
+        "slot is at most this many versions ahead of the current policy, and at consumption every sample whose "
+        "oldest token is older than this many versions is dropped and counted (staleness/dropped_samples). "
+        "None = no version bound (async with neither bound gets max_staleness=1)",
+    )
+    max_queue: int | None = Field(
+        None, ge=1,
+        description="async: the queue of finished groups holds at most this many samples; a producer blocks "
+        "(time counted in queue/blocked_s) instead of dropping anything. None = no depth bound",
+    )
+    interrupt_on_update: bool = Field(
+        True,
+        description="async: a weight update pauses the running generation; its unfinished samples resume under "
+        "the new weights (their tokens then span versions; AReaL's interruptible rollout)",
+    )
+    partial_fraction: float = Field(
+        1.0, gt=0.0, le=1.0,
+        description="partial rollout lambda (sync / one_step_off): plan K=group_size samples for prompts_per_step "
+        "prompts and start the update once ceil(lambda*N*K) samples have finished; the rest are paused (not "
+        "truncated) and resumed in the next iteration, topped up with fresh prompts. 1.0 = off",
+    )
+    max_version_span: int | None = Field(
+        None, ge=0,
+        description="drop (and count) a paused trajectory instead of resuming it when its tokens would span more "
+        "than this many policy versions (newest - oldest behaviour version). None = no limit",
+    )
+    queue_timeout_s: float = Field(
+        600.0, gt=0,
+        description="non-sync modes: the learner fails loudly if no finished group arrives for this long",
+    )
+
+    @model_validator(mode="before")
+    @classmethod
+    def _async_default_bound(cls, data: Any) -> Any:
+        # async without any bound would run away: default to AReaL's common choice, staleness 1 (explicit
+        # in the resolved config).
+        if isinstance(data, dict) and data.get("mode") == "async" and data.get("max_staleness") is None \
+                and data.get("max_queue") is None:
+            data = {**data, "max_staleness": 1}
+        return data
+
+    @model_validator(mode="after")
+    def _check_mode(self) -> SystemConfig:
+        if self.mode == "async" and self.max_staleness is None and self.max_queue is None:
+            raise ValueError("system.mode=async needs a bound: system.max_staleness and/or system.max_queue")
+        if self.mode == "async" and self.partial_fraction < 1.0:
+            raise ValueError("system.partial_fraction < 1 applies to mode sync or one_step_off (async already "
+                             "streams groups and pauses generation on updates: interrupt_on_update)")
+        return self
 
 
 class EvalConfig(_Section):
@@ -203,6 +266,11 @@ class RunConfig(_Section):
             raise ValueError("credit.estimator=gae needs critic.enabled=true")
         if self.credit.estimator in ("grpo", "dr_grpo", "rloo", "reinforce_pp_baseline") and self.sampling.group_size < 2:
             raise ValueError(f"credit.estimator={self.credit.estimator} needs sampling.group_size >= 2")
+        if self.sampling.dynamic_sampling and (self.system.mode != "sync" or self.system.partial_fraction < 1.0):
+            raise ValueError("sampling.dynamic_sampling is supported with system.mode=sync and partial_fraction=1 only")
+        if self.system.max_queue is not None and self.system.max_queue < self.sampling.group_size:
+            raise ValueError(f"system.max_queue={self.system.max_queue} cannot hold one group of "
+                             f"sampling.group_size={self.sampling.group_size} samples")
         if self.loss.kl_coef > 0 and self.loss.kl_estimator is None:
             raise ValueError("loss.kl_coef > 0 needs loss.kl_estimator (k1, k2 or k3)")
         return self
@@ -224,7 +292,11 @@ class RunConfig(_Section):
             "reduction": f"{self.loss.reduction}; loss {self.loss.policy_loss} {self.loss.kwargs or ''}"
             + (f"; KL in loss {self.loss.kl_estimator} coef {self.loss.kl_coef}"
                if self.loss.kl_estimator and not self.credit.kl_in_reward else ""),
-            "system": f"{self.system.mode} / {self.system.backend}",
+            "system": f"{self.system.mode} / {self.system.backend}"
+            + (f", max_staleness {self.system.max_staleness}" if self.system.max_staleness is not None else "")
+            + (f", max_queue {self.system.max_queue}" if self.system.max_queue is not None else "")
+            + (f", partial rollout lambda={self.system.partial_fraction}" if self.system.partial_fraction < 1 else "")
+            + (f", max_version_span {self.system.max_version_span}" if self.system.max_version_span is not None else ""),
         }
 
 

@@ -41,6 +41,10 @@ class RunState:
     decisions: list[dict[str, Any]] = dataclasses.field(default_factory=list)
     stopped: str | None = None
     wall_seconds: float = 0.0
+    rollout_calls: int = 0  # rollout calls started (non-sync modes run ahead of ``step``)
+    inflight_at_checkpoint: int = 0  # samples queued / paused when the checkpoint was written
+    discarded_on_resume: int = 0  # in-flight samples of the checkpoint that a resume discarded (counted)
+    unconsumed_samples: int = 0  # samples generated but never trained on when the run ended
 
 
 def reference_answer(task: Any, ex: Any) -> str:
@@ -89,6 +93,7 @@ class Run:
                                       retries=cfg.reward.retries)
             self.verify_batch = self._pool.verify_batch
         self._promoted: dict[str, torch.Tensor] | None = None
+        self.inflight_count: Any = None  # set by the loop: samples queued / paused in the producer
         self._t_start = time.perf_counter()
         self._wall_before = 0.0
 
@@ -221,6 +226,8 @@ class Run:
         from posttrain.learner.checkpoint import save_checkpoint
 
         self.state.wall_seconds = self._wall_before + time.perf_counter() - self._t_start
+        # Queued / paused samples are not in the checkpoint: a resume discards them and counts them.
+        self.state.inflight_at_checkpoint = int(self.inflight_count()) if self.inflight_count is not None else 0
         extra = {"run_state": dataclasses.asdict(self.state), "engine_version": self.engine.version}
         if self.ref_model is not None:
             extra["has_ref"] = True
@@ -270,6 +277,11 @@ class Run:
         rs["reward_curve"] = [tuple(x) for x in rs["reward_curve"]]
         self.state = RunState(**rs)
         self._wall_before = self.state.wall_seconds
+        if self.state.inflight_at_checkpoint:
+            self.state.discarded_on_resume += self.state.inflight_at_checkpoint
+            log.warning("resume: %d samples that were queued or paused at the checkpoint are discarded (counted in "
+                        "run_state.discarded_on_resume)", self.state.inflight_at_checkpoint)
+            self.state.inflight_at_checkpoint = 0
         self.engine.update_weights(self.learner.weights_for_rollout(), version=int(ck.extra["engine_version"]))
         restore_rng(ck.rng)
         moved = self.ledger.discard_after(self.state.step)

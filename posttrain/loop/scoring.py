@@ -52,11 +52,15 @@ def score(
     group_ids: Sequence[str],
     step: int,
     verify_batch: Any | None = None,
+    traj_ids: Sequence[str] | None = None,
+    metas: Sequence[Mapping[str, Any]] | None = None,
 ) -> tuple[list[Trajectory], dict[str, float]]:
     """Verify and reward ``completions`` (``examples[i]`` is the prompt of ``completions[i]``).
 
     ``verify_batch`` (e.g. ``VerifierPool.verify_batch``) runs verification out of process;
     without it verification runs in-process and an exception becomes ``infra_error``.
+    ``traj_ids`` (default ``s{step}-{i}``) and ``metas`` (extra JSON scalars per completion,
+    e.g. partial-rollout accounting) name and annotate the records.
     Returns the trajectories and ``{"time/reward_s": ...}``.
     """
     from posttrain.rewards import Verdict, compose
@@ -82,13 +86,14 @@ def score(
             reward = compose({**v.components, **extra}, spec.weights)
         trajs.append(
             c.to_trajectory(
-                traj_id=f"s{step}-{i}",
+                traj_id=traj_ids[i] if traj_ids is not None else f"s{step}-{i}",
                 prompt_id=ex.prompt_id,
                 group_id=group_ids[i],
                 status=v.status,
                 reward=reward,
                 verifier=verifier_id,
-                meta={"response": text, "reference": str(ex.reference), "explanation": v.explanation[:500]},
+                meta={"response": text, "reference": str(ex.reference), "explanation": v.explanation[:500],
+                      **(dict(metas[i]) if metas is not None else {})},
             )
         )
     return trajs, {"time/reward_s": time.perf_counter() - t0}

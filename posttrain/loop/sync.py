@@ -1,12 +1,17 @@
-"""The synchronous audited RL iteration (one loop; the whole step reads top to bottom).
+"""The audited RL iteration: one loop for every system mode (the mode is a knob, not a fork).
 
     snapshot -> rollout (G samples per prompt) -> validate statuses -> score
       -> freeze old / ref log-probs and targets -> update -> sync weights (version + 1)
       -> held-out eval every N steps -> promote / retain / reject the revision
 
-Trajectories with ``infra_error`` are excluded from the update and counted. Every step writes
-its trajectories and metrics to the Parquet ledger and ``metrics.jsonl``; checkpoints are
-atomic and a run resumes exactly (see :mod:`posttrain.loop.run_state`).
+``system.mode`` only decides how a step's trajectories are *produced*
+(:mod:`posttrain.loop.producer`: inline in ``sync``, one step ahead in a worker thread in
+``one_step_off``, streamed through a bounded queue in ``async``; partial rollout in sync and
+one_step_off); :func:`update_step` — everything from the batch to the ledger — is the same code
+in every mode. Trajectories with ``infra_error`` are excluded from the update and counted; stale
+samples (``system.max_staleness``) are dropped and counted. Every step writes its trajectories
+and metrics to the Parquet ledger and ``metrics.jsonl``; checkpoints are atomic and a sync run
+resumes exactly (see :mod:`posttrain.loop.run_state`).
 """
 
 from __future__ import annotations
@@ -19,7 +24,6 @@ import torch
 
 from posttrain.config import RunConfig
 from posttrain.loop.guards import check_guards
-from posttrain.loop.rollout_stage import RolloutStage
 from posttrain.loop.run_state import RunState, open_run
 from posttrain.loop.step_metrics import step_metrics
 from posttrain.loop.targets import build_targets
@@ -27,72 +31,146 @@ from posttrain.trajectory import Status, collate, with_logprobs
 
 
 def train(cfg: RunConfig, *, progress: Any = None) -> RunState:
-    """Run ``cfg.steps`` synchronous RL steps (after optional SFT warm-up); returns the final state."""
+    """Run ``cfg.steps`` RL steps (after optional SFT warm-up) in ``cfg.system.mode``; returns the final state.
+
+    Contract: the producer of the mode hands over each step's trajectories; :func:`update_step`
+    trains on them and syncs the engine inside ``producer.quiesce()`` (no rollout call starts
+    meanwhile). Samples generated but never consumed when the run ends are counted in
+    ``RunState.unconsumed_samples``.
+    """
+    from posttrain.loop.producer import build_producer
+
     run = open_run(cfg)  # builds model/task/engine/learner, resumes if asked, writes config.yaml
-    stage = RolloutStage.from_config(cfg, run)
     st = run.state
     if st.step == 0:
         run.warmup_and_baseline(progress)  # SFT (if configured) and the step-0 held-out eval
     task_bar = progress.add_task("RL", total=cfg.steps, completed=st.step) if progress else None
-    while st.step < cfg.steps:
-        step = st.step + 1
-        t_step = time.perf_counter()
-        # 1. rollout + 2. validate + 3. score (dynamic sampling oversamples inside the stage)
-        trajs, rollout_info = stage.collect(step)
-        usable = [t for t in trajs if t.status is not Status.INFRA_ERROR]
-        metrics: dict[str, Any] = dict(rollout_info)
-        if not usable:
-            metrics["skipped"] = 1.0
-            run.finish_step(step, trajs, metrics, t_step)
-            continue
-        # 4. freeze old / ref coordinates and targets
-        t0 = time.perf_counter()
-        batch = collate(usable, pad_token_id=run.pad_token_id)
-        old = run.learner.compute_logprobs(batch)
-        batch = collate(with_logprobs(batch, "old", old, run.learner.version), pad_token_id=run.pad_token_id)
-        ref = None
-        if run.ref_model is not None:
-            ref = run.ref_logprobs(batch)
-            batch = collate(with_logprobs(batch, "ref", ref, st.ref_version), pad_token_id=run.pad_token_id)
-        values = final_values = None
-        if run.critic is not None:
-            values, final_values = run.critic.compute_values(batch)
-        tg = build_targets(
-            batch, old_logprob=old, ref_logprob=ref, values=values, final_values=final_values,
-            estimator=cfg.credit.estimator, estimator_kwargs=cfg.credit.kwargs,
-            kl_in_reward=cfg.credit.kl_in_reward, kl_estimator=cfg.loss.kl_estimator,
-            kl_coef=run.kl_coef_value(),
-        )
-        # 5. update actor (and critic) under the recipe's reduction
-        upd = run.learner.update(batch, tg.advantages, old_logprob=old)
-        if run.critic is not None and tg.returns is not None:
-            upd.update({f"critic/{k}": v for k, v in run.critic.update(batch, tg.returns, old_values=values).items()})
-        metrics.update(upd)
-        metrics["time/learner_s"] = time.perf_counter() - t0
-        metrics.update(step_metrics(batch, trajs, tg))
-        # 6. judge the revision; a NaN/inf loss is rejected and the promoted weights restored
-        if not math.isfinite(float(upd.get("loss", 0.0))):
-            run.reject(step, reason=f"non-finite loss {upd.get('loss')}")
-            metrics["revision"] = "rejected"
-        else:
-            metrics["revision"] = "candidate"
+    producer = build_producer(cfg, run)  # after the warm-up: a worker thread samples from the warm weights
+    run.inflight_count = producer_inflight(producer)
+    try:
+        while st.step < cfg.steps:
+            step = st.step + 1
+            t_step = time.perf_counter()
+            produced = producer.next_batch(step)  # 1. rollout + 2. validate + 3. score (+ staleness filter)
+            metrics, stop_reason = update_step(run, producer, step, produced, t_step)
+            if progress is not None:
+                progress.update(task_bar, advance=1, description=(
+                    f"RL step {step} reward {metrics.get('reward/mean', float('nan')):.3f} "
+                    f"held-out {st.last_heldout_accuracy:.3f}"))
+            if stop_reason:
+                run.stop(stop_reason)
+                break
+    finally:
+        st.unconsumed_samples = producer.close()
+        run.close()
+    return st
+
+
+def producer_inflight(producer: Any) -> Any:
+    """A callable counting the producer's samples in flight (queued, carried), for checkpoints."""
+    def count() -> int:
+        rollout = getattr(producer, "rollout", None)
+        queue = getattr(producer, "queue", None)
+        return (rollout.inflight() if rollout is not None else 0) + (queue.samples if queue is not None else 0)
+
+    return count
+
+
+def update_step(run: Any, producer: Any, step: int, produced: Any, t_step: float) -> tuple[dict[str, Any], str | None]:
+    """Train on one produced batch and record the step; the shared half of every mode.
+
+    Freezes pi_old (and pi_ref) coordinates, builds targets, updates actor (and critic), judges
+    the revision, syncs the engine's weights (inside ``producer.quiesce()``), evaluates every
+    ``eval.every`` steps, checks the guards and writes ledger + metrics (+ checkpoint).
+    Returns ``(metrics, stop_reason)``.
+    """
+    cfg, st = run.cfg, run.state
+    trajs = produced.trajectories
+    usable = [t for t in trajs if t.status is not Status.INFRA_ERROR]
+    metrics: dict[str, Any] = dict(produced.info)
+    metrics.update(consumption_metrics(trajs, produced.dropped))
+    if not usable:
+        metrics["skipped"] = 1.0
+        run.finish_step(step, trajs, metrics, t_step)
+        return metrics, None
+    # 4. freeze old / ref coordinates and targets
+    t0 = time.perf_counter()
+    batch = collate(usable, pad_token_id=run.pad_token_id)
+    old = run.learner.compute_logprobs(batch)
+    batch = collate(with_logprobs(batch, "old", old, run.learner.version), pad_token_id=run.pad_token_id)
+    ref = None
+    if run.ref_model is not None:
+        ref = run.ref_logprobs(batch)
+        batch = collate(with_logprobs(batch, "ref", ref, st.ref_version), pad_token_id=run.pad_token_id)
+    values = final_values = None
+    if run.critic is not None:
+        values, final_values = run.critic.compute_values(batch)
+    tg = build_targets(
+        batch, old_logprob=old, ref_logprob=ref, values=values, final_values=final_values,
+        estimator=cfg.credit.estimator, estimator_kwargs=cfg.credit.kwargs,
+        kl_in_reward=cfg.credit.kl_in_reward, kl_estimator=cfg.loss.kl_estimator,
+        kl_coef=run.kl_coef_value(),
+    )
+    # 5. update actor (and critic) under the recipe's reduction (correction: CORRECTIONS / decoupled PPO
+    #    against the recorded behaviour log-probs, whatever the mode)
+    upd = run.learner.update(batch, tg.advantages, old_logprob=old)
+    if run.critic is not None and tg.returns is not None:
+        upd.update({f"critic/{k}": v for k, v in run.critic.update(batch, tg.returns, old_values=values).items()})
+    metrics.update(upd)
+    metrics["time/learner_s"] = time.perf_counter() - t0
+    metrics.update(step_metrics(batch, trajs, tg))
+    # 6. judge the revision; a NaN/inf loss is rejected and the promoted weights restored
+    if not math.isfinite(float(upd.get("loss", 0.0))):
+        run.reject(step, reason=f"non-finite loss {upd.get('loss')}")
+        metrics["revision"] = "rejected"
+    else:
+        metrics["revision"] = "candidate"
+    with producer.quiesce():
+        t1 = time.perf_counter()
         run.sync_weights()  # the engine gets the new weights with an incremented version
+        metrics["time/weight_sync_s"] = time.perf_counter() - t1
         run.observe_kl(metrics)
         # 7. held-out eval every N steps -> promote / retain / reject
         if step % cfg.eval.every == 0 or step == cfg.steps:
             metrics.update(run.evaluate_and_judge(step))
-        stop_reason = check_guards(cfg.guards, metrics)
-        ledger_trajs = list(batch.trajectories) + [t for t in trajs if t.status is Status.INFRA_ERROR]
-        run.finish_step(step, ledger_trajs, metrics, t_step)
-        if progress is not None:
-            progress.update(task_bar, advance=1, description=(
-                f"RL step {step} reward {metrics.get('reward/mean', float('nan')):.3f} "
-                f"held-out {st.last_heldout_accuracy:.3f}"))
-        if stop_reason:
-            run.stop(stop_reason)
-            break
-    run.close()
-    return st
+    stop_reason = check_guards(cfg.guards, metrics)
+    ledger_trajs = list(batch.trajectories) + [t for t in trajs if t.status is Status.INFRA_ERROR]
+    run.finish_step(step, ledger_trajs, metrics, t_step)
+    return metrics, stop_reason
 
 
-__all__ = ["train", "torch"]
+def consumption_metrics(trajs: list[Any], dropped: list[Any]) -> dict[str, float]:
+    """Policy lag, version span and staleness drops of one consumed batch.
+
+    ``lag/mean|max`` and ``lag/count_0|1|2|3plus`` (histogram of ``policy_lag`` = learner version
+    at consumption - oldest behaviour version of the sample); ``version_span/mean|max``
+    (newest - oldest behaviour version within a sample); ``staleness/dropped_samples`` and
+    ``staleness/dropped_tokens`` (samples over ``max_staleness``, not trained);
+    ``staleness/accepted_token_frac`` = consumed action tokens / (consumed + dropped).
+    """
+    import numpy as np
+
+    lags = [int(t.policy_lag or 0) for t in trajs]
+    spans = []
+    for t in trajs:
+        v = t.behavior_version[t.action_mask.astype(bool)]
+        spans.append(int(v.max() - v.min()) if v.size else 0)
+    m: dict[str, float] = {
+        "lag/mean": float(np.mean(lags)) if lags else 0.0,
+        "lag/max": float(max(lags)) if lags else 0.0,
+        "lag/count_0": float(sum(x == 0 for x in lags)),
+        "lag/count_1": float(sum(x == 1 for x in lags)),
+        "lag/count_2": float(sum(x == 2 for x in lags)),
+        "lag/count_3plus": float(sum(x >= 3 for x in lags)),
+        "version_span/mean": float(np.mean(spans)) if spans else 0.0,
+        "version_span/max": float(max(spans)) if spans else 0.0,
+    }
+    kept_tok = sum(t.num_actions for t in trajs)
+    drop_tok = sum(t.num_actions for t in dropped)
+    m["staleness/dropped_samples"] = float(len(dropped))
+    m["staleness/dropped_tokens"] = float(drop_tok)
+    m["staleness/accepted_token_frac"] = kept_tok / (kept_tok + drop_tok) if kept_tok + drop_tok else 1.0
+    return m
+
+
+__all__ = ["consumption_metrics", "train", "torch", "update_step"]
