@@ -62,6 +62,10 @@ class BuiltinEngine:
     bounds the samples decoded together (``None``: all). ``version`` is the initial weight version.
     """
 
+    #: pause + resume with unchanged weights reproduces the uninterrupted tokens exactly (the
+    #: uniforms are keyed by (seed, sample_index, token index), see the module docstring).
+    reproducible_resume: bool = True
+
     def __init__(
         self,
         model: Any,
@@ -133,12 +137,15 @@ class BuiltinEngine:
     def _validate(self, requests: Sequence[GenerationRequest]) -> None:
         if len(requests) == 0:
             raise ValueError("generate: empty request list")
-        seen: set[str] = set()
+        # Completions are keyed (request_id, sample_index): a request id may recur only as resumes of
+        # distinct samples (the paused samples of one request resume side by side).
+        seen: set[tuple[str, int]] = set()
         for r in requests:
             rid = r.request_id
-            if rid in seen:
-                raise ValueError(f"request {rid!r}: duplicate request_id in one generate call")
-            seen.add(rid)
+            keys = {(rid, r.resume.sample_index)} if r.resume is not None else {(rid, i) for i in range(max(1, r.params.n))}
+            if keys & seen:
+                raise ValueError(f"request {rid!r}: duplicate request_id / sample in one generate call")
+            seen |= keys
             if len(r.prompt_ids) == 0:
                 raise ValueError(f"request {rid!r}: empty prompt")
             bad = [t for t in r.prompt_ids if not 0 <= int(t) < self.vocab_size]

@@ -24,6 +24,11 @@ class RolloutEngine(Protocol):
       A paused completion resumes through ``GenerationRequest(resume=completion)``.
     - ``update_weights(state_dict, version)`` copies weights in place; ``version`` becomes the
       given one, or ``version + 1`` when ``None``.
+
+    Optional attribute ``reproducible_resume: bool`` (absent = ``False``): pause + resume with
+    unchanged weights yields exactly the tokens of an uninterrupted run (true for the built-in
+    engine; vLLM re-seeds a resumed request, so it only guarantees that a resume extends the
+    paused tokens).
     """
 
     version: int
