@@ -28,6 +28,7 @@ from typing import Any
 
 import torch
 
+from posttrain.rollout.engine import validate_requests
 from posttrain.rollout.runners import HFRunner, Qwen2Runner, supports_fast_path
 from posttrain.rollout.sampling import behaviour_logprobs, sample_tokens, uniforms
 from posttrain.rollout.types import Completion, GenerationRequest
@@ -135,37 +136,8 @@ class BuiltinEngine:
 
     # ------------------------------------------------------------------ validation
     def _validate(self, requests: Sequence[GenerationRequest]) -> None:
-        if len(requests) == 0:
-            raise ValueError("generate: empty request list")
-        # Completions are keyed (request_id, sample_index): a request id may recur only as resumes of
-        # distinct samples (the paused samples of one request resume side by side).
-        seen: set[tuple[str, int]] = set()
-        for r in requests:
-            rid = r.request_id
-            keys = {(rid, r.resume.sample_index)} if r.resume is not None else {(rid, i) for i in range(max(1, r.params.n))}
-            if keys & seen:
-                raise ValueError(f"request {rid!r}: duplicate request_id / sample in one generate call")
-            seen |= keys
-            if len(r.prompt_ids) == 0:
-                raise ValueError(f"request {rid!r}: empty prompt")
-            bad = [t for t in r.prompt_ids if not 0 <= int(t) < self.vocab_size]
-            if bad:
-                raise ValueError(f"request {rid!r}: prompt token ids {bad[:5]} outside the vocabulary [0, {self.vocab_size})")
-            if self.context is not None and len(r.prompt_ids) >= self.context:
-                raise ValueError(
-                    f"request {rid!r}: prompt of {len(r.prompt_ids)} tokens leaves no room in the context of {self.context}"
-                )
-            r.params.validate(rid, self.vocab_size)
-            if r.params.stop_strings and self.tokenizer is None:
-                raise ValueError(f"request {rid!r}: stop_strings need a tokenizer on the engine")
-            if r.resume is not None:
-                c = r.resume
-                if c.finish_reason != "paused":
-                    raise ValueError(f"request {rid!r}: can only resume a paused completion, got {c.finish_reason!r}")
-                if c.request_id != rid or list(c.prompt_ids) != list(r.prompt_ids):
-                    raise ValueError(f"request {rid!r}: resume completion belongs to request {c.request_id!r}/another prompt")
-                if self.context is not None and len(r.prompt_ids) + len(c.token_ids) >= self.context:
-                    raise ValueError(f"request {rid!r}: resumed sequence fills the context of {self.context}")
+        validate_requests(requests, vocab_size=self.vocab_size, context=self.context,
+                          has_tokenizer=self.tokenizer is not None)
 
     def _rows(self, requests: Sequence[GenerationRequest]) -> list[_Row]:
         rows: list[_Row] = []

@@ -46,3 +46,45 @@ class RolloutEngine(Protocol):
     def pause(self) -> None:
         """Ask a running ``generate`` to stop at its next step and return unfinished samples as paused."""
         ...
+
+
+def validate_requests(
+    requests: Sequence[GenerationRequest], *, vocab_size: int, context: int | None, has_tokenizer: bool
+) -> None:
+    """Reject a bad ``generate`` call before any compute, with a ``ValueError`` naming the request.
+
+    Checks (shared by every engine): a non-empty list; unique ``(request_id, sample_index)``
+    completion keys (a request id recurs only as resumes of distinct samples); a non-empty prompt of
+    ids in ``[0, vocab_size)`` shorter than ``context``; :meth:`SamplingParams.validate`;
+    ``stop_strings`` only with a tokenizer; a resume only of a ``"paused"`` completion of the same
+    request and prompt that still leaves room in the context.
+    """
+    if len(requests) == 0:
+        raise ValueError("generate: empty request list")
+    seen: set[tuple[str, int]] = set()
+    for r in requests:
+        rid = r.request_id
+        keys = {(rid, r.resume.sample_index)} if r.resume is not None else {(rid, i) for i in range(max(1, r.params.n))}
+        if keys & seen:
+            raise ValueError(f"request {rid!r}: duplicate request_id / sample in one generate call")
+        seen |= keys
+        if len(r.prompt_ids) == 0:
+            raise ValueError(f"request {rid!r}: empty prompt")
+        bad = [t for t in r.prompt_ids if not 0 <= int(t) < vocab_size]
+        if bad:
+            raise ValueError(f"request {rid!r}: prompt token ids {bad[:5]} outside the vocabulary [0, {vocab_size})")
+        if context is not None and len(r.prompt_ids) >= context:
+            raise ValueError(
+                f"request {rid!r}: prompt of {len(r.prompt_ids)} tokens leaves no room in the context of {context}"
+            )
+        r.params.validate(rid, vocab_size)
+        if r.params.stop_strings and not has_tokenizer:
+            raise ValueError(f"request {rid!r}: stop_strings need a tokenizer on the engine")
+        if r.resume is not None:
+            c = r.resume
+            if c.finish_reason != "paused":
+                raise ValueError(f"request {rid!r}: can only resume a paused completion, got {c.finish_reason!r}")
+            if c.request_id != rid or list(c.prompt_ids) != list(r.prompt_ids):
+                raise ValueError(f"request {rid!r}: resume completion belongs to request {c.request_id!r}/another prompt")
+            if context is not None and len(r.prompt_ids) + len(c.token_ids) >= context:
+                raise ValueError(f"request {rid!r}: resumed sequence fills the context of {context}")
