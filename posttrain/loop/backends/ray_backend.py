@@ -77,16 +77,31 @@ def _infra_errors() -> tuple[type[BaseException], ...]:
     return tuple(getattr(rex, n) for n in names if hasattr(rex, n))
 
 
+def loopback_only() -> None:
+    """Make a locally started cluster bind and connect on 127.0.0.1 only.
+
+    Ray resolves "127.0.0.1" to the machine's routable address unless its cluster mode is off;
+    ``RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0`` turns it off (for this process, read from the
+    constant, and for every Ray process it starts, through the inherited environment), so the
+    GCS, raylets, object stores and workers listen on loopback only. Only for ``address: null``.
+    """
+    os.environ["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] = "0"
+    import ray._private.ray_constants as rc
+
+    rc.ENABLE_RAY_CLUSTER = False
+
+
 def init_ray(cfg: RayBackendConfig) -> bool:
     """Connect to (``address``) or start (``address: null``) a cluster; True when this call started it.
 
-    A locally started cluster binds its node address to 127.0.0.1 and has no dashboard.
-    An already initialised Ray is reused as is.
+    A locally started cluster is loopback-only (:func:`loopback_only`) with no dashboard. An
+    already initialised Ray is reused as is.
     """
     ray = require_ray()
     if ray.is_initialized():
         return False
     if cfg.address is None:
+        loopback_only()
         ray.init(
             num_cpus=cfg.local_num_cpus,
             include_dashboard=False,
@@ -258,7 +273,9 @@ class RayRolloutWorkers:
         self._ray = ray
         self._errors = _infra_errors()
         markers = list(crash_markers or [None] * cfg.num_rollout_workers)
-        cls = ray.remote(RolloutActor)
+        cls = ray.remote(concurrency_groups={"control": 1})(RolloutActor)
+        # Held for the backend's lifetime: a restarted actor re-reads its constructor arguments.
+        self._factory_ref = ray.put(engine_factory)
         self.names = [f"rollout-{i}" for i in range(cfg.num_rollout_workers)]
         self.actors: list[Any] = []
         for i, name in enumerate(self.names):
@@ -267,21 +284,20 @@ class RayRolloutWorkers:
                 num_gpus=cfg.gpus_per_rollout_worker,
                 max_restarts=cfg.max_restarts,
                 max_task_retries=cfg.max_task_retries,
-                concurrency_groups={"control": 1},
-                name=None,
             )
             if cfg.rollout_resources:
                 opts["resources"] = dict(cfg.rollout_resources)
             if placement is not None:
                 opts["scheduling_strategy"] = placement.strategy("rollout", i)
             threads = max(1, math.floor(cfg.cpus_per_rollout_worker))
-            self.actors.append(cls.options(**opts).remote(engine_factory, name, markers[i], threads))
+            self.actors.append(cls.options(**opts).remote(self._factory_ref, name, markers[i], threads))
         infos = self._get([a.info.remote() for a in self.actors], cfg.startup_timeout_s, "start")
         versions = {int(x["version"]) for x in infos}
         if len(versions) != 1:
             raise RuntimeError(f"rollout workers start at different versions {sorted(versions)}")
         self.version = versions.pop()
         self.dead: set[int] = set()
+        self.last_error: dict[int, str] = {}
         self._latest: tuple[int, str, list[Any]] | None = None
         self.counts: collections.Counter[str] = collections.Counter()
 
@@ -315,15 +331,24 @@ class RayRolloutWorkers:
         return [i for i in range(len(self.actors)) if i not in self.dead]
 
     def _check_alive(self, i: int) -> None:
-        """After a failure: ping worker ``i`` (waits for a restart); mark it dead if Ray gave up on it."""
-        try:
-            self._ray.get(self.actors[i].info.remote(), timeout=self.cfg.startup_timeout_s)
-        except self._errors:
-            self.dead.add(i)
-            self.counts["rollout/dead_workers"] += 1
-        except self._ray.exceptions.GetTimeoutError:
-            self.dead.add(i)
-            self.counts["rollout/dead_workers"] += 1
+        """After a failure: ping worker ``i`` until it answers (a restart takes seconds), at most
+        ``startup_timeout_s``; mark it dead when Ray gave up on it or it never answers."""
+        rex = self._ray.exceptions
+        deadline = time.monotonic() + self.cfg.startup_timeout_s
+        while True:
+            left = deadline - time.monotonic()
+            try:
+                self._ray.get(self.actors[i].info.remote(), timeout=max(0.1, left))
+                return
+            except rex.ActorUnavailableError:  # restarting: ask again
+                if left <= 0:
+                    break
+                time.sleep(0.2)
+            except (*self._errors, rex.GetTimeoutError) as e:
+                self.last_error[i] = f"{type(e).__name__}: {e}"[:300]
+                break
+        self.dead.add(i)
+        self.counts["rollout/dead_workers"] += 1
 
     # ------------------------------------------------------------------ generation
     def generate_detailed(self, requests: Sequence[GenerationRequest], *,

@@ -1,0 +1,64 @@
+"""Data-parallel learner (2 gloo ranks on 127.0.0.1): gradients, log-probs and one update equal the
+single-process ones on the same batch (float64, tight tolerance)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import _distributed_helpers as helpers
+from posttrain.learner.distributed import run_ranks
+
+
+REDUCTIONS = ["token_mean", "seq_mean_token_mean", "seq_mean_token_sum_norm"]
+
+
+@pytest.fixture(scope="module")
+def rank_outputs(tmp_path_factory):
+    """One 2-rank run (spawn + gloo on 127.0.0.1) covering every reduction of REDUCTIONS."""
+    out = tmp_path_factory.mktemp("ranks")
+    # 11 rows: shards of unequal size (6 + 5) in the whole batch and in each of the 2 mini-batches.
+    run_ranks(helpers.rank_main, 2, REDUCTIONS, 11, str(out), timeout_s=150)
+    return out
+
+
+@pytest.mark.timeout(180)
+@pytest.mark.parametrize("reduction", REDUCTIONS)
+def test_two_ranks_equal_single_process(rank_outputs, reduction):
+    ref = helpers.single_process_reference(reduction, 11)
+    outs = [torch.load(rank_outputs / f"{reduction}-rank{r}.pt", weights_only=False) for r in range(2)]
+    assert max(float(g.abs().max()) for g in ref["grads"].values()) > 1e-4  # a real gradient
+    for out in outs:
+        torch.testing.assert_close(out["old"], ref["old"], rtol=0, atol=1e-12)
+        assert out["loss"] == pytest.approx(ref["loss"], abs=1e-12)
+        for name, g in ref["grads"].items():
+            torch.testing.assert_close(out["grads"][name], g, rtol=1e-10, atol=1e-12, msg=name)
+        for name, w in ref["weights"].items():
+            torch.testing.assert_close(out["weights"][name], w, rtol=1e-10, atol=1e-12, msg=name)
+        for k in ("loss", "pg_loss", "kl", "entropy", "ratio_mean", "ratio_min", "ratio_max", "tokens_trained",
+                  "grad_norm", "clip_frac_low", "clip_frac_high"):
+            assert out["metrics"][k] == pytest.approx(ref["metrics"][k], rel=1e-9, abs=1e-12), k
+    # the ranks hold bitwise-identical weights after the update
+    for name in ref["weights"]:
+        assert torch.equal(outs[0]["weights"][name], outs[1]["weights"][name]), name
+
+
+def test_shard_gradients_alone_differ():
+    """The test can fail: one rank's shard alone (no all-reduce) is not the full gradient."""
+    from posttrain.learner.actor import PolicyLearner
+
+    batch = helpers.ragged_batch(11)
+    adv = helpers.advantages(batch)
+    full = PolicyLearner(helpers.micro_learner_model(), lr=1e-2).compute_gradients(batch, adv)[1]
+    from posttrain.learner.distributed import _take_batch_rows
+
+    half = _take_batch_rows(batch, list(range(0, 11, 2)))
+    part = PolicyLearner(helpers.micro_learner_model(), lr=1e-2).compute_gradients(half, adv[0::2])[1]
+    assert any(not torch.allclose(full[k], part[k], atol=1e-8) for k in full)
+
+
+def test_needs_process_group():
+    from posttrain.learner.distributed import DistributedPolicyLearner
+
+    with pytest.raises(RuntimeError, match="process group"):
+        DistributedPolicyLearner(helpers.micro_learner_model())
