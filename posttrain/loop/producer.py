@@ -96,6 +96,43 @@ class _Group:
     dropped: int = 0
 
 
+class _InfraCompletion:
+    """A sample whose request failed in the backend (no usable completion): becomes infra_error."""
+
+    def __init__(self, completion: Any, reason: str) -> None:
+        self.completion, self.reason = completion, reason
+        self.request_id, self.sample_index = completion.request_id, completion.sample_index
+        self.token_ids, self.versions = completion.token_ids, completion.versions
+
+    def trajectory(self, traj_id: str, group_id: str, example: Any, spec: Any, task: Any,
+                   meta: dict[str, Any]) -> Trajectory:
+        from posttrain.trajectory import Reward, Status
+
+        v = task.verifier
+        return self.completion.to_trajectory(  # type: ignore[no-any-return]
+            traj_id=traj_id, prompt_id=example.prompt_id, group_id=group_id, status=Status.INFRA_ERROR,
+            reward=Reward(components={}, weights=dict(spec.weights), total=None), verifier=f"{v.name}@{v.version}",
+            meta={**meta, "explanation": f"rollout infra error: {self.reason}"[:500]})
+
+
+def _empty_completion(request: Any, sample_index: int) -> Any:
+    from posttrain.rollout.types import Completion
+
+    return Completion(request_id=request.request_id, sample_index=sample_index, prompt_ids=list(request.prompt_ids),
+                      token_ids=[], logprobs=[], versions=[], finish_reason="paused", params=request.params,
+                      seed=request.params.seed)
+
+
+def _generate(engine: Any, requests: list[Any], target: int | None) -> tuple[list[Any], list[Any]]:
+    """``(completions, failed requests)``: ``generate_detailed`` when the engine is a distributed
+    backend's worker set (posttrain.loop.backends.RolloutWorkers), else plain ``generate``."""
+    detailed = getattr(engine, "generate_detailed", None)
+    if detailed is not None:
+        res = detailed(requests, finish_target=target)
+        return list(res.completions), list(res.failed)
+    return list(engine.generate(requests, finish_target=target)), []
+
+
 def _span(versions: list[int]) -> int:
     return (max(versions) - min(versions)) if versions else 0
 
@@ -112,6 +149,8 @@ class GroupRollout:
         self.lam = cfg.system.partial_fraction
         self.groups: dict[str, _Group] = {}  # open groups, in creation order
         self.carry: list[tuple[str, _Sample]] = []  # (group_id, paused sample)
+        # paused samples dropped instead of resumed (span / staleness), cumulative over the run
+        self.dropped = int(getattr(getattr(run, "state", None), "rollout_dropped", 0))
 
     def inflight(self) -> int:
         """Samples generated (fully or partly) but not emitted: carried plus finished in open groups."""
@@ -150,6 +189,7 @@ class GroupRollout:
             reqs.append(GenerationRequest(request_id=rid, prompt_ids=list(c.prompt_ids), params=c.params,
                                           resume=dataclasses.replace(c, request_id=rid)))
         self.carry = []
+        self.dropped += drop_span + drop_stale
         # 2. fresh prompts: N, or (partial rollout) topped up to N*K planned samples
         n_fresh = self.N if self.lam >= 1.0 else max(0, self.N - len(reqs) // self.K)
         if n_fresh == 0 and not reqs:
@@ -170,23 +210,38 @@ class GroupRollout:
             target = None  # nothing would be paused
         before = {rid: len(s.completion.token_ids) for rid, (_, s) in resumed.items()}
         t0 = time.perf_counter()
-        comps = run.engine.generate(all_reqs, finish_target=target)
+        comps, failed = _generate(run.engine, all_reqs, target)
         t_roll = time.perf_counter() - t0
+        # A request that failed for infrastructure reasons (a distributed backend's dead worker) ends as
+        # infra_error samples: counted, excluded from the update, never a zero reward.
+        for f in failed:
+            r = f.request
+            if r.request_id in resumed:
+                c = dataclasses.replace(r.resume, request_id=r.request_id)
+                comps.append(_InfraCompletion(c, f.reason))
+            else:
+                for j in range(int(r.params.n)):
+                    comps.append(_InfraCompletion(_empty_completion(r, j), f.reason))
         # 3. sort results: finished -> their group; paused -> carried to the next call
         new_tokens: list[int] = []
         finished_lens: list[int] = []
         paused_lens: list[int] = []
         n_finished = n_paused = 0
         for c in comps:
+            infra = isinstance(c, _InfraCompletion)
             if c.request_id in resumed:
                 gid, s = resumed[c.request_id]
-                c = dataclasses.replace(c, request_id=s.completion.request_id)
-                new_tokens.append(len(c.token_ids) - before[f"{c.request_id}#{c.sample_index}"])
+                new_tokens.append(0 if infra else len(c.token_ids) - before[c.request_id])
+                orig = s.completion.request_id
+                c = (_InfraCompletion(dataclasses.replace(c.completion, request_id=orig), c.reason) if infra
+                     else dataclasses.replace(c, request_id=orig))
             else:
                 gid, s = c.request_id, _Sample(c)
-                new_tokens.append(len(c.token_ids))
+                new_tokens.append(0 if infra else len(c.token_ids))
             s.completion = c
-            if c.finished:
+            if isinstance(c, _InfraCompletion):
+                self.groups[gid].done[c.sample_index] = s
+            elif c.finished:
                 n_finished += 1
                 finished_lens.append(len(c.token_ids))
                 self.groups[gid].done[c.sample_index] = s
@@ -220,9 +275,17 @@ class GroupRollout:
                     tids.append(f"{g.group_id}/{c.sample_index}")
                     metas.append({"pauses": s.pauses, "pause_age": age, "version_span": _span(c.versions),
                                   "rollout_call": call})
-            trajs, rinfo = score(comps_out, exs, task=run.task, tokenizer=run.tokenizer, spec=self.stage.spec,
-                                 group_ids=gids, step=step, verify_batch=run.verify_batch, traj_ids=tids, metas=metas)
-            t_rew = rinfo["time/reward_s"]
+            ok = [i for i, c in enumerate(comps_out) if not isinstance(c, _InfraCompletion)]
+            trajs_ok: list[Trajectory] = []
+            if ok:
+                trajs_ok, rinfo = score([comps_out[i] for i in ok], [exs[i] for i in ok], task=run.task,
+                                        tokenizer=run.tokenizer, spec=self.stage.spec, group_ids=[gids[i] for i in ok],
+                                        step=step, verify_batch=run.verify_batch, traj_ids=[tids[i] for i in ok],
+                                        metas=[metas[i] for i in ok])
+                t_rew = rinfo["time/reward_s"]
+            scored = dict(zip(ok, trajs_ok, strict=True))
+            trajs = [scored[i] if i in scored else comps_out[i].trajectory(  # type: ignore[union-attr]
+                tids[i], gids[i], exs[i], self.stage.spec, run.task, metas[i]) for i in range(len(comps_out))]
             by_group: dict[str, list[Trajectory]] = {}
             for t in trajs:
                 by_group.setdefault(t.group_id, []).append(t)
@@ -327,6 +390,7 @@ class SyncProducer:
             groups, info = self.rollout.run_call(step - 1)
             trajs = [t for g in groups for t in g]
         self.run.state.rollout_calls = step
+        self.run.state.rollout_dropped = self.rollout.dropped
         kept, stale = tag_and_filter(trajs, self.run.learner.version, self.cfg.system.max_staleness)
         return Produced(kept, info, stale)
 
@@ -424,12 +488,15 @@ class ThreadedProducer:
         self._infos: list[dict[str, float]] = []
         self._stop = threading.Event()
         self._error: BaseException | None = None
+        self._lost_on_stop = 0
         self._call = int(run.state.rollout_calls)
         self._thread = threading.Thread(target=self._work, name="posttrain-rollout", daemon=True)
         self._thread.start()
 
     # ------------------------------------------------------------------ worker
     def _admitted(self, call: int) -> bool:
+        if self.mode == "one_step_off" and call >= self.cfg.steps:
+            return False  # one call per step: nothing beyond the last step
         return self._hold == 0 and (self.eta is None or int(self.run.engine.version) >= call - self.eta)
 
     def _work(self) -> None:
@@ -443,17 +510,15 @@ class ThreadedProducer:
                 groups, info = self.rollout.run_call(self._call)
                 self._call += 1
                 self.run.state.rollout_calls = self._call
+                self.run.state.rollout_dropped = self.rollout.dropped
                 with self._cv:
                     self._infos.append(info)
-                if self.mode == "one_step_off":
-                    flat = [t for g in groups for t in g]
-                    # one item per call (possibly empty under partial rollout: the learner skips on)
-                    if not self.queue.put(flat, self._stop):
+                # one_step_off: one item per call (possibly empty under partial rollout: the step is skipped)
+                items = [[t for g in groups for t in g]] if self.mode == "one_step_off" else groups
+                for i, item in enumerate(items):
+                    if not self.queue.put(item, self._stop):  # stopping: count what could not be queued
+                        self._lost_on_stop += sum(len(x) for x in items[i:])
                         return
-                else:
-                    for g in groups:
-                        if not self.queue.put(g, self._stop):
-                            return
         except BaseException as e:  # noqa: BLE001 - handed to the learner thread, which raises it
             self._error = e
             self._stop.set()
@@ -525,7 +590,7 @@ class ThreadedProducer:
         self._thread.join(timeout=120)
         if self._thread.is_alive():
             raise RuntimeError("rollout worker did not stop within 120 s")
-        return self.queue.drain() + self.rollout.inflight()
+        return self.queue.drain() + self.rollout.inflight() + self._lost_on_stop
 
 
 def build_producer(cfg: RunConfig, run: Any) -> SyncProducer | ThreadedProducer:

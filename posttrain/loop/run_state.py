@@ -45,6 +45,7 @@ class RunState:
     inflight_at_checkpoint: int = 0  # samples queued / paused when the checkpoint was written
     discarded_on_resume: int = 0  # in-flight samples of the checkpoint that a resume discarded (counted)
     unconsumed_samples: int = 0  # samples generated but never trained on when the run ended
+    rollout_dropped: int = 0  # paused samples dropped before resuming (max_version_span / max_staleness)
 
 
 def reference_answer(task: Any, ex: Any) -> str:
