@@ -12,6 +12,7 @@ from typing import Any
 # name -> module implementing add_arguments(parser) and run(args)
 BENCHMARKS: dict[str, str] = {}
 BENCHMARKS["vs-trl"] = "posttrain.bench.vs_trl"
+BENCHMARKS["rollout"] = "posttrain.bench.rollout"
 
 
 def register(sub: Any) -> None:

@@ -1,0 +1,212 @@
+"""Rollout throughput: the built-in engine vs transformers' generate on the same model and prompts.
+
+For each model (Qwen2-style presets built locally, :mod:`posttrain.models.tiny`) and each case,
+``batch`` rows of ``new_tokens`` generated tokens, sampled at temperature 1 with no truncation
+and no end of sequence (every row generates exactly ``new_tokens``), by:
+
+- ``builtin``: :class:`~posttrain.rollout.builtin.BuiltinEngine` (recording float64 behaviour
+  log-probs for every token, which ``generate`` does not do);
+- ``hf``: ``model.generate(do_sample=True, top_k=0, ...)`` on the very same model object, with
+  the attention implementation the model was built with (eager for the tiny presets);
+- ``hf_sdpa``: the same ``generate`` with ``attn_implementation="sdpa"`` (Hugging Face's fastest
+  CPU attention), a stronger baseline.
+
+Cases: ``batch`` prompts with one sample each, and ``batch // n`` prompts with ``n`` samples each
+(the engine prefills each prompt once; ``generate`` expands the prompt ``n`` times via
+``num_return_sequences``). Engines run alternately (the order flips every repetition) in one
+process; the reported tokens/s is the median over ``reps``. The roofline is
+``gemm_flops / (2 * params)`` tokens/s: a decoder spends about ``2 * params`` FLOPs per token
+(Kaplan et al. 2020, arXiv:2001.08361, section 2.1), and ``gemm_flops`` is the best of several
+fp32 ``n x n`` matmuls measured with the same thread count.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import statistics
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    """Options of ``posttrain bench rollout`` (``--json PATH`` is added by the bench command)."""
+    p.add_argument("--models", default="3m,25m", help="comma-separated tiny presets (default 3m,25m)")
+    p.add_argument("--batch", type=int, default=64, help="rows generated per case (default 64)")
+    p.add_argument("--new-tokens", type=int, default=64, help="tokens generated per row (default 64)")
+    p.add_argument("--prompt-len", type=int, default=16, help="prompt tokens (default 16)")
+    p.add_argument("--n", type=int, default=8, help="samples per prompt of the n-case (default 8; 1 = skip)")
+    p.add_argument("--reps", type=int, default=3, help="timed repetitions per engine (default 3)")
+    p.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's current setting)")
+    p.add_argument("--no-sdpa-baseline", action="store_true", help="skip the hf_sdpa baseline")
+    p.add_argument("--gemm-size", type=int, default=1024, help="n of the n x n fp32 GEMM roofline probe")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--quick", action="store_true",
+                   help="smoke run: micro model, batch 4, 8 new tokens, n 2, 1 rep, GEMM 256, 1 thread (seconds)")
+
+
+def gemm_flops(size: int = 1024, trials: int = 5, min_seconds: float = 0.2) -> float:
+    """Best measured fp32 ``size x size @ size x size`` rate in FLOP/s (``2 n^3`` FLOPs per product)."""
+    a = torch.randn(size, size)
+    b = torch.randn(size, size)
+    a @ b  # warm-up
+    best = 0.0
+    for _ in range(trials):
+        k, t0 = 0, time.perf_counter()
+        while True:
+            a @ b
+            k += 1
+            dt = time.perf_counter() - t0
+            if dt >= min_seconds:
+                break
+        best = max(best, 2.0 * size**3 * k / dt)
+    return best
+
+
+def _time_builtin(engine: Any, prompts: list[list[int]], n: int, new_tokens: int, seed: int) -> tuple[float, int]:
+    from posttrain.rollout.sampling import SamplingParams
+    from posttrain.rollout.types import GenerationRequest
+
+    params = SamplingParams(temperature=1.0, top_k=0, top_p=1.0, max_new_tokens=new_tokens, n=n, seed=seed)
+    reqs = [GenerationRequest(f"b{i}", p, params) for i, p in enumerate(prompts)]
+    t0 = time.perf_counter()
+    out = engine.generate(reqs)
+    dt = time.perf_counter() - t0
+    return dt, sum(len(c.token_ids) for c in out)
+
+
+def _time_hf(model: Any, prompts: list[list[int]], n: int, new_tokens: int, seed: int, attn: str) -> tuple[float, int]:
+    ids = torch.tensor(prompts, dtype=torch.long)  # equal lengths: no padding needed
+    prev = model.config._attn_implementation
+    model.config._attn_implementation = attn
+    try:
+        torch.manual_seed(seed)
+        t0 = time.perf_counter()
+        with torch.inference_mode():
+            out = model.generate(
+                input_ids=ids, attention_mask=torch.ones_like(ids), do_sample=True, temperature=1.0, top_k=0,
+                top_p=1.0, max_new_tokens=new_tokens, num_return_sequences=n, pad_token_id=0,
+            )
+        dt = time.perf_counter() - t0
+    finally:
+        model.config._attn_implementation = prev
+    return dt, int(out.shape[0] * (out.shape[1] - ids.shape[1]))
+
+
+def run_case(
+    model: Any, prompts: list[list[int]], n: int, new_tokens: int, reps: int, seed: int, sdpa: bool
+) -> dict[str, Any]:
+    """Alternate the engines ``reps`` times on one case; median tokens/s and per-rep seconds per engine."""
+    from posttrain.rollout.builtin import BuiltinEngine
+
+    engine = BuiltinEngine(model)  # eos None on the bench models: every row generates new_tokens
+    own_attn = model.config._attn_implementation
+    runners: dict[str, Any] = {
+        "builtin": lambda s, k=new_tokens: _time_builtin(engine, prompts, n, k, s),
+        "hf": lambda s, k=new_tokens: _time_hf(model, prompts, n, k, s, own_attn),
+    }
+    if sdpa:
+        runners["hf_sdpa"] = lambda s, k=new_tokens: _time_hf(model, prompts, n, k, s, "sdpa")
+    # one untimed warm-up each (allocator, lazy inits), with a short generation
+    for f in runners.values():
+        f(seed, min(4, new_tokens))
+    secs: dict[str, list[float]] = {k: [] for k in runners}
+    toks: dict[str, list[int]] = {k: [] for k in runners}
+    names = list(runners)
+    for r in range(reps):
+        for name in names if r % 2 == 0 else names[::-1]:
+            dt, nt = runners[name](seed + 1 + r)
+            secs[name].append(dt)
+            toks[name].append(nt)
+    tps = {k: statistics.median(t / s for t, s in zip(toks[k], secs[k])) for k in runners}
+    expected = len(prompts) * n * new_tokens
+    for k in runners:
+        if any(t != expected for t in toks[k]):
+            raise RuntimeError(f"{k} generated {toks[k]} tokens, expected {expected} per run (an early stop?)")
+    return {"tokens_per_s": tps, "seconds": secs, "tokens_per_run": expected}
+
+
+def run(args: argparse.Namespace) -> int:
+    """Run the benchmark, print a table, write JSON when ``--json`` is given; returns 0."""
+    from rich.console import Console
+    from rich.table import Table
+
+    from posttrain.models import build_tiny_model, count_parameters
+
+    if args.quick:
+        args.models, args.batch, args.new_tokens, args.n, args.reps, args.gemm_size = "micro", 4, 8, 2, 1, 256
+        if args.threads is None:
+            args.threads = 1
+    if args.threads is not None:
+        torch.set_num_threads(args.threads)
+    threads = torch.get_num_threads()
+    models = [m.strip() for m in args.models.split(",") if m.strip()]
+    if args.batch < 1 or args.new_tokens < 1 or args.reps < 1 or args.n < 1:
+        raise ValueError("--batch, --new-tokens, --reps and --n must be >= 1")
+    g = torch.Generator().manual_seed(args.seed)
+    load_before = os.getloadavg()
+    flops = gemm_flops(args.gemm_size, trials=2, min_seconds=0.05) if args.quick else gemm_flops(args.gemm_size)
+    results: list[dict[str, Any]] = []
+    for preset in models:
+        # eos None: no early stop, so both engines generate exactly new_tokens per row.
+        model = build_tiny_model(preset, seed=args.seed, eos_token_id=None,
+                                 max_position_embeddings=max(512, args.prompt_len + args.new_tokens + 1))
+        params = count_parameters(model)
+        roof = flops / (2.0 * params)
+        cases = [("batch", args.batch, 1)]
+        if args.n > 1:
+            cases.append((f"n{args.n}", max(1, args.batch // args.n), args.n))
+        for case, n_prompts, n in cases:
+            prompts = [torch.randint(3, model.config.vocab_size, (args.prompt_len,), generator=g).tolist()
+                       for _ in range(n_prompts)]
+            res = run_case(model, prompts, n, args.new_tokens, args.reps, args.seed, not args.no_sdpa_baseline)
+            tps = res["tokens_per_s"]
+            entry: dict[str, Any] = {
+                "model": preset, "params": params, "case": case, "prompts": n_prompts, "n": n,
+                "rows": n_prompts * n, "new_tokens": args.new_tokens, **res,
+                "ratio_vs_hf": tps["builtin"] / tps["hf"],
+                "roofline_tokens_per_s": roof,
+                "roofline_fraction": tps["builtin"] / roof,
+                "roofline_fraction_hf": tps["hf"] / roof,
+            }
+            if "hf_sdpa" in tps:
+                entry["ratio_vs_hf_sdpa"] = tps["builtin"] / tps["hf_sdpa"]
+            results.append(entry)
+    out = {
+        "benchmark": "rollout",
+        "command": (f"posttrain bench rollout --models {args.models} --batch {args.batch} --new-tokens {args.new_tokens}"
+                    f" --prompt-len {args.prompt_len} --n {args.n} --reps {args.reps} --threads {threads}"
+                    f" --seed {args.seed}" + (" --no-sdpa-baseline" if args.no_sdpa_baseline else "")),
+        "machine": {
+            "cpus": os.cpu_count(), "torch_threads": threads, "platform": platform.platform(),
+            "torch": torch.__version__, "loadavg_before": load_before, "loadavg_after": os.getloadavg(),
+        },
+        "gemm_flops": flops,
+        "settings": {k: getattr(args, k) for k in ("models", "batch", "new_tokens", "prompt_len", "n", "reps", "seed",
+                                                   "gemm_size", "quick")},
+        "results": results,
+    }
+    table = Table(title=f"posttrain bench rollout ({threads} threads, fp32 GEMM {flops / 1e9:.1f} GFLOP/s)")
+    for col in ("model", "params", "case", "builtin tok/s", "hf tok/s", "hf_sdpa tok/s", "x hf", "x hf_sdpa",
+                "roofline tok/s", "builtin %roof", "hf %roof"):
+        table.add_column(col, justify="right")
+    for e in results:
+        t = e["tokens_per_s"]
+        table.add_row(
+            e["model"], f"{e['params'] / 1e6:.2f}M", f"{e['rows']} rows ({e['case']})", f"{t['builtin']:.0f}",
+            f"{t['hf']:.0f}", f"{t['hf_sdpa']:.0f}" if "hf_sdpa" in t else "-", f"{e['ratio_vs_hf']:.2f}",
+            f"{e['ratio_vs_hf_sdpa']:.2f}" if "ratio_vs_hf_sdpa" in e else "-", f"{e['roofline_tokens_per_s']:.0f}",
+            f"{100 * e['roofline_fraction']:.0f}%", f"{100 * e['roofline_fraction_hf']:.0f}%",
+        )
+    Console(width=max(160, Console().width)).print(table)
+    print(f"load average before/after: {load_before} / {out['machine']['loadavg_after']}")
+    if args.json_path:
+        Path(args.json_path).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.json_path).write_text(json.dumps(out, indent=2))
+        print(f"wrote {args.json_path}")
+    return 0

@@ -1,0 +1,37 @@
+"""`posttrain bench rollout --quick` runs end to end and writes the documented JSON keys (not a timed test)."""
+
+from __future__ import annotations
+
+import json
+from argparse import Namespace
+from pathlib import Path
+
+import pytest
+
+from posttrain.bench.rollout import run
+from posttrain.cli import main
+
+
+def test_bench_rollout_quick_writes_json(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    out = tmp_path / "rollout.json"
+    assert main(["bench", "rollout", "--quick", "--no-sdpa-baseline", "--json", str(out)]) == 0
+    d = json.loads(out.read_text())
+    assert d["benchmark"] == "rollout" and d["gemm_flops"] > 0
+    assert d["command"].startswith("posttrain bench rollout --models micro --batch 4 --new-tokens 8")
+    assert [(r["model"], r["case"], r["rows"], r["n"]) for r in d["results"]] == [("micro", "batch", 4, 1), ("micro", "n2", 4, 2)]
+    for r in d["results"]:
+        assert set(r["tokens_per_s"]) == {"builtin", "hf"}
+        assert all(v > 0 for v in r["tokens_per_s"].values())
+        assert r["tokens_per_run"] == 4 * 8
+        assert r["ratio_vs_hf"] == pytest.approx(r["tokens_per_s"]["builtin"] / r["tokens_per_s"]["hf"])
+        assert r["roofline_tokens_per_s"] == pytest.approx(d["gemm_flops"] / (2 * r["params"]))
+        assert r["roofline_fraction"] == pytest.approx(r["tokens_per_s"]["builtin"] / r["roofline_tokens_per_s"])
+        assert len(r["seconds"]["builtin"]) == len(r["seconds"]["hf"]) == 1
+    assert "builtin tok/s" in capsys.readouterr().out
+
+
+def test_bench_rollout_rejects_bad_sizes() -> None:
+    args = Namespace(quick=False, threads=1, models="micro", batch=0, new_tokens=8, prompt_len=4, n=1, reps=1,
+                     seed=0, gemm_size=64, no_sdpa_baseline=True, json_path=None)
+    with pytest.raises(ValueError, match="must be >= 1"):
+        run(args)
