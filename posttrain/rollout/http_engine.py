@@ -298,7 +298,7 @@ class HTTPEngine:
         return payload
 
     @property
-    def version(self) -> int:  # type: ignore[override]
+    def version(self) -> int:
         """The server engine's version (asked over HTTP)."""
         return int(self._call("GET", "/version")["version"])
 

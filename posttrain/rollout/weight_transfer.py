@@ -48,7 +48,7 @@ def _dtype_of(name: str) -> torch.dtype:
 def _digest(manifest: list[ManifestEntry], buffer: np.ndarray) -> str:
     h = hashlib.blake2b(digest_size=16)
     h.update(json.dumps([list(m[:2]) + [list(m[2])] + list(m[3:]) for m in manifest]).encode())
-    h.update(memoryview(np.ascontiguousarray(buffer)).cast("B"))
+    h.update(np.ascontiguousarray(buffer).view(np.uint8).data)
     return h.hexdigest()
 
 

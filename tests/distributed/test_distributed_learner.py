@@ -3,12 +3,11 @@ single-process ones on the same batch (float64, tight tolerance)."""
 
 from __future__ import annotations
 
+import _distributed_helpers as helpers
 import pytest
 import torch
 
-import _distributed_helpers as helpers
 from posttrain.learner.distributed import run_ranks
-
 
 REDUCTIONS = ["token_mean", "seq_mean_token_mean", "seq_mean_token_sum_norm"]
 

@@ -5,11 +5,11 @@ from __future__ import annotations
 import builtins
 import dataclasses
 
+import _distributed_helpers as helpers
 import pytest
 import torch
 from pydantic import ValidationError
 
-import _distributed_helpers as helpers
 from posttrain.loop.backends import (
     FailedRequest,
     RayBackendConfig,

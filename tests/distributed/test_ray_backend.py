@@ -6,11 +6,11 @@ from __future__ import annotations
 
 import time
 
+import _distributed_helpers as helpers
 import pytest
 import torch
-
-import _distributed_helpers as helpers
 from conftest import micro_engine_model
+
 from posttrain.loop.backends import RolloutInfraError
 from posttrain.rollout.builtin import BuiltinEngine
 from posttrain.rollout.sampling import SamplingParams

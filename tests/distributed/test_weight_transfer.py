@@ -6,7 +6,12 @@ import numpy as np
 import pytest
 import torch
 
-from posttrain.rollout.weight_transfer import WeightPacket, WeightTransferError, pack_state_dict, state_dict_checksum
+from posttrain.rollout.weight_transfer import (
+    WeightPacket,
+    WeightTransferError,
+    pack_state_dict,
+    state_dict_checksum,
+)
 
 
 def _sd():

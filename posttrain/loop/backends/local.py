@@ -30,13 +30,23 @@ from posttrain.rollout.types import Completion, GenerationRequest
 from posttrain.rollout.weight_transfer import pack_state_dict
 
 
+class _Given:
+    """A factory returning an engine that already exists."""
+
+    def __init__(self, engine: RolloutEngine) -> None:
+        self.engine = engine
+
+    def __call__(self) -> RolloutEngine:
+        return self.engine
+
+
 class LocalRolloutWorkers:
     """N in-process engines behind one engine-shaped handle (requests split in order, run in turn)."""
 
     def __init__(self, engines: Sequence[RolloutEngine]) -> None:
         if not engines:
             raise ValueError("LocalRolloutWorkers needs at least one engine")
-        self.workers = [RolloutWorker(lambda e=e: e, f"local-rollout-{i}") for i, e in enumerate(engines)]
+        self.workers = [RolloutWorker(_Given(e), f"local-rollout-{i}") for i, e in enumerate(engines)]
         versions = {w.version for w in self.workers}
         if len(versions) != 1:
             raise ValueError(f"engines start at different versions {sorted(versions)}")

@@ -519,7 +519,8 @@ class RayRewardWorkers:
 
     def __init__(self, cfg: RayBackendConfig, placement: Placement | None = None) -> None:
         ray = require_ray()
-        self.cfg, self._ray, self._errors = cfg, ray, _infra_errors()
+        self.cfg, self._ray = cfg, ray
+        self._failures: tuple[type[BaseException], ...] = (*_infra_errors(), TimeoutError)
         cls = ray.remote(RewardActor)
         self.names = [f"reward-{i}" for i in range(cfg.num_reward_workers)]
         self.actors = []
@@ -561,7 +562,7 @@ class RayRewardWorkers:
                     if ref in not_ready:
                         raise TimeoutError(f"reward worker {self.names[w]} gave no answer within {budget:g}s")
                     out = self._ray.get(ref, timeout=budget)
-                except (*self._errors, TimeoutError) as e:
+                except self._failures as e:
                     merge_counts(self.counts, {"worker_failures": 1}, "verify/")
                     retry = [j for j in idx if tries[j] <= self.cfg.request_retries]
                     for j in idx:
