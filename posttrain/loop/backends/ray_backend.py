@@ -654,7 +654,7 @@ class _BuiltinFactory:
     """Picklable engine factory: a CPU copy of the model's config + weights, engine kwargs."""
 
     def __init__(self, model: torch.nn.Module, engine_kwargs: Mapping[str, Any]) -> None:
-        self.config = model.config  # type: ignore[union-attr]
+        self.config = model.config
         self.cls = type(model)
         self.state = {k: v.detach().to("cpu").clone() for k, v in model.state_dict().items()}
         self.dtype = next(model.parameters()).dtype
