@@ -13,6 +13,7 @@ from typing import Any
 BENCHMARKS: dict[str, str] = {}
 BENCHMARKS["vs-trl"] = "posttrain.bench.vs_trl"
 BENCHMARKS["rollout"] = "posttrain.bench.rollout"
+BENCHMARKS["async"] = "posttrain.bench.async_modes"
 
 
 def register(sub: Any) -> None:

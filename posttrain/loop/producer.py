@@ -284,7 +284,7 @@ class GroupRollout:
                                         metas=[metas[i] for i in ok])
                 t_rew = rinfo["time/reward_s"]
             scored = dict(zip(ok, trajs_ok, strict=True))
-            trajs = [scored[i] if i in scored else comps_out[i].trajectory(  # type: ignore[union-attr]
+            trajs = [scored[i] if i in scored else comps_out[i].trajectory(
                 tids[i], gids[i], exs[i], self.stage.spec, run.task, metas[i]) for i in range(len(comps_out))]
             by_group: dict[str, list[Trajectory]] = {}
             for t in trajs:

@@ -132,7 +132,9 @@ def update_step(run: Any, producer: Any, step: int, produced: Any, t_step: float
         run.observe_kl(metrics)
         # 7. held-out eval every N steps -> promote / retain / reject
         if step % cfg.eval.every == 0 or step == cfg.steps:
+            t2 = time.perf_counter()
             metrics.update(run.evaluate_and_judge(step))
+            metrics["time/eval_s"] = time.perf_counter() - t2
     stop_reason = check_guards(cfg.guards, metrics)
     ledger_trajs = list(batch.trajectories) + [t for t in trajs if t.status is Status.INFRA_ERROR]
     run.finish_step(step, ledger_trajs, metrics, t_step)
