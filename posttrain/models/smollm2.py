@@ -150,6 +150,16 @@ def _set_pad(tokenizer: Any, model: torch.nn.Module | None = None) -> None:
             gen.pad_token_id = tokenizer.pad_token_id
 
 
+def _tokenizer_from_gguf(gguf: Path) -> Any:
+    """The tokenizer stored in the GGUF file's metadata (vocab, merges, special tokens, chat template)."""
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
+    if not getattr(tok, "chat_template", None):
+        raise ValueError(f"{gguf} carries no chat template; the conversion would be incomplete")
+    return tok
+
+
 def _dequantized_model(gguf: Path) -> torch.nn.Module:
     """A plain float32 causal LM holding the GGUF file's weights, unpacked.
 
@@ -188,14 +198,11 @@ def convert(name: str = "smollm2-135m-instruct", cache_dir: str | Path | None = 
         return final
     gguf = gguf_path(key)
     _require_gguf(src)
-    from transformers import AutoTokenizer
-
     final.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{final.name}.tmp-", dir=final.parent))
+    tmp.chmod(0o755)  # mkdtemp makes it owner-only; the cache is an ordinary readable folder
     try:
-        tok = AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
-        if not getattr(tok, "chat_template", None):
-            raise ValueError(f"{gguf} carries no chat template; the conversion would be incomplete")
+        tok = _tokenizer_from_gguf(gguf)
         model = _dequantized_model(gguf)
         _set_pad(tok, model)
         model.save_pretrained(tmp)
