@@ -123,7 +123,7 @@ def run_case(
             dt, nt = runners[name](seed + 1 + r)
             secs[name].append(dt)
             toks[name].append(nt)
-    tps = {k: statistics.median(t / s for t, s in zip(toks[k], secs[k])) for k in runners}
+    tps = {k: statistics.median(t / s for t, s in zip(toks[k], secs[k], strict=True)) for k in runners}
     expected = len(prompts) * n * new_tokens
     for k in runners:
         if any(t != expected for t in toks[k]):
@@ -154,8 +154,10 @@ def run(args: argparse.Namespace) -> int:
     results: list[dict[str, Any]] = []
     for preset in models:
         # eos None: no early stop, so both engines generate exactly new_tokens per row.
-        model = build_tiny_model(preset, seed=args.seed, eos_token_id=None,
+        model = build_tiny_model(preset, seed=args.seed,
                                  max_position_embeddings=max(512, args.prompt_len + args.new_tokens + 1))
+        model.config.eos_token_id = None
+        model.generation_config.eos_token_id = None
         params = count_parameters(model)
         roof = flops / (2.0 * params)
         cases = [("batch", args.batch, 1)]
@@ -177,6 +179,7 @@ def run(args: argparse.Namespace) -> int:
             if "hf_sdpa" in tps:
                 entry["ratio_vs_hf_sdpa"] = tps["builtin"] / tps["hf_sdpa"]
             results.append(entry)
+    load_after = os.getloadavg()
     out = {
         "benchmark": "rollout",
         "command": (f"posttrain bench rollout --models {args.models} --batch {args.batch} --new-tokens {args.new_tokens}"
@@ -184,7 +187,7 @@ def run(args: argparse.Namespace) -> int:
                     f" --seed {args.seed}" + (" --no-sdpa-baseline" if args.no_sdpa_baseline else "")),
         "machine": {
             "cpus": os.cpu_count(), "torch_threads": threads, "platform": platform.platform(),
-            "torch": torch.__version__, "loadavg_before": load_before, "loadavg_after": os.getloadavg(),
+            "torch": torch.__version__, "loadavg_before": load_before, "loadavg_after": load_after,
         },
         "gemm_flops": flops,
         "settings": {k: getattr(args, k) for k in ("models", "batch", "new_tokens", "prompt_len", "n", "reps", "seed",
@@ -204,7 +207,7 @@ def run(args: argparse.Namespace) -> int:
             f"{100 * e['roofline_fraction']:.0f}%", f"{100 * e['roofline_fraction_hf']:.0f}%",
         )
     Console(width=max(160, Console().width)).print(table)
-    print(f"load average before/after: {load_before} / {out['machine']['loadavg_after']}")
+    print(f"load average before/after: {load_before} / {load_after}")
     if args.json_path:
         Path(args.json_path).parent.mkdir(parents=True, exist_ok=True)
         Path(args.json_path).write_text(json.dumps(out, indent=2))

@@ -102,7 +102,7 @@ def measure_mismatch(engine: Any, model: Any, completions: Sequence[Completion])
     per_token: list[torch.Tensor] = []
     seq: list[float] = []
     stale = 0
-    for c, pi in zip(completions, lp):
+    for c, pi in zip(completions, lp, strict=True):
         mu = torch.tensor(c.logprobs, dtype=torch.float64)
         lk = pi - mu
         per_token.append(lk.abs())

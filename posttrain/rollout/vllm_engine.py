@@ -227,7 +227,11 @@ class VLLMEngine:
             self.eos_ids = frozenset({eos_token_id})
         else:
             self.eos_ids = frozenset(int(e) for e in eos_token_id)
-        self.vocab_size = int(vocab_size if vocab_size is not None else mc.get_vocab_size())
+        if vocab_size is None:
+            if mc is None:
+                raise ValueError("VLLMEngine: vocab_size unknown (no llm.llm_engine.model_config); pass vocab_size=")
+            vocab_size = int(mc.get_vocab_size())
+        self.vocab_size = int(vocab_size)
         self.context = context if context is not None else getattr(mc, "max_model_len", None)
         self.has_tokenizer = (
             has_tokenizer if has_tokenizer is not None else not llm_kwargs.get("skip_tokenizer_init", False)

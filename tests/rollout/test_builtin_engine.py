@@ -70,7 +70,7 @@ def test_greedy_matches_transformers_generate(model: torch.nn.Module, fast_path:
     out = eng.generate(
         [GenerationRequest(f"g{i}", p, SamplingParams(temperature=0.0, max_new_tokens=24)) for i, p in enumerate(PROMPTS)]
     )
-    for c, p in zip(out, PROMPTS):
+    for c, p in zip(out, PROMPTS, strict=True):
         ids = torch.tensor([p])
         with torch.no_grad():
             ref = model.generate(

@@ -114,7 +114,7 @@ def test_n_completions_per_request_in_order(model: torch.nn.Module, make_engine:
     prompts = _prompts(3)
     ns = [1, 3, 2]
     reqs = [
-        GenerationRequest(f"q{i}", p, SamplingParams(n=n, max_new_tokens=7, seed=11)) for i, (p, n) in enumerate(zip(prompts, ns))
+        GenerationRequest(f"q{i}", p, SamplingParams(n=n, max_new_tokens=7, seed=11)) for i, (p, n) in enumerate(zip(prompts, ns, strict=True))
     ]
     out = eng.generate(reqs)
     assert [(c.request_id, c.sample_index) for c in out] == [
