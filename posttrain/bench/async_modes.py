@@ -40,15 +40,15 @@ MODES: dict[str, list[str]] = {
                 "correction.name=tis"],
 }
 
-FULL = dict(model="builtin:tiny", sft_steps=300, steps=16, prompts=16, group=8, max_len=24, eval_size=200)
-QUICK = dict(model="builtin:micro", sft_steps=20, steps=3, prompts=4, group=4, max_len=10, eval_size=16)
+FULL = dict(model="builtin:tiny", sft_steps=150, steps=10, prompts=16, group=8, max_len=24, eval_size=100)
+QUICK = dict(model="builtin:micro", sft_steps=10, steps=3, prompts=4, group=4, max_len=10, eval_size=8)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """CLI options of ``posttrain bench async``."""
     parser.add_argument("--quick", action="store_true", help="micro model, 3 steps: a smoke test (seconds)")
     parser.add_argument("--modes", default=",".join(MODES), help=f"comma-separated subset of {', '.join(MODES)}")
-    parser.add_argument("--steps", type=int, default=None, help="RL steps per mode (default 16; quick 3)")
+    parser.add_argument("--steps", type=int, default=None, help="RL steps per mode (default 10; quick 3)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--intra-op-threads", dest="threads", type=int, default=1,
                         help="torch.set_num_threads for every mode (default 1; see the module docstring)")
