@@ -114,6 +114,25 @@ def init_ray(cfg: RayBackendConfig) -> bool:
     return True
 
 
+def wait_alive(actor: Any, timeout_s: float) -> str | None:
+    """Ping ``actor.info`` until it answers (``None``) or Ray says it is gone / ``timeout_s`` passes
+    (the error text). An actor being restarted is waited for, not declared dead."""
+    ray = require_ray()
+    rex = ray.exceptions
+    deadline = time.monotonic() + timeout_s
+    while True:
+        left = deadline - time.monotonic()
+        try:
+            ray.get(actor.info.remote(), timeout=max(0.1, left))
+            return None
+        except rex.ActorUnavailableError as e:  # restarting: ask again
+            if left <= 0:
+                return f"{type(e).__name__}: {e}"[:300]
+            time.sleep(0.2)
+        except (*_infra_errors(), rex.GetTimeoutError) as e:
+            return f"{type(e).__name__}: {e}"[:300]
+
+
 # ---------------------------------------------------------------------------- actors (bodies)
 class RolloutActor:
     """Actor body around :class:`RolloutWorker` (decorated with ``ray.remote`` at build time)."""
@@ -331,24 +350,13 @@ class RayRolloutWorkers:
         return [i for i in range(len(self.actors)) if i not in self.dead]
 
     def _check_alive(self, i: int) -> None:
-        """After a failure: ping worker ``i`` until it answers (a restart takes seconds), at most
+        """After a failure: wait for worker ``i`` to answer again (a restart takes seconds), at most
         ``startup_timeout_s``; mark it dead when Ray gave up on it or it never answers."""
-        rex = self._ray.exceptions
-        deadline = time.monotonic() + self.cfg.startup_timeout_s
-        while True:
-            left = deadline - time.monotonic()
-            try:
-                self._ray.get(self.actors[i].info.remote(), timeout=max(0.1, left))
-                return
-            except rex.ActorUnavailableError:  # restarting: ask again
-                if left <= 0:
-                    break
-                time.sleep(0.2)
-            except (*self._errors, rex.GetTimeoutError) as e:
-                self.last_error[i] = f"{type(e).__name__}: {e}"[:300]
-                break
-        self.dead.add(i)
-        self.counts["rollout/dead_workers"] += 1
+        err = wait_alive(self.actors[i], self.cfg.startup_timeout_s)
+        if err is not None:
+            self.last_error[i] = err
+            self.dead.add(i)
+            self.counts["rollout/dead_workers"] += 1
 
     # ------------------------------------------------------------------ generation
     def generate_detailed(self, requests: Sequence[GenerationRequest], *,
@@ -532,6 +540,7 @@ class RayRewardWorkers:
             self.actors.append(cls.options(**opts).remote(name, cfg.verify_timeout_s, cfg.verify_retries))
         ray.get([a.info.remote() for a in self.actors], timeout=cfg.startup_timeout_s)
         self.counts: dict[str, float] = {}
+        self.dead: set[int] = set()
 
     def verify_batch(self, items: Sequence[Item]) -> list[Verdict]:
         """One verdict per item, in order (see the class docstring)."""
@@ -540,8 +549,12 @@ class RayRewardWorkers:
         results: list[Verdict | None] = [None] * len(items)
         tries: collections.Counter[int] = collections.Counter()
         n = len(self.actors)
-        chunks = [list(range(len(items)))[k::n] for k in range(n)] if items else []
-        queue = collections.deque((k % n, c) for k, c in enumerate(chunks) if c)
+        alive = [k for k in range(n) if k not in self.dead]
+        if not alive:
+            merge_counts(self.counts, {"infra_error": len(items)}, "verify/")
+            return [infra_error("no live reward worker") for _ in items]
+        chunks = [list(range(len(items)))[k :: len(alive)] for k in range(len(alive))] if items else []
+        queue = collections.deque((alive[k], c) for k, c in enumerate(chunks) if c)
         per_item = self.cfg.verify_timeout_s * (self.cfg.verify_retries + 1) + 5.0
         while queue:
             inflight: dict[Any, tuple[int, list[int], float]] = {}
@@ -564,14 +577,17 @@ class RayRewardWorkers:
                     out = self._ray.get(ref, timeout=budget)
                 except self._failures as e:
                     merge_counts(self.counts, {"worker_failures": 1}, "verify/")
-                    retry = [j for j in idx if tries[j] <= self.cfg.request_retries]
+                    if wait_alive(self.actors[w], self.cfg.startup_timeout_s) is not None:
+                        self.dead.add(w)
+                    retry = [j for j in idx if tries[j] <= self.cfg.request_retries and len(self.dead) < n]
                     for j in idx:
                         if j not in retry:
                             results[j] = infra_error(f"reward worker {self.names[w]} failed: {type(e).__name__}")
                             merge_counts(self.counts, {"infra_error": 1}, "verify/")
                     if retry:
                         merge_counts(self.counts, {"requeued": len(retry)}, "verify/")
-                        queue.append(((w + 1) % n, retry))
+                        alive = [k for k in range(n) if k not in self.dead]
+                        queue.append((alive[(alive.index(w) + 1) % len(alive)] if w in alive else alive[0], retry))
                     continue
                 for j, (verdict, counts) in zip(idx, out, strict=True):
                     results[j] = verdict
