@@ -39,8 +39,8 @@ log = logging.getLogger("posttrain.bench.vs_trl")
 
 # The smoke-test shape: small enough to run in well under a minute on 2 CPU cores.
 QUICK_OVERRIDES = [
-    "sft.steps=30", "sft.batch_size=32", "sft.examples=400",
-    "sampling.prompts_per_step=4", "sampling.group_size=4", "eval.size=24",
+    "model.path=builtin:micro", "task.kwargs.terms=2", "sft.steps=60", "sft.batch_size=32", "sft.examples=400",
+    "sampling.prompts_per_step=8", "sampling.group_size=4", "eval.size=16",
 ]
 QUICK_STEPS = 3
 DEFAULT_STEPS = 20
@@ -51,7 +51,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--steps", type=int, default=None,
                         help=f"RL steps on each side (default {DEFAULT_STEPS}; {QUICK_STEPS} with --quick)")
     parser.add_argument("--quick", action="store_true",
-                        help="smoke test: a short SFT, 4 prompts x 4 samples, 3 steps, 24 held-out problems")
+                        help="smoke test: micro model, 2-term sums, short SFT, 8 prompts x 4 samples, 3 steps, 16 held-out problems")
     parser.add_argument("--recipe", default="demo", help="the recipe both sides share (default: demo)")
     parser.add_argument("--work-dir", default="runs/bench_vs_trl",
                         help="SFT checkpoint, posttrain run dir and TRL output dir go here")
@@ -59,6 +59,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="redo the SFT warm-up even if a matching checkpoint exists in --work-dir")
     parser.add_argument("--only", choices=["both", "posttrain", "trl"], default="both",
                         help="run one side only (the other's columns are left empty)")
+    parser.add_argument("--threads", type=int, default=None,
+                        help="torch intra-op threads for both sides (default: torch's own choice)")
     parser.add_argument("overrides", nargs="*", help="key=value overrides of the recipe (applied to both sides)")
 
 
@@ -93,8 +95,8 @@ def _load(path: Path) -> tuple[Any, torch.nn.Module]:
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     tok = AutoTokenizer.from_pretrained(str(path))
-    model = AutoModelForCausalLM.from_pretrained(str(path), dtype=torch.float32).eval()
-    return tok, model
+    model: Any = AutoModelForCausalLM.from_pretrained(str(path), dtype=torch.float32)
+    return tok, model.eval()
 
 
 def _weight_delta(model: torch.nn.Module, ref: dict[str, torch.Tensor]) -> float:
@@ -106,7 +108,7 @@ def _weight_delta(model: torch.nn.Module, ref: dict[str, torch.Tensor]) -> float
     return math.sqrt(sq)
 
 
-def _steady(xs: Sequence[float], drop_last: bool = False) -> list[float]:
+def _steady(xs: Sequence[int], drop_last: bool = False) -> list[int]:
     """Per-step figures without the first step (warm-up) and, if asked, the last one."""
     ys = list(xs)[1:] if len(xs) > 2 else list(xs)
     if drop_last and len(ys) > 1:
@@ -214,12 +216,20 @@ def _trl_prompts(cfg: Any, steps: int) -> list[Any]:
     return out
 
 
+def _checkpointing_field(config_cls: Any) -> str:
+    """``activation_checkpointing`` (transformers >= 5) or its older name ``gradient_checkpointing``."""
+    import dataclasses
+
+    names = {f.name for f in dataclasses.fields(config_cls)}
+    return "activation_checkpointing" if "activation_checkpointing" in names else "gradient_checkpointing"
+
+
 def run_trl(cfg: Any, sft_dir: Path, work: Path, steps: int) -> dict[str, Any]:
     """TRL's GRPOTrainer from ``sft_dir`` on the same prompts and settings; timings + held-out."""
     try:
         from datasets import Dataset
         from transformers import TrainerCallback
-        from trl import GRPOConfig, GRPOTrainer
+        from trl import GRPOConfig, GRPOTrainer  # type: ignore[attr-defined]
     except ImportError as e:
         raise ImportError("posttrain bench vs-trl needs TRL: pip install 'posttrain[bench]'") from e
     from posttrain.loop.builders import build_task
@@ -241,10 +251,10 @@ def run_trl(cfg: Any, sft_dir: Path, work: Path, steps: int) -> dict[str, Any]:
     gen_tokens: list[int] = []
 
     def chain_sum_reward(prompts: list[str], completions: list[str], completion_ids: list[list[int]],
-                         example_index: list[int], **_: Any) -> list[float]:
+                         example_index: list[int], **_: Any) -> list[float | None]:
         """The task's verifier, composed with the recipe's reward weights (as posttrain scores)."""
         gen_tokens.append(sum(len(c) for c in completion_ids))
-        out = []
+        out: list[float | None] = []
         for text, i in zip(completions, example_index, strict=True):
             v = task.verifier.verify(text, examples[i].reference)
             out.append(float(compose(dict(v.components), weights).total or 0.0))
@@ -252,7 +262,7 @@ def run_trl(cfg: Any, sft_dir: Path, work: Path, steps: int) -> dict[str, Any]:
 
     step_s: list[float] = []
 
-    class _Timer(TrainerCallback):  # type: ignore[misc]
+    class _Timer(TrainerCallback):
         """Wall-clock between optimiser steps (generation + reward + update all inside)."""
 
         def on_train_begin(self, *a: Any, **k: Any) -> None:
@@ -263,6 +273,7 @@ def run_trl(cfg: Any, sft_dir: Path, work: Path, steps: int) -> dict[str, Any]:
             step_s.append(now - self.t)
             self.t = now
 
+    ckpt_kw: dict[str, Any] = {_checkpointing_field(GRPOConfig): False}
     args = GRPOConfig(
         output_dir=str(work / "trl"),
         max_steps=steps,
@@ -290,19 +301,23 @@ def run_trl(cfg: Any, sft_dir: Path, work: Path, steps: int) -> dict[str, Any]:
         use_cpu=True,
         bf16=False,
         fp16=False,
-        gradient_checkpointing=False,
         report_to="none",
         save_strategy="no",
         logging_steps=max(steps, 1),
         disable_tqdm=True,
         seed=cfg.seed,
         dataloader_num_workers=0,
+        # TRL turns activation (gradient) checkpointing on by default; posttrain's demo does not use it.
+        **ckpt_kw,
     )
+    if getattr(args, "gradient_checkpointing", False):
+        raise RuntimeError("vs-trl: TRL gradient checkpointing could not be switched off")
     tok, model = _load(sft_dir)
     sft_state = {k: v.detach().clone() for k, v in model.state_dict().items()}
+    model_any: Any = model
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        trainer = GRPOTrainer(model=model, reward_funcs=chain_sum_reward, args=args, train_dataset=ds,
+        trainer = GRPOTrainer(model=model_any, reward_funcs=chain_sum_reward, args=args, train_dataset=ds,
                               processing_class=tok, callbacks=[_Timer()])
         t0 = time.perf_counter()
         trainer.train()
@@ -332,7 +347,7 @@ def _table(res: dict[str, Any]) -> str:
     def gain(side: dict[str, Any]) -> float | None:
         if not side or not side.get("generated_tokens"):
             return None
-        return (side["heldout_accuracy"] - sft) / (side["generated_tokens"] / 1000.0)
+        return float(side["heldout_accuracy"] - sft) / (float(side["generated_tokens"]) / 1000.0)
 
     rows = [
         ("wall-clock per step (s)", _fmt(p.get("step_s_mean"), ".3f"), _fmt(t.get("step_s_mean"), ".3f"),
@@ -358,6 +373,16 @@ def run(args: argparse.Namespace) -> int:
     steps = args.steps if args.steps is not None else (QUICK_STEPS if args.quick else DEFAULT_STEPS)
     if steps < 1:
         raise ValueError("--steps must be >= 1")
+    threads_before = torch.get_num_threads()
+    if args.threads is not None:
+        torch.set_num_threads(max(int(args.threads), 1))
+    try:
+        return _run(args, overrides, steps)
+    finally:
+        torch.set_num_threads(threads_before)
+
+
+def _run(args: argparse.Namespace, overrides: list[str], steps: int) -> int:
     cfg = _config(args.recipe, overrides)
     work = Path(args.work_dir)
     work.mkdir(parents=True, exist_ok=True)
