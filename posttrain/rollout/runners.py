@@ -90,6 +90,7 @@ class StaticState:
     valid: torch.Tensor
     length: int
     next_pos: torch.Tensor
+    padded: bool = True  # some row has an invalid (padding) column: attention needs the mask
 
 
 def supports_fast_path(model: torch.nn.Module) -> bool:
@@ -119,8 +120,17 @@ class Qwen2Runner:
         cfg = model.config
         self.n_kv = int(cfg.num_key_value_heads)
 
-    def _layers(self, x: torch.Tensor, pos: torch.Tensor, state: StaticState, t0: int, attn_mask: torch.Tensor) -> torch.Tensor:
-        """Run every decoder layer on ``x [B, S, H]`` whose tokens go to cache columns ``t0..t0+S``."""
+    def _layers(
+        self, x: torch.Tensor, pos: torch.Tensor, state: StaticState, t0: int, attn_mask: torch.Tensor | None
+    ) -> torch.Tensor:
+        """Run every decoder layer on ``x [B, S, H]`` whose tokens go to cache columns ``t0..t0+S``.
+
+        ``attn_mask [B, 1, S, t0+S]`` bool, or ``None`` when no row has padding: then prefill is
+        plain causal attention and a decode step (``S == 1``) attends to every cached column.
+        Decode folds the ``r = H / Hkv`` query heads that share a key/value head into the query
+        axis (``q [B, Hkv, r, D]``), so grouped-query attention runs without repeating the cache;
+        head ``h`` uses kv head ``h // r`` exactly as ``repeat_kv`` in transformers.
+        """
         cos, sin = self.core.rotary_emb(x, pos)
         B, S, _ = x.shape
         t1 = t0 + S
@@ -133,14 +143,18 @@ class Qwen2Runner:
             q, k = self._rope(q, k, cos, sin)
             state.keys[li][:, :, t0:t1] = k
             state.values[li][:, :, t0:t1] = v
-            o = F.scaled_dot_product_attention(
-                q,
-                state.keys[li][:, :, :t1],
-                state.values[li][:, :, :t1],
-                attn_mask=attn_mask,
-                scale=self.scaling,
-                enable_gqa=True,
-            )
+            keys, values = state.keys[li][:, :, :t1], state.values[li][:, :, :t1]
+            if S == 1:
+                Hq = q.shape[1]
+                o = F.scaled_dot_product_attention(
+                    q.reshape(B, self.n_kv, Hq // self.n_kv, self.head_dim), keys, values,
+                    attn_mask=attn_mask, scale=self.scaling,
+                ).reshape(B, Hq, 1, self.head_dim)
+            else:
+                o = F.scaled_dot_product_attention(
+                    q, keys, values, attn_mask=attn_mask, is_causal=attn_mask is None, scale=self.scaling,
+                    enable_gqa=True,
+                )
             x = x + attn.o_proj(o.transpose(1, 2).reshape(B, S, -1))
             x = x + layer.mlp(layer.post_attention_layernorm(x))
         return x
@@ -160,13 +174,17 @@ class Qwen2Runner:
             valid=torch.zeros(U, capacity, dtype=torch.bool, device=ids.device),
             length=T,
             next_pos=mask.long().sum(-1),
+            padded=not bool(mask.all()),
         )
         state.valid[:, :T] = mask
-        causal = torch.ones(T, T, dtype=torch.bool, device=ids.device).tril_()
-        am = causal[None] & mask[:, None, :]
-        # A padding query would see no key at all (NaN softmax): let it see itself; its output is never used.
-        am |= torch.eye(T, dtype=torch.bool, device=ids.device)[None]
-        x = self._layers(self.core.embed_tokens(ids), position_ids_from_mask(mask), state, 0, am[:, None])
+        am: torch.Tensor | None = None
+        if state.padded:
+            causal = torch.ones(T, T, dtype=torch.bool, device=ids.device).tril_()
+            am = causal[None] & mask[:, None, :]
+            # A padding query would see no key at all (NaN softmax): let it see itself; its output is never used.
+            am |= torch.eye(T, dtype=torch.bool, device=ids.device)[None]
+            am = am[:, None]
+        x = self._layers(self.core.embed_tokens(ids), position_ids_from_mask(mask), state, 0, am)
         return self._logits(x[:, -1]), state
 
     def select(self, state: StaticState, index: torch.Tensor) -> StaticState:
@@ -179,12 +197,14 @@ class Qwen2Runner:
             out[:, :, :used] = c[:, :, :used].index_select(0, index)
             return out
 
+        valid = state.valid.index_select(0, index) if cap else state.valid
         return StaticState(
             keys=[pick(k) for k in state.keys],
             values=[pick(v) for v in state.values],
-            valid=state.valid.index_select(0, index) if cap else state.valid,
+            valid=valid,
             length=used,
             next_pos=state.next_pos.index_select(0, index),
+            padded=state.padded and not bool(valid[:, :used].all()),
         )
 
     def decode(self, state: StaticState, tokens: torch.Tensor) -> torch.Tensor:
@@ -193,7 +213,7 @@ class Qwen2Runner:
         if t >= state.keys[0].shape[2]:
             raise RuntimeError(f"static KV cache full ({t} columns); capacity was sized too small")
         state.valid[:, t] = True
-        am = state.valid[:, None, None, : t + 1]
+        am = state.valid[:, None, None, : t + 1] if state.padded else None
         x = self.core.embed_tokens(tokens[:, None])
         x = self._layers(x, state.next_pos[:, None], state, t, am)
         state.length = t + 1
