@@ -53,6 +53,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--intra-op-threads", dest="threads", type=int, default=1,
                         help="torch.set_num_threads for every mode (default 1; see the module docstring)")
     parser.add_argument("--workdir", default=None, help="keep runs here (default: a temporary directory)")
+    parser.add_argument("--init", default=None, help="start every mode from this HF model directory (skips the "
+                        "warm-up; e.g. WORKDIR/sft/checkpoints/step_000000/actor of an earlier run)")
 
 
 def _base(p: dict[str, Any], seed: int) -> list[str]:
@@ -158,7 +160,7 @@ def run(args: argparse.Namespace) -> int:
     try:
         torch.set_num_threads(threads)
         t0 = time.perf_counter()
-        actor = warm_start(p, args.seed, work)
+        actor = Path(args.init) if args.init else warm_start(p, args.seed, work)
         print(f"warm-up: {time.perf_counter() - t0:.1f}s ({p['sft_steps']} SFT steps, model {p['model']})")
         rows = []
         for m in modes:
