@@ -59,6 +59,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="redo the SFT warm-up even if a matching checkpoint exists in --work-dir")
     parser.add_argument("--only", choices=["both", "posttrain", "trl"], default="both",
                         help="run one side only (the other's columns are left empty)")
+    parser.add_argument("--trl-first", action="store_true",
+                        help="run TRL before posttrain (to check that run order / machine load is not the result)")
     parser.add_argument("--threads", type=int, default=None,
                         help="torch intra-op threads for both sides (default: torch's own choice)")
     parser.add_argument("overrides", nargs="*", help="key=value overrides of the recipe (applied to both sides)")
@@ -406,12 +408,13 @@ def _run(args: argparse.Namespace, overrides: list[str], steps: int) -> int:
         "sft_heldout_accuracy": sft_eval["accuracy"], "heldout_size": cfg.eval.size,
         "posttrain": None, "trl": None,
     }
-    if args.only in ("both", "posttrain"):
-        print("posttrain GRPO ...", flush=True)
-        res["posttrain"] = run_posttrain(cfg, sft_dir, work, steps)
-    if args.only in ("both", "trl"):
-        print("TRL GRPOTrainer ...", flush=True)
-        res["trl"] = run_trl(cfg, sft_dir, work, steps)
+    order = ["trl", "posttrain"] if args.trl_first else ["posttrain", "trl"]
+    res["order"] = order
+    for side in order:
+        if args.only not in ("both", side):
+            continue
+        print("posttrain GRPO ..." if side == "posttrain" else "TRL GRPOTrainer ...", flush=True)
+        res[side] = (run_posttrain if side == "posttrain" else run_trl)(cfg, sft_dir, work, steps)
     p, t = res["posttrain"], res["trl"]
     if p and t:
         res["speedup_vs_trl"] = t["step_s_mean"] / p["step_s_mean"]
