@@ -17,6 +17,7 @@ def test_bench_rollout_quick_writes_json(tmp_path: Path, capsys: pytest.CaptureF
     assert main(["bench", "rollout", "--quick", "--no-sdpa-baseline", "--json", str(out)]) == 0
     d = json.loads(out.read_text())
     assert d["benchmark"] == "rollout" and d["gemm_flops"] > 0
+    assert d["gemm_flops"] == max(d["gemm_flops_probes"]) and len(d["gemm_flops_probes"]) == 2  # before micro, at the end
     assert d["command"].startswith("posttrain bench rollout --models micro --batch 4 --new-tokens 8")
     assert [(r["model"], r["case"], r["rows"], r["n"]) for r in d["results"]] == [("micro", "batch", 4, 1), ("micro", "n2", 4, 2)]
     for r in d["results"]:
