@@ -137,7 +137,7 @@ def _require_gguf(src: GGUFSource) -> None:
             f"install it with: {_install_hint(src)}", name="gguf")
 
 
-def _set_pad(tokenizer: Any, model: torch.nn.Module | None = None) -> None:
+def _set_pad(tokenizer: Any, model: Any = None) -> None:
     """Pad with ``<|endoftext|>`` (distinct from eos ``<|im_end|>``); mirror it into the model config."""
     if PAD_TOKEN in tokenizer.get_vocab():
         tokenizer.pad_token = PAD_TOKEN
@@ -160,7 +160,7 @@ def _tokenizer_from_gguf(gguf: Path) -> Any:
     return tok
 
 
-def _dequantized_model(gguf: Path) -> torch.nn.Module:
+def _dequantized_model(gguf: Path) -> Any:
     """A plain float32 causal LM holding the GGUF file's weights, unpacked.
 
     ``transformers`` reads the file through its GGUF quantizer, and a model that carries a
@@ -178,7 +178,7 @@ def _dequantized_model(gguf: Path) -> torch.nn.Module:
     bad = {k: type(v).__name__ for k, v in state.items() if type(v) is not torch.Tensor or not v.is_floating_point()}
     if bad:  # weights left packed in GGUF blocks cannot become a dense checkpoint
         raise ValueError(f"{gguf.name}: weights still quantized after loading: {sorted(bad)[:5]}")
-    plain = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    plain: Any = AutoModelForCausalLM.from_config(config, dtype=torch.float32)  # type: ignore[no-untyped-call]
     plain.load_state_dict(state, strict=True)
     del loaded
     return plain.eval()
@@ -243,6 +243,7 @@ def load_smollm2(
 
     folder = convert(name, cache_dir)
     tok = AutoTokenizer.from_pretrained(str(folder))
-    model = AutoModelForCausalLM.from_pretrained(str(folder), dtype=dtype)
+    model: Any = AutoModelForCausalLM.from_pretrained(str(folder), dtype=dtype)
     _set_pad(tok, model)
-    return tok, model.eval()
+    model.eval()
+    return tok, model
