@@ -14,6 +14,8 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
+from posttrain.loop.backends.config import RayBackendConfig
+
 RECIPES_DIR = Path(__file__).parent / "recipes"
 
 
@@ -132,7 +134,16 @@ class SystemConfig(_Section):
         "background thread while step k updates (policy lag 1); async: a rollout worker streams finished "
         "groups into a bounded queue and the learner consumes groups as they complete (AReaL-style)",
     )
-    backend: Literal["local"] = "local"
+    backend: Literal["local", "ray"] = Field(
+        "local",
+        description="local: engine, verifiers and learner in this process; ray: rollout and reward workers as "
+        "Ray actors (settings under system.ray; see docs/distributed.md)",
+    )
+    ray: RayBackendConfig = Field(
+        default_factory=RayBackendConfig,
+        description="Ray backend settings (used when backend=ray); a multi-node run changes only ray.address "
+        "and the worker counts",
+    )
     max_staleness: int | None = Field(
         None, ge=0,
         description="bound on policy lag in versions. A rollout is only started when its batch "

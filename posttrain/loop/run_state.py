@@ -93,10 +93,30 @@ class Run:
             self._pool = VerifierPool(workers=cfg.reward.workers, timeout_s=cfg.reward.timeout_s,
                                       retries=cfg.reward.retries)
             self.verify_batch = self._pool.verify_batch
+        self.backend: Any = None
+        if cfg.system.backend == "ray":
+            self._open_ray_backend()
         self._promoted: dict[str, torch.Tensor] | None = None
         self.inflight_count: Any = None  # set by the loop: samples queued / paused in the producer
         self._t_start = time.perf_counter()
         self._wall_before = 0.0
+
+    def _open_ray_backend(self) -> None:
+        """Rollout (and reward) workers as Ray actors behind the same calls the loop already makes.
+
+        The actors get a copy of the actor model; ``run.engine`` becomes the worker pool (a
+        ``RolloutEngine`` whose ``generate_detailed`` reports failed requests as infra errors) and,
+        with reward workers, ``run.verify_batch`` their ``verify_batch``. See docs/distributed.md.
+        """
+        from posttrain.loop.backends import build_ray_backend, builtin_engine_factory
+
+        tok = self.tokenizer
+        factory = builtin_engine_factory(self.learner.model, eos_token_id=tok.eos_token_id,
+                                         pad_token_id=tok.pad_token_id or 0)
+        self.backend = build_ray_backend(factory, self.cfg.system.ray)
+        self.engine = self.backend.rollout
+        if self.cfg.system.ray.num_reward_workers > 0:
+            self.verify_batch = self.backend.reward.verify_batch
 
     # ------------------------------------------------------------------ data
     def next_prompts(self, n: int) -> list[Any]:
@@ -303,6 +323,9 @@ class Run:
         self.log.close()
         if self._pool is not None:
             self._pool.close()
+        if self.backend is not None:
+            self.backend.close()
+            self.backend = None
 
 
 def open_run(cfg: RunConfig) -> Run:

@@ -28,9 +28,9 @@ class RayBackendConfig(BaseModel):
         description="colocated: one placement group (PACK) for every worker; "
         "disaggregated: one group per role, rollout workers SPREAD over nodes",
     )
-    cpus_per_rollout_worker: float = Field(1.0, gt=0)
-    cpus_per_reward_worker: float = Field(0.5, gt=0)
-    cpus_per_learner: float = Field(1.0, gt=0)
+    cpus_per_rollout_worker: float = Field(0.5, gt=0, description="logical CPUs reserved per rollout worker")
+    cpus_per_reward_worker: float = Field(0.25, gt=0, description="logical CPUs reserved per reward worker")
+    cpus_per_learner: float = Field(0.5, gt=0, description="logical CPUs reserved for a remote learner")
     gpus_per_rollout_worker: float = Field(0.0, ge=0)
     gpus_per_learner: float = Field(0.0, ge=0)
     rollout_resources: dict[str, float] = Field(

@@ -32,6 +32,7 @@ import collections
 import math
 import os
 import time
+import uuid
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
@@ -232,9 +233,11 @@ class Placement:
         }
         self.groups: dict[str, tuple[Any, int]] = {}
         pgs: list[Any] = []
+        # Names must be unique in a cluster: two runs (or a run and a test fixture) may share one.
+        tag = uuid.uuid4().hex[:8]
         if cfg.placement == "colocated":
             bundles = [b for r in ("rollout", "reward", "learner") for b in roles[r]]
-            pg = placement_group(bundles, strategy="PACK", name="posttrain-colocated")
+            pg = placement_group(bundles, strategy="PACK", name=f"posttrain-colocated-{tag}")
             pgs.append(pg)
             offset = 0
             for r in ("rollout", "reward", "learner"):
@@ -243,7 +246,7 @@ class Placement:
         else:
             for r, strategy in (("rollout", "SPREAD"), ("reward", "SPREAD"), ("learner", "PACK")):
                 if roles[r]:
-                    pg = placement_group(roles[r], strategy=strategy, name=f"posttrain-{r}")
+                    pg = placement_group(roles[r], strategy=strategy, name=f"posttrain-{r}-{tag}")
                     pgs.append(pg)
                     self.groups[r] = (pg, 0)
         self.pgs = pgs
