@@ -75,6 +75,7 @@ class _Acc:
     minibatches: int = 0
     empty: int = 0
     nonfinite: int = 0
+    zero_grad: int = 0
     lr: float = 0.0
 
 
@@ -467,7 +468,9 @@ class PolicyLearner:
         action tokens count. ``old_logprob`` defaults to ``batch.old_logprob``, and when that is
         absent it is recomputed here before the first step (on-policy). A mini-batch with no loss
         token is skipped (counted in ``empty_minibatches``); a step whose gradient norm is not
-        finite is skipped, its gradient dropped (counted in ``nonfinite_steps``).
+        finite is skipped, its gradient dropped (counted in ``nonfinite_steps``); a step whose
+        gradient is exactly zero is skipped too (``zero_grad_steps``): AdamW's momentum and weight
+        decay would otherwise move the weights on a batch that carries no signal.
 
         Metrics: ``loss`` / ``pg_loss`` / ``kl_loss`` / ``entropy_loss`` — mean over optimizer
         steps of the reduced mini-batch terms; ``kl`` / ``entropy`` / ``ratio_mean`` — token means
@@ -494,6 +497,11 @@ class PolicyLearner:
                     self.optimizer.zero_grad(set_to_none=True)
                     continue
                 acc.grad_norms.append(float(norm))
+                if float(norm) == 0.0:
+                    # No signal (e.g. every advantage 0 and no KL / entropy term): AdamW would still
+                    # move the weights through its momentum and weight decay, so take no step.
+                    acc.zero_grad += 1
+                    continue
                 acc.lr = self.current_lr()
                 self.optimizer.step()
                 self.scheduler.step()
@@ -523,6 +531,7 @@ class PolicyLearner:
             "optimizer_steps": float(acc.steps),
             "empty_minibatches": float(acc.empty),
             "nonfinite_steps": float(acc.nonfinite),
+            "zero_grad_steps": float(acc.zero_grad),
             "kl_coef": self.current_kl_coef(),
             "version": float(self.version),
         }

@@ -139,8 +139,15 @@ def test_clipping_is_reported(make_model, make_batch):
 def test_zero_advantages_and_empty_minibatch_are_safe(make_model, make_batch):
     batch = make_batch(n=4)
     learner = PolicyLearner(make_model(), lr=1e-2)
+    # A first step with signal gives AdamW momentum; an all-zero-advantage batch after it must not move
+    # the weights (no optimizer step on a zero gradient), and says so.
+    learner.update(batch, torch.linspace(-1, 1, batch.size, dtype=torch.float64))
+    before = {k: v.clone() for k, v in learner.model.state_dict().items()}
     m = learner.update(batch, torch.zeros(batch.size, dtype=torch.float64))
     assert m["grad_norm"] == 0.0 and m["loss"] == 0.0 and all(math.isfinite(v) for v in m.values())
+    assert m["zero_grad_steps"] == 1.0 and m["optimizer_steps"] == 0.0
+    for k, v in learner.model.state_dict().items():
+        assert torch.equal(v, before[k]), k
     # A prompt-only row (no action token) alone in a mini-batch: skipped, counted, no NaN.
     t = make_trajectory(
         traj_id="x",
