@@ -108,7 +108,10 @@ class BuiltinEngine:
 
     # ------------------------------------------------------------------ control
     def pause(self) -> None:
-        """Make the running (or next) ``generate`` return its unfinished samples as ``"paused"``."""
+        """Make the running ``generate`` return its unfinished samples as ``"paused"`` at its next step.
+
+        A pause that arrives before ``generate`` has started is discarded (``generate`` clears it).
+        """
         self._pause.set()
 
     @torch.no_grad()
