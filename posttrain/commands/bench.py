@@ -10,10 +10,11 @@ import importlib
 from typing import Any
 
 # name -> module implementing add_arguments(parser) and run(args)
-BENCHMARKS: dict[str, str] = {}
-BENCHMARKS["vs-trl"] = "posttrain.bench.vs_trl"
-BENCHMARKS["rollout"] = "posttrain.bench.rollout"
-BENCHMARKS["async"] = "posttrain.bench.async_modes"
+BENCHMARKS: dict[str, str] = {
+    "rollout": "posttrain.bench.rollout",
+    "vs-trl": "posttrain.bench.vs_trl",
+    "async": "posttrain.bench.async_modes",
+}
 
 
 def register(sub: Any) -> None:
