@@ -47,11 +47,13 @@ def run(args: argparse.Namespace) -> int:
     with progress_bars(enabled=not args.no_progress) as progress:
         st = train(cfg, progress=progress)
     wall = time.perf_counter() - t0
-    rep = write_report(run_dir, st, extra={"wall_seconds": wall, "task": cfg.task.name, "model": cfg.model.path})
+    rep = write_report(run_dir, st, extra={"wall_seconds": wall, "task": cfg.task.name, "model": cfg.model.path,
+                                                  "heldout_temperature": cfg.eval.temperature})
     console.print(report_table(rep))
     before, after = rep["heldout_accuracy_before"], rep["heldout_accuracy_after"]
     console.print(
-        f"held-out accuracy: SFT model {before:.3f} -> RL model {after:.3f} "
+        f"held-out accuracy{' (greedy)' if cfg.eval.temperature == 0 else f' (sampled at T={cfg.eval.temperature:g})'}: "
+        f"SFT model {before:.3f} -> RL model {after:.3f} "
         f"({(after - before) * 100:+.1f} points) in {wall:.0f} s"
     )
     console.print(f"report: {run_dir / 'report.json'}" + (f", plot: {rep['plot']}" if rep.get("plot") else ""))

@@ -1,0 +1,24 @@
+"""A shortened `posttrain demo`: SFT warm-up, then GRPO raises held-out accuracy, with a report."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from posttrain.cli import main
+
+
+@pytest.mark.timeout(600)
+def test_short_demo_raises_heldout_accuracy_and_writes_the_report(tmp_path):
+    run_dir = tmp_path / "demo"
+    # The shipped demo runs 200 RL steps; 60 are enough for a clear rise from the same SFT start.
+    rc = main(["demo", "--run-dir", str(run_dir), "--no-progress", "steps=60", "eval.every=30", "eval.size=300"])
+    assert rc == 0
+    rep = json.loads((run_dir / "report.json").read_text())
+    before, after = rep["heldout_accuracy_before"], rep["heldout_accuracy_after"]
+    assert 0.0 < before < 0.8  # RL has signal at the start: neither 0% nor > 80%
+    assert after - before >= 0.08, rep["heldout_curve"]
+    assert rep["wall_seconds"] > 0 and rep["heldout_temperature"] == 1.0
+    assert [p["step"] for p in rep["heldout_curve"]] == [0, 30, 60]
+    assert (run_dir / "ledger" / "trajectories").is_dir()
