@@ -44,6 +44,9 @@ QUICK_OVERRIDES = [
 ]
 QUICK_STEPS = 3
 DEFAULT_STEPS = 20
+# Both sides take one constant-LR step per batch: the demo recipe's LR warm-up is switched off here
+# (HF's constant_with_warmup starts at 0, posttrain's at 1/warmup, so a warm-up could not be matched).
+MATCHED_OVERRIDES = ["optim.warmup_steps=0"]
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -371,7 +374,7 @@ def _table(res: dict[str, Any]) -> str:
 
 def run(args: argparse.Namespace) -> int:
     """Run the benchmark: SFT once, then posttrain GRPO and TRL GRPO back to back; print + JSON."""
-    overrides = list(QUICK_OVERRIDES if args.quick else []) + list(args.overrides)
+    overrides = MATCHED_OVERRIDES + list(QUICK_OVERRIDES if args.quick else []) + list(args.overrides)
     steps = args.steps if args.steps is not None else (QUICK_STEPS if args.quick else DEFAULT_STEPS)
     if steps < 1:
         raise ValueError("--steps must be >= 1")
