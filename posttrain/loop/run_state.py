@@ -68,7 +68,13 @@ class Run:
         self.pad_token_id = int(self.tokenizer.pad_token_id or 0)
         self.task = build_task(cfg)
         self.learner = build_learner(cfg, actor)
-        self.engine = build_engine(self.learner.model, self.tokenizer)
+        # The rollout side: an in-process engine, or Ray rollout (and reward) workers behind the same calls.
+        self.backend: Any = None
+        self.verify_batch: Any = None  # None: verify in this process; set by a pool or reward actors
+        if cfg.system.backend == "ray":
+            self._open_ray_backend()
+        else:
+            self.engine = build_engine(self.learner.model, self.tokenizer)
         self.ref_model: torch.nn.Module | None = None
         if cfg.loss.kl_estimator is not None:
             self.ref_model = copy.deepcopy(self.learner.model).eval().requires_grad_(False)
@@ -85,17 +91,13 @@ class Run:
         self.ledger = Ledger(self.dir / "ledger")
         self.log = MetricsLog(self.dir, tensorboard=cfg.logging.tensorboard, wandb=cfg.logging.wandb, run_name=cfg.name)
         self.state = RunState()
-        self.verify_batch = None
         self._pool = None
-        if cfg.reward.workers > 0:
+        if cfg.reward.workers > 0 and self.verify_batch is None:
             from posttrain.rewards import VerifierPool
 
             self._pool = VerifierPool(workers=cfg.reward.workers, timeout_s=cfg.reward.timeout_s,
                                       retries=cfg.reward.retries)
             self.verify_batch = self._pool.verify_batch
-        self.backend: Any = None
-        if cfg.system.backend == "ray":
-            self._open_ray_backend()
         self._promoted: dict[str, torch.Tensor] | None = None
         self.inflight_count: Any = None  # set by the loop: samples queued / paused in the producer
         self._t_start = time.perf_counter()
@@ -115,8 +117,8 @@ class Run:
                                          pad_token_id=tok.pad_token_id or 0)
         self.backend = build_ray_backend(factory, self.cfg.system.ray)
         self.engine = self.backend.rollout
-        if self.cfg.system.ray.num_reward_workers > 0:
-            self.verify_batch = self.backend.reward.verify_batch
+        # Verification on the reward actors; with none, the driver verifies (reward.workers as locally).
+        self.verify_batch = self.backend.reward.verify_batch if self.cfg.system.ray.num_reward_workers > 0 else None
 
     # ------------------------------------------------------------------ data
     def next_prompts(self, n: int) -> list[Any]:

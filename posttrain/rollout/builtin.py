@@ -28,7 +28,7 @@ from typing import Any
 
 import torch
 
-from posttrain.rollout.engine import validate_requests
+from posttrain.rollout.engine import eos_id_set, validate_requests
 from posttrain.rollout.runners import HFRunner, Qwen2Runner, supports_fast_path
 from posttrain.rollout.sampling import behaviour_logprobs, sample_tokens, uniforms
 from posttrain.rollout.types import Completion, GenerationRequest
@@ -86,12 +86,7 @@ class BuiltinEngine:
             eos_token_id = getattr(tokenizer, "eos_token_id", None)
         if eos_token_id is None:
             eos_token_id = getattr(model.config, "eos_token_id", None)
-        if eos_token_id is None:
-            self.eos_ids: frozenset[int] = frozenset()
-        elif isinstance(eos_token_id, int):
-            self.eos_ids = frozenset({eos_token_id})
-        else:
-            self.eos_ids = frozenset(int(e) for e in eos_token_id)
+        self.eos_ids: frozenset[int] = eos_id_set(eos_token_id)
         self.pad_token_id = int(pad_token_id)
         self.max_batch_size = max_batch_size
         self.version = int(version)

@@ -48,6 +48,15 @@ class RolloutEngine(Protocol):
         ...
 
 
+def eos_id_set(eos_token_id: int | Sequence[int] | None) -> frozenset[int]:
+    """The end-of-sequence ids as a set: ``None`` -> none, an int -> one, a list (HF configs allow it) -> all."""
+    if eos_token_id is None:
+        return frozenset()
+    if isinstance(eos_token_id, int):
+        return frozenset({eos_token_id})
+    return frozenset(int(e) for e in eos_token_id)
+
+
 def validate_requests(
     requests: Sequence[GenerationRequest], *, vocab_size: int, context: int | None, has_tokenizer: bool
 ) -> None:

@@ -43,7 +43,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from posttrain.rollout.engine import validate_requests
+from posttrain.rollout.engine import eos_id_set, validate_requests
 from posttrain.rollout.sampling import SamplingParams, _splitmix64
 from posttrain.rollout.types import Completion, GenerationRequest
 
@@ -221,12 +221,7 @@ class VLLMEngine:
         hf = getattr(mc, "hf_config", None)
         if eos_token_id is None:
             eos_token_id = getattr(hf, "eos_token_id", None)
-        if eos_token_id is None:
-            self.eos_ids: frozenset[int] = frozenset()
-        elif isinstance(eos_token_id, int):
-            self.eos_ids = frozenset({eos_token_id})
-        else:
-            self.eos_ids = frozenset(int(e) for e in eos_token_id)
+        self.eos_ids: frozenset[int] = eos_id_set(eos_token_id)
         if vocab_size is None:
             if mc is None:
                 raise ValueError("VLLMEngine: vocab_size unknown (no llm.llm_engine.model_config); pass vocab_size=")

@@ -141,6 +141,15 @@ def row_to_trajectory(row: Mapping[str, Any]) -> Trajectory:
 def _atomic_write(table: pa.Table, path: Path) -> None:
     if path.exists():
         raise FileExistsError(f"ledger is append-only: {path} already exists")
+    write_parquet_atomic(table, path)
+
+
+def write_parquet_atomic(table: pa.Table, path: Path) -> None:
+    """Write ``table`` to ``path`` so a reader sees the whole file or none of it.
+
+    Temp file in the same directory (``<name>.tmp-<pid>``, which readers ignore), fsync, rename
+    over ``path``, fsync of the directory: a writer killed at any point leaves at most a temp file.
+    """
     tmp = path.with_name(f"{path.name}.tmp-{os.getpid()}")
     with open(tmp, "wb") as fh:
         pq.write_table(table, fh, compression="zstd")

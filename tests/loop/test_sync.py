@@ -111,6 +111,21 @@ def _run_ok(cmd, env):
     assert p.returncode == 0, p.stderr[-3000:]
 
 
+def _sigkill_once_hung(run, cut_dir, marker, env):
+    """Start ``run`` into ``cut_dir`` with a verifier that hangs once ``marker`` exists; SIGKILL it there."""
+    hang = f"task.kwargs={{terms: 2, hang_when: '{marker}'}}"
+    proc = subprocess.Popen([*run, f"run_dir={cut_dir}", hang], env=env, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.PIPE, text=True)
+    deadline = time.time() + 300
+    while not marker.exists() and time.time() < deadline and proc.poll() is None:
+        time.sleep(0.05)
+    assert marker.exists(), proc.stderr.read() if proc.poll() is not None else "no checkpoint in time"
+    time.sleep(1.0)
+    assert proc.poll() is None  # still stuck in the verifier
+    os.kill(proc.pid, signal.SIGKILL)
+    proc.wait(timeout=30)
+
+
 def test_sigkill_mid_step_then_resume_matches_uninterrupted_run(tmp_path):
     ref_dir, cut_dir = tmp_path / "ref", tmp_path / "cut"
     marker = cut_dir / "checkpoints" / "step_000002" / "meta.json"
@@ -120,17 +135,7 @@ def test_sigkill_mid_step_then_resume_matches_uninterrupted_run(tmp_path):
     _run_ok([*run, f"run_dir={ref_dir}"], env)
 
     # The verifier hangs at the first verification after checkpoint 2 is complete: inside step 3.
-    hang = f"task.kwargs={{terms: 2, hang_when: '{marker}'}}"
-    proc = subprocess.Popen([*run, f"run_dir={cut_dir}", hang], env=env, stdout=subprocess.DEVNULL,
-                            stderr=subprocess.PIPE, text=True)
-    deadline = time.time() + 300
-    while not marker.exists() and time.time() < deadline and proc.poll() is None:
-        time.sleep(0.05)
-    assert marker.exists(), proc.stderr.read() if proc.poll() is not None else "no checkpoint in time"
-    time.sleep(1.0)
-    assert proc.poll() is None  # still stuck in step 3
-    os.kill(proc.pid, signal.SIGKILL)
-    proc.wait(timeout=30)
+    _sigkill_once_hung(run, cut_dir, marker, env)
     assert Ledger(cut_dir / "ledger").steps() == [1, 2]  # the killed step left nothing in the ledger
 
     _run_ok([*run, f"run_dir={cut_dir}", "resume=true"], env)
@@ -163,17 +168,7 @@ def test_async_learner_sigkill_then_resume_discards_and_counts_the_queue(tmp_pat
               "system.mode=async", "system.max_staleness=2"]
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(HERE), os.environ.get("PYTHONPATH", "")])}
     run = [sys.executable, "-m", "posttrain.cli", "train", "grpo", *common, "--no-progress"]
-    hang = f"task.kwargs={{terms: 2, hang_when: '{marker}'}}"
-    proc = subprocess.Popen([*run, f"run_dir={cut_dir}", hang], env=env, stdout=subprocess.DEVNULL,
-                            stderr=subprocess.PIPE, text=True)
-    deadline = time.time() + 300
-    while not marker.exists() and time.time() < deadline and proc.poll() is None:
-        time.sleep(0.05)
-    assert marker.exists(), proc.stderr.read() if proc.poll() is not None else "no checkpoint in time"
-    time.sleep(1.0)
-    assert proc.poll() is None  # the rollout worker is stuck verifying after checkpoint 2
-    os.kill(proc.pid, signal.SIGKILL)
-    proc.wait(timeout=30)
+    _sigkill_once_hung(run, cut_dir, marker, env)  # the rollout worker hangs verifying after checkpoint 2
     # The learner may have consumed queued groups past checkpoint 2: resume is from the latest one.
     last = sorted((cut_dir / "checkpoints").glob("step_*"))[-1]
     inflight = json.loads((last / "meta.json").read_text())["extra"]["run_state"]["inflight_at_checkpoint"]

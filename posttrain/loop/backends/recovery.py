@@ -30,7 +30,12 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from posttrain.trajectory import Trajectory
-from posttrain.trajectory.ledger import TRAJECTORY_SCHEMA, row_to_trajectory, trajectory_to_row
+from posttrain.trajectory.ledger import (
+    TRAJECTORY_SCHEMA,
+    row_to_trajectory,
+    trajectory_to_row,
+    write_parquet_atomic,
+)
 
 RecoveryPolicy = Literal["restore", "discard"]
 
@@ -57,12 +62,7 @@ def save_pending(directory: str | os.PathLike[str], trajectories: Sequence[Traje
                                                 "count": len(trajectories)}).encode()}
     table = table.replace_schema_metadata({**(table.schema.metadata or {}), **meta})
     path = _path(d, step)
-    tmp = path.with_name(f"{path.name}.tmp-{os.getpid()}")
-    with open(tmp, "wb") as fh:
-        pq.write_table(table, fh, compression="zstd")
-        fh.flush()
-        os.fsync(fh.fileno())
-    os.replace(tmp, path)
+    write_parquet_atomic(table, path)
     return path
 
 
