@@ -1,0 +1,66 @@
+"""``posttrain report RUN_DIR``: stratified diagnostics, trends and the failure-symptom table.
+
+Reads the ledger and metrics only (no model, no GPU). Prints the per-step ledger table of
+``posttrain inspect ledger``, the held-out table of :mod:`posttrain.evaluation.report`, the strata
+and the symptom table; writes JSON, PNGs and ``report.html`` (see docs/diagnostics.md).
+"""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+from typing import Any
+
+from posttrain.commands import inspect_ledger
+
+
+def register(sub: Any) -> None:
+    """Add the ``report`` command."""
+    p = sub.add_parser("report", help="stratified diagnostics and failure symptoms of a run, from its ledger")
+    p.add_argument("run_dir", help="a run directory (holding ledger/ and metrics.jsonl)")
+    p.add_argument("--out", default=None, help="output directory (default RUN_DIR/diagnostics)")
+    p.add_argument("--quiet", action="store_true", help="write the files, print only their paths")
+    p.set_defaults(func=run)
+
+
+def _fmt(v: Any) -> str:
+    return "-" if v is None else f"{v:.3f}" if isinstance(v, float) else str(v)
+
+
+def run(args: argparse.Namespace) -> int:
+    """Build the report of ``args.run_dir``; exit code 0."""
+    from rich.console import Console
+    from rich.table import Table
+
+    from posttrain.diagnostics.build import build_report
+    from posttrain.evaluation.report import report_table
+
+    if not Path(args.run_dir).is_dir():
+        raise FileNotFoundError(f"{args.run_dir}: no such run directory")
+    doc = build_report(args.run_dir, args.out)
+    con = Console()
+    if not args.quiet:
+        if doc["trajectories"]:
+            inspect_ledger.run(argparse.Namespace(run_dir=args.run_dir, steps=None))
+        if doc["heldout_curve"]:
+            con.print(report_table(doc))
+        for t in doc["strata"]:
+            if t["note"]:
+                con.print(f"[bold]{t['feature']}[/bold]: {t['note']}")
+                continue
+            tab = Table(title=f"by {t['feature']}")
+            for col in ("stratum", "n", "reward", "accuracy", "length", "truncated"):
+                tab.add_column(col, justify="right")
+            for s in t["strata"]:
+                tab.add_row(s["label"], str(s["n"]), _fmt(s["reward_mean"]), _fmt(s["accuracy"]),
+                            _fmt(s["length_mean"]), _fmt(s["truncated_rate"]))
+            con.print(tab)
+        sym = Table(title="failure symptoms (seed 004)", show_lines=True)
+        for col in ("symptom", "flagged", "evidence", "check first"):
+            sym.add_column(col)
+        for s in doc["symptoms"]:
+            sym.add_row(s["name"], "[red]YES[/red]" if s["flagged"] else "no", s["evidence"], s["check"])
+        con.print(sym)
+    for f in doc["files"]:
+        print(f"wrote {f}")
+    return 0
