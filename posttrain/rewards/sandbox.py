@@ -32,21 +32,26 @@ interpreter); the report carries a per-run nonce so accidental output cannot pas
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import errno
+import fcntl
 import functools
 import json
 import os
+import posixpath
 import secrets
 import selectors
 import shutil
 import signal
 import stat
+import struct
 import subprocess
 import sys
 import tempfile
 import time
 import warnings
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -64,77 +69,15 @@ DESCRIPTIONS = {
 NOBODY = 65534
 _WORK_IN_SANDBOX = "/work"
 
-# The harness runs inside the sandbox (``python -I -S -c HARNESS ARGS``). It reads a nonce line
-# from stdin, drops privileges if asked, applies the rlimits, runs main.py (and optional tests)
-# and writes one JSON report line to the report fd. Forked children never report.
-HARNESS = r"""
-import json, os, resource, sys
-a = json.loads(sys.argv[1])
-nonce = b""
-while not nonce.endswith(b"\n"):
-    c = os.read(0, 1)
-    if not c:
-        break
-    nonce += c
-nonce = nonce.decode().strip()
-if a["drop"] is not None and os.getuid() == 0:
-    os.setgroups([]); os.setgid(a["drop"]); os.setuid(a["drop"])
-R = resource
-for r, soft, hard in ((R.RLIMIT_CPU, a["cpu"], a["cpu"] + 1), (R.RLIMIT_AS, a["mem"], a["mem"]),
-                      (R.RLIMIT_FSIZE, a["fsize"], a["fsize"]), (R.RLIMIT_NPROC, a["nproc"], a["nproc"]),
-                      (R.RLIMIT_NOFILE, a["nofile"], a["nofile"]), (R.RLIMIT_CORE, 0, 0)):
-    R.setrlimit(r, (soft, hard))
-rfd, me = a["report_fd"], os.getpid()
-def send(d):
-    if os.getpid() == me:
-        d["nonce"] = nonce
-        os.write(rfd, (json.dumps(d) + "\n").encode())
-def exc(e):
-    return {"type": type(e).__name__, "msg": str(e)[:300], "errno": getattr(e, "errno", None)}
-def flush():
-    for s in (sys.stdout, sys.stderr):
-        try:
-            s.flush()
-        except BaseException:
-            pass
-g = {"__name__": "__main__", "__builtins__": __builtins__}
-try:
-    with open("main.py") as f:
-        code = compile(f.read(), "main.py", "exec")
-except SyntaxError as e:
-    send({"outcome": "syntax_error", "error": exc(e), "line": e.lineno}); os._exit(3)
-try:
-    exec(code, g)
-    results = []
-    for i, t in enumerate(a["tests"]):
-        try:
-            exec(compile(t, "test_%d" % i, "exec"), g)
-            results.append(None)
-        except BaseException as e:
-            if os.getpid() != me:
-                os._exit(1)
-            results.append(exc(e))
-except SystemExit as e:
-    flush()
-    if os.getpid() != me:
-        os._exit(0)
-    send({"outcome": "exit", "code": str(e.code)}); os._exit(4)
-except BaseException as e:
-    if os.getpid() != me:
-        os._exit(1)
-    flush(); send({"outcome": "exception", "error": exc(e)}); os._exit(1)
-flush()
-send({"outcome": "ok", "tests": results})
-os._exit(0)
-"""
-
 
 @dataclasses.dataclass(frozen=True)
 class SandboxLimits:
-    """Per-run limits. ``cpu_s`` is CPU seconds (SIGXCPU, then SIGKILL one second later);
-    ``wall_s`` the wall-clock deadline; ``memory_mb`` the address-space limit; ``file_size_mb``
-    the largest file the code may write; ``nproc`` the process count of the sandbox uid;
-    ``output_bytes`` the cap on each of stdout and stderr."""
+    """Per-run limits. ``cpu_s`` is CPU seconds of the program (SIGXCPU, then SIGKILL one second
+    later); ``wall_s`` the wall-clock deadline, counted from the harness' start handshake;
+    ``memory_mb`` the address-space limit; ``file_size_mb`` the largest file the code may write;
+    ``disk_mb`` the size of each of the work dir and ``/tmp`` (size-limited tmpfs where the level
+    has a mount namespace, else counted from the host: ``disk_limit``); ``nproc`` the process count
+    of the run's uid; ``output_bytes`` the cap on each of stdout and stderr."""
 
     cpu_s: int = 2
     wall_s: float = 5.0
@@ -143,6 +86,7 @@ class SandboxLimits:
     nproc: int = 32
     open_files: int = 64
     output_bytes: int = 64 * 1024
+    disk_mb: int = 32
 
     def __post_init__(self) -> None:
         for f in dataclasses.fields(self):
@@ -157,8 +101,10 @@ class SandboxResult:
     ``ok`` (main.py ran to its end; ``tests`` holds ``None`` per passing test, else the error),
     ``exception`` (main.py raised ``error``), ``syntax_error``, ``exit`` (``sys.exit`` before
     the end), ``timeout`` (wall deadline), ``cpu_limit``, ``output_limit``, ``file_size_limit``,
-    ``signal`` (killed by ``signal``), ``no_report`` (exited without the harness' report, e.g.
-    ``os._exit``), ``sandbox_error`` (the sandbox itself failed: an infra error).
+    ``disk_limit`` (work dir over ``disk_mb``, levels without a tmpfs work dir), ``signal``
+    (killed by ``signal``), ``no_report`` (the program's process or the harness ended without a
+    result, e.g. ``os._exit``), ``sandbox_error`` (the sandbox itself failed before any of the
+    program ran: the only infra error; never inferred from the program's output).
     """
 
     outcome: str
@@ -174,7 +120,7 @@ class SandboxResult:
 
 
 def _world_accessible(path: str) -> bool:
-    """True if uid 65534 can execute ``path``: every ancestor o+x and the file o+x."""
+    """True if an unprivileged uid can execute ``path``: every ancestor o+x and the file o+x."""
     p = Path(os.path.realpath(path))
     try:
         for d in [*reversed(p.parents), p]:
@@ -193,17 +139,100 @@ def _drop_needed() -> bool:
 def sandbox_python() -> str:
     """The interpreter run inside the sandbox (stdlib only; ``-I -S``).
 
-    The host's base interpreter if the sandbox uid can execute it, else ``/usr/bin/python3``.
+    The host's base interpreter if an unprivileged uid can execute it, else ``/usr/bin/python3``.
     """
     cands = [os.path.realpath(getattr(sys, "_base_executable", sys.executable)), "/usr/bin/python3",
              "/usr/local/bin/python3"]
     for c in cands:
         if os.path.exists(c) and (not _drop_needed() or _world_accessible(c)):
             return os.path.realpath(c)
-    raise RuntimeError(f"sandbox: no interpreter usable by uid {NOBODY} among {cands}")
+    raise RuntimeError(f"sandbox: no interpreter usable by an unprivileged uid among {cands}")
 
 
-def _bwrap_cmd(work: str, python: str) -> list[str]:
+@functools.cache
+def _harness_source() -> str:
+    return Path(__file__).with_name("sandbox_harness.py").read_text()
+
+
+# ------------------------------------------------------------------ one uid pair per concurrent run
+
+UID_BASE = 1_900_000_000
+"""First uid of the pool (root hosts only). Slot ``k`` owns ``UID_BASE + 2k`` (the harness) and
+``UID_BASE + 2k + 1`` (the program): no two concurrent runs, in any process of this host, share a
+uid, so they cannot signal, ptrace or count against each other's process limit."""
+UID_SLOTS = 512
+
+
+def _lock_dir() -> str:
+    for d in ("/run/posttrain-sandbox", os.path.join(tempfile.gettempdir(), f"posttrain-sandbox-{os.geteuid()}")):
+        try:
+            os.makedirs(d, mode=0o700, exist_ok=True)
+            st = os.lstat(d)
+        except OSError:
+            continue
+        # A directory a sandboxed program could have made (world-writable /tmp) is not trusted.
+        if stat.S_ISDIR(st.st_mode) and st.st_uid == os.geteuid() and not st.st_mode & 0o077:
+            return d
+    raise RuntimeError("sandbox: no private directory for the uid-slot locks")
+
+
+@contextlib.contextmanager
+def _uid_lease() -> Iterator[tuple[int, int] | None]:
+    """A (harness uid, program uid) pair held exclusively for the block; ``None`` when not root
+    (then every run has the host's uid and only namespaces separate them)."""
+    if not _drop_needed():
+        yield None
+        return
+    d = _lock_dir()
+    first = secrets.randbelow(UID_SLOTS)
+    for i in range(UID_SLOTS):
+        slot = (first + i) % UID_SLOTS
+        fd = os.open(os.path.join(d, f"{slot}.lock"), os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(fd)
+            continue
+        try:
+            yield UID_BASE + 2 * slot, UID_BASE + 2 * slot + 1
+        finally:
+            os.close(fd)  # releases the flock (also if this process dies)
+        return
+    raise RuntimeError(f"sandbox: all {UID_SLOTS} uid slots are in use")
+
+
+def _kill_uid(uid: int) -> None:
+    """SIGKILL every process of ``uid`` (root only): the clean-up of levels without a pid namespace,
+    which also catches processes that left the process group with ``setsid``."""
+    code = "import os, signal\ntry:\n    os.kill(-1, signal.SIGKILL)\nexcept ProcessLookupError:\n    pass\n"
+    subprocess.run([sandbox_python(), "-I", "-S", "-c", code], user=uid, group=uid, extra_groups=[],
+                   env={}, cwd="/", stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                   stderr=subprocess.DEVNULL, check=False)
+
+
+# ------------------------------------------------------------------ commands per level
+
+# unshare level: in the new mount namespace (private propagation) make the host's root read-only,
+# hide the host's /tmp, /var/tmp, /dev/shm and /run (and their sockets) under small tmpfs, and
+# give the work dir its own size-limited tmpfs. A failing step exits before the harness' handshake,
+# so it is reported as the sandbox's failure.
+_UNSHARE_SETUP = r"""set -e
+mount -o remount,bind,ro /
+mount -t tmpfs -o "size=$1k,mode=1777,nosuid,nodev" tmpfs /tmp
+for d in /var/tmp /dev/shm /run; do
+  if [ -d "$d" ] && [ ! -L "$d" ]; then mount -t tmpfs -o "size=$1k,mode=1777,nosuid,nodev" tmpfs "$d"; fi
+done
+mkdir /tmp/w
+mount -t tmpfs -o "size=$1k,mode=0700,uid=$2,gid=$2,nosuid,nodev" tmpfs /tmp/w
+cd /tmp/w
+shift 2
+exec "$@"
+"""
+_UNSHARE_WORK = "/tmp/w"
+
+
+def _bwrap_cmd(python: str, disk_bytes: int) -> list[str]:
+    size = str(disk_bytes)
     cmd = ["bwrap", "--unshare-all", "--die-with-parent", "--new-session", "--uid", str(NOBODY),
            "--gid", str(NOBODY), "--hostname", "sandbox", "--ro-bind", "/usr", "/usr"]
     for d in ("/bin", "/lib", "/lib64", "/lib32", "/sbin"):
@@ -214,26 +243,35 @@ def _bwrap_cmd(work: str, python: str) -> list[str]:
     prefix = str(Path(python).parent.parent)
     if not prefix.startswith("/usr"):
         cmd += ["--ro-bind", prefix, prefix]
+    # bwrap's root and /dev are unbounded tmpfs: made read-only, with sized tmpfs where writing is
+    # allowed (measured: without --remount-ro, "/" and /dev/shm took any amount of data).
     cmd += ["--ro-bind-try", "/etc/ld.so.cache", "/etc/ld.so.cache", "--proc", "/proc", "--dev", "/dev",
-            "--tmpfs", "/tmp", "--bind", work, _WORK_IN_SANDBOX, "--chdir", _WORK_IN_SANDBOX, "--"]
+            "--dir", "/tmp", "--dir", _WORK_IN_SANDBOX, "--remount-ro", "/dev", "--remount-ro", "/",
+            "--size", size, "--tmpfs", "/dev/shm", "--size", size, "--tmpfs", "/tmp",
+            "--size", size, "--tmpfs", _WORK_IN_SANDBOX, "--chdir", _WORK_IN_SANDBOX, "--"]
     return cmd
 
 
-def _command(level: str, work: str, harness_args: Mapping[str, Any]) -> tuple[list[str], dict[str, Any]]:
-    """argv and extra Popen kwargs of one run at ``level``."""
+def _command(level: str, cfg: Mapping[str, Any], limits: SandboxLimits, uids: tuple[int, int] | None,
+             work: str | None) -> tuple[list[str], dict[str, Any], str]:
+    """argv, extra Popen kwargs and host cwd of one run at ``level``."""
     py = sandbox_python()
-    inner = [py, "-I", "-S", "-c", HARNESS]
+    inner = [py, "-I", "-S", "-c", _harness_source()]
+    disk = limits.disk_mb * 2**20
     if level == BWRAP:
-        args = dict(harness_args, drop=None)
-        # Run bwrap itself as 65534 when root: the sandbox uid is then unprivileged outside too.
-        popen = {"user": NOBODY, "group": NOBODY, "extra_groups": []} if _drop_needed() else {}
-        return [*_bwrap_cmd(work, py), *inner, json.dumps(args)], popen
+        # bwrap itself runs as the program uid when root: unprivileged outside the namespace too, so
+        # RLIMIT_NPROC holds, and unique per run.
+        popen = {"user": uids[1], "group": uids[1], "extra_groups": []} if uids else {}
+        return [*_bwrap_cmd(py, disk), *inner, json.dumps(dict(cfg, uids=None))], popen, "/"
     if level == UNSHARE:
-        args = dict(harness_args, drop=NOBODY)
-        return ["unshare", "--net", "--pid", "--fork", "--kill-child", *inner, json.dumps(args)], {}
+        assert uids is not None
+        argv = ["unshare", "--mount", "--propagation", "private", "--net", "--pid", "--fork", "--kill-child",
+                "--mount-proc", "--ipc", "--uts", "--", "sh", "-c", _UNSHARE_SETUP, "sh",
+                str(limits.disk_mb * 1024), str(uids[1])]
+        return [*argv, *inner, json.dumps(dict(cfg, uids=list(uids)))], {}, "/"
     if level == RLIMITS_ONLY:
-        args = dict(harness_args, drop=NOBODY if _drop_needed() else None)
-        return [*inner, json.dumps(args)], {}
+        assert work is not None
+        return [*inner, json.dumps(dict(cfg, uids=list(uids) if uids else None))], {}, work
     raise ValueError(f"unknown isolation level {level!r}; valid: {', '.join(LEVELS)}")
 
 
@@ -300,11 +338,14 @@ def run_python(
     limits: SandboxLimits | None = None,
     isolation: str | None = None,
 ) -> SandboxResult:
-    """Run ``code`` as ``main.py`` in a fresh sandbox, then each of ``tests`` in its globals.
+    """Run ``code`` as ``main.py`` in a fresh sandbox, then each of ``tests`` against it.
 
-    ``files`` (relative name -> text) are written next to ``main.py``; ``stdin`` (<= 32 KiB) is
-    the program's standard input. The work dir is deleted afterwards. Never raises for anything
-    the code does; see :class:`SandboxResult` for the outcomes.
+    Each test runs in the harness' own process with real builtins; the names ``code`` defined
+    resolve to proxies, so ``assert f(2) == 4`` calls ``f`` in the program's process and compares
+    the plain value it returned (see :mod:`posttrain.rewards.sandbox_harness`). Top-level
+    assignments in a test stay in the test. ``files`` (relative name -> text) are written next to
+    ``main.py``; ``stdin`` (<= 32 KiB) is the program's standard input. Nothing of the run stays on
+    the host. Never raises for anything the code does; see :class:`SandboxResult` for the outcomes.
     """
     level = isolation or isolation_level()
     if len(stdin.encode()) > 32 * 1024:
@@ -313,47 +354,76 @@ def run_python(
                 limits=limits or SandboxLimits())
 
 
+def _check_name(name: str) -> None:
+    norm = posixpath.normpath(name)
+    if not name or posixpath.isabs(name) or norm == "." or norm.split("/")[0] == "..":
+        raise ValueError(f"run_python: file name {name!r} leaves the work dir")
+
+
+def _control_fd(files: Mapping[str, str], secret: Mapping[str, Any]) -> int:
+    """An anonymous file holding two length-prefixed JSON frames: the files (read before the
+    harness forks the program) and the nonce and tests (read after, so never in its memory)."""
+    fd = os.memfd_create("posttrain-sandbox-ctl", os.MFD_CLOEXEC)
+    for part in (files, secret):
+        data = json.dumps(part).encode()
+        os.write(fd, struct.pack(">Q", len(data)))
+        view = memoryview(data)
+        while view:
+            view = view[os.write(fd, view):]
+    os.lseek(fd, 0, os.SEEK_SET)
+    return fd
+
+
 def _run(level: str, code: str, *, stdin: str, files: Mapping[str, str], tests: tuple[str, ...],
          limits: SandboxLimits) -> SandboxResult:
-    work = tempfile.mkdtemp(prefix="posttrain-sbx-")
+    for name in files:
+        _check_name(name)
     t0 = time.perf_counter()
-    try:
-        for name, text in {**files, "main.py": code}.items():
-            target = Path(work, name).resolve()
-            if Path(work).resolve() not in target.parents:
-                raise ValueError(f"run_python: file name {name!r} leaves the work dir")
-            target.parent.mkdir(parents=True, exist_ok=True)
-            target.write_text(text)
-        if _drop_needed():
-            for root, dirs, fs in os.walk(work):
-                for x in [root, *(os.path.join(root, d) for d in dirs), *(os.path.join(root, f) for f in fs)]:
-                    os.chown(x, NOBODY, NOBODY)
-        rfd, wfd = os.pipe()
-        nonce = secrets.token_hex(16)
-        hargs = {"report_fd": wfd, "cpu": int(limits.cpu_s), "mem": limits.memory_mb * 2**20,
-                 "fsize": limits.file_size_mb * 2**20, "nproc": limits.nproc, "nofile": limits.open_files,
-                 "tests": list(tests)}
-        argv, popen_kw = _command(level, work, hargs)
-        env = {"PATH": "/usr/bin:/bin", "HOME": _WORK_IN_SANDBOX if level == BWRAP else work,
-               "LANG": "C.UTF-8", "PYTHONIOENCODING": "utf-8", "PYTHONDONTWRITEBYTECODE": "1"}
+    with _uid_lease() as uids:
+        work: str | None = None
         try:
-            proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                    pass_fds=(wfd,), cwd=work, env=env, start_new_session=True, **popen_kw)
-        except OSError as e:
-            os.close(rfd)
-            return SandboxResult("sandbox_error", level, time.perf_counter() - t0, reason=f"cannot start: {e}")
+            if level == RLIMITS_ONLY:
+                work = tempfile.mkdtemp(prefix="posttrain-sbx-")
+                if uids:
+                    for u in uids:
+                        _kill_uid(u)  # leftovers of a host that died mid-run with this slot
+            nonce = secrets.token_hex(16)
+            ctl = _control_fd({**files, "main.py": code}, {"nonce": nonce, "tests": list(tests)})
+            rfd, wfd = os.pipe()
+            cfg = {"ctl": ctl, "rep": wfd, "limits": {
+                "cpu": int(limits.cpu_s), "mem": limits.memory_mb * 2**20, "fsize": limits.file_size_mb * 2**20,
+                "nproc": limits.nproc, "nofile": limits.open_files}}
+            argv, popen_kw, cwd = _command(level, cfg, limits, uids, work)
+            home = {BWRAP: _WORK_IN_SANDBOX, UNSHARE: _UNSHARE_WORK}.get(level, work)
+            env = {"PATH": "/usr/bin:/bin", "HOME": str(home), "LANG": "C.UTF-8", "PYTHONIOENCODING": "utf-8",
+                   "PYTHONDONTWRITEBYTECODE": "1"}
+            try:
+                proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                        pass_fds=(wfd, ctl), cwd=cwd, env=env, start_new_session=True, **popen_kw)
+            except OSError as e:
+                os.close(rfd)
+                return SandboxResult("sandbox_error", level, time.perf_counter() - t0, reason=f"cannot start: {e}")
+            finally:
+                os.close(wfd)
+                os.close(ctl)
+            return _supervise(proc, rfd, nonce, stdin, limits, level, t0, work)
         finally:
-            os.close(wfd)
-        return _supervise(proc, rfd, nonce, stdin, limits, level, t0)
-    finally:
-        shutil.rmtree(work, ignore_errors=True)
+            if level == RLIMITS_ONLY and uids:
+                for u in uids:
+                    _kill_uid(u)
+            if work is not None and not _remove_tree(work):
+                warnings.warn(f"sandbox: could not remove the work dir {work}", RuntimeWarning, stacklevel=2)
+
+
+_STARTUP_S = 20.0  # the most a sandbox may take to come up before it counts as broken
+_READY = b'{"ready": true}\n'
 
 
 def _supervise(proc: subprocess.Popen[bytes], rfd: int, nonce: str, stdin: str, limits: SandboxLimits,
-               level: str, t0: float) -> SandboxResult:
+               level: str, t0: float, work: str | None) -> SandboxResult:
     assert proc.stdin is not None and proc.stdout is not None and proc.stderr is not None
     try:
-        proc.stdin.write((nonce + "\n" + stdin).encode())
+        proc.stdin.write(stdin.encode())
         proc.stdin.close()
     except BrokenPipeError:
         pass
@@ -364,12 +434,16 @@ def _supervise(proc: subprocess.Popen[bytes], rfd: int, nonce: str, stdin: str, 
     for fd in bufs:
         os.set_blocking(fd, False)
         sel.register(fd, selectors.EVENT_READ)
-    deadline = t0 + limits.wall_s
+    ready_at: float | None = None
     verdict: str | None = None
     exited_at: float | None = None
+    next_disk_check = 0.0
     try:
         while sel.get_map():
             now = time.perf_counter()
+            if ready_at is None and bufs[rfd].startswith(_READY):
+                ready_at = now
+            deadline = t0 + _STARTUP_S if ready_at is None else ready_at + limits.wall_s
             if now >= deadline:
                 verdict = "timeout"
                 break
@@ -378,6 +452,11 @@ def _supervise(proc: subprocess.Popen[bytes], rfd: int, nonce: str, stdin: str, 
                 _kill(proc)  # stragglers of the process group (rlimits-only level)
             if exited_at is not None and now - exited_at > 1.0:
                 break
+            if work is not None and now >= next_disk_check:
+                next_disk_check = now + 0.1
+                if _disk_over(work, limits.disk_mb * 2**20):
+                    verdict = "disk_limit"
+                    break
             for key, _ in sel.select(min(0.05, deadline - now)):
                 fd = int(key.fd)
                 try:
@@ -401,30 +480,57 @@ def _supervise(proc: subprocess.Popen[bytes], rfd: int, nonce: str, stdin: str, 
         for s in (proc.stdout, proc.stderr):
             s.close()
         os.close(rfd)
+    if ready_at is None and bufs[rfd].startswith(_READY):
+        ready_at = time.perf_counter()
     wall = time.perf_counter() - t0
     stdout_b, stderr_b, report_b = bufs[out_fd], bufs[err_fd], bufs[rfd]
     stdout = stdout_b[: limits.output_bytes].decode("utf-8", "replace")
     stderr = stderr_b[: limits.output_bytes].decode("utf-8", "replace")
     sig = -rc if rc < 0 else (rc - 128 if rc > 128 and level == BWRAP else None)
-    common = {"isolation": level, "wall_s": wall, "returncode": rc, "signal": sig, "stdout": stdout, "stderr": stderr}
+    common: dict[str, Any] = {"isolation": level, "wall_s": wall, "returncode": rc, "signal": sig,
+                              "stdout": stdout, "stderr": stderr}
+    if ready_at is None:
+        # No program code runs before the handshake, so whatever happened is the sandbox's failure
+        # (its stderr is kept for diagnosis but never parsed for the verdict).
+        why = (f"did not start within {_STARTUP_S:g}s" if verdict == "timeout"
+               else f"exited with code {rc} before the harness started")
+        return SandboxResult("sandbox_error", reason=f"sandbox {why}", **common)
     if verdict == "timeout":
-        return SandboxResult("timeout", reason=f"wall time over {limits.wall_s:g}s", **common)  # type: ignore[arg-type]
+        return SandboxResult("timeout", reason=f"wall time over {limits.wall_s:g}s", **common)
     if verdict == "output_limit":
         which = "stdout" if len(stdout_b) > limits.output_bytes else "stderr"
-        return SandboxResult("output_limit", reason=f"{which} over {limits.output_bytes} bytes", **common)  # type: ignore[arg-type]
-    report = _parse_report(bytes(report_b), nonce)
-    if report is not None:
-        return SandboxResult(report["outcome"], error=report.get("error"), tests=tuple(report.get("tests") or ()),
-                             reason=_reason(report), **common)  # type: ignore[arg-type]
-    if sig in (signal.SIGXCPU, signal.SIGKILL):
-        return SandboxResult("cpu_limit", reason=f"CPU time over {limits.cpu_s}s (signal {sig})", **common)  # type: ignore[arg-type]
-    if sig == signal.SIGXFSZ:
-        return SandboxResult("file_size_limit", reason=f"file over {limits.file_size_mb} MiB", **common)  # type: ignore[arg-type]
-    if sig is not None:
-        return SandboxResult("signal", reason=f"killed by signal {sig}", **common)  # type: ignore[arg-type]
-    if level == BWRAP and rc == 1 and stderr.startswith("bwrap:"):
-        return SandboxResult("sandbox_error", reason=stderr.strip()[:200], **common)  # type: ignore[arg-type]
-    return SandboxResult("no_report", reason=f"exited with code {rc} before the harness could report", **common)  # type: ignore[arg-type]
+        return SandboxResult("output_limit", reason=f"{which} over {limits.output_bytes} bytes", **common)
+    if verdict == "disk_limit":
+        return SandboxResult("disk_limit", reason=f"work dir over {limits.disk_mb} MiB", **common)
+    report = _parse_report(bytes(report_b[len(_READY):]), nonce)
+    if report is None:
+        # The harness started but wrote no result: its process was killed or crashed while the
+        # program ran (at bwrap they share a uid, so the program can do this). A failure, not infra.
+        return SandboxResult("no_report", reason=f"no result from the harness (exit code {rc})", **common)
+    outcome = str(report["outcome"])
+    if outcome == "sandbox_error":
+        return SandboxResult("sandbox_error", reason=str(report.get("reason", ""))[:300], **common)
+    if outcome == "died":
+        outcome, why, csig = _death(report, limits)
+        return SandboxResult(outcome, error=None, tests=tuple(report.get("tests") or ()), reason=why,
+                             **{**common, "signal": csig})
+    if outcome not in ("ok", "exception", "syntax_error", "exit"):
+        return SandboxResult("no_report", reason=f"unknown outcome {outcome[:40]!r}", **common)
+    return SandboxResult(outcome, error=report.get("error"), tests=tuple(report.get("tests") or ()),
+                         reason=_reason(report), **common)
+
+
+def _death(report: Mapping[str, Any], limits: SandboxLimits) -> tuple[str, str, int | None]:
+    """Outcome, reason and signal for a program process that died, from its wait status as the
+    harness observed it (the program cannot choose what the harness reports)."""
+    sig = report.get("signal")
+    if isinstance(sig, int):
+        if sig in (signal.SIGXCPU, signal.SIGKILL):
+            return "cpu_limit", f"CPU time over {limits.cpu_s}s (signal {sig})", sig
+        if sig == signal.SIGXFSZ:
+            return "file_size_limit", f"file over {limits.file_size_mb} MiB", sig
+        return "signal", f"killed by signal {sig}", sig
+    return "no_report", f"exited with code {report.get('exit')} before its result was complete", None
 
 
 def _parse_report(raw: bytes, nonce: str) -> dict[str, Any] | None:
@@ -433,7 +539,10 @@ def _parse_report(raw: bytes, nonce: str) -> dict[str, Any] | None:
             rep = json.loads(line)
         except json.JSONDecodeError:
             continue
-        if isinstance(rep, dict) and rep.get("nonce") == nonce and "outcome" in rep:
+        if not isinstance(rep, dict) or "outcome" not in rep:
+            continue
+        # The pre-fork setup failure is written before the harness knows the nonce.
+        if rep.get("nonce") == nonce or (rep["outcome"] == "sandbox_error" and "nonce" not in rep):
             return rep
     return None
 
@@ -446,3 +555,128 @@ def _reason(report: Mapping[str, Any]) -> str:
         return f"{err['type']}: {err['msg']}"
     fails = [t for t in report.get("tests") or () if t]
     return f"{len(fails)} test(s) failed" if fails else "ran to the end"
+
+
+# ------------------------------------------------------------------ host-side disk accounting and clean-up
+
+_MAX_ENTRIES = 20_000  # work-dir entries counted per check; more is itself over the limit
+
+
+def _disk_over(work: str, max_bytes: int) -> bool:
+    """True if the tree under ``work`` uses more than ``max_bytes`` or ``_MAX_ENTRIES`` entries
+    (or cannot be measured: too deep a path). Iterative; never raises."""
+    used, seen, stack = 0, 0, [work]
+    while stack:
+        d = stack.pop()
+        try:
+            with os.scandir(d) as it:
+                for e in it:
+                    seen += 1
+                    st = e.stat(follow_symlinks=False)
+                    used += st.st_blocks * 512
+                    if stat.S_ISDIR(st.st_mode):
+                        stack.append(e.path)
+                    if used > max_bytes or seen > _MAX_ENTRIES:
+                        return True
+        except FileNotFoundError:
+            continue
+        except OSError as e:
+            if e.errno == errno.ENAMETOOLONG:
+                return True
+            continue
+    return False
+
+
+_DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+_MAX_OPEN = 64  # directory fds held while descending; deeper subtrees are moved up first
+
+
+def _remove_tree(path: str) -> bool:
+    """Delete ``path`` whatever the program made of it (any depth, any permissions, symlinks,
+    names); True if it is gone. Never raises: a failure is returned (and warned by the caller).
+
+    Works on directory fds (never on long paths, never following symlinks, never via ``..``),
+    iteratively, with at most ``_MAX_OPEN`` fds: a subtree deeper than that is renamed to a
+    direct child of the top first, which makes every chain shorter.
+    """
+    try:
+        top = os.open(path, _DIR_FLAGS)
+    except FileNotFoundError:
+        return True
+    except OSError:
+        try:
+            os.unlink(path)
+            return True
+        except OSError:
+            return False
+    try:
+        _empty_dir(top)
+    except OSError:
+        pass
+    finally:
+        os.close(top)
+    try:
+        os.rmdir(path)
+    except OSError:
+        return not os.path.lexists(path)
+    return True
+
+
+def _empty_dir(top: int) -> None:
+    stack: list[tuple[int, str]] = [(top, "")]  # (fd, its name in the parent)
+    skipped: set[tuple[int, int]] = set()
+    moved = 0
+    try:
+        while stack:
+            cur = stack[-1][0]
+            try:
+                os.fchmod(cur, 0o700)
+            except OSError:
+                pass
+            sub: str | None = None
+            with os.scandir(cur) as it:
+                for e in it:
+                    try:
+                        st = e.stat(follow_symlinks=False)
+                        if stat.S_ISDIR(st.st_mode):
+                            if (st.st_dev, st.st_ino) not in skipped:
+                                sub = e.name
+                                key = (st.st_dev, st.st_ino)
+                                break
+                        else:
+                            os.unlink(e.name, dir_fd=cur)
+                    except OSError:
+                        pass
+            if sub is not None:
+                if len(stack) >= _MAX_OPEN:
+                    moved += 1
+                    try:
+                        os.rename(sub, f".rm-{moved}-{secrets.token_hex(4)}", src_dir_fd=cur, dst_dir_fd=top)
+                    except OSError:
+                        skipped.add(key)
+                    continue
+                try:
+                    nxt = os.open(sub, _DIR_FLAGS, dir_fd=cur)
+                except OSError:
+                    try:
+                        os.chmod(sub, 0o700, dir_fd=cur)
+                        nxt = os.open(sub, _DIR_FLAGS, dir_fd=cur)
+                    except OSError:
+                        skipped.add(key)
+                        continue
+                stack.append((nxt, sub))
+                continue
+            if len(stack) == 1:
+                return
+            fd, name = stack.pop()
+            try:
+                key = (os.fstat(fd).st_dev, os.fstat(fd).st_ino)
+            finally:
+                os.close(fd)
+            try:
+                os.rmdir(name, dir_fd=stack[-1][0])
+            except OSError:
+                skipped.add(key)
+    finally:
+        for fd, _ in stack[1:]:
+            os.close(fd)
