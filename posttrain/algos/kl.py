@@ -12,6 +12,13 @@ Divergence", http://joschu.net/blog/kl-approx.html). With ``log_r = log pi_ref(y
 Every estimator returns a tensor of the inputs' shape; the caller masks (off-action positions may
 hold any finite value) and chooses whether the KL goes into the reward or into the loss.
 
+Numerical guard: ``log_r`` is clamped to ``[-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP]`` (20, a ratio of
+e^20 ~ 4.9e8) before any estimator uses it, so an extreme log-ratio — a token the reference gives
+probability ~0, a ``-inf`` log-prob — yields a large finite penalty instead of ``inf`` (whose product
+with a 0 mask or a 0 coefficient is NaN and poisons the whole update). Beyond the clamp the
+gradient is 0: such a token stops being pushed by the KL term, which is the price of staying finite
+(veRL clamps its low-variance KL at the same bound). Within the clamp every estimator is exact.
+
 The controllers are small stateful objects kept outside the pure functions: the learner asks
 ``.value`` for the coefficient beta and calls ``.update(observed_kl, n_steps)`` once per step.
 """
@@ -22,7 +29,9 @@ from torch import Tensor
 
 from posttrain.algos.registry import KL_ESTIMATORS
 
-__all__ = ["AdaptiveKLController", "FixedKLController", "kl_k1", "kl_k2", "kl_k3"]
+__all__ = ["LOG_RATIO_CLAMP", "AdaptiveKLController", "FixedKLController", "kl_k1", "kl_k2", "kl_k3"]
+
+LOG_RATIO_CLAMP = 20.0
 
 
 def _check(logprob: Tensor, ref_logprob: Tensor) -> None:
@@ -32,15 +41,21 @@ def _check(logprob: Tensor, ref_logprob: Tensor) -> None:
         )
 
 
+def _log_ratio(logprob: Tensor, ref_logprob: Tensor) -> Tensor:
+    """``clamp(log pi_ref(y) - log pi_theta(y), -LOG_RATIO_CLAMP, LOG_RATIO_CLAMP)`` (module doc)."""
+    _check(logprob, ref_logprob)
+    return (ref_logprob - logprob).clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP)
+
+
 @KL_ESTIMATORS.register("k1")
 def kl_k1(logprob: Tensor, ref_logprob: Tensor) -> Tensor:
     """k1 = log pi_theta(y) - log pi_ref(y), per token (Schulman 2020).
 
     Unbiased estimate of KL(pi_theta || pi_ref) for y ~ pi_theta; may be negative per token.
     Shapes: both inputs ``[...]`` (usually ``[B, T]``), output the same shape; caller masks.
+    The log-ratio is clamped to +-LOG_RATIO_CLAMP (module doc).
     """
-    _check(logprob, ref_logprob)
-    return logprob - ref_logprob
+    return -_log_ratio(logprob, ref_logprob)
 
 
 @KL_ESTIMATORS.register("k2")
@@ -48,10 +63,10 @@ def kl_k2(logprob: Tensor, ref_logprob: Tensor) -> Tensor:
     """k2 = 0.5 * (log pi_theta(y) - log pi_ref(y))**2, per token (Schulman 2020).
 
     Biased but low-variance and >= 0. Used as a loss term by REINFORCE++ (Hu 2025,
-    arXiv:2501.03262). Same shape as the inputs; caller masks.
+    arXiv:2501.03262). Same shape as the inputs; caller masks. The log-ratio is clamped to
+    +-LOG_RATIO_CLAMP (module doc), so k2 <= 200.
     """
-    _check(logprob, ref_logprob)
-    d = logprob - ref_logprob
+    d = _log_ratio(logprob, ref_logprob)
     return 0.5 * d * d
 
 
@@ -61,12 +76,11 @@ def kl_k3(logprob: Tensor, ref_logprob: Tensor) -> Tensor:
 
     Unbiased for KL(p || q) under y ~ p and >= 0 for every token (since e^x >= 1 + x). This is
     the estimator of DeepSeekMath's GRPO (Shao et al. 2024, arXiv:2402.03300, eq. 4).
-    Computed as ``expm1(x) - x`` so values near 0 keep their precision. No clamping: a huge
-    ``log q - log p`` overflows to ``inf`` on purpose rather than being silently capped.
-    Same shape as the inputs; caller masks.
+    Computed as ``expm1(x) - x`` so values near 0 keep their precision. ``x`` is clamped to
+    +-LOG_RATIO_CLAMP (module doc): k3 <= e^20 - 21 ~ 4.9e8, finite in float32 and float64, and
+    a ``-inf`` log-prob gives that bound rather than ``inf``/NaN. Same shape as the inputs; caller masks.
     """
-    _check(logprob, ref_logprob)
-    x = ref_logprob - logprob
+    x = _log_ratio(logprob, ref_logprob)
     return x.expm1() - x
 
 

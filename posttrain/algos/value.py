@@ -23,8 +23,10 @@ def value_loss(
     (the value clipping of the OpenAI baselines PPO2 implementation; also in the seed compendium's
     PPO section). ``values`` V are the current critic outputs, ``old_values`` V_old the critic
     outputs frozen before the update, ``returns`` R the value targets (e.g. GAE returns), all
-    ``[B, T]`` at action positions; everything is 0 off ``action_mask`` (selected away with
-    ``torch.where`` so garbage there never reaches the loss or its gradient).
+    ``[B, T]`` at action positions; everything is 0 off ``action_mask``. The three inputs are
+    zeroed off the mask *before* any arithmetic: selecting only the output with ``torch.where`` is
+    not enough, because the backward of ``err * err`` at a masked position with ``V = inf`` (or NaN)
+    is ``0 * inf = NaN`` — so garbage at masked positions never reaches the loss or its gradient.
 
     Diagnostics (all ``[B, T]``, 0 off the mask; reduce them with the same reduction as the loss):
     ``clipped`` 1.0 where the clipped branch is strictly larger (its gradient w.r.t. V is 0 there),
@@ -40,6 +42,9 @@ def value_loss(
         raise ValueError(f"value_loss: clip_eps must be > 0 or None, got {clip_eps}")
     on = action_mask > 0
     zeros = torch.zeros_like(values)
+    values = torch.where(on, values, zeros)
+    old_values = torch.where(on, old_values, zeros.detach())
+    returns = torch.where(on, returns, zeros.detach())
     err = values - returns
     unclipped = err * err
     if clip_eps is None:

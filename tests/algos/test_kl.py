@@ -85,3 +85,26 @@ def test_fixed_controller() -> None:
     c2 = FixedKLController(0.0)
     c2.load_state_dict(c.state_dict())
     assert c2.value == 0.05
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("name", ["k1", "k2", "k3"])
+def test_extreme_log_ratios_stay_finite_with_finite_gradients(name: str, dtype: torch.dtype) -> None:
+    """A -inf / huge log-prob on either side gives the documented clamp, not inf or NaN: a masked or
+    0-coefficient KL term must not poison the update (inf * 0 = NaN)."""
+    from posttrain.algos.kl import LOG_RATIO_CLAMP
+
+    lp = torch.tensor([-1.0, -1.0, -500.0, float("-inf"), -0.5], dtype=dtype, requires_grad=True)
+    lq = torch.tensor([-500.0, float("-inf"), -1.0, -1.0, -0.7], dtype=dtype)
+    kl = KL_ESTIMATORS[name](lp, lq)
+    assert torch.isfinite(kl).all(), kl
+    (kl * torch.tensor([1.0, 1.0, 1.0, 0.0, 1.0], dtype=dtype)).sum().backward()
+    assert torch.isfinite(lp.grad).all(), lp.grad
+    c = LOG_RATIO_CLAMP
+    expected = {"k1": [c, c, -c, -c], "k2": [c * c / 2] * 4,
+                "k3": [math.expm1(-c) + c, math.expm1(-c) + c, math.expm1(c) - c, math.expm1(c) - c]}[name]
+    torch.testing.assert_close(kl[:4].detach(), torch.tensor(expected, dtype=dtype))
+    # inside the clamp nothing changed: the last token keeps its exact value
+    x = -0.7 + 0.5
+    exact = {"k1": -x, "k2": 0.5 * x * x, "k3": math.expm1(x) - x}[name]
+    assert kl[4].item() == pytest.approx(exact, rel=1e-6)

@@ -47,3 +47,27 @@ def test_value_loss_errors() -> None:
         value_loss(x, x, torch.zeros(1, 3), x, 0.2)
     with pytest.raises(ValueError, match="clip_eps"):
         value_loss(x, x, x, x, 0.0)
+
+
+@pytest.mark.parametrize("bad", [float("inf"), float("-inf"), float("nan"), 1e300])
+@pytest.mark.parametrize("clip_eps", [None, 0.2])
+def test_masked_garbage_gives_finite_loss_and_gradient(bad: float, clip_eps: float | None) -> None:
+    """Values / returns at masked positions (padding, prompt) may hold anything: neither the loss nor
+    the gradient w.r.t. V may become NaN / inf because of them, and on-mask results are unchanged."""
+    mask = torch.tensor([[0.0, 1.0, 1.0, 0.0]], dtype=torch.float64)
+    clean = torch.tensor([[0.0, 0.5, -0.2, 0.0]], dtype=torch.float64)
+    old = torch.tensor([[0.0, 0.4, 0.1, 0.0]], dtype=torch.float64)
+    ret = torch.tensor([[0.0, 1.0, -1.0, 0.0]], dtype=torch.float64)
+    dirty = clean.clone()
+    dirty[0, 0] = dirty[0, 3] = bad
+    grads = []
+    for v0, o, r in ((clean, old, ret), (dirty, old.masked_fill(mask == 0, bad), ret.masked_fill(mask == 0, bad))):
+        v = v0.clone().requires_grad_(True)
+        loss, diag = value_loss(v, o, r, mask, clip_eps)
+        loss.sum().backward()
+        assert torch.isfinite(loss).all() and torch.isfinite(v.grad).all(), (loss, v.grad)
+        assert torch.isfinite(diag["value_error"]).all()
+        grads.append((loss.detach(), v.grad))
+    torch.testing.assert_close(grads[1][0], grads[0][0], rtol=0, atol=0)
+    torch.testing.assert_close(grads[1][1], grads[0][1], rtol=0, atol=0)
+    assert (grads[1][1][mask == 0] == 0).all()
