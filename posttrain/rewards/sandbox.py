@@ -61,9 +61,11 @@ RLIMITS_ONLY = "rlimits-only"
 LEVELS = (BWRAP, UNSHARE, RLIMITS_ONLY)
 
 DESCRIPTIONS = {
-    BWRAP: "bubblewrap: user/pid/net/mount/ipc/uts namespaces, uid 65534, read-only /usr, private work dir",
-    UNSHARE: "unshare: net+pid namespaces, uid 65534; filesystem shared with the host (permissions only)",
-    RLIMITS_ONLY: "WARNING rlimits only: network reachable, host files readable with the host user's permissions",
+    BWRAP: "bubblewrap: user/pid/net/mount/ipc/uts namespaces, per-run uid, read-only root, sized tmpfs /work and /tmp",
+    UNSHARE: "unshare: net/pid/mount/ipc/uts namespaces, per-run uids, own /proc, read-only host root, sized tmpfs "
+             "work dir and /tmp; host files readable by permissions",
+    RLIMITS_ONLY: "WARNING rlimits only: network reachable, host files readable with the host user's permissions, "
+                  "host /tmp writable, other processes visible in /proc",
 }
 
 NOBODY = 65534
@@ -204,10 +206,12 @@ def _uid_lease() -> Iterator[tuple[int, int] | None]:
 def _kill_uid(uid: int) -> None:
     """SIGKILL every process of ``uid`` (root only): the clean-up of levels without a pid namespace,
     which also catches processes that left the process group with ``setsid``."""
-    code = "import os, signal\ntry:\n    os.kill(-1, signal.SIGKILL)\nexcept ProcessLookupError:\n    pass\n"
-    subprocess.run([sandbox_python(), "-I", "-S", "-c", code], user=uid, group=uid, extra_groups=[],
-                   env={}, cwd="/", stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-                   stderr=subprocess.DEVNULL, check=False)
+    # kill(-1) from the uid itself reaches exactly that uid's processes (and not the caller).
+    kill = shutil.which("kill", path="/usr/bin:/bin")
+    argv = ([kill, "-9", "-1"] if kill else
+            [sandbox_python(), "-I", "-S", "-c", "import os\ntry:\n    os.kill(-1, 9)\nexcept OSError:\n    pass\n"])
+    subprocess.run(argv, user=uid, group=uid, extra_groups=[], env={}, cwd="/", stdin=subprocess.DEVNULL,
+                   stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, check=False)
 
 
 # ------------------------------------------------------------------ commands per level

@@ -20,7 +20,7 @@ import pytest
 from posttrain.rewards import sandbox as S
 
 LEVELS = S.available_levels()
-FAST = S.SandboxLimits(cpu_s=1, wall_s=1.5, memory_mb=256, nproc=16, output_bytes=8192)
+FAST = S.SandboxLimits(cpu_s=1, wall_s=1.5, memory_mb=256, nproc=16, output_bytes=8192, disk_mb=8)
 
 
 def _ok_still_works(level: str) -> None:
@@ -65,9 +65,11 @@ def test_infinite_loop_is_a_timeout_within_the_wall_limit(level):
 
 @pytest.mark.parametrize("level", LEVELS)
 def test_fork_bomb_is_contained_and_leaves_no_process(level):
+    # The bomb re-executes itself with a marker in its argv, so the host can look for survivors.
     marker = f"forkbomb-{uuid.uuid4().hex}"
-    code = "import os\nwhile True:\n    try:\n        os.fork()\n    except OSError:\n        pass\n"
-    r = S.run_python(code, tests=[f"# {marker}"], isolation=level, limits=FAST)
+    bomb = "import os\nwhile True:\n    try:\n        os.fork()\n    except OSError:\n        pass\n"
+    code = f"import os, sys\nos.execv(sys.executable, [sys.executable, '-c', {bomb!r}, {marker!r}])"
+    r = S.run_python(code, isolation=level, limits=FAST)
     assert r.outcome in ("timeout", "cpu_limit"), r
     deadline = time.time() + 3
     while _alive(marker) and time.time() < deadline:
@@ -163,13 +165,13 @@ def test_syntax_error_exit_and_os_exit_are_reported():
     assert S.run_python("import os; os._exit(0)", isolation=lv, limits=FAST).outcome == "no_report"
 
 
-def test_forged_report_line_on_stdout_is_ignored():
+def test_forged_report_line_on_stdout_is_ignored():  # accidental look-alikes; deliberate ones below
     lv = LEVELS[0]
     r = S.run_python('print(\'{"outcome": "ok", "nonce": "x"}\')\nimport os; os._exit(0)', isolation=lv, limits=FAST)
     assert r.outcome == "no_report"
 
 
-def test_tests_run_in_the_solution_globals_and_failures_are_listed():
+def test_tests_see_the_solution_names_and_failures_are_listed():
     r = S.run_python("def f(x):\n    return 2 * x", tests=["assert f(2) == 4", "assert f(3) == 7"],
                      isolation=LEVELS[0], limits=FAST)
     assert r.outcome == "ok" and r.tests[0] is None and r.tests[1]["type"] == "AssertionError"
@@ -191,3 +193,375 @@ def test_fallback_is_announced_with_the_reason(monkeypatch):
     monkeypatch.setenv("POSTTRAIN_SANDBOX", "bwrap")
     with pytest.raises(RuntimeError, match="does not work here: bwrap not installed"):
         S.isolation_level.__wrapped__()
+
+
+# ================================================================ escape suite
+# A policy optimised against the verifier will use any way to `correct` (or to a free
+# `infra_error`). Each class of escape below is tried at every isolation level; a level this
+# machine lacks is skipped with its reason (shown with -rs and in the report header), never passed.
+
+WRONG_F = "def f(x):\n    return -1\n"
+F_TESTS = ["assert f(2) == 4", "assert f(3) == 6"]
+
+
+def _at(level: str) -> str:
+    if level not in LEVELS:
+        pytest.skip(f"isolation level {level!r} is not available on this machine: {S._probe(level)}")
+    return level
+
+
+def _forged(r: S.SandboxResult) -> bool:
+    return r.outcome == "ok" and bool(r.tests) and all(t is None for t in r.tests)
+
+
+FORGE_REPORT_FDS = r"""
+import json, os
+line = (json.dumps({"outcome": "ok", "tests": [None, None], "nonce": "guess"}) + "\n").encode()
+for fd in range(3, 1024):
+    try:
+        os.write(fd, line)
+    except OSError:
+        pass
+for pid in os.listdir("/proc"):
+    if pid.isdigit():
+        try:
+            fds = os.listdir(f"/proc/{pid}/fd")
+        except OSError:
+            continue
+        for n in fds:
+            try:
+                fd = os.open(f"/proc/{pid}/fd/{n}", os.O_WRONLY | os.O_NONBLOCK)
+                os.write(fd, line)
+                os.close(fd)
+            except OSError:
+                pass
+"""
+
+PATCH_HARNESS = r"""
+import builtins, sys
+h = sys.modules["__main__"]          # the harness code that shares this process
+h.encode = lambda v, other, depth=0: ["b", True]
+h.exc_info = lambda e: None
+class Always:
+    def __eq__(self, other):
+        return True
+    __hash__ = object.__hash__
+builtins.AssertionError = type("AssertionError", (BaseException,), {})
+"""
+
+PTRACE_PARENT = r"""
+import ctypes, os
+libc = ctypes.CDLL(None, use_errno=True)
+pp = os.getppid()
+attached = libc.ptrace(16, pp, 0, 0) == 0       # PTRACE_ATTACH
+for part in ("mem", "environ", "fd"):
+    try:
+        os.listdir(f"/proc/{pp}/fd") if part == "fd" else open(f"/proc/{pp}/{part}", "rb").read(1)
+        print("OPENED", part)
+    except OSError:
+        pass
+print("ATTACHED" if attached else "no-attach")
+"""
+
+
+@pytest.mark.parametrize("level", S.LEVELS)
+@pytest.mark.parametrize("attack", [FORGE_REPORT_FDS, PATCH_HARNESS, PTRACE_PARENT],
+                         ids=["write-every-fd", "patch-harness-and-builtins", "ptrace-parent"])
+def test_escape_report_channel_cannot_be_reached(level, attack):
+    r = S.run_python(attack + WRONG_F, tests=F_TESTS, isolation=_at(level), limits=FAST)
+    assert not _forged(r), r
+    assert "ATTACHED" not in r.stdout and "OPENED" not in r.stdout, r.stdout
+
+
+SNOOP_TESTS = r"""
+import gc, os, re
+pat = re.compile(rb"TOKEN-[0-9a-f]{32}")
+found = []
+def look(b):
+    found.extend(m.decode() for m in pat.findall(b))
+for pid in os.listdir("/proc"):
+    if not pid.isdigit():
+        continue
+    for part in ("cmdline", "environ", "mem"):
+        try:
+            with open(f"/proc/{pid}/{part}", "rb") as fh:
+                look(fh.read(1 << 20))
+        except (OSError, ValueError):
+            pass
+for fd in range(3, 256):
+    try:
+        os.set_blocking(fd, False)
+        os.lseek(fd, 0, 0)
+    except OSError:
+        pass
+    try:
+        look(os.read(fd, 1 << 20))
+    except OSError:
+        pass
+for o in gc.get_objects():
+    for v in (o.values() if isinstance(o, dict) else o if isinstance(o, (list, tuple)) else ()):
+        if isinstance(v, str):
+            look(v.encode(errors="replace"))
+print("FOUND", found)
+def f(x):
+    return found[0] if found else None
+"""
+
+
+@pytest.mark.parametrize("level", S.LEVELS)
+def test_escape_the_tests_and_nonce_are_not_readable(level):
+    token = f"TOKEN-{uuid.uuid4().hex}"
+    r = S.run_python(SNOOP_TESTS, tests=[f"assert f(1) == {token!r}"], isolation=_at(level), limits=FAST)
+    assert token not in r.stdout and "FOUND []" in r.stdout, r.stdout
+    assert not _forged(r), r
+
+
+LYING_VALUES = {
+    "always-equal-object": "class A:\n    def __eq__(self, o):\n        return True\n    def __ne__(self, o):\n"
+                           "        return False\n    __hash__ = object.__hash__\ndef f(x):\n    return A()\n",
+    "int-subclass": "class I(int):\n    def __eq__(self, o):\n        return True\n    __hash__ = int.__hash__\n"
+                    "def f(x):\n    return I(0)\n",
+    "list-subclass": "class L(list):\n    def __eq__(self, o):\n        return True\n"
+                     "def f(x):\n    return L()\n",
+    "shadowed-builtins": "sorted = lambda *a, **k: [1, 2, 3]\nlen = lambda x: 3\nabs = lambda x: 4\n"
+                         "def f(x):\n    return -1\n",
+    "patched-builtins-module": "import builtins\nbuiltins.sorted = lambda *a, **k: [1, 2, 3]\n"
+                               "builtins.len = lambda x: 3\nbuiltins.abs = lambda x: 4\n"
+                               "builtins.AssertionError = type('AssertionError', (BaseException,), {})\n"
+                               "def f(x):\n    return -1\n",
+    "patched-operator-eq": "import operator\noperator.eq = lambda a, b: True\ndef f(x):\n    return -1\n",
+}
+LIE_TESTS = ["assert f(2) == 4", "assert sorted(f([3, 1, 2])) == [1, 2, 3]", "assert len(f('abc')) == 3",
+             "assert abs(f(-4)) == 4"]
+
+
+@pytest.mark.parametrize("level", S.LEVELS)
+@pytest.mark.parametrize("name", sorted(LYING_VALUES))
+def test_escape_redefined_equality_or_builtins_fail_the_tests(level, name):
+    r = S.run_python(LYING_VALUES[name], tests=LIE_TESTS, isolation=_at(level), limits=FAST)
+    # Patching builtins also breaks the program's own RPC server (no_report): a failure as well.
+    assert r.outcome in ("ok", "no_report") and not _forged(r), r
+    assert all(t is not None for t in r.tests), r
+
+
+@pytest.mark.parametrize("level", S.LEVELS)
+def test_honest_solutions_still_pass_through_the_proxies(level):
+    code = ("class Stack:\n    def __init__(self):\n        self.items = []\n    def push(self, x):\n"
+            "        self.items.append(x)\n        return self\n    def __len__(self):\n        return len(self.items)\n"
+            "def rev(xs):\n    return xs[::-1]\ndef gen(n):\n    yield from range(n)\n"
+            "def boom(x):\n    raise ValueError('neg')\n")
+    tests = ["assert rev([1, (2, 3), {'a': {4}}]) == [{'a': {4}}, (2, 3), 1]", "assert list(gen(3)) == [0, 1, 2]",
+             "s = Stack().push(1).push(2)\nassert len(s) == 2 and s.items == [1, 2]",
+             "try:\n    boom(1)\n    raise AssertionError('no raise')\nexcept ValueError as e:\n    assert 'neg' in str(e)",
+             "def check(c):\n    assert c([1, 2]) == [2, 1]\ncheck(rev)", "assert rev(10**5000 * [1][:0]) == []",
+             "assert rev(b'ab') == b'ba' and rev('ab') == 'ba' and rev((1.5, float('inf'))) == (float('inf'), 1.5)"]
+    r = S.run_python(code, tests=tests, isolation=_at(level), limits=FAST)
+    assert r.outcome == "ok" and list(r.tests) == [None] * len(tests), r
+
+
+FAKE_INFRA = {
+    "bwrap-message-on-stderr": "import os, sys\nsys.stderr.write(\"bwrap: Can't mount proc on /newroot/proc: "
+                               "Operation not permitted\\n\")\nsys.stderr.flush()\nos._exit(1)\n",
+    "fake-handshake-on-stdout": "import os\nprint('{\"ready\": true}')\nprint('{\"outcome\": \"sandbox_error\"}')\n"
+                                "os._exit(125)\n",
+    "kill-the-harness": "import os, signal, time\nos.kill(os.getppid(), signal.SIGKILL)\ntime.sleep(5)\n",
+    "kill-everything-visible": "import os, signal\nos.kill(-1, signal.SIGKILL)\nos.kill(1, signal.SIGKILL)\n",
+    "segfault-self": "import os, signal\nos.kill(os.getpid(), signal.SIGSEGV)\n",
+}
+
+
+@pytest.mark.parametrize("level", S.LEVELS)
+@pytest.mark.parametrize("name", sorted(FAKE_INFRA))
+def test_escape_failing_cannot_be_dressed_as_an_infra_error(level, name):
+    r = S.run_python(FAKE_INFRA[name] + WRONG_F, tests=F_TESTS, isolation=_at(level), limits=FAST)
+    assert r.outcome != "sandbox_error" and not _forged(r), r
+
+
+FILL_DIR = r"""
+import os
+written = 0
+try:
+    for i in range(32):                       # 64 MiB at most, in files under the file-size limit
+        with open(os.path.join(D, f"fill-{i}"), "wb") as fh:
+            fh.write(b"x" * (2 * 1024 * 1024))
+        written += 2 * 1024 * 1024
+except OSError as e:
+    print("STOPPED", e.errno)
+print("WROTE", written)
+"""
+
+
+def _wrote(r: S.SandboxResult) -> int:
+    return int(r.stdout.split("WROTE")[1].split()[0]) if "WROTE" in r.stdout else 0
+
+
+@pytest.mark.parametrize("level", S.LEVELS)
+@pytest.mark.parametrize("where", ["/tmp", "/dev/shm", "/var/tmp", "/", "/dev", "/run"])
+def test_escape_memory_cannot_be_filled_through_a_tmpfs(level, where):
+    if _at(level) == S.RLIMITS_ONLY:
+        assert "host /tmp writable" in S.DESCRIPTIONS[level]
+        pytest.skip("rlimits-only has no mount namespace: host /tmp, /dev/shm are writable (its description says so)")
+    r = S.run_python(f"D = {where!r}\n" + FILL_DIR, isolation=level, limits=FAST)
+    assert "STOPPED" in r.stdout and _wrote(r) <= (FAST.disk_mb + 2) * 2**20, r
+
+
+@pytest.mark.parametrize("level", S.LEVELS)
+def test_escape_disk_cannot_be_filled_through_the_work_dir(level, monkeypatch):
+    made: list[str] = []
+    real = S.tempfile.mkdtemp
+    monkeypatch.setattr(S.tempfile, "mkdtemp", lambda *a, **k: made.append(real(*a, **k)) or made[-1])
+    r = S.run_python("D = '.'\n" + FILL_DIR, isolation=_at(level), limits=FAST)
+    if level == S.RLIMITS_ONLY:
+        # no tmpfs: the host measures the work dir and kills the run
+        assert r.outcome == "disk_limit" or ("STOPPED" in r.stdout and _wrote(r) <= FAST.disk_mb * 2**20), r
+    else:
+        assert r.outcome == "ok" and "STOPPED 28" in r.stdout and _wrote(r) <= FAST.disk_mb * 2**20, r
+    assert all(not os.path.exists(d) for d in made)
+
+
+DEEP_TREE = r"""
+import os
+os.symlink(HOST_FILE, "link-to-host")
+os.mkfifo("fifo")
+for i in range(3000):
+    os.mkdir("d")
+    os.chdir("d")
+    open("f", "w").close()
+    if i % 97 == 0:
+        os.chmod(".", 0o300)
+os.chmod(".", 0)
+"""
+
+
+@pytest.mark.parametrize("level", S.LEVELS)
+def test_escape_clean_up_survives_any_tree_the_program_made(level, monkeypatch, tmp_path):
+    host_file = tmp_path / "keep.txt"
+    host_file.write_text("keep")
+    tmp_path.chmod(0o755)
+    made: list[str] = []
+    real = S.tempfile.mkdtemp
+    monkeypatch.setattr(S.tempfile, "mkdtemp", lambda *a, **k: made.append(real(*a, **k)) or made[-1])
+    lim = S.SandboxLimits(cpu_s=2, wall_s=6.0, memory_mb=256, nproc=16, output_bytes=8192, disk_mb=64)
+    r = S.run_python(f"HOST_FILE = {str(host_file)!r}\n" + DEEP_TREE, isolation=_at(level), limits=lim)
+    assert r.outcome in ("ok", "timeout", "cpu_limit", "exception", "disk_limit"), r
+    assert all(not os.path.lexists(d) for d in made)
+    assert host_file.read_text() == "keep"
+
+
+def test_remove_tree_on_a_hostile_host_tree(tmp_path):
+    # deeper than PATH_MAX, unreadable and unwritable dirs, a symlink out that must not be followed
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    (outside / "keep").write_text("keep")
+    top = tmp_path / "tree"
+    top.mkdir()
+    fd = os.open(top, os.O_RDONLY | os.O_DIRECTORY)
+    os.symlink(outside, "out", dir_fd=fd)
+    for i in range(2500):
+        os.mkdir("a" * 50, dir_fd=fd)
+        os.symlink(outside, "out", dir_fd=fd) if i % 500 == 0 else None
+        nfd = os.open("a" * 50, os.O_RDONLY | os.O_DIRECTORY, dir_fd=fd)
+        if i % 300 == 0:
+            os.chmod("a" * 50, 0, dir_fd=fd)
+        os.close(fd)
+        fd = nfd
+    os.close(fd)
+    assert S._remove_tree(str(top)) is True
+    assert not top.exists() and (outside / "keep").read_text() == "keep"
+    assert S._remove_tree(str(top)) is True  # already gone: fine, never raises
+
+
+@pytest.mark.parametrize("level", S.LEVELS)
+def test_escape_other_processes_proc_is_not_visible(level):
+    marker = f"proc-snoop-{uuid.uuid4().hex}"
+    host = subprocess.Popen([S.sandbox_python(), "-c", "import time; time.sleep(30)", marker])
+    try:
+        code = ("import os\nseen = []\nfor p in os.listdir('/proc'):\n    try:\n"
+                "        seen.append(open(f'/proc/{p}/cmdline', 'rb').read())\n    except OSError:\n        pass\n"
+                f"print('SEEN' if any({marker!r}.encode() in c for c in seen) else 'NOT-SEEN')\n")
+        r = S.run_python(code, isolation=_at(level), limits=FAST)
+    finally:
+        host.kill()
+        host.wait()
+    if level == S.RLIMITS_ONLY:
+        assert "other processes visible" in S.DESCRIPTIONS[level]
+    else:
+        assert r.stdout.strip() == "NOT-SEEN", r
+
+
+@pytest.mark.parametrize("level", S.LEVELS)
+def test_escape_filesystem_and_abstract_sockets_are_unreachable(level, tmp_path):
+    d = tmp_path / "sockdir"
+    d.mkdir()
+    for p in (tmp_path, d):
+        p.chmod(0o777)
+    path = str(d / "s")
+    fs_srv = socket.socket(socket.AF_UNIX)
+    fs_srv.bind(path)
+    os.chmod(path, 0o777)
+    abstract = f"\0posttrain-{uuid.uuid4().hex}"
+    ab_srv = socket.socket(socket.AF_UNIX)
+    ab_srv.bind(abstract)
+    for s in (fs_srv, ab_srv):
+        s.listen(1)
+    code = ("import socket\nfor a in (%r, %r):\n    s = socket.socket(socket.AF_UNIX)\n    try:\n"
+            "        s.connect(a)\n        print('REACHED', repr(a))\n    except OSError as e:\n"
+            "        print('blocked', e.errno)\n" % (path, abstract))
+    try:
+        r = S.run_python(code, isolation=_at(level), limits=FAST)
+    finally:
+        fs_srv.close()
+        ab_srv.close()
+    if level == S.RLIMITS_ONLY:
+        assert "network reachable" in S.DESCRIPTIONS[level]
+    else:
+        assert r.outcome == "ok" and "REACHED" not in r.stdout and r.stdout.count("blocked") == 2, r
+
+
+@pytest.mark.parametrize("level", S.LEVELS)
+def test_escape_host_tmp_is_not_writable(level):
+    target = f"/tmp/posttrain-escape-{uuid.uuid4().hex}"
+    try:
+        S.run_python(f"open({target!r}, 'w').write('x')", isolation=_at(level), limits=FAST)
+        if level == S.RLIMITS_ONLY:
+            assert "host /tmp writable" in S.DESCRIPTIONS[level]
+        else:
+            assert not os.path.exists(target)
+    finally:
+        if os.path.exists(target):
+            os.unlink(target)
+
+
+@pytest.mark.parametrize("level", S.LEVELS)
+def test_escape_concurrent_runs_cannot_signal_each_other_or_starve_their_process_limit(level):
+    import threading
+
+    _at(level)
+    lim = S.SandboxLimits(cpu_s=2, wall_s=4.0, memory_mb=256, nproc=16, output_bytes=8192, disk_mb=8)
+    victim_code = ("import os, time\ntime.sleep(1.2)\nfor _ in range(4):\n    pid = os.fork()\n"
+                   "    if pid == 0:\n        os._exit(0)\n    os.waitpid(pid, 0)\nprint('ALIVE')\n")
+    attacker = ("import os, signal, time\nend = time.time() + 2.0\nwhile time.time() < end:\n"
+                "    try:\n        os.kill(-1, signal.SIGKILL)\n    except OSError:\n        pass\n"
+                "    try:\n        os.fork() or time.sleep(5)\n    except OSError:\n        pass\n")
+    out: dict[str, S.SandboxResult] = {}
+    ts = [threading.Thread(target=lambda: out.__setitem__("a", S.run_python(attacker, isolation=level, limits=lim)))]
+    ts[0].start()
+    time.sleep(0.3)
+    victim = S.run_python(victim_code, isolation=level, limits=lim)
+    ts[0].join()
+    assert victim.outcome == "ok" and victim.stdout.strip() == "ALIVE", (victim, out.get("a"))
+
+
+@pytest.mark.parametrize("level", S.LEVELS)
+def test_escape_setsid_survivor_is_killed(level):
+    marker = f"survivor-{uuid.uuid4().hex}"
+    code = ("import os, sys\nif os.fork() == 0:\n    os.setsid()\n    if os.fork() == 0:\n"
+            f"        os.execv(sys.executable, [sys.executable, '-c', 'import time; time.sleep(20)', {marker!r}])\n"
+            "    os._exit(0)\n")
+    S.run_python(code, isolation=_at(level), limits=FAST)
+    deadline = time.time() + 3
+    while _alive(marker) and time.time() < deadline:
+        time.sleep(0.05)
+    if level == S.RLIMITS_ONLY and os.geteuid() != 0:
+        pytest.skip("rlimits-only without root has no per-run uid to kill by; documented")
+    assert _alive(marker) == []
