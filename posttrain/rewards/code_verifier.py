@@ -1,10 +1,17 @@
 """``code``: run model-written Python against tests in the sandbox (:mod:`posttrain.rewards.sandbox`).
 
-``reference`` is either a string of test code (asserts, run after the solution in its globals)
+``reference`` is either a string of test code (asserts that use the names the solution defined)
 or a list of such strings (each test run separately: partial credit in ``tests_passed``) or a
 dict ``{"tests": ..., "stdin": "...", "expected_stdout": "..."}`` for an I/O problem. The
 solution is the last fenced code block of the response (```` ```python ... ``` ````), else the
 whole response.
+
+The tests are judged where the solution cannot reach: they run in the sandbox harness' own
+process with real builtins, calling the solution's functions over a pipe and comparing the plain
+builtin values they return (an object whose ``__eq__`` could lie is never a value), so patching
+builtins, equality or the harness gives nothing (:mod:`posttrain.rewards.sandbox_harness`). Only a
+sandbox that failed before any of the program ran is an ``infra_error``; what the program prints
+or how it exits never is.
 
 Status mapping (``reason`` is always in the explanation, with the isolation level):
 
@@ -15,8 +22,8 @@ all tests pass (and stdout matches)      ``correct``  (task 1)
 a test fails / the code raises           ``wrong``    (task 0; tests_passed = fraction)
 no code, syntax error, ``sys.exit`` /     ``invalid``  (task 0, format 0 for no code / syntax)
 ``os._exit`` before the end, memory,
-process or file-size limit, output cap,
-killed by a signal
+process, file-size or disk limit, output
+cap, killed by a signal
 wall or CPU time limit                   ``timeout``
 the sandbox itself failed                ``infra_error`` (no reward)
 ======================================  ========================================
@@ -25,6 +32,7 @@ the sandbox itself failed                ``infra_error`` (no reward)
 from __future__ import annotations
 
 import dataclasses
+import errno
 import re
 from typing import Any
 
@@ -37,6 +45,16 @@ _FENCE = re.compile(r"```(?:python|py|python3)?[ \t]*\n(.*?)```", re.DOTALL)
 # Exceptions that mean "hit a sandbox limit" rather than "computed the wrong thing".
 _LIMIT_ERRORS = {"MemoryError": "memory limit", "BlockingIOError": "process/resource limit",
                  "RecursionError": "recursion limit"}
+_DISK_ERRNOS = (errno.ENOSPC, errno.EDQUOT)  # a full work dir or /tmp tmpfs: a limit, not a wrong answer
+
+
+def _limit(error: Any) -> str | None:
+    """The sandbox limit an exception of the program means, if any."""
+    if not error:
+        return None
+    if error.get("errno") in _DISK_ERRNOS:
+        return "disk limit"
+    return _LIMIT_ERRORS.get(str(error.get("type")))
 
 
 def extract_code(response: str) -> str:
@@ -54,6 +72,7 @@ class CodeVerifier:
     wall_s: float = 5.0
     memory_mb: int = 512
     output_bytes: int = 64 * 1024
+    disk_mb: int = 32
     isolation: str | None = None
     name: str = "code"
     version: str = "1"
@@ -69,7 +88,7 @@ class CodeVerifier:
             tests, stdin, expected = reference, "", None
         tests = [tests] if isinstance(tests, str) else list(tests)
         limits = SandboxLimits(cpu_s=self.cpu_s, wall_s=self.wall_s, memory_mb=self.memory_mb,
-                               output_bytes=self.output_bytes)
+                               output_bytes=self.output_bytes, disk_mb=self.disk_mb)
         r = run_python(code, tests=tests, stdin=stdin, limits=limits, isolation=self.isolation)
         iso = f" [isolation: {r.isolation}" + ("" if r.isolation == BWRAP else f" - {DESCRIPTIONS[r.isolation]}") + "]"
         if r.outcome == "sandbox_error":
@@ -78,11 +97,14 @@ class CodeVerifier:
             return Verdict(Status.TIMEOUT, {"task": 0.0, "format": 1.0, "tests_passed": 0.0}, f"{r.reason}{iso}")
         if r.outcome == "syntax_error":
             return Verdict(Status.INVALID, {"task": 0.0, "format": 0.0, "tests_passed": 0.0}, f"{r.reason}{iso}")
-        if r.outcome == "exception" and r.error and r.error.get("type") not in _LIMIT_ERRORS:
+        if r.outcome == "exception" and r.error and _limit(r.error) is None:
             return Verdict(Status.WRONG, {"task": 0.0, "format": 1.0, "tests_passed": 0.0},
                            f"solution raised {r.reason}{iso}")
+        if r.outcome == "ok" and len(r.tests) != len(tests):  # never expected; fail closed
+            return Verdict(Status.INVALID, {"task": 0.0, "format": 1.0, "tests_passed": 0.0},
+                           f"{len(r.tests)} results for {len(tests)} tests{iso}")
         if r.outcome != "ok":
-            what = _LIMIT_ERRORS.get(str((r.error or {}).get("type")), r.outcome.replace("_", " "))
+            what = _limit(r.error) or r.outcome.replace("_", " ")
             return Verdict(Status.INVALID, {"task": 0.0, "format": 1.0, "tests_passed": 0.0},
                            f"{what}: {r.reason}{iso}")
         n_pass = sum(t is None for t in r.tests)

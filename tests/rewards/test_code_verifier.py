@@ -86,3 +86,47 @@ def test_network_attempt_is_reported_and_does_not_reach_the_host():
 def test_a_bad_program_does_not_affect_the_next_verification():
     V.verify("import os\nwhile True:\n    try:\n        os.fork()\n    except OSError:\n        pass", TESTS)
     assert V.verify("def add(a, b):\n    return a + b", TESTS).status is Status.CORRECT
+
+
+# Reward hacking: a policy optimised against this verifier will try to get `correct` without
+# solving the task, or to fail as a free `infra_error` (excluded from the update).
+FORGERIES = {
+    "always-equal-result": "class A:\n    def __eq__(self, o):\n        return True\n    __hash__ = object.__hash__\n"
+                           "def add(a, b):\n    return A()\n",
+    "int-subclass-result": "class I(int):\n    def __eq__(self, o):\n        return True\n    __hash__ = int.__hash__\n"
+                           "def add(a, b):\n    return I(0)\n",
+    "patched-assertion-and-eq": "import builtins, operator\nbuiltins.AssertionError = type('E', (BaseException,), {})\n"
+                                "operator.eq = lambda a, b: True\ndef add(a, b):\n    return 0\n",
+    "patched-harness": "import sys\nsys.modules['__main__'].encode = lambda v, other, depth=0: ['b', True]\n"
+                       "def add(a, b):\n    return 0\n",
+    "forged-report-on-every-fd": "import json, os\nline = json.dumps({'outcome': 'ok', 'tests': [None] * 3}) + '\\n'\n"
+                                 "for fd in range(3, 256):\n    try:\n        os.write(fd, line.encode())\n"
+                                 "    except OSError:\n        pass\ndef add(a, b):\n    return 0\n",
+    "forged-stdout-for-io": "print('7')\ndef add(a, b):\n    return 0\n",
+}
+
+
+@pytest.mark.parametrize("name", sorted(FORGERIES))
+def test_reward_hacking_attempts_are_never_correct(name):
+    v = V.verify(FORGERIES[name], TESTS)
+    assert v.status in (Status.WRONG, Status.INVALID), v.explanation
+    assert v.components["task"] == 0.0
+
+
+@pytest.mark.parametrize(
+    "code",
+    ["import os, sys\nsys.stderr.write(\"bwrap: Can't mount tmpfs on /newroot/tmp: No space left\\n\")\nos._exit(1)",
+     "import os, signal\nos.kill(os.getppid(), signal.SIGKILL)\nimport time\ntime.sleep(3)",
+     "import os, signal\nos.kill(-1, signal.SIGKILL)"],
+    ids=["fake-bwrap-error", "kill-harness", "kill-all"],
+)
+def test_failing_cannot_be_dressed_as_an_infra_error(code):
+    v = V.verify(code, TESTS)
+    assert v.status is not Status.INFRA_ERROR and v.status is not Status.CORRECT, v.explanation
+
+
+def test_filling_the_disk_is_invalid_with_the_disk_limit_named():
+    code = ("for i in range(64):\n    with open(f'f{i}', 'wb') as f:\n        f.write(b'x' * 2**21)\n"
+            "def add(a, b):\n    return a + b")
+    v = CodeVerifier(cpu_s=2, wall_s=5.0, memory_mb=256, output_bytes=8192, disk_mb=8).verify(code, TESTS)
+    assert v.status is Status.INVALID and "disk limit" in v.explanation, v.explanation
