@@ -1,33 +1,52 @@
-"""A sandbox for model-written Python: a separate process with limits, no network, throwaway dir.
+"""A sandbox for model-written Python: separate processes with limits, no network, nothing left behind.
 
 Isolation levels (strongest first; :func:`isolation_level` probes once and caches):
 
 ``bwrap``
     bubblewrap (``bwrap --unshare-all --die-with-parent --new-session --uid 65534``): new user,
-    pid, network, mount, ipc and uts namespaces; only ``/usr`` (+ the interpreter's prefix)
-    read-only, a private ``/tmp`` and the throwaway work dir ``/work`` writable. When the host
-    runs as root, bwrap itself is started as uid 65534 so that the sandbox's processes belong
-    to an unprivileged uid *outside* the namespace too (as root, ``RLIMIT_NPROC`` is not
-    enforced, so a fork bomb would not be stopped by the process limit otherwise).
+    pid (own ``/proc``), network, mount, ipc and uts namespaces; a read-only root with ``/usr``
+    (+ the interpreter's prefix) read-only, size-limited tmpfs ``/work`` (the work dir) and
+    ``/tmp`` (``disk_mb`` each) and ``/dev/shm`` (1 MiB). When the host runs as root, bwrap itself
+    is started as the run's own unprivileged uid (see *uids*), so ``RLIMIT_NPROC`` holds (as
+    root it is not enforced).
 ``unshare-net``
-    util-linux ``unshare --net --pid --fork --kill-child`` (needs root): no network, own pid
-    namespace; the child drops to uid/gid 65534 before running the code. The filesystem is the
-    host's, protected only by permissions (nobody can still read world-readable files).
+    util-linux ``unshare --mount --net --pid --fork --mount-proc --ipc --uts`` (needs root): in
+    the private mount namespace the host root is re-mounted read-only, ``/tmp`` and the work dir
+    ``/tmp/w`` are size- and inode-limited tmpfs, ``/var/tmp``, ``/dev/shm`` and ``/run`` are
+    small empty tmpfs (hiding their sockets); own ``/proc``. The harness and the program drop to
+    the run's uids. Host files stay readable as far as their permissions allow.
 ``rlimits-only``
-    WARNING level: a plain subprocess with resource limits and a throwaway cwd. The network is
-    reachable and files are readable with the host user's permissions. Used only when neither of
-    the above works; it is announced with a warning and named in every result.
+    WARNING level: plain subprocesses with resource limits and a throwaway work dir on the host
+    disk (its size is measured by the host: ``disk_limit``). The network is reachable, files are
+    readable with the host user's permissions, the host's ``/tmp`` is writable and other
+    processes are visible in ``/proc``. Used only when neither of the above works; announced
+    with a warning and named in every result.
 
-In every level the code runs under ``RLIMIT_CPU`` (seconds), ``RLIMIT_AS`` (memory),
-``RLIMIT_FSIZE`` (largest file written), ``RLIMIT_NPROC`` (processes of the uid),
-``RLIMIT_NOFILE`` and ``RLIMIT_CORE = 0``, a wall-clock deadline after which the whole process
-tree is killed (process group, and the pid namespace where there is one), and caps on the bytes
-of stdout / stderr kept (exceeding a cap kills the run: ``output_limit``). ``POSTTRAIN_SANDBOX``
-forces a level (``bwrap`` | ``unshare-net`` | ``rlimits-only``).
+*uids*: when the host is root, each run leases a pair of uids from a pool (:data:`UID_BASE`)
+through a lock file, one for the harness and one for the program, so concurrent runs (in any
+process) cannot signal or ptrace each other or exhaust each other's process limit; at
+``rlimits-only`` every process of both uids is killed after the run (``setsid`` escapes too).
+Without root every run has the host's uid and only the namespaces separate runs.
 
-Threat model: this protects the host from a program (escape, exhaustion). It is not a proof
-against a program that deliberately forges the in-sandbox harness' report (it runs in the same
-interpreter); the report carries a per-run nonce so accidental output cannot pass for it.
+Everywhere the program runs under ``RLIMIT_CPU``, ``RLIMIT_AS``, ``RLIMIT_FSIZE``,
+``RLIMIT_NPROC``, ``RLIMIT_NOFILE`` and ``RLIMIT_CORE = 0``, a wall-clock deadline after which
+the whole tree is killed, and caps on the stdout / stderr kept (``output_limit``).
+``POSTTRAIN_SANDBOX`` forces a level (``bwrap`` | ``unshare-net`` | ``rlimits-only``).
+
+Threat model: the program is adversarial, including a policy optimised against the reward
+(reward hacking). It must not harm the host and must not obtain a verdict it did not earn:
+
+* the tests run in the harness process (:mod:`posttrain.rewards.sandbox_harness`), never in
+  the program's interpreter; the program's functions are called over a pipe and only plain
+  builtin values come back, so redefining ``__eq__``, builtins or the harness' helpers does not
+  change what a test sees; the tests and the nonce are read only after the program's process
+  was forked, from an fd it never holds; the harness is non-dumpable (and at the lower levels a
+  different uid), so its memory, fds and report pipe are out of the program's reach;
+* ``sandbox_error`` (an infra error, excluded from training) is decided only from facts the
+  program cannot produce: the harness' start handshake on the report pipe (written before any
+  program code runs) and the harness' own setup failure; never from stdout / stderr or exit
+  codes of the program;
+* a program that kills the harness or itself gets ``no_report`` / ``signal`` (a failure).
 """
 
 from __future__ import annotations
@@ -222,12 +241,12 @@ def _kill_uid(uid: int) -> None:
 # so it is reported as the sandbox's failure.
 _UNSHARE_SETUP = r"""set -e
 mount -o remount,bind,ro /
-mount -t tmpfs -o "size=$1k,mode=1777,nosuid,nodev" tmpfs /tmp
+mount -t tmpfs -o "size=$1k,nr_inodes=16384,mode=1777,nosuid,nodev" tmpfs /tmp
 for d in /var/tmp /dev/shm /run; do
-  if [ -d "$d" ] && [ ! -L "$d" ]; then mount -t tmpfs -o "size=$1k,mode=1777,nosuid,nodev" tmpfs "$d"; fi
+  if [ -d "$d" ] && [ ! -L "$d" ]; then mount -t tmpfs -o "size=1024k,nr_inodes=1024,mode=1777,nosuid,nodev" tmpfs "$d"; fi
 done
 mkdir /tmp/w
-mount -t tmpfs -o "size=$1k,mode=0700,uid=$2,gid=$2,nosuid,nodev" tmpfs /tmp/w
+mount -t tmpfs -o "size=$1k,nr_inodes=16384,mode=0700,uid=$2,gid=$2,nosuid,nodev" tmpfs /tmp/w
 cd /tmp/w
 shift 2
 exec "$@"
@@ -251,7 +270,7 @@ def _bwrap_cmd(python: str, disk_bytes: int) -> list[str]:
     # allowed (measured: without --remount-ro, "/" and /dev/shm took any amount of data).
     cmd += ["--ro-bind-try", "/etc/ld.so.cache", "/etc/ld.so.cache", "--proc", "/proc", "--dev", "/dev",
             "--dir", "/tmp", "--dir", _WORK_IN_SANDBOX, "--remount-ro", "/dev", "--remount-ro", "/",
-            "--size", size, "--tmpfs", "/dev/shm", "--size", size, "--tmpfs", "/tmp",
+            "--size", str(2**20), "--tmpfs", "/dev/shm", "--size", size, "--tmpfs", "/tmp",
             "--size", size, "--tmpfs", _WORK_IN_SANDBOX, "--chdir", _WORK_IN_SANDBOX, "--"]
     return cmd
 

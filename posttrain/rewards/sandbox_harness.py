@@ -33,7 +33,8 @@ import os
 import resource
 import struct
 import sys
-from typing import Any, Callable, NoReturn
+from collections.abc import Callable
+from typing import Any, NoReturn
 
 MAX_FRAME = 8 << 20  # bytes of one RPC message; a bigger value is an error in the child
 MAX_DEPTH = 100  # nesting of an encoded value
@@ -94,8 +95,8 @@ def recv_frame(fd: int) -> Any:
         raise ProtocolError(f"malformed message: {type(e).__name__}") from None
 
 
-_SEQ = {list: "l", tuple: "t", set: "S", frozenset: "F"}
-_SEQ_BACK = {v: k for k, v in _SEQ.items()}
+_SEQ: dict[type, str] = {list: "l", tuple: "t", set: "S", frozenset: "F"}
+_SEQ_BACK: dict[str, type] = {v: k for k, v in _SEQ.items()}
 
 
 def encode(v: Any, other: Callable[[Any], Any], depth: int = 0) -> Any:
@@ -196,8 +197,8 @@ def _solution(cfg: dict[str, Any], req_r: int, res_w: int) -> NoReturn:
     """Run main.py, then serve RPC requests until the harness closes the request pipe."""
     try:
         keep = sorted({0, 1, 2, req_r, res_w})
-        for lo, hi in zip(keep, [*keep[1:], 1 << 20]):
-            os.closerange(lo + 1, hi)  # the control and report fds first of all
+        for i, lo in enumerate(keep):  # every other fd: the control and report fds first of all
+            os.closerange(lo + 1, keep[i + 1] if i + 1 < len(keep) else 1 << 20)
         if cfg["uids"]:
             _drop(cfg["uids"][1])
         lim, R = cfg["limits"], resource
@@ -255,7 +256,7 @@ def _serve(g: dict[str, Any], req_r: int, res_w: int) -> None:
             os._exit(0)
         try:
             op = msg["op"]
-            obj = handles[msg["h"]] if "h" in msg else None
+            obj: Any = handles[msg["h"]] if "h" in msg else None
             if op == "global":
                 v = g[msg["name"]]
             elif op == "getattr":
@@ -267,7 +268,9 @@ def _serve(g: dict[str, Any], req_r: int, res_w: int) -> None:
             elif op == "contains":
                 v = arg(msg["key"]) in obj
             else:
-                v = {"iter": iter, "next": next, "len": len, "bool": bool, "str": str, "repr": repr}[op](obj)
+                unary: dict[str, Callable[[Any], Any]] = {"iter": iter, "next": next, "len": len, "bool": bool,
+                                                          "str": str, "repr": repr}
+                v = unary[op](obj)
             reply = {"ok": encode(v, keep)}
         except BaseException as e:
             reply = {"err": exc_info(e)}
@@ -475,7 +478,13 @@ def main() -> None:
         _report(rep, out)
         os._exit(0)
     if first["main"] != "ok":
-        out.update(outcome=first["main"], error=first.get("error"), line=first.get("line"), code=first.get("code"))
+        # The child wrote these: only plain, bounded fields go on to the host.
+        err, line = first.get("error"), first.get("line")
+        out.update(outcome=first["main"], code=str(first.get("code"))[:100],
+                   line=line if type(line) is int else None,
+                   error=None if type(err) is not dict else {
+                       "type": str(err.get("type"))[:100], "msg": str(err.get("msg"))[:300],
+                       "errno": err.get("errno") if type(err.get("errno")) is int else None})
         _report(rep, out)
         os._exit(0)
     names = {n for n in first.get("names") or () if type(n) is str}
