@@ -108,9 +108,9 @@ def run(args: argparse.Namespace) -> int:
     print(f"held-out accuracy at {budget:.0f} generated tokens:")
     for lab, cs in curves.items():
         short = [s for s, c in zip(seeds_of[lab], cs, strict=True) if s not in acc[lab]]
-        vals = list(acc[lab].values())
-        mean = f"{sum(vals) / len(vals):.3f}" if vals else "-"
-        print(f"  {lab}: mean {mean} over {len(vals)} seeds {sorted(acc[lab].items())}"
+        got = list(acc[lab].values())
+        mean = f"{sum(got) / len(got):.3f}" if got else "-"
+        print(f"  {lab}: mean {mean} over {len(got)} seeds {sorted(acc[lab].items())}"
               + (f"; seeds {short} never reached the budget (or had no evaluation within it)" if short else ""))
     base = next(iter(groups))
     result: dict[str, Any] = {"budget_tokens": budget, "baseline": base, "accuracy": {k: {str(s): a for s, a in v.items()}

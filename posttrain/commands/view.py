@@ -32,8 +32,8 @@ def run(args: argparse.Namespace) -> int:
         server = make_server(args.run_dir, args.port, verifier)
     except OSError as e:
         raise ValueError(f"cannot listen on 127.0.0.1:{args.port}: {e.strerror}") from None
-    host, port = server.server_address[:2]
-    print(f"posttrain view: http://{host}:{port}/  (Ctrl-C to stop)", flush=True)
+    port = server.server_address[1]
+    print(f"posttrain view: http://127.0.0.1:{port}/  (Ctrl-C to stop)", flush=True)
     try:
         server.serve_forever()
     except KeyboardInterrupt:

@@ -40,10 +40,10 @@ def load_decoder(run_dir: str | Path) -> tuple[Decoder, str]:
         from tokenizers import Tokenizer
 
         tok = Tokenizer.from_file(str(path))
-        return (lambda i: tok.decode([i], skip_special_tokens=False)), f"tokenizer {path}"
+        return (lambda i: str(tok.decode([i], skip_special_tokens=False))), f"tokenizer {path}"
     if model and model.startswith("builtin:tiny"):
         from posttrain.models.tokenizer import build_char_tokenizer
 
         ctok = build_char_tokenizer()
-        return (lambda i: ctok.decode([i])), "built-in character tokenizer"
+        return (lambda i: str(ctok.decode([i]))), "built-in character tokenizer"
     return (lambda i: f"<{i}>"), "no tokenizer found: token ids shown"

@@ -89,7 +89,8 @@ def _rows(run_dir: str | Path, step: int) -> list[dict[str, Any]]:
     table = read_step_table(open_ledger(run_dir), step)
     if table is None:
         raise FileNotFoundError(f"step {step} is not (yet) a complete file in the ledger of {run_dir}")
-    return table.to_pylist()
+    rows: list[dict[str, Any]] = table.to_pylist()
+    return rows
 
 
 def group_advantages(rows: list[dict[str, Any]]) -> dict[str, float | None]:
@@ -173,7 +174,7 @@ def trajectory_detail(run_dir: str | Path, step: int, traj_id: str, decode: Call
 def passed_rows(run_dir: str | Path) -> list[dict[str, Any]]:
     """Ledger rows the training verifier marked ``correct`` (with ``step`` added), every readable step."""
     led = open_ledger(run_dir)
-    out = []
+    out: list[dict[str, Any]] = []
     for step in led.steps():
         table = read_step_table(led, step)
         if table is not None:

@@ -1,0 +1,94 @@
+"""``posttrain view`` in a real headless Chromium driven by Selenium.
+
+Skips only when Chromium itself is absent (CI installs ``chromium`` and ``chromium-driver``);
+selenium comes with the ``dev`` extra, so a missing selenium is a failure, not a skip.
+"""
+
+from __future__ import annotations
+
+import shutil
+import tempfile
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from posttrain.diagnostics.second_verifier import load_verifier
+from posttrain.diagnostics.viewer_server import make_server
+from tests.diagnostics.synthetic import step1, traj, write_run
+
+CHROMIUM = shutil.which("chromium") or ("/usr/bin/chromium" if Path("/usr/bin/chromium").exists() else None)
+CHROMEDRIVER = shutil.which("chromedriver") or "/usr/bin/chromedriver"
+FLAGS = ("--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
+         "--disable-component-update", "--disable-sync", "--no-first-run", "--window-size=1400,900")
+
+
+@pytest.fixture
+def browser() -> Iterator[Any]:
+    if CHROMIUM is None:
+        why = "chromium is not installed (apt-get install -y chromium chromium-driver); browser test skipped"
+        print(why)
+        pytest.skip(why)
+    from selenium import webdriver
+    from selenium.webdriver.chrome.service import Service
+
+    opts = webdriver.ChromeOptions()
+    opts.binary_location = CHROMIUM
+    profile = tempfile.mkdtemp(prefix="posttrain-chromium-")
+    for f in (*FLAGS, f"--user-data-dir={profile}"):
+        opts.add_argument(f)
+    driver = webdriver.Chrome(service=Service(CHROMEDRIVER), options=opts)
+    try:
+        yield driver
+    finally:
+        driver.quit()
+        shutil.rmtree(profile, ignore_errors=True)
+
+
+def test_browse_colour_hover_filter_flagged(tmp_path: Path, browser: Any) -> None:
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support.ui import Select, WebDriverWait
+
+    trajs = {1: step1(), 2: [traj("q", "g9", "correct", 1.0, [-0.5, -0.25], [-0.5, -0.5], response="07",
+                                  reference="7"), traj("r", "g9", "wrong", 0.0, [-2.0], [-2.0], response="6")]}
+    srv = make_server(write_run(tmp_path / "run", trajectories=trajs), 0, load_verifier("exact"))
+    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    wait = WebDriverWait(browser, 30)
+    try:
+        browser.get(f"http://127.0.0.1:{srv.server_address[1]}/")
+        steps = wait.until(lambda d: d.find_elements(By.CSS_SELECTOR, ".step"))
+        assert [s.text.split(" (")[0] for s in steps] == ["step 1", "step 2"]
+
+        # The flagged list: integer@1 passed "07", exact@1 fails it; clicking opens the trajectory.
+        item = wait.until(lambda d: d.find_elements(By.CSS_SELECTOR, ".flagitem"))
+        assert len(item) == 1 and "step 2 q" in item[0].text
+        assert "1 fail exact@1" in browser.find_element(By.ID, "flag-expl").text
+        item[0].click()
+        toks = wait.until(lambda d: d.find_elements(By.CSS_SELECTOR, ".tok"))
+        assert len(toks) == 4
+        hover = toks[3].get_attribute("title")  # the second action token
+        assert "behaviour -0.2500" in hover and "old -0.5000" in hover and "ref -" in hover and "current -" in hover
+
+        # Colour by log kappa: the action token with kappa 0 is near-transparent, the other is not.
+        Select(browser.find_element(By.ID, "colour")).select_by_value("log_kappa")
+        toks = wait.until(lambda d: d.find_elements(By.CSS_SELECTOR, ".tok"))
+        assert "log kappa" in browser.find_element(By.ID, "legend").text
+        assert "0.1)" in toks[2].value_of_css_property("background-color")  # |0| / scale -> alpha 0.1
+        assert "0.9)" in toks[3].value_of_css_property("background-color")  # |-0.25| is the scale -> 0.9
+        assert "log_rho" in browser.find_element(By.ID, "missing").text
+
+        # Filters: step 1 has four trajectories, three wrong, two of them of length >= 3.
+        browser.find_element(By.ID, "step-1").click()
+        wait.until(lambda d: "of 4" in d.find_element(By.ID, "count").text)
+        browser.find_element(By.ID, "f-status").send_keys("wrong")
+        browser.find_element(By.ID, "f-len-min").send_keys("3")
+        browser.find_element(By.ID, "apply").click()
+        wait.until(lambda d: d.find_element(By.ID, "count").text.startswith("2 of 4"))
+        assert len(browser.find_elements(By.CSS_SELECTOR, ".traj")) == 2
+        browser.save_screenshot(str(tmp_path / "viewer.png"))
+        assert (tmp_path / "viewer.png").stat().st_size > 0
+    finally:
+        srv.shutdown()
+        srv.server_close()
