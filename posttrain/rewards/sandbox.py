@@ -475,9 +475,10 @@ def _supervise(proc: subprocess.Popen[bytes], rfd: int, nonce: str, stdin: str, 
                 _kill(proc)  # stragglers of the process group (rlimits-only level)
             if exited_at is not None and now - exited_at > 1.0:
                 break
-            if work is not None and now >= next_disk_check:
+            if ready_at is not None and now >= next_disk_check:
                 next_disk_check = now + 0.1
-                if _disk_over(work, limits.disk_mb * 2**20):
+                if (work is not None and _disk_over(work, limits.disk_mb * 2**20)) or (
+                        level == BWRAP and _tmpfs_inodes_over(proc.pid)):
                     verdict = "disk_limit"
                     break
             for key, _ in sel.select(min(0.05, deadline - now)):
@@ -524,7 +525,8 @@ def _supervise(proc: subprocess.Popen[bytes], rfd: int, nonce: str, stdin: str, 
         which = "stdout" if len(stdout_b) > limits.output_bytes else "stderr"
         return SandboxResult("output_limit", reason=f"{which} over {limits.output_bytes} bytes", **common)
     if verdict == "disk_limit":
-        return SandboxResult("disk_limit", reason=f"work dir over {limits.disk_mb} MiB", **common)
+        return SandboxResult("disk_limit", reason=f"work dir or /tmp over {limits.disk_mb} MiB or {_MAX_ENTRIES} files",
+                             **common)
     report = _parse_report(bytes(report_b[len(_READY):]), nonce)
     if report is None:
         # The harness started but wrote no result: its process was killed or crashed while the
@@ -607,6 +609,25 @@ def _disk_over(work: str, max_bytes: int) -> bool:
             if e.errno == errno.ENAMETOOLONG:
                 return True
             continue
+    return False
+
+
+def _tmpfs_inodes_over(bwrap_pid: int) -> bool:
+    """True if bwrap's ``/work`` or ``/tmp`` tmpfs holds more than ``_MAX_ENTRIES`` inodes.
+
+    bwrap cannot set ``nr_inodes``, and empty files cost kernel memory outside every limit, so the
+    host counts them through the sandbox's root (``/proc/INIT/root``, INIT being bwrap's first
+    child). Unmeasurable (process gone, no access): False; the size limit still holds."""
+    try:
+        with open(f"/proc/{bwrap_pid}/task/{bwrap_pid}/children") as f:
+            kids = f.read().split()
+        for kid in kids[:1]:
+            for d in (_WORK_IN_SANDBOX, "/tmp"):
+                st = os.statvfs(f"/proc/{kid}/root{d}")
+                if st.f_files - st.f_ffree > _MAX_ENTRIES:
+                    return True
+    except OSError:
+        pass
     return False
 
 

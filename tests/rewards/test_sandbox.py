@@ -419,6 +419,17 @@ def test_escape_disk_cannot_be_filled_through_the_work_dir(level, monkeypatch):
     assert all(not os.path.exists(d) for d in made)
 
 
+@pytest.mark.parametrize("level", S.LEVELS)
+def test_escape_many_empty_files_are_bounded(level):
+    # Inodes cost kernel memory that no size limit counts.
+    code = "import os\nfor i in range(300000):\n    open(f'f{i}', 'w').close()\nprint('MADE ALL')"
+    r = S.run_python(code, isolation=_at(level), limits=S.SandboxLimits(cpu_s=6, wall_s=10.0, disk_mb=8))
+    assert "MADE ALL" not in r.stdout, r
+    # rlimits-only: the files are on the host disk, counted by the host (slow there: may time out first)
+    slow = ("timeout", "cpu_limit") if level == S.RLIMITS_ONLY else ()
+    assert r.outcome in ("disk_limit", *slow) or (r.outcome == "exception" and r.error["errno"] == 28), r
+
+
 DEEP_TREE = r"""
 import os
 os.symlink(HOST_FILE, "link-to-host")
@@ -504,9 +515,9 @@ def test_escape_filesystem_and_abstract_sockets_are_unreachable(level, tmp_path)
     ab_srv.bind(abstract)
     for s in (fs_srv, ab_srv):
         s.listen(1)
-    code = ("import socket\nfor a in (%r, %r):\n    s = socket.socket(socket.AF_UNIX)\n    try:\n"
-            "        s.connect(a)\n        print('REACHED', repr(a))\n    except OSError as e:\n"
-            "        print('blocked', e.errno)\n" % (path, abstract))
+    code = (f"import socket\nfor a in ({path!r}, {abstract!r}):\n    s = socket.socket(socket.AF_UNIX)\n"
+            "    try:\n        s.connect(a)\n        print('REACHED', repr(a))\n    except OSError as e:\n"
+            "        print('blocked', e.errno)\n")
     try:
         r = S.run_python(code, isolation=_at(level), limits=FAST)
     finally:
