@@ -59,12 +59,30 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 0
     try:
         return int(args.func(args) or 0)
-    except (UserError, FileNotFoundError, ValueError, KeyError) as e:
+    except (UserError, FileNotFoundError, ValueError, KeyError, UnicodeError) as e:
         if show_tb:
             raise
         msg = e.args[0] if isinstance(e, KeyError) and e.args else e
-        print(f"posttrain {args.command}: error: {msg}", file=sys.stderr)
+        print(f"posttrain {args.command}: error: {one_line(msg)}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt:
+        if show_tb:
+            raise
+        print(f"posttrain {args.command}: interrupted", file=sys.stderr)
+        return 130
+    except Exception as e:  # noqa: BLE001  (SystemExit / KeyboardInterrupt are not Exceptions: not caught here)
+        # Not a known user error: still one line (a bug report needs --traceback), exit 1.
+        if show_tb:
+            raise
+        print(f"posttrain {args.command}: error: {type(e).__name__}: {one_line(e)} "
+              "(run again with --traceback for details)", file=sys.stderr)
+        return 1
+
+
+def one_line(msg: object) -> str:
+    """``str(msg)`` folded onto one line (multi-line library messages joined with ' | ')."""
+    parts = [p.strip() for p in str(msg).splitlines() if p.strip()]
+    return " | ".join(parts) or "(no message)"
 
 
 if __name__ == "__main__":

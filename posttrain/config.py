@@ -8,15 +8,17 @@ scalars. Unknown keys and wrong types are errors that name the key. The six axes
 
 from __future__ import annotations
 
+import logging
 from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from posttrain.loop.backends.config import RayBackendConfig
 
 RECIPES_DIR = Path(__file__).parent / "recipes"
+_log = logging.getLogger(__name__)
 
 
 class _Section(BaseModel):
@@ -34,6 +36,21 @@ class ModelConfig(_Section):
     )
     dtype: Literal["float32", "float64", "bfloat16"] = "float32"
     init_seed: int = Field(0, description="seed of the random init of builtin presets")
+
+    @field_validator("path")
+    @classmethod
+    def _check_local_path(cls, path: str) -> str:
+        # Nothing is fetched from the hub, so a local directory must exist now: otherwise the run
+        # directory is created first and transformers fails later with a hub-lookup traceback.
+        if path.startswith("builtin:"):
+            return path
+        d = Path(path).expanduser()
+        if not d.is_dir():
+            raise ValueError(f"{path!r} is not a local model directory (no such directory; builtin models are "
+                             "'builtin:<preset>')")
+        if not (d / "config.json").is_file():
+            raise ValueError(f"{path!r} has no config.json (not a Hugging Face model directory)")
+        return path
 
 
 class TaskConfig(_Section):
@@ -284,6 +301,7 @@ class RunConfig(_Section):
                              f"sampling.group_size={self.sampling.group_size} samples")
         if self.loss.kl_coef > 0 and self.loss.kl_estimator is None:
             raise ValueError("loss.kl_coef > 0 needs loss.kl_estimator (k1, k2 or k3)")
+        check_algo_kwargs(self)
         return self
 
     def axes(self) -> dict[str, str]:
@@ -311,6 +329,74 @@ class RunConfig(_Section):
         }
 
 
+def _probe(fn: Any, kwargs: dict[str, Any], key: str, call: Any) -> None:
+    """Run ``call(fn, kwargs)`` on tiny dummy tensors; a ValueError / TypeError is the recipe's fault
+    only if the same call with the function's defaults succeeds (else the probe inputs cannot judge
+    this function, e.g. a plug-in that needs other fields, and the run itself will tell)."""
+    try:
+        call(fn, kwargs)
+    except (ValueError, TypeError) as e:
+        try:
+            call(fn, {})
+        except Exception:  # noqa: BLE001  (the defaults fail too: the probe cannot judge)
+            return
+        raise ValueError(f"{key} {kwargs}: {e}") from None
+
+
+def check_algo_kwargs(cfg: RunConfig) -> None:
+    """Validate ``credit`` / ``loss`` / ``correction`` ``.kwargs`` against the registered functions.
+
+    Names are checked against each function's signature (unknown keyword -> error naming the key);
+    values by calling the function once on tiny dummy tensors, so the constraints each function
+    declares (``eps_low`` in [0, 1), ``cap > 0``...) fail at config load, before the run directory,
+    the SFT warm-up or the first evaluation. The algorithm functions stay pure: nothing is added
+    to them. Raises ``ValueError`` naming the key.
+    """
+    import torch
+
+    import posttrain.algos as A
+    from posttrain.algos.advantages import AdvantageInputs
+    from posttrain.algos.policy_losses import PolicyLossInputs
+
+    ones = torch.ones(2, 2)
+    lp = torch.tensor([[-0.5, -1.0], [-0.7, -0.2]])
+
+    def loss_call(fn: Any, kw: dict[str, Any]) -> None:
+        fn(PolicyLossInputs(logprob=lp, old_logprob=lp - 0.1, advantages=torch.tensor([[1.0, 1.0], [-1.0, -1.0]]),
+                            action_mask=ones, behavior_logprob=lp - 0.2), **kw)
+
+    def corr_call(fn: Any, kw: dict[str, Any]) -> None:
+        import inspect
+
+        params = inspect.signature(fn).parameters
+        extra: dict[str, Any] = {}
+        if "behavior_version" in params:
+            extra["behavior_version"] = torch.zeros(2, 2, dtype=torch.long)
+        if "current_version" in params:
+            extra["current_version"] = 0
+        fn(lp - 0.2, lp, ones, **{**extra, **kw})
+
+    def adv_call(fn: Any, kw: dict[str, Any]) -> None:
+        fn(AdvantageInputs(
+            action_mask=ones, rewards=torch.tensor([1.0, 0.0]), token_rewards=torch.zeros(2, 2),
+            group_index=torch.tensor([0, 0]), values=torch.zeros(2, 2), baseline=torch.zeros(2),
+            step_index=torch.zeros(2, 2, dtype=torch.long), step_anchor=torch.ones(2, 1, dtype=torch.long),
+            step_rewards=torch.tensor([[1.0], [0.0]])), **kw)
+
+    # The learner passes the versions to a correction itself (posttrain/learner/actor.py).
+    corr_supplied = ("behavior_version", "current_version")
+    checks = [("credit.kwargs", A.ADVANTAGES, cfg.credit.estimator, cfg.credit.kwargs, 1, (), adv_call),
+              ("loss.kwargs", A.POLICY_LOSSES, cfg.loss.policy_loss, cfg.loss.kwargs, 1, (), loss_call)]
+    if cfg.correction.name is not None:
+        checks.append(("correction.kwargs", A.CORRECTIONS, cfg.correction.name, cfg.correction.kwargs, 3,
+                       corr_supplied, corr_call))
+    elif cfg.correction.kwargs:
+        raise ValueError(f"correction.kwargs {cfg.correction.kwargs} given but correction.name is not set")
+    for key, reg, name, kwargs, data_args, supplied, call in checks:
+        reg.check_kwargs(name, kwargs, key=key, data_args=data_args, supplied=supplied)
+        _probe(reg[name], dict(kwargs), key, call)
+
+
 class ConfigError(ValueError):
     """A recipe or override is invalid; the message names the key (and file)."""
 
@@ -321,7 +407,10 @@ def _parse_override(item: str) -> tuple[list[str], Any]:
     key, _, raw = item.partition("=")
     if not key or any(not p for p in key.split(".")):
         raise ConfigError(f"override {item!r}: bad key")
-    return key.split("."), yaml.safe_load(raw) if raw != "" else ""
+    try:
+        return key.split("."), yaml.safe_load(raw) if raw != "" else ""
+    except yaml.YAMLError as e:
+        raise ConfigError(f"override {item!r}: value is not valid YAML ({getattr(e, 'problem', None) or e})") from None
 
 
 def apply_overrides(data: dict[str, Any], overrides: list[str]) -> dict[str, Any]:
@@ -339,14 +428,24 @@ def apply_overrides(data: dict[str, Any], overrides: list[str]) -> dict[str, Any
 
 
 def resolve_recipe_path(recipe: str) -> Path:
-    """A path to a YAML file, or the name of a shipped recipe (``grpo`` -> recipes/grpo.yaml)."""
+    """A path to a YAML file, or the bare name of a shipped recipe (``grpo`` -> recipes/grpo.yaml).
+
+    A name with a path separator or a ``.yaml`` / ``.yml`` suffix is a path and must be an existing
+    file: a typo in ``dir/grpo.yaml`` must not silently run the shipped ``grpo``. Only a bare name
+    falls back to the shipped recipes (an existing file of that name in the working directory wins).
+    """
     p = Path(recipe)
-    if p.exists():
-        return p
-    for cand in (RECIPES_DIR / recipe, RECIPES_DIR / f"{recipe}.yaml", RECIPES_DIR / p.name):
-        if cand.exists():
-            return cand
     shipped = ", ".join(sorted(q.stem for q in RECIPES_DIR.glob("*.yaml")))
+    if "/" in recipe or "\\" in recipe or p.suffix in (".yaml", ".yml"):
+        if p.is_file():
+            return p
+        why = "is a directory" if p.is_dir() else "does not exist"
+        raise ConfigError(f"recipe file {recipe} {why} (shipped recipes are bare names: {shipped})")
+    if p.is_file():
+        return p
+    cand = RECIPES_DIR / f"{recipe}.yaml"
+    if cand.is_file():
+        return cand
     raise ConfigError(f"recipe {recipe!r} not found (a YAML path, or one of: {shipped})")
 
 
@@ -357,6 +456,7 @@ def _format_validation(e: ValidationError, source: str) -> str:
         msg = err["msg"]
         if err["type"] == "extra_forbidden":
             msg = "unknown key"
+        msg = msg.removeprefix("Value error, ")  # pydantic's prefix on a validator's ValueError
         lines.append(f"{source}: {loc}: {msg}")
     return "; ".join(lines)
 
@@ -369,17 +469,34 @@ def load_config(recipe: str | None = None, overrides: list[str] | None = None) -
         path = resolve_recipe_path(recipe)
         source = str(path)
         try:
-            loaded = yaml.safe_load(path.read_text()) or {}
+            loaded = yaml.safe_load(path.read_text(encoding="utf-8"))
+        except UnicodeDecodeError as e:
+            raise ConfigError(f"{path}: not UTF-8 text (byte {e.start})") from None
         except yaml.YAMLError as e:
-            raise ConfigError(f"{path}: not valid YAML: {e}") from None
+            raise ConfigError(_yaml_error(path, e)) from None
+        if loaded is None:
+            raise ConfigError(f"{path}: the recipe is empty (expected a mapping of keys, e.g. 'steps: 10')")
         if not isinstance(loaded, dict):
-            raise ConfigError(f"{path}: a recipe must be a mapping of keys")
+            raise ConfigError(f"{path}: a recipe must be a mapping of keys, got a YAML {type(loaded).__name__}")
         data = loaded
     data = apply_overrides(data, list(overrides or []))
     try:
-        return RunConfig.model_validate(data)
+        cfg = RunConfig.model_validate(data)
     except ValidationError as e:
         raise ConfigError(_format_validation(e, source)) from None
+    if cfg.optim.lr == 0 and cfg.steps > 0:
+        # Legitimate for determinism checks (weights never change), a silent no-op run otherwise.
+        _log.warning("%s: optim.lr=0 with steps=%d: the policy weights will not change", source, cfg.steps)
+    return cfg
+
+
+def _yaml_error(path: Path, e: yaml.YAMLError) -> str:
+    """One line ``file:line:column: problem`` for a YAML parse error (1-based, as editors count)."""
+    mark = getattr(e, "problem_mark", None) or getattr(e, "context_mark", None)
+    where = f"{path}:{mark.line + 1}:{mark.column + 1}" if mark is not None else str(path)
+    problem = getattr(e, "problem", None) or str(e).splitlines()[0]
+    context = getattr(e, "context", None)
+    return f"{where}: not valid YAML: {problem}" + (f" ({context})" if context else "")
 
 
 def dump_config(cfg: RunConfig) -> str:

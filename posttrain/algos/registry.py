@@ -7,7 +7,8 @@ Pattern after verl's ``register_adv_est`` / ``get_policy_loss_fn``.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import inspect
+from collections.abc import Callable, Collection, Mapping
 from typing import Any, TypeVar
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -40,6 +41,32 @@ class Registry(dict[str, Callable[..., Any]]):
 
     def __missing__(self, key: str) -> Callable[..., Any]:
         raise KeyError(f"unknown {self.kind} {key!r}; valid: {', '.join(sorted(self))}")
+
+    def check_kwargs(
+        self, name: str, kwargs: Mapping[str, Any], *, key: str, data_args: int = 1, supplied: Collection[str] = ()
+    ) -> None:
+        """Raise ``ValueError`` naming ``key`` when ``kwargs`` do not fit the signature of ``self[name]``.
+
+        The first ``data_args`` positional parameters are the tensors the framework passes, and
+        ``supplied`` names keyword parameters it fills at run time (e.g. ``current_version``);
+        neither may be set by a recipe. Every other name must be a parameter of the function (any
+        name is accepted when it takes ``**kwargs``), and every parameter without a default that
+        the framework does not supply must be given. Values are not checked here.
+        """
+        fn = self[name]
+        params = list(inspect.signature(fn).parameters.values())
+        if any(p.kind is p.VAR_POSITIONAL for p in params[:data_args]):
+            return  # fn(*args, ...): cannot tell data from hyper-parameters
+        tunable = {p.name: p for p in params[data_args:]
+                   if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY) and p.name not in supplied}
+        takes_any = any(p.kind is p.VAR_KEYWORD for p in params)
+        for k in kwargs:
+            if k not in tunable and not takes_any:
+                valid = ", ".join(tunable) or "none"
+                raise ValueError(f"{key}.{k}: unknown keyword of {self.kind} {name!r} (valid: {valid})")
+        missing = [n for n, p in tunable.items() if p.default is p.empty and n not in kwargs]
+        if missing:
+            raise ValueError(f"{key}: {self.kind} {name!r} needs {', '.join(missing)}")
 
     def get(self, key: str, default: Any = None) -> Callable[..., Any]:
         """Like ``self[key]``: unknown names raise, they never return a silent default."""
