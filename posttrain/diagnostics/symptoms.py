@@ -23,6 +23,7 @@ LENGTH_DRIFT = 0.25  # relative change of the mean response length
 COLLAPSE_FRACTION = 0.5  # late reward below half the earlier peak
 COLLAPSE_MIN_PEAK = 0.1
 LAG_MEAN = 0.5
+ZERO_LOSS_TOL = 1e-6  # a zero-advantage batch still leaves float noise (~1e-9) in the loss
 ACCEPTED_FRAC = 0.9
 
 
@@ -88,10 +89,11 @@ def loss_often_zero(metrics: Sequence[dict[str, Any]], rows: Sequence[dict[str, 
     losses, zero_adv = _vals(metrics, "loss"), _vals(metrics, "adv/zero_group_frac")
     if not losses and not zero_adv:
         return Symptom("loss often zero", False, "no loss or adv/zero_group_frac metric", check)
-    zero_share = sum(v == 0 for v in losses) / len(losses) if losses else 0.0
+    n_zero = sum(abs(v) < ZERO_LOSS_TOL for v in losses)
+    zero_share = n_zero / len(losses) if losses else 0.0
     adv_share = sum(zero_adv) / len(zero_adv) if zero_adv else 0.0
     all_pass, all_fail, n_groups = _group_shares(rows)
-    ev = (f"loss exactly 0 in {sum(v == 0 for v in losses)}/{len(losses)} steps; mean zero-advantage group "
+    ev = (f"|loss| < {ZERO_LOSS_TOL:g} in {n_zero}/{len(losses)} steps; mean zero-advantage group "
           f"fraction {adv_share:.2f}; ledger groups: {all_pass:.0%} all pass, {all_fail:.0%} all fail "
           f"(of {n_groups})")
     return Symptom("loss often zero", zero_share >= ZERO_LOSS_SHARE or adv_share >= ZERO_LOSS_SHARE, ev, check)

@@ -44,12 +44,12 @@ def test_entropy_collapse() -> None:
 
 
 def test_loss_often_zero_uses_ledger_groups() -> None:
-    m = series(loss=[0.0, 0.0, 0.3], **{"adv/zero_group_frac": [1.0, 1.0, 0.5]})
+    m = series(loss=[0.0, 4e-9, 0.3], **{"adv/zero_group_frac": [1.0, 1.0, 0.5]})
     rows = [{"step": 1, "group_id": "g1", "group_success": 1.0}, {"step": 1, "group_id": "g2", "group_success": 0.0},
             {"step": 1, "group_id": "g3", "group_success": 0.0}, {"step": 1, "group_id": "g4", "group_success": 0.5}]
     s = loss_often_zero(m, rows)
     assert s.flagged
-    assert "loss exactly 0 in 2/3 steps" in s.evidence
+    assert "|loss| < 1e-06 in 2/3 steps" in s.evidence
     assert "25% all pass, 50% all fail (of 4)" in s.evidence
     assert not loss_often_zero(series(loss=[0.1, 0.0, 0.2]), []).flagged
 
