@@ -28,8 +28,10 @@ def make_server(run_dir: str | Path, port: int = 0, verifier: Any | None = None)
     decode, token_source = load_decoder(run)
 
     class Handler(BaseHTTPRequestHandler):
+        """Answers the page and the JSON endpoints of the module docstring for ``run``."""
+
         def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 - stdlib signature
-            pass  # one line per request would drown the terminal
+            """Silenced: one line per request would drown the terminal."""
 
         def _send(self, code: int, body: bytes, ctype: str) -> None:
             self.send_response(code)
@@ -43,6 +45,7 @@ def make_server(run_dir: str | Path, port: int = 0, verifier: Any | None = None)
             self._send(code, json.dumps(doc).encode(), "application/json")
 
         def do_GET(self) -> None:  # noqa: N802 - stdlib name
+            """Route by path; user errors become JSON 400/404, never a traceback page."""
             url = urlparse(self.path)
             q = {k: v[-1] for k, v in parse_qs(url.query).items()}
             try:
