@@ -222,9 +222,31 @@ def _uid_lease() -> Iterator[tuple[int, int] | None]:
     raise RuntimeError(f"sandbox: all {UID_SLOTS} uid slots are in use")
 
 
+def _has_processes(uid: int) -> bool:
+    """True if a live (not zombie, not dead) process of ``uid`` exists."""
+    for d in os.listdir("/proc"):
+        if d.isdigit():
+            try:
+                if os.stat(f"/proc/{d}").st_uid != uid:
+                    continue
+                with open(f"/proc/{d}/stat", "rb") as f:
+                    state = f.read().rsplit(b")", 1)[1].split()[0]
+            except (OSError, IndexError):
+                continue
+            if state not in (b"Z", b"X"):
+                return True
+    return False
+
+
 def _kill_uid(uid: int) -> None:
     """SIGKILL every process of ``uid`` (root only): the clean-up of levels without a pid namespace,
-    which also catches processes that left the process group with ``setsid``."""
+    which also catches processes that left the process group with ``setsid``.
+
+    Spawns a killer only if ``/proc`` shows a process of ``uid``: with none there is nothing that
+    could create one, and ``kill(-1)`` cannot be outrun by ``fork`` (the kernel holds the task
+    list while it signals)."""
+    if not _has_processes(uid):
+        return
     # kill(-1) from the uid itself reaches exactly that uid's processes (and not the caller).
     kill = shutil.which("kill", path="/usr/bin:/bin")
     argv = ([kill, "-9", "-1"] if kill else

@@ -353,7 +353,7 @@ def test_honest_solutions_still_pass_through_the_proxies(level):
     tests = ["assert rev([1, (2, 3), {'a': {4}}]) == [{'a': {4}}, (2, 3), 1]", "assert list(gen(3)) == [0, 1, 2]",
              "s = Stack().push(1).push(2)\nassert len(s) == 2 and s.items == [1, 2]",
              "try:\n    boom(1)\n    raise AssertionError('no raise')\nexcept ValueError as e:\n    assert 'neg' in str(e)",
-             "def check(c):\n    assert c([1, 2]) == [2, 1]\ncheck(rev)", "assert rev(10**5000 * [1][:0]) == []",
+             "def check(c):\n    assert c([1, 2]) == [2, 1]\ncheck(rev)", "assert rev([10**5000, -1]) == [-1, 10**5000]",
              "assert rev(b'ab') == b'ba' and rev('ab') == 'ba' and rev((1.5, float('inf'))) == (float('inf'), 1.5)"]
     r = S.run_python(code, tests=tests, isolation=_at(level), limits=FAST)
     assert r.outcome == "ok" and list(r.tests) == [None] * len(tests), r
@@ -470,7 +470,8 @@ def test_remove_tree_on_a_hostile_host_tree(tmp_path):
     os.symlink(outside, "out", dir_fd=fd)
     for i in range(2500):
         os.mkdir("a" * 50, dir_fd=fd)
-        os.symlink(outside, "out", dir_fd=fd) if i % 500 == 0 else None
+        if i % 500 == 250:
+            os.symlink(outside, "out", dir_fd=fd)
         nfd = os.open("a" * 50, os.O_RDONLY | os.O_DIRECTORY, dir_fd=fd)
         if i % 300 == 0:
             os.chmod("a" * 50, 0, dir_fd=fd)
