@@ -666,15 +666,19 @@ def _remove_tree(path: str) -> bool:
     direct child of the top first, which makes every chain shorter.
     """
     try:
-        top = os.open(path, _DIR_FLAGS)
+        st = os.lstat(path)
     except FileNotFoundError:
         return True
     except OSError:
-        try:
+        return False
+    try:
+        if not stat.S_ISDIR(st.st_mode):
             os.unlink(path)
             return True
-        except OSError:
-            return False
+        os.chmod(path, 0o700)  # the program may have made its own work dir unreadable
+        top = os.open(path, _DIR_FLAGS)
+    except OSError:
+        return False
     try:
         _empty_dir(top)
     except OSError:
