@@ -42,6 +42,21 @@ def _finished(run_dir: Path) -> bool:
     return bool(metrics) and int(metrics[-1]["step"]) >= int(read_config(run_dir).get("steps", 0))
 
 
+def stale_settings(recipe: str, run_dir: Path, overrides: list[str]) -> list[str]:
+    """Keys whose value in a finished run's ``config.yaml`` is not what ``recipe`` + ``overrides`` give.
+
+    Keys present on one side only (a config schema that grew since the run) are not compared.
+    """
+    import yaml
+
+    from posttrain.config import dump_config, load_config
+    from posttrain.diagnostics.fairness import IGNORED_KEYS, flatten, read_config
+
+    want = flatten(yaml.safe_load(dump_config(load_config(recipe, overrides))))
+    have = flatten(read_config(run_dir))
+    return sorted(k for k in set(want) & set(have) if k not in IGNORED_KEYS and want[k] != have[k])
+
+
 def train_seed(recipe: str, run_dir: Path, seed: int, overrides: list[str]) -> None:
     """Train one seed of ``recipe`` into ``run_dir`` as a subprocess (``posttrain train``)."""
     if run_dir.exists() and any(run_dir.iterdir()):
@@ -70,6 +85,10 @@ def resolve(items: list[str], seeds: int, out: Path, overrides: list[str]) -> di
             for k, rd in enumerate(runs):
                 if not _finished(rd):
                     train_seed(item, rd, k, overrides)
+                elif stale := stale_settings(item, rd, overrides):
+                    # Reusing it would silently compare a different recipe than the one asked for.
+                    raise ValueError(f"{rd}: finished run of {item} with other settings ({', '.join(stale[:5])}); "
+                                     "delete it or use another --out")
         while label in groups:
             label += "'"
         groups[label] = runs

@@ -87,3 +87,26 @@ def test_compare_needs_two(tmp_path: Path) -> None:
     args = parse(compare, ["compare", str(_seed_runs(tmp_path / "A", [0.4], 1.0))])
     with pytest.raises(ValueError, match="at least two"):
         args.func(args)
+
+
+def test_compare_trains_missing_seeds_once_and_rejects_stale_reuse(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import yaml
+
+    from posttrain.config import dump_config, load_config
+
+    calls: list[tuple[str, int, list[str]]] = []
+
+    def fake_train(recipe: str, run_dir: Path, seed: int, overrides: list[str]) -> None:
+        # Stands in for the `posttrain train` subprocess: the config it would resolve, a finished ledger.
+        calls.append((recipe, seed, overrides))
+        cfg = yaml.safe_load(dump_config(load_config(recipe, [*overrides, f"run_dir={run_dir}", f"seed={seed}"])))
+        write_run(run_dir, metrics=_metrics(0.5, 10.0), config=cfg)
+
+    monkeypatch.setattr(compare, "train_seed", fake_train)
+    out = tmp_path / "out"
+    got = compare.resolve(["grpo"], 2, out, ["steps=1"])
+    assert got == {"grpo": [out / "grpo" / "seed0", out / "grpo" / "seed1"]}
+    assert calls == [("grpo", 0, ["steps=1"]), ("grpo", 1, ["steps=1"])]
+    assert compare.resolve(["grpo"], 2, out, ["steps=1"]) == got and len(calls) == 2  # finished: reused
+    with pytest.raises(ValueError, match=r"seed0: finished run of grpo with other settings \(optim.lr\)"):
+        compare.resolve(["grpo"], 2, out, ["steps=1", "optim.lr=0.5"])
