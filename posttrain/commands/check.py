@@ -41,6 +41,7 @@ def _max_rel(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> float:
 
 def run_checks(cfg: Any, prompts: int = 4) -> list[tuple[str, bool, str]]:
     """Run the five checks on ``cfg``; returns ``[(name, passed, detail)]``."""
+    from posttrain.envs.task import check_prompts, task_rows
     from posttrain.learner.checkpoint import load_checkpoint, restore_actor, save_checkpoint
     from posttrain.loop.builders import build_engine, build_learner, build_model, build_task
     from posttrain.loop.scoring import ScoringSpec, score
@@ -58,6 +59,10 @@ def run_checks(cfg: Any, prompts: int = 4) -> list[tuple[str, bool, str]]:
     params = SamplingParams(temperature=s.temperature, top_p=s.top_p, top_k=s.top_k,
                             max_new_tokens=s.max_new_tokens, n=s.group_size, seed=cfg.seed)
     examples = task.examples("train", prompts, seed=cfg.seed)
+    # Every row of a file task (else the sampled prompts) must encode and fit the model's context:
+    # one error naming the file and row, before anything is tokenized for generation.
+    check_prompts(task_rows(task) or examples, tok, max_context=getattr(model.config, "max_position_embeddings", None),
+                  max_new_tokens=s.max_new_tokens)
     reqs = [GenerationRequest(f"check{i}", tok(ex.prompt).input_ids, params) for i, ex in enumerate(examples)]
     comps = engine.generate(reqs)
     exs = [examples[int(c.request_id[5:])] for c in comps]

@@ -24,6 +24,7 @@ def run(args: argparse.Namespace) -> int:
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from posttrain.config import RunConfig
+    from posttrain.envs.task import check_prompts, task_rows
     from posttrain.evaluation.heldout import evaluate
     from posttrain.loop.builders import build_engine, build_task
 
@@ -31,6 +32,8 @@ def run(args: argparse.Namespace) -> int:
     if not path.exists():
         raise FileNotFoundError(f"checkpoint {path} does not exist")
     model_dir = path / "actor" if (path / "actor").is_dir() else path
+    if not (model_dir / "config.json").is_file():
+        raise FileNotFoundError(f"{model_dir}: no config.json (not a checkpoint, actor/ or Hugging Face model directory)")
     tok = AutoTokenizer.from_pretrained(model_dir)
     model = AutoModelForCausalLM.from_pretrained(model_dir).eval()
     try:
@@ -40,6 +43,8 @@ def run(args: argparse.Namespace) -> int:
     cfg = RunConfig.model_validate({"task": {"name": args.task, "kwargs": kwargs}})
     task = build_task(cfg)
     examples = task.examples("heldout", args.n, seed=args.seed)
+    check_prompts(task_rows(task) or examples, tok, max_context=getattr(model.config, "max_position_embeddings", None),
+                  max_new_tokens=args.max_new_tokens)
     res = evaluate(build_engine(model, tok), tok, task, examples, max_new_tokens=args.max_new_tokens,
                    temperature=args.temperature, seed=args.seed)
     print(json.dumps({"checkpoint": str(path), "task": args.task, **res.as_metrics(), "n": res.n}, indent=2))

@@ -4,7 +4,10 @@ Each source maps its columns onto a :class:`~posttrain.envs.task.TaskExample` wi
 mapping: ``prompt_field`` (a non-empty string), ``reference_field`` (any non-null value),
 optional ``id_field`` (else the row index) and ``meta_fields`` (JSON scalars). Dotted names
 reach into nested records (``"extra.answer"``). Every row is validated on load; a missing or
-malformed field is a ``ValueError`` naming the file, the row (0-based) and the field.
+malformed field, a row that is not UTF-8, a prompt id seen before (naming both rows) or a prompt
+over ``max_prompt_chars`` is a ``ValueError`` naming the file, the row (0-based) and the field.
+A JSONL row longer than ``max_row_bytes`` is refused without reading it whole (a 50 MB row must
+not reach the tokenizer, nor memory).
 
 Splits: either one file per split (``{"train": a, "heldout": b}``), or one file split by a
 hash of each row's prompt (:func:`~posttrain.envs.task.split_of`), so the split of a row does
@@ -25,6 +28,12 @@ from posttrain.rewards.verifier import Verifier
 
 _MISSING = object()
 
+DEFAULT_MAX_ROW_BYTES = 16 * 1024 * 1024
+"""JSONL rows longer than this are refused while reading (``reader_kwargs={"max_row_bytes": ...}``)."""
+DEFAULT_MAX_PROMPT_CHARS = 1_000_000
+"""Prompts longer than this are refused on load, far above any model context; the exact check
+against the model's context is :func:`posttrain.envs.task.check_prompts`."""
+
 
 def _get(row: Mapping[str, Any], dotted: str) -> Any:
     cur: Any = row
@@ -35,10 +44,27 @@ def _get(row: Mapping[str, Any], dotted: str) -> Any:
     return cur
 
 
-def iter_jsonl(path: Path) -> Iterator[tuple[int, Mapping[str, Any]]]:
-    """``(row, record)`` of a JSONL file; blank lines are skipped but still counted as rows."""
-    with open(path, encoding="utf-8") as f:
-        for i, line in enumerate(f):
+def iter_jsonl(path: Path, max_row_bytes: int = DEFAULT_MAX_ROW_BYTES) -> Iterator[tuple[int, Mapping[str, Any]]]:
+    """``(row, record)`` of a JSONL file; blank lines are skipped but still counted as rows.
+
+    Rows are read as bytes, at most ``max_row_bytes`` at a time, and decoded one by one, so a
+    non-UTF-8 row and an over-long row are errors naming the row (the long one is never read whole).
+    """
+    with open(path, "rb") as f:
+        i = -1
+        while True:
+            raw = f.readline(max_row_bytes + 1)
+            if not raw:
+                break
+            i += 1
+            if len(raw) > max_row_bytes and not raw.endswith(b"\n"):
+                raise ValueError(f"{path}: row {i}: longer than max_row_bytes={max_row_bytes} bytes "
+                                 "(reader_kwargs={'max_row_bytes': N} raises the limit)")
+            try:
+                line = raw.decode("utf-8")
+            except UnicodeDecodeError as e:
+                raise ValueError(f"{path}: row {i}: not UTF-8 text (byte {raw[e.start:e.start + 1]!r} at offset "
+                                 f"{e.start} of the row)") from None
             if not line.strip():
                 continue
             try:
@@ -93,20 +119,29 @@ def load_examples(
     id_field: str | None = None,
     meta_fields: Sequence[str] = (),
     reader_kwargs: Mapping[str, Any] | None = None,
+    max_prompt_chars: int = DEFAULT_MAX_PROMPT_CHARS,
 ) -> list[TaskExample]:
-    """All rows of ``path`` as validated examples (see the module docstring for the checks)."""
+    """All rows of ``path`` as validated examples (see the module docstring for the checks).
+
+    Each example's ``source`` is ``"<path>: row <i>"``, for errors found later (e.g. a prompt the
+    tokenizer cannot encode).
+    """
     p = Path(path)
     if fmt not in _READERS:
         raise ValueError(f"unknown file format {fmt!r}; valid: {', '.join(_READERS)}")
     if not p.exists():
         raise FileNotFoundError(f"{p}: no such file")
     out: list[TaskExample] = []
+    seen: dict[Any, int] = {}  # prompt id -> first row
     for i, rec in _READERS[fmt](p, **(reader_kwargs or {})):
         prompt = _get(rec, prompt_field)
         if prompt is _MISSING:
             raise ValueError(f"{p}: row {i}: field {prompt_field!r} is missing")
         if not isinstance(prompt, str) or not prompt.strip():
             raise ValueError(f"{p}: row {i}: field {prompt_field!r} must be a non-empty string, got {prompt!r:.60}")
+        if len(prompt) > max_prompt_chars:
+            raise ValueError(f"{p}: row {i}: field {prompt_field!r} has {len(prompt)} characters, over "
+                             f"max_prompt_chars={max_prompt_chars} (no model context holds it)")
         ref = _get(rec, reference_field)
         if ref is _MISSING or ref is None:
             raise ValueError(f"{p}: row {i}: field {reference_field!r} is missing")
@@ -115,6 +150,10 @@ def load_examples(
             pid = _get(rec, id_field)
             if pid is _MISSING or not _is_scalar(pid) or pid is None:
                 raise ValueError(f"{p}: row {i}: field {id_field!r} must be a present scalar id")
+            # Ids compare as the prompt ids they become (1 and "1" are the same id).
+            if str(pid) in seen:
+                raise ValueError(f"{p}: rows {seen[str(pid)]} and {i}: duplicate id {pid!r} (field {id_field!r})")
+            seen[str(pid)] = i
         meta: dict[str, Any] = {}
         for m in meta_fields:
             v = _get(rec, m)
@@ -122,7 +161,8 @@ def load_examples(
                 raise ValueError(f"{p}: row {i}: meta field {m!r} is missing or not a JSON scalar")
             meta[m] = v
         meta.setdefault("answer", ref if _is_scalar(ref) else json.dumps(ref))
-        out.append(TaskExample(prompt_id=f"{task_name}/{pid}", prompt=prompt, reference=ref, meta=meta))
+        out.append(TaskExample(prompt_id=f"{task_name}/{pid}", prompt=prompt, reference=ref, meta=meta,
+                               source=f"{p}: row {i}"))
     if not out:
         raise ValueError(f"{p}: no rows")
     return out
@@ -167,6 +207,7 @@ def file_task(
     id_field: str | None = None,
     meta_fields: Sequence[str] = (),
     reader_kwargs: Mapping[str, Any] | None = None,
+    max_prompt_chars: int = DEFAULT_MAX_PROMPT_CHARS,
 ) -> FileTask:
     """Build a :class:`FileTask` from ``path`` (hash-split) or ``splits={"train":..., "heldout":...}``.
 
@@ -187,7 +228,16 @@ def file_task(
             raise ValueError(f"{f}: cannot infer the format from suffix {suffix!r}; pass fmt=")
         loaded[key] = load_examples(f, fmt=kind, task_name=tname, prompt_field=prompt_field,
                                     reference_field=reference_field, id_field=id_field,
-                                    meta_fields=meta_fields, reader_kwargs=reader_kwargs)
+                                    meta_fields=meta_fields, reader_kwargs=reader_kwargs,
+                                    max_prompt_chars=max_prompt_chars)
+    if id_field is not None:  # ids from a field must be unique across split files too (row ids are per file)
+        first: dict[str, str] = {}  # prompt id -> source
+        for exs in loaded.values():
+            for ex in exs:
+                if ex.prompt_id in first:
+                    raise ValueError(f"{first[ex.prompt_id]} and {ex.source}: duplicate id {ex.prompt_id!r} "
+                                     f"(field {id_field!r})")
+                first[ex.prompt_id] = ex.source
     if path is not None:
         rows: dict[str, list[TaskExample]] = {"train": [], "heldout": []}
         for ex in loaded["all"]:

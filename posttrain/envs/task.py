@@ -10,7 +10,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import random
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any, Protocol, runtime_checkable
 
 from posttrain.algos.registry import Registry
@@ -33,6 +33,9 @@ class TaskExample:
     prompt: str
     reference: Any
     meta: Mapping[str, JSONScalar] = dataclasses.field(default_factory=dict)
+    # Where the example came from ("data.jsonl: row 7") so a later check can name the row; not part
+    # of the example's identity, and not stored in the ledger.
+    source: str = dataclasses.field(default="", compare=False, repr=False)
 
 
 @runtime_checkable
@@ -116,6 +119,61 @@ def sample_split(
         in_split.append(ex)
         out.append(ex)
     return out
+
+
+MAX_CHARS_PER_TOKEN = 32
+"""Screen before tokenizing: no tokenizer packs more characters than this into one token on real
+text, so a prompt longer than this many characters per context position cannot fit (and is not
+tokenized at all: a 50 MB row would exhaust memory in the tokenizer)."""
+
+
+def check_prompts(
+    examples: Iterable[TaskExample], tokenizer: Any, *, max_context: int | None, max_new_tokens: int = 0,
+    chars_per_token: int = MAX_CHARS_PER_TOKEN,
+) -> None:
+    """Raise ``ValueError`` naming the row (``ex.source``, else the prompt id) of the first example
+    whose prompt cannot be encoded or does not fit ``max_context`` positions with ``max_new_tokens``.
+
+    First by length, before tokenizing: more than ``chars_per_token * (max_context - max_new_tokens)``
+    characters is refused untokenized. Then the tokenizer's own errors (the builtin char tokenizer
+    refuses characters outside its vocabulary) and the exact token count. ``max_context=None``
+    checks encodability only.
+    """
+    budget = None if max_context is None else max_context - max_new_tokens
+    if budget is not None and budget < 1:
+        raise ValueError(f"max_new_tokens={max_new_tokens} leaves no room for a prompt in the model's context "
+                         f"of {max_context} positions")
+    for ex in examples:
+        where = ex.source or f"prompt {ex.prompt_id!r}"
+        if budget is not None and len(ex.prompt) > chars_per_token * budget:
+            raise ValueError(f"{where}: prompt of {len(ex.prompt)} characters cannot fit the model's context of "
+                             f"{max_context} tokens (with max_new_tokens={max_new_tokens}); not tokenized")
+        try:
+            ids = tokenizer(ex.prompt).input_ids
+        except ValueError as e:
+            raise ValueError(f"{where}: {e}") from None
+        unk = getattr(tokenizer, "unk_token_id", None)
+        if unk is not None and unk in ids and tokenizer.unk_token not in ex.prompt:
+            raise ValueError(f"{where}: {_unknown_chars(ex.prompt, tokenizer)} cannot be encoded by the tokenizer "
+                             f"(they would silently become {tokenizer.unk_token})")
+        n = len(ids)
+        if budget is not None and n > budget:
+            raise ValueError(f"{where}: prompt of {n} tokens + max_new_tokens={max_new_tokens} exceeds the "
+                             f"model's context of {max_context} tokens")
+
+
+def _unknown_chars(text: str, tokenizer: Any) -> str:
+    """The characters of ``text`` that encode to the unknown token, e.g. ``"'é' (U+00E9)"``."""
+    bad = [c for c in dict.fromkeys(text) if tokenizer.unk_token_id in tokenizer(c).input_ids]
+    return ", ".join(f"{c!r} (U+{ord(c):04X})" for c in bad[:5]) or "some characters"
+
+
+def task_rows(task: Any) -> list[TaskExample] | None:
+    """Every example of a finite task (one with a ``rows`` mapping, e.g. a file task), else None."""
+    rows = getattr(task, "rows", None)
+    if not isinstance(rows, Mapping):
+        return None
+    return [ex for split in rows.values() for ex in split]
 
 
 def resolve_verifier(spec: Verifier | str | Mapping[str, Any]) -> Verifier:

@@ -4,11 +4,17 @@ It is a real ``transformers.PreTrainedTokenizerFast`` over a ``tokenizers`` Word
 vocabulary is the printable ASCII characters plus special tokens, so it saves with
 ``save_pretrained`` and loads with ``AutoTokenizer.from_pretrained``. It carries a chat template
 so multi-turn code paths render turns the same way as for a hub model.
+
+Text with a character outside that vocabulary is refused with a ``ValueError`` naming the
+character, instead of silently becoming ``<unk>`` (a model trained on ``<unk>`` for every accented
+letter learns nothing from those prompts, and nobody notices).
 """
 
 from __future__ import annotations
 
+import re
 import string
+from typing import Any
 
 from tokenizers import Regex, Tokenizer, decoders, pre_tokenizers
 from tokenizers.models import WordLevel
@@ -26,19 +32,79 @@ CHAT_TEMPLATE = (
 )
 
 
+CHARS = "".join(c for c in string.printable if c not in "\x0b\x0c")
+"""The vocabulary's characters: printable ASCII minus \\v and \\f (ids 8..105 in this order)."""
+
+_SPECIAL_RE = re.compile("|".join(re.escape(s) for s in SPECIAL_TOKENS))
+_UNKNOWN_RE = re.compile(f"[^{re.escape(CHARS)}]")
+
+
+def unknown_character(text: str) -> tuple[int, str] | None:
+    """``(index, char)`` of the first character of ``text`` the char tokenizer cannot encode, or None.
+
+    Special-token strings (``<eos>``, ``<|user|>``...) are whole tokens and are skipped.
+    """
+    for i, part in _split_specials(text):
+        m = _UNKNOWN_RE.search(part)
+        if m is not None:
+            return i + m.start(), m.group()
+    return None
+
+
+def _split_specials(text: str) -> list[tuple[int, str]]:
+    """``(offset, piece)`` of the text between special-token strings."""
+    out, pos = [], 0
+    for m in _SPECIAL_RE.finditer(text):
+        out.append((pos, text[pos:m.start()]))
+        pos = m.end()
+    out.append((pos, text[pos:]))
+    return out
+
+
+def check_encodable(text: str) -> None:
+    """Raise ``ValueError`` naming the first character of ``text`` outside the char vocabulary."""
+    bad = unknown_character(text)
+    if bad is not None:
+        i, c = bad
+        raise ValueError(f"character {c!r} (U+{ord(c):04X}) at index {i} cannot be encoded by the builtin char "
+                         f"tokenizer (printable ASCII only); text starts {text[:40]!r}")
+
+
+def _check_input(x: Any) -> None:
+    if isinstance(x, str):
+        check_encodable(x)
+    elif isinstance(x, list | tuple):
+        for item in x:
+            _check_input(item)
+
+
+class CharTokenizer(PreTrainedTokenizerFast):
+    """The char tokenizer: a ``PreTrainedTokenizerFast`` that refuses unencodable text (see module doc).
+
+    Every encoding path (``__call__``, ``encode``, batches, ``apply_chat_template(tokenize=True)``)
+    goes through ``_encode_plus``, which checks the text first. A saved copy reloads with
+    ``AutoTokenizer`` as a plain fast tokenizer (the check is not saved with it).
+    """
+
+    def _encode_plus(self, text: Any, text_pair: Any = None, *args: Any, **kwargs: Any) -> Any:
+        _check_input(text)
+        _check_input(text_pair)
+        return super()._encode_plus(text, text_pair, *args, **kwargs)
+
+
 def build_char_tokenizer() -> PreTrainedTokenizerFast:
     """Character-level tokenizer: ids 0..7 are ``SPECIAL_TOKENS``, then printable ASCII (minus \\v \\f).
 
     ``pad_token_id = 0``, ``eos_token_id = 1``, ``bos_token_id = 2``; vocab size 8 + 98 = 106.
+    Encoding a character outside the vocabulary raises ``ValueError`` (see :class:`CharTokenizer`).
     """
-    chars = [c for c in string.printable if c not in "\x0b\x0c"]
-    vocab = {tok: i for i, tok in enumerate(SPECIAL_TOKENS + chars)}
+    vocab = {tok: i for i, tok in enumerate(SPECIAL_TOKENS + list(CHARS))}
     tok = Tokenizer(WordLevel(vocab=vocab, unk_token="<unk>"))
     special = "|".join(s.replace("|", r"\|") for s in SPECIAL_TOKENS)
     # Special tokens stay whole; every other character is its own token.
     tok.pre_tokenizer = pre_tokenizers.Split(Regex(f"{special}|."), behavior="isolated")
     tok.decoder = decoders.Fuse()
-    fast = PreTrainedTokenizerFast(
+    fast = CharTokenizer(
         tokenizer_object=tok,
         pad_token="<pad>",
         eos_token="<eos>",
