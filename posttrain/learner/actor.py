@@ -29,9 +29,11 @@ import torch
 
 from posttrain.algos.policy_losses import PolicyLossInputs
 from posttrain.algos.registry import CORRECTIONS, KL_ESTIMATORS, POLICY_LOSSES, REDUCTIONS
+from posttrain.learner.grad_sync import GradientSync, LocalSync
 from posttrain.learner.logprobs import forward_logprobs, token_logprobs
 from posttrain.learner.lora import is_peft_model, merged_state_dict, wrap_lora
 from posttrain.learner.microbatch import minibatch_rows, split_by_token_budget, take_rows
+from posttrain.learner.optim_step import OptimizerStepper, StepTally
 from posttrain.learner.schedule import build_optimizer, build_scheduler
 from posttrain.trajectory.collate import TrajectoryBatch
 
@@ -70,13 +72,12 @@ class _Acc:
     ratio_min: float = math.inf
     ratio_max: float = -math.inf
     diag_sums: dict[str, float] = dataclasses.field(default_factory=dict)
-    grad_norms: list[float] = dataclasses.field(default_factory=list)
-    steps: int = 0
     minibatches: int = 0
     empty: int = 0
-    nonfinite: int = 0
-    zero_grad: int = 0
-    lr: float = 0.0
+    tally: StepTally = dataclasses.field(default_factory=StepTally)
+
+    # Token / loss sums that a data-parallel GradientSync adds over processes (ratio extrema apart).
+    SUMMED = ("loss", "pg_loss", "kl_loss", "entropy_loss", "tokens", "kl_sum", "entropy_sum", "ratio_sum")
 
 
 class PolicyLearner:
@@ -96,6 +97,11 @@ class PolicyLearner:
     ``compute_entropy`` reports the token entropy (from the same logits, no extra forward) even
     when ``entropy_coef == 0``.
     ``seed`` seeds the mini-batch shuffle generator (saved by :meth:`state_dict`).
+    ``grad_sync`` (:mod:`posttrain.learner.grad_sync`) is the data-parallel hook: which rows of a
+    mini-batch this process computes and how gradients and metric sums are reduced over processes
+    (default :class:`~posttrain.learner.grad_sync.LocalSync`: one process).
+    Optimiser steps go through :class:`~posttrain.learner.optim_step.OptimizerStepper` (clip,
+    skip non-finite and exactly-zero gradients), the same component the critic uses.
     The model is kept in eval mode (dropout off) so pi_theta equals pi_old before the first step;
     ``gradient_checkpointing`` (transformers checkpoints only in train mode) switches to train
     mode for the gradient forward and therefore refuses a model with dropout.
@@ -136,6 +142,7 @@ class PolicyLearner:
         lora_target_modules: Sequence[str] | str | None = None,
         lora_dropout: float = 0.0,
         seed: int = 0,
+        grad_sync: GradientSync | None = None,
     ) -> None:
         if ppo_epochs < 1:
             raise ValueError(f"ppo_epochs must be >= 1, got {ppo_epochs}")
@@ -204,6 +211,8 @@ class PolicyLearner:
             total_steps=total_steps,
             min_lr_ratio=min_lr_ratio,
         )
+        self.stepper = OptimizerStepper(self.params, self.optimizer, self.scheduler, max_grad_norm)
+        self.grad_sync: GradientSync = grad_sync if grad_sync is not None else LocalSync()
         self.generator = torch.Generator().manual_seed(seed)
         self.version = 0
         self.optimizer_steps = 0
@@ -242,7 +251,7 @@ class PolicyLearner:
 
     def current_lr(self) -> float:
         """Learning rate the next optimizer step will use."""
-        return float(self.optimizer.param_groups[0]["lr"])
+        return self.stepper.current_lr()
 
     # ------------------------------------------------------------------ log-probs
     def compute_logprobs(self, batch: TrajectoryBatch) -> torch.Tensor:
@@ -253,6 +262,15 @@ class PolicyLearner:
         :meth:`update` for ``old_logprob`` (pi_old) and on the reference model's learner for
         ``ref_logprob``; freeze with ``posttrain.trajectory.with_logprobs``.
         """
+        sync = self.grad_sync
+        if sync.world_size > 1 and batch.size >= sync.world_size:
+            # Rows are independent in a forward pass: each process computes its shard, a SUM of the
+            # zero-padded shards assembles the batch.
+            mine = sync.shard(range(batch.size))
+            lp_mine, _ = self._frozen(batch.select_rows(mine), with_entropy=False)
+            full = torch.zeros(tuple(batch.input_ids.shape), dtype=torch.float64)
+            full[mine, : lp_mine.shape[1]] = lp_mine
+            return sync.reduce_sums(full)
         lp, _ = self._frozen(batch, with_entropy=False)
         return lp
 
@@ -343,6 +361,8 @@ class PolicyLearner:
         return t, info
 
     def _reduction_weights(self, mask: torch.Tensor, num_sequences: int, num_tokens: float) -> torch.Tensor:
+        # num_sequences / num_tokens are the MINI-BATCH's counts, never a micro-batch's or a shard's:
+        # that is what makes any split of the rows sum to the same loss and gradient.
         w: torch.Tensor = self._reduction(
             mask, num_sequences=num_sequences, num_tokens=num_tokens, **self.reduction_kwargs
         )
@@ -365,7 +385,11 @@ class PolicyLearner:
             yield take_rows(t, idx, max(1, max(sub[i] for i in g)))
 
     def _accumulate(self, t: Mapping[str, torch.Tensor | None], rows: Sequence[int], acc: _Acc) -> float:
-        """Forward + backward of mini-batch ``rows`` in micro-batches; returns its loss tokens."""
+        """Forward + backward of mini-batch ``rows`` in micro-batches; returns its loss tokens.
+
+        Counts come from the whole mini-batch (the batch is replicated on every process); only the
+        ``grad_sync.shard`` of the rows is computed here, then gradients and metric sums are reduced
+        over processes by the hook (identities for one process)."""
         mask_all = t["loss_mask"]
         assert mask_all is not None
         sel = mask_all[list(rows)]
@@ -374,6 +398,38 @@ class PolicyLearner:
             return 0.0
         # Every row of the mini-batch counts in B, even one with no loss token (reductions contract).
         num_sequences = len(rows)
+        sync = self.grad_sync
+        mine = sync.shard(rows)
+        before = [getattr(acc, k) for k in _Acc.SUMMED] if sync.world_size > 1 else None
+        diag_before = dict(acc.diag_sums)
+        if mine:
+            self._accumulate_rows(t, mine, acc, num_sequences, num_tokens)
+        if before is not None:
+            sync.reduce_gradients(self.params)
+            self._reduce_acc(acc, before, diag_before)
+        return num_tokens
+
+    def _reduce_acc(self, acc: _Acc, before: list[float], diag_before: dict[str, float]) -> None:
+        """Make this mini-batch's metric sums global (SUM over processes; ratio extrema MIN/MAX)."""
+        sync = self.grad_sync
+        # Diagnostics keys are fixed by the policy loss (same on every process), sorted for the order.
+        diag_keys = sorted(acc.diag_sums)
+        vec = torch.tensor(
+            [getattr(acc, k) - b for k, b in zip(_Acc.SUMMED, before, strict=True)]
+            + [acc.diag_sums[k] - diag_before.get(k, 0.0) for k in diag_keys],
+            dtype=torch.float64,
+        )
+        vec = sync.reduce_sums(vec)
+        for i, (k, b) in enumerate(zip(_Acc.SUMMED, before, strict=True)):
+            setattr(acc, k, b + float(vec[i]))
+        for j, k in enumerate(diag_keys):
+            acc.diag_sums[k] = diag_before.get(k, 0.0) + float(vec[len(_Acc.SUMMED) + j])
+        ext = sync.reduce_min(torch.tensor([acc.ratio_min, -acc.ratio_max], dtype=torch.float64))
+        acc.ratio_min, acc.ratio_max = float(ext[0]), -float(ext[1])
+
+    def _accumulate_rows(self, t: Mapping[str, torch.Tensor | None], rows: Sequence[int], acc: _Acc,
+                         num_sequences: int, num_tokens: float) -> None:
+        """Forward + backward of ``rows`` in micro-batches with the given mini-batch counts."""
         beta = self.current_kl_coef() if self._kl is not None else 0.0
         entropy_grad = self.entropy_coef != 0.0
         for mb in self._microbatches(t, rows):
@@ -436,7 +492,6 @@ class PolicyLearner:
                     v = torch.as_tensor(v).detach()
                     if v.shape == mask.shape:
                         acc.diag_sums[k] = acc.diag_sums.get(k, 0.0) + float((v.to(mask.dtype) * mask).sum())
-        return num_tokens
 
     def compute_gradients(
         self, batch: TrajectoryBatch, advantages: torch.Tensor, *, old_logprob: torch.Tensor | None = None
@@ -489,24 +544,8 @@ class PolicyLearner:
                 if self._accumulate(t, rows, acc) == 0.0:
                     acc.empty += 1
                     continue
-                norm = torch.nn.utils.clip_grad_norm_(
-                    self.params, self.max_grad_norm if self.max_grad_norm is not None else math.inf
-                )
-                if not torch.isfinite(norm):
-                    acc.nonfinite += 1
-                    self.optimizer.zero_grad(set_to_none=True)
-                    continue
-                acc.grad_norms.append(float(norm))
-                if float(norm) == 0.0:
-                    # No signal (e.g. every advantage 0 and no KL / entropy term): AdamW would still
-                    # move the weights through its momentum and weight decay, so take no step.
-                    acc.zero_grad += 1
-                    continue
-                acc.lr = self.current_lr()
-                self.optimizer.step()
-                self.scheduler.step()
-                acc.steps += 1
-                self.optimizer_steps += 1
+                if self.stepper.step(acc.tally):
+                    self.optimizer_steps += 1
         self.optimizer.zero_grad(set_to_none=True)
         self.version += 1
         return {**self._metrics(acc), **info}
@@ -524,14 +563,10 @@ class PolicyLearner:
             "ratio_mean": acc.ratio_sum / n_tok if acc.tokens else 1.0,
             "ratio_min": acc.ratio_min if acc.tokens else 1.0,
             "ratio_max": acc.ratio_max if acc.tokens else 1.0,
-            "grad_norm": sum(acc.grad_norms) / len(acc.grad_norms) if acc.grad_norms else 0.0,
-            "grad_norm_max": max(acc.grad_norms) if acc.grad_norms else 0.0,
-            "lr": acc.lr if acc.steps else self.current_lr(),
+            **acc.tally.metrics(),
+            "lr": acc.tally.lr if acc.tally.lr is not None else self.current_lr(),
             "tokens_trained": acc.tokens,
-            "optimizer_steps": float(acc.steps),
             "empty_minibatches": float(acc.empty),
-            "nonfinite_steps": float(acc.nonfinite),
-            "zero_grad_steps": float(acc.zero_grad),
             "kl_coef": self.current_kl_coef(),
             "version": float(self.version),
         }

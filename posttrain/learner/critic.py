@@ -31,6 +31,7 @@ from posttrain.algos.value import value_loss
 from posttrain.learner.checkpoint import load_pretrained_weights
 from posttrain.learner.lora import is_peft_model
 from posttrain.learner.microbatch import minibatch_rows, split_by_token_budget, take_rows
+from posttrain.learner.optim_step import OptimizerStepper, StepTally
 from posttrain.learner.schedule import build_optimizer, build_scheduler
 from posttrain.trajectory.collate import TrajectoryBatch
 
@@ -174,6 +175,7 @@ class CriticLearner:
             total_steps=total_steps,
             min_lr_ratio=min_lr_ratio,
         )
+        self.stepper = OptimizerStepper(self.params, self.optimizer, self.scheduler, max_grad_norm)
         self.generator = torch.Generator().manual_seed(seed)
         self.optimizer_steps = 0
 
@@ -225,7 +227,10 @@ class CriticLearner:
         ``old_values`` (needed when ``clip_eps`` is set) defaults to :meth:`compute_values` now.
         Metrics: ``value_loss`` (mean over steps), ``value_clip_frac``, ``value_error_abs`` (token
         mean |V - R|), ``explained_variance`` = 1 - Var(R - V_old) / Var(R) on the loss tokens,
-        ``grad_norm``, ``lr``, ``optimizer_steps``.
+        ``grad_norm`` / ``grad_norm_max``, ``lr``, ``optimizer_steps``, and — from the optimiser
+        step shared with the actor (:mod:`posttrain.learner.optim_step`) — ``nonfinite_steps``
+        (NaN/inf gradient: dropped, no step) and ``zero_grad_steps`` (exactly zero: no step, so AdamW
+        momentum and decay do not move a critic that got no signal).
         """
         B, T = batch.input_ids.shape
         if tuple(returns.shape) != (B, T):
@@ -247,8 +252,8 @@ class CriticLearner:
         r_on, v_on = t["returns"][on], t["old_values"][on]  # type: ignore[index]
         var_r = float(r_on.var()) if r_on.numel() > 1 else 0.0
         ev = 1.0 - float((r_on - v_on).var()) / var_r if var_r > 0 else 0.0
-        loss_sum, clip_sum, err_sum, tokens, norms, steps, n_mb = 0.0, 0.0, 0.0, 0.0, [], 0, 0
-        lr_used = float(self.optimizer.param_groups[0]["lr"])
+        loss_sum, clip_sum, err_sum, tokens, n_mb = 0.0, 0.0, 0.0, 0.0, 0
+        tally = StepTally()
         for _ in range(self.epochs):
             for rows in minibatch_rows(B, self.num_minibatches, self.generator):
                 sel = mask[rows]
@@ -270,27 +275,16 @@ class CriticLearner:
                     clip_sum += float((diag["clipped"] * mb["mask"]).sum())
                     err_sum += float((diag["value_error"].abs() * mb["mask"]).sum())
                     tokens += float(mb["mask"].sum())
-                norm = torch.nn.utils.clip_grad_norm_(
-                    self.params, self.max_grad_norm if self.max_grad_norm is not None else math.inf
-                )
-                if not torch.isfinite(norm):
-                    self.optimizer.zero_grad(set_to_none=True)
-                    continue
-                norms.append(float(norm))
-                lr_used = float(self.optimizer.param_groups[0]["lr"])
-                self.optimizer.step()
-                self.scheduler.step()
-                steps += 1
-                self.optimizer_steps += 1
+                if self.stepper.step(tally):
+                    self.optimizer_steps += 1
         self.optimizer.zero_grad(set_to_none=True)
         return {
             "value_loss": loss_sum / max(1, n_mb),
             "value_clip_frac": clip_sum / max(1.0, tokens),
             "value_error_abs": err_sum / max(1.0, tokens),
             "explained_variance": ev,
-            "grad_norm": sum(norms) / len(norms) if norms else 0.0,
-            "lr": lr_used,
-            "optimizer_steps": float(steps),
+            **tally.metrics(),
+            "lr": tally.lr if tally.lr is not None else self.stepper.current_lr(),
         }
 
     def _microbatches(

@@ -7,12 +7,14 @@ shard ``rows[r::W]`` only, with the reduction weights computed from the *mini-ba
 (``num_sequences = |M|``, ``num_tokens = N(M)``) instead of its shard's. Because a reduction is a
 weight function of the row and the global counts (``posttrain/algos/reductions.py``), the shard
 losses sum exactly to the mini-batch loss ``L(M)``, so the SUM all-reduce of the shard gradients
-is ``dL(M)/dtheta`` — the single-process gradient, up to float summation order (float64: ~1e-15
-relative). Gradient clipping and the AdamW step then run identically on every rank, so the
+is ``dL(M)/dtheta`` — the single-process gradient, up to float summation order (shards are other
+GEMM shapes; ``tests/_tolerance.py`` states the bound the tests use). Gradient clipping and the AdamW step then run identically on every rank, so the
 weights stay bitwise equal across ranks.
 
 This is the split invariance the single-process learner already has across micro-batches
-(``docs/learner.md``), extended across processes. The shard is a row subset, so micro-batching
+(``docs/learner.md``), extended across processes — through the learner's documented
+gradient-reduction hook (:mod:`posttrain.learner.grad_sync`), :class:`ProcessGroupSync`, not by
+overriding the learner's internals. The shard is a row subset, so micro-batching
 by ``microbatch_tokens`` still applies inside each rank.
 
 GPUs: the same class works with the NCCL backend (one GPU per rank, model on ``cuda:rank``). For
@@ -24,16 +26,16 @@ to 1). That path is documented in ``docs/distributed.md`` and not exercised by t
 
 from __future__ import annotations
 
-import dataclasses
 import os
 import socket
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 import torch
 import torch.distributed as dist
 
-from posttrain.learner.actor import PolicyLearner, _Acc
+from posttrain.learner.actor import PolicyLearner
+from posttrain.trajectory.collate import TrajectoryBatch
 
 
 def free_port(host: str = "127.0.0.1") -> int:
@@ -59,75 +61,39 @@ def init_process_group(rank: int, world_size: int, *, port: int, host: str = "12
                             timeout=datetime.timedelta(seconds=timeout_s))
 
 
-class DistributedPolicyLearner(PolicyLearner):
-    """:class:`PolicyLearner` whose mini-batch gradient is split over the ranks of a process group.
+class ProcessGroupSync:
+    """:class:`~posttrain.learner.grad_sync.GradientSync` over a ``torch.distributed`` process group.
 
-    Construct it on every rank with identical arguments and weights (same ``seed``), after
-    :func:`init_process_group`. ``update`` / ``compute_gradients`` / ``compute_logprobs`` are called
-    on every rank with the same batch; results (metrics, gradients, log-probs) are identical on all
-    ranks. ``group`` defaults to the world.
+    Rank ``r`` of ``W`` computes ``rows[r::W]`` of every mini-batch; gradients are SUM-all-reduced
+    as one flat buffer (one collective per mini-batch), metric sums SUM-reduced, ratio extrema
+    MIN-reduced. Collectives run on the tensors' own device (CPU tensors for gloo; put the model on
+    ``cuda:rank`` for NCCL, whose collectives need device tensors).
     """
 
-    def __init__(self, model: torch.nn.Module, *, group: Any = None, **kwargs: Any) -> None:
+    def __init__(self, group: Any = None) -> None:
         if not dist.is_available() or not dist.is_initialized():
             raise RuntimeError("DistributedPolicyLearner needs an initialised process group (init_process_group)")
-        super().__init__(model, **kwargs)
         self.group = group
         self.rank = dist.get_rank(group)
         self.world_size = dist.get_world_size(group)
-        self._global_counts: tuple[int, float] | None = None
-        self._check_same_weights()
+        # NCCL collectives only take device tensors; gloo takes CPU tensors.
+        nccl = dist.get_backend(group) == "nccl"
+        self.device = torch.device("cuda", torch.cuda.current_device()) if nccl else torch.device("cpu")
 
-    # ------------------------------------------------------------------ sanity
-    def _check_same_weights(self) -> None:
-        """All ranks must start from the same weights: compare a float64 sum + sum of squares."""
-        with torch.no_grad():
-            s = torch.zeros(2, dtype=torch.float64)
-            for p in self.model.parameters():
-                q = p.detach().to("cpu", torch.float64)
-                s[0] += q.sum()
-                s[1] += (q * q).sum()
-        lo, hi = s.clone(), s.clone()
-        dist.all_reduce(lo, op=dist.ReduceOp.MIN, group=self.group)
-        dist.all_reduce(hi, op=dist.ReduceOp.MAX, group=self.group)
-        if not torch.equal(lo, hi):
-            raise RuntimeError(f"rank {self.rank}: ranks start from different weights (checksums {lo.tolist()} vs {hi.tolist()})")
-
-    # ------------------------------------------------------------------ the split
     def shard(self, rows: Sequence[int]) -> list[int]:
         """This rank's rows of a mini-batch: ``rows[rank::world_size]``."""
         return list(rows)[self.rank :: self.world_size]
 
-    def _reduction_weights(self, mask: torch.Tensor, num_sequences: int, num_tokens: float) -> torch.Tensor:
-        # The shard's own counts are replaced by the mini-batch-global ones (see the module docstring).
-        if self._global_counts is not None:
-            num_sequences, num_tokens = self._global_counts
-        return super()._reduction_weights(mask, num_sequences, num_tokens)
+    def reduce_gradients(self, params: Sequence[torch.nn.Parameter]) -> None:
+        """SUM all-reduce of every trainable gradient, flattened into one buffer (one collective).
 
-    def _accumulate(self, t: Mapping[str, torch.Tensor | None], rows: Sequence[int], acc: _Acc) -> float:
-        """Shard forward/backward with global counts, then SUM all-reduce of gradients and diagnostics."""
-        mask_all = t["loss_mask"]
-        assert mask_all is not None
-        rows = list(rows)
-        num_tokens = float(mask_all[rows].sum())  # the batch is replicated: global counts are local
-        if num_tokens == 0:
-            return 0.0
-        mine = self.shard(rows)
-        before = _snapshot(acc)
-        self._global_counts = (len(rows), num_tokens)
-        try:
-            if mine:
-                super()._accumulate(t, mine, acc)
-        finally:
-            self._global_counts = None
-        self._allreduce_grads()
-        self._allreduce_acc(acc, before)
-        return num_tokens
-
-    def _allreduce_grads(self) -> None:
-        """SUM all-reduce of every trainable gradient, flattened into one buffer (one collective)."""
-        params = [p for p in self.model.parameters() if p.requires_grad]
-        has = torch.tensor([p.grad is not None for p in params], dtype=torch.int32)
+        A parameter without a gradient on this rank (its shard never reached it) gets zeros when
+        any other rank has one, so every rank steps the same parameters."""
+        params = list(params)
+        if not params:
+            return
+        dev = params[0].device
+        has = torch.tensor([p.grad is not None for p in params], dtype=torch.int32, device=dev)
         dist.all_reduce(has, op=dist.ReduceOp.MAX, group=self.group)
         live = [p for p, h in zip(params, has.tolist(), strict=True) if h]
         if not live:
@@ -143,59 +109,56 @@ class DistributedPolicyLearner(PolicyLearner):
             p.grad.copy_(flat[off : off + n].view_as(p))  # type: ignore[union-attr]
             off += n
 
-    def _allreduce_acc(self, acc: _Acc, before: dict[str, Any]) -> None:
-        """Make the metric accumulators global: sums added over ranks, ratio extrema min/max-reduced."""
-        keys = ["loss", "pg_loss", "kl_loss", "entropy_loss", "tokens", "kl_sum", "entropy_sum", "ratio_sum"]
-        diag_before: dict[str, float] = before["diag_sums"]
-        diag_now = {k: acc.diag_sums.get(k, 0.0) - diag_before.get(k, 0.0) for k in acc.diag_sums}
-        gathered: list[Any] = [None] * self.world_size
-        dist.all_gather_object(gathered, sorted(diag_now), group=self.group)
-        diag_keys = sorted({k for ks in gathered for k in ks})
-        vec = torch.tensor([getattr(acc, k) - before[k] for k in keys] + [diag_now.get(k, 0.0) for k in diag_keys],
-                           dtype=torch.float64)
-        dist.all_reduce(vec, op=dist.ReduceOp.SUM, group=self.group)
-        for i, k in enumerate(keys):
-            setattr(acc, k, before[k] + float(vec[i]))
-        for j, k in enumerate(diag_keys):
-            acc.diag_sums[k] = diag_before.get(k, 0.0) + float(vec[len(keys) + j])
-        ext = torch.tensor([acc.ratio_min, -acc.ratio_max], dtype=torch.float64)
-        dist.all_reduce(ext, op=dist.ReduceOp.MIN, group=self.group)
-        acc.ratio_min, acc.ratio_max = float(ext[0]), -float(ext[1])
+    def reduce_sums(self, values: torch.Tensor) -> torch.Tensor:
+        """SUM over ranks (a new tensor on ``values``' device)."""
+        out = values.to(self.device, copy=True)
+        dist.all_reduce(out, op=dist.ReduceOp.SUM, group=self.group)
+        return out.to(values.device)
 
-    # ------------------------------------------------------------------ log-probs
-    def compute_logprobs(self, batch: Any) -> torch.Tensor:
-        """Each rank computes its rows ``[rank::world_size]``, then a SUM all-reduce assembles ``[B, T]``.
+    def reduce_min(self, values: torch.Tensor) -> torch.Tensor:
+        """Element-wise MIN over ranks (a new tensor on ``values``' device)."""
+        out = values.to(self.device, copy=True)
+        dist.all_reduce(out, op=dist.ReduceOp.MIN, group=self.group)
+        return out.to(values.device)
 
-        Rows are computed independently (no cross-row reduction in a forward pass), so the result
-        equals the single-process one exactly. Falls back to the parent when ``B < world_size``.
-        """
-        B = batch.size
-        if B < self.world_size:
-            return super().compute_logprobs(batch)
-        mine = self.shard(range(B))
-        sub = _take_batch_rows(batch, mine)
-        lp_mine = super().compute_logprobs(sub)
-        full = torch.zeros(tuple(batch.input_ids.shape), dtype=torch.float64)
-        full[mine, : lp_mine.shape[1]] = lp_mine
-        dist.all_reduce(full, op=dist.ReduceOp.SUM, group=self.group)
-        return full
+    def check_same_weights(self, model: torch.nn.Module) -> None:
+        """All ranks must start from the same weights: compare a float64 sum + sum of squares."""
+        with torch.no_grad():
+            s = torch.zeros(2, dtype=torch.float64)
+            for p in model.parameters():
+                q = p.detach().to("cpu", torch.float64)
+                s[0] += q.sum()
+                s[1] += (q * q).sum()
+        lo, hi = self.reduce_min(s), -self.reduce_min(-s)
+        if not torch.equal(lo, hi):
+            raise RuntimeError(
+                f"rank {self.rank}: ranks start from different weights (checksums {lo.tolist()} vs {hi.tolist()})"
+            )
 
 
-def _snapshot(acc: _Acc) -> dict[str, Any]:
-    d = {f.name: getattr(acc, f.name) for f in dataclasses.fields(acc) if f.name not in ("diag_sums", "grad_norms")}
-    d["diag_sums"] = dict(acc.diag_sums)
-    return d
+class DistributedPolicyLearner(PolicyLearner):
+    """A :class:`PolicyLearner` built with a :class:`ProcessGroupSync` hook — nothing overridden.
+
+    Construct it on every rank with identical arguments and weights (same ``seed``), after
+    :func:`init_process_group`. ``update`` / ``compute_gradients`` / ``compute_logprobs`` are called
+    on every rank with the same batch; results (metrics, gradients, log-probs) are identical on all
+    ranks. ``group`` defaults to the world.
+    """
+
+    def __init__(self, model: torch.nn.Module, *, group: Any = None, **kwargs: Any) -> None:
+        sync = ProcessGroupSync(group)
+        super().__init__(model, grad_sync=sync, **kwargs)
+        self.rank, self.world_size = sync.rank, sync.world_size
+        sync.check_same_weights(self.model)
+
+    def shard(self, rows: Sequence[int]) -> list[int]:
+        """This rank's rows of a mini-batch: ``rows[rank::world_size]``."""
+        return self.grad_sync.shard(rows)
 
 
-def _take_batch_rows(batch: Any, rows: Sequence[int]) -> Any:
-    """The sub-batch of ``rows`` (same width ``T``; tensors row-selected)."""
-    idx = torch.as_tensor(list(rows), dtype=torch.long)
-    changes: dict[str, Any] = {"trajectories": [batch.trajectories[i] for i in rows]}
-    for f in dataclasses.fields(batch):
-        v = getattr(batch, f.name)
-        if isinstance(v, torch.Tensor):
-            changes[f.name] = v.index_select(0, idx)
-    return dataclasses.replace(batch, **changes)
+def _take_batch_rows(batch: TrajectoryBatch, rows: Sequence[int]) -> TrajectoryBatch:
+    """The sub-batch of ``rows`` (kept for callers; see :meth:`TrajectoryBatch.select_rows`)."""
+    return batch.select_rows(rows)
 
 
 def run_ranks(fn: Any, world_size: int, *args: Any, timeout_s: float = 300.0) -> None:
@@ -234,4 +197,4 @@ def _now() -> float:
     return time.monotonic()
 
 
-__all__ = ["DistributedPolicyLearner", "free_port", "init_process_group", "run_ranks"]
+__all__ = ["DistributedPolicyLearner", "ProcessGroupSync", "free_port", "init_process_group", "run_ranks"]

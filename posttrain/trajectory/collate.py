@@ -48,6 +48,16 @@ class TrajectoryBatch:
         """Number of rows ``B``."""
         return len(self.trajectories)
 
+    def select_rows(self, rows: Sequence[int]) -> TrajectoryBatch:
+        """The sub-batch of ``rows`` in that order: same width ``T``, every tensor row-selected."""
+        idx = torch.as_tensor(list(rows), dtype=torch.long)
+        changes: dict[str, object] = {"trajectories": [self.trajectories[i] for i in rows]}
+        for f in dataclasses.fields(self):
+            v = getattr(self, f.name)
+            if isinstance(v, torch.Tensor):
+                changes[f.name] = v.index_select(0, idx)
+        return dataclasses.replace(self, **changes)  # type: ignore[arg-type]
+
 
 def _pad(rows: Sequence[np.ndarray], T: int, fill: float | int, dtype: torch.dtype) -> torch.Tensor:
     out = torch.full((len(rows), T), fill, dtype=dtype)

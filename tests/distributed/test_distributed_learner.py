@@ -84,3 +84,15 @@ def test_needs_process_group():
 
     with pytest.raises(RuntimeError, match="process group"):
         DistributedPolicyLearner(helpers.micro_learner_model())
+
+
+def test_data_parallel_learner_overrides_no_private_method():
+    """Data parallelism plugs in through the documented GradientSync hook, not by overriding internals."""
+    from posttrain.learner.actor import PolicyLearner
+    from posttrain.learner.distributed import DistributedPolicyLearner, ProcessGroupSync
+    from posttrain.learner.grad_sync import GradientSync, LocalSync
+
+    overridden = {n for n in vars(DistributedPolicyLearner) if n.startswith("_") and not n.startswith("__")}
+    assert not overridden & set(dir(PolicyLearner)), overridden
+    assert isinstance(LocalSync(), GradientSync)
+    assert all(hasattr(ProcessGroupSync, m) for m in ("shard", "reduce_gradients", "reduce_sums", "reduce_min"))

@@ -75,3 +75,25 @@ def test_save_load_round_trip(make_model, make_batch, tmp_path, shared):
         assert torch.equal(vm(b.input_ids, b.attention_mask)[0], other(b.input_ids, b.attention_mask)[0])
     with pytest.raises(ValueError, match="shared_backbone"):
         ValueModel.from_actor(lm, shared_backbone=not shared).load(tmp_path / "critic")
+
+
+def test_critic_shares_the_actor_step_guards(make_model, make_batch):
+    """The critic steps through the actor's OptimizerStepper: a zero gradient takes no step (AdamW
+    decay would move the weights), a non-finite one is dropped and counted."""
+    b = make_batch(n=4)
+    critic = CriticLearner(ValueModel.from_actor(make_model(), shared_backbone=False, seed=1), lr=1e-2,
+                           weight_decay=0.1)
+    values, _ = critic.compute_values(b)
+    before = {k: v.clone() for k, v in critic.model.state_dict().items()}
+    m = critic.update(b, values.clone(), old_values=values)  # returns == values: zero loss, zero grad
+    assert m["zero_grad_steps"] == 1.0 and m["optimizer_steps"] == 0.0 and m["nonfinite_steps"] == 0.0
+    for k, v in critic.model.state_dict().items():
+        assert torch.equal(v, before[k]), k
+    bad = values.clone()
+    bad[b.action_mask > 0] = float("nan")
+    m = critic.update(b, bad, old_values=values)
+    assert m["nonfinite_steps"] == 1.0 and m["optimizer_steps"] == 0.0
+    for k, v in critic.model.state_dict().items():
+        assert torch.equal(v, before[k]), k
+    m = critic.update(b, values + b.action_mask.to(values.dtype), old_values=values)  # a real signal
+    assert m["optimizer_steps"] == 1.0 and m["grad_norm"] > 0
