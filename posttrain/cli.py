@@ -20,6 +20,9 @@ COMMANDS: dict[str, str] = {
     "bench": "posttrain.commands.bench",
     "inspect": "posttrain.commands.inspect",
     "check": "posttrain.commands.check",
+    "report": "posttrain.commands.report",
+    "compare": "posttrain.commands.compare",
+    "view": "posttrain.commands.view",
 }
 
 
