@@ -1,18 +1,32 @@
-"""``posttrain train RECIPE [key=value ...]``: run a recipe (``--print-recipe`` shows its axes)."""
+"""``posttrain train RECIPE [key=value ...]``: run a recipe (``--print-recipe`` shows its axes).
+
+Interrupting a run (Ctrl-C) leaves its last complete checkpoint intact, prints one line saying
+how to resume, and exits with code 130. A full disk or an unwritable file in the run directory is
+one error line naming the path (exit code 2); the checkpoint being written is discarded, not
+left half-written.
+"""
 
 from __future__ import annotations
 
 import argparse
+import errno
 import logging
+import shlex
+import sys
 from typing import Any
 
 from posttrain.config import dump_config, load_config
+
+# Errors of the run directory's storage that the user can fix (free space, permissions).
+_STORAGE_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EACCES, errno.EPERM})
+EXIT_INTERRUPTED = 130  # the shell's code for SIGINT (128 + 2)
 
 
 def register(sub: Any) -> None:
     p = sub.add_parser("train", help="train with a recipe (YAML path or shipped name) and key=value overrides")
     p.add_argument("recipe", help="recipe YAML path or shipped name (grpo, dapo, dr_grpo, rloo, reinforce_pp, gspo, cispo, ppo)")
-    p.add_argument("overrides", nargs="*", help="dotted key=value overrides, e.g. optim.lr=3e-4 steps=10")
+    p.add_argument("overrides", nargs="*", help="dotted key=value overrides, e.g. optim.lr=3e-4 steps=10; "
+                   "resume=true continues the run in run_dir (resume_force=true if the recipe changed)")
     p.add_argument("--print-recipe", action="store_true", help="print the resolved composition and config, then exit")
     p.add_argument("--no-progress", action="store_true", help="no progress bars")
     p.set_defaults(func=run)
@@ -27,17 +41,47 @@ def print_recipe(cfg: Any) -> None:
     print(dump_config(cfg), end="")
 
 
+def resume_command(args: argparse.Namespace) -> str:
+    """The command line that resumes this run: the same recipe and overrides with ``resume=true``."""
+    keep = [o for o in args.overrides if not o.startswith("resume=")]
+    return shlex.join(["posttrain", "train", args.recipe, *keep, "resume=true"])
+
+
+def _where_to_go_on(cfg: Any, args: argparse.Namespace) -> str:
+    """``the last checkpoint X is intact; continue with: <resume command>`` (or how to start over)."""
+    from posttrain.learner.checkpoint import latest_checkpoint
+    from posttrain.loop.run_state import run_dir_of
+
+    ck = latest_checkpoint(run_dir_of(cfg) / "checkpoints")
+    if ck is None:
+        keep = [o for o in args.overrides if not o.startswith("resume=")]
+        return f"no checkpoint was written yet; start again with: {shlex.join(['posttrain', 'train', args.recipe, *keep])}"
+    return f"the last checkpoint {ck} is intact; continue with: {resume_command(args)}"
+
+
 def run(args: argparse.Namespace) -> int:
+    """Train; returns the exit code (0, or 130 after Ctrl-C). Storage errors become ``UserError``."""
     cfg = load_config(args.recipe, args.overrides)
     if args.print_recipe:
         print_recipe(cfg)
         return 0
     from posttrain.loop.console import progress_bars
+    from posttrain.loop.run_dir import RunDirError, describe_os_error
     from posttrain.loop.sync import train
 
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(message)s")
-    with progress_bars(enabled=cfg.logging.progress and not args.no_progress) as progress:
-        st = train(cfg, progress=progress)
+    try:
+        with progress_bars(enabled=cfg.logging.progress and not args.no_progress) as progress:
+            st = train(cfg, progress=progress)
+    except KeyboardInterrupt:
+        # train() closed the run (lock released); the checkpoints on disk are complete ones.
+        print(f"posttrain train: interrupted; {_where_to_go_on(cfg, args)}", file=sys.stderr)
+        return EXIT_INTERRUPTED
+    except OSError as e:
+        if e.errno not in _STORAGE_ERRNOS:
+            raise
+        where = e.filename or "the run directory"
+        raise RunDirError(f"cannot write {where}: {describe_os_error(e)}; {_where_to_go_on(cfg, args)}") from None
     curve = ", ".join(f"{s}:{a:.3f}" for s, a, _ in st.heldout_curve)
     print(f"done: {st.step} steps; held-out accuracy by step {curve}")
     if st.stopped:

@@ -1,7 +1,10 @@
 """Held-out evaluation: generate on held-out prompts, verify, and report accuracy by status.
 
 Accuracy is the fraction of held-out prompts whose (greedy by default) response the task's
-verifier marks ``correct``; infra errors are excluded from the denominator and counted.
+verifier marks ``correct``; infra errors are excluded from the denominator and counted
+(``heldout/infra_errors``). Verification goes through the same guarded path as training
+(``verify_batch``, a :class:`~posttrain.rewards.VerifierPool`): a verifier that raises, hangs or
+returns garbage on a held-out sample is an infra error there too, never a crash or a freeze.
 """
 
 from __future__ import annotations
@@ -24,10 +27,15 @@ class EvalResult:
     status_counts: dict[str, int]
     n: int
 
+    @property
+    def infra_errors(self) -> int:
+        """Samples whose verification failed (excluded from the accuracy denominator)."""
+        return int(self.status_counts.get(Status.INFRA_ERROR.value, 0))
+
     def as_metrics(self, prefix: str = "heldout") -> dict[str, float]:
-        """Flat metric dict (``heldout/accuracy`` ...)."""
+        """Flat metric dict (``heldout/accuracy``, ``heldout/infra_errors`` ...)."""
         out = {f"{prefix}/accuracy": self.accuracy, f"{prefix}/reward_mean": self.reward_mean,
-               f"{prefix}/mean_length": self.mean_length}
+               f"{prefix}/mean_length": self.mean_length, f"{prefix}/infra_errors": float(self.infra_errors)}
         out.update({f"{prefix}/status/{k}": float(v) for k, v in self.status_counts.items()})
         return out
 
@@ -41,9 +49,16 @@ def evaluate(
     max_new_tokens: int,
     temperature: float = 0.0,
     seed: int = 0,
+    verify_batch: Any | None = None,
 ) -> EvalResult:
-    """Evaluate the engine's current weights on ``examples`` (``TaskExample`` objects)."""
+    """Evaluate the engine's current weights on ``examples`` (``TaskExample`` objects).
+
+    ``verify_batch`` is the run's guarded verification (``VerifierPool.verify_batch`` or reward
+    workers); None verifies in-process through a ``VerifierPool(workers=0)`` (default time limit).
+    Never raises for a verifier's failure: such a sample is an ``infra_error``.
+    """
     from posttrain.loop.scoring import decode_response
+    from posttrain.rewards import VerifierPool
     from posttrain.rollout.sampling import SamplingParams
     from posttrain.rollout.types import GenerationRequest
 
@@ -56,9 +71,11 @@ def evaluate(
     statuses: Counter[str] = Counter()
     rewards: list[float] = []
     lengths: list[int] = []
-    for ex, c in zip(examples, comps, strict=True):
-        text = decode_response(tokenizer, c)
-        v = task.verifier.verify(text, ex.reference)
+    if verify_batch is None:
+        verify_batch = VerifierPool(workers=0).verify_batch
+    texts = [decode_response(tokenizer, c) for c in comps]
+    verdicts = verify_batch([(task.verifier, t, ex.reference, {}) for t, ex in zip(texts, examples, strict=True)])
+    for c, v in zip(comps, verdicts, strict=True):
         statuses[v.status.value] += 1
         lengths.append(len(c.token_ids))
         if v.status is not Status.INFRA_ERROR:

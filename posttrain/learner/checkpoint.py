@@ -15,7 +15,10 @@ Atomicity: everything is written into a hidden sibling ``.step_00000012.tmp-<pid
 to disk, then renamed onto the final name (``os.replace`` of a directory is atomic on POSIX).
 A crash at any point leaves either the complete new checkpoint or none, and never touches
 earlier checkpoints; hidden temp dirs are ignored by :func:`latest_checkpoint` and removed by the
-next save once their writer process is gone.
+next save once their writer process is gone. An error while writing (disk full, Ctrl-C) removes
+the temp dir before it propagates. A checkpoint damaged after it was written (a truncated file)
+is caught at load time: :func:`load_checkpoint` reads the state files and checks the weight files'
+headers, so a resume can fall back to the previous complete checkpoint.
 """
 
 from __future__ import annotations
@@ -231,6 +234,26 @@ def save_checkpoint(
     return final
 
 
+def _check_safetensors(path: Path) -> None:
+    """Raise ``ValueError`` when a safetensors file is shorter than its header says (truncated).
+
+    Reads only the header (no tensor data), so checking costs nothing next to loading.
+    """
+    size = path.stat().st_size
+    with open(path, "rb") as fh:
+        head = fh.read(8)
+        if len(head) < 8:
+            raise ValueError(f"{path}: truncated safetensors file ({size} bytes)")
+        n = int.from_bytes(head, "little")
+        try:
+            header = json.loads(fh.read(n))
+        except (ValueError, UnicodeDecodeError):
+            raise ValueError(f"{path}: unreadable safetensors header") from None
+    end = max((int(v["data_offsets"][1]) for k, v in header.items() if k != "__metadata__"), default=0)
+    if size < 8 + n + end:
+        raise ValueError(f"{path}: truncated safetensors file ({size} of {8 + n + end} bytes)")
+
+
 def load_checkpoint(path: str | Path) -> CheckpointState:
     """Read a checkpoint written by :func:`save_checkpoint` (weights stay on disk: load them
     with :func:`restore_actor` / ``from_pretrained`` and ``ValueModel.load``)."""
@@ -241,6 +264,8 @@ def load_checkpoint(path: str | Path) -> CheckpointState:
     meta = json.loads(meta_file.read_text())
     if meta.get("format") != FORMAT_VERSION:
         raise ValueError(f"{p}: checkpoint format {meta.get('format')!r}, this code reads {FORMAT_VERSION}")
+    for weights in sorted((p / "actor").glob("*.safetensors")) + sorted((p / "actor_adapter").glob("*.safetensors")):
+        _check_safetensors(weights)
     return CheckpointState(
         path=p,
         step=int(meta["step"]),
@@ -259,21 +284,30 @@ def _checkpoints_dir(run_dir: str | Path) -> Path:
     return d if d.name == CHECKPOINTS_SUBDIR else d / CHECKPOINTS_SUBDIR
 
 
-def latest_checkpoint(run_dir: str | Path) -> Path | None:
-    """The complete checkpoint with the highest step under ``<run_dir>/checkpoints``, or None.
+def complete_checkpoints(run_dir: str | Path) -> list[Path]:
+    """Every complete checkpoint under ``<run_dir>/checkpoints``, oldest step first.
 
     ``run_dir`` may also be the ``checkpoints`` folder itself. Only ``step_<digits>`` folders
-    holding ``meta.json`` count (a crashed save leaves neither).
+    holding ``meta.json`` count (a crashed save leaves neither). "Complete" is about the write;
+    a file damaged afterwards shows only when loading, which is why a resume walks this list
+    newest first and falls back (older checkpoints are kept: nothing here prunes them).
     """
     d = _checkpoints_dir(run_dir)
     if not d.is_dir():
-        return None
-    found = [
+        return []
+    found = sorted(
         (int(m.group(1)), p)
         for p in d.iterdir()
         if (m := _NAME.match(p.name)) and (p / "meta.json").is_file()
-    ]
-    return max(found)[1] if found else None
+    )
+    return [p for _, p in found]
+
+
+def latest_checkpoint(run_dir: str | Path) -> Path | None:
+    """The complete checkpoint with the highest step under ``<run_dir>/checkpoints``, or None
+    (see :func:`complete_checkpoints`)."""
+    found = complete_checkpoints(run_dir)
+    return found[-1] if found else None
 
 
 def prune_checkpoints(run_dir: str | Path, keep_last: int) -> list[Path]:

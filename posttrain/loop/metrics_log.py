@@ -46,7 +46,36 @@ class MetricsLog:
         if self._wandb is not None:
             self._wandb.log(dict(metrics), step=step)
 
+    def truncate_after(self, step: int) -> int:
+        """Drop the lines of steps after ``step`` (a resume from checkpoint ``step`` redoes them).
+
+        Rewritten atomically (temp file + rename, the temp removed on any error) so a crash or a
+        full disk leaves the old file, never half of it; a line that does not parse (the torn
+        last line of a killed run) is dropped too. Returns the number of lines dropped.
+        """
+        from posttrain.loop.run_dir import write_text_atomic
+
+        self._fh.close()
+        kept: list[str] = []
+        dropped = 0
+        try:
+            for line in self.path.read_text().splitlines():
+                try:
+                    keep = int(json.loads(line)["step"]) <= step
+                except (ValueError, KeyError, TypeError):
+                    keep = False
+                if keep:
+                    kept.append(line)
+                else:
+                    dropped += 1
+            if dropped:
+                write_text_atomic(self.path, "".join(f"{x}\n" for x in kept))
+        finally:
+            self._fh = open(self.path, "a", buffering=1)
+        return dropped
+
     def close(self) -> None:
+        """Close every sink (the JSONL file first: it is the one that must survive)."""
         self._fh.close()
         if self._tb is not None:
             self._tb.close()

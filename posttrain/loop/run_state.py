@@ -4,6 +4,12 @@
 set; with ``resume=true`` it restores the latest atomic checkpoint (weights, optimizer,
 scheduler, RNG, data cursor, versions, adaptive-KL state) and moves ledger steps written after
 that checkpoint to ``ledger/discarded/`` so the ledger continues without gaps or duplicates.
+
+The run directory is protected (see :mod:`posttrain.loop.run_dir`): it is locked for the run's
+lifetime; ``resume=true`` with no complete checkpoint is an error, as is a recipe that differs
+from the run's ``config.yaml`` unless ``resume_force=true``; a checkpoint that cannot be read
+falls back to the previous complete one (with a warning); ``metrics.jsonl`` lines after the
+restored step are dropped so no step appears twice.
 """
 
 from __future__ import annotations
@@ -12,6 +18,7 @@ import copy
 import dataclasses
 import json
 import logging
+import os
 import time
 from pathlib import Path
 from typing import Any
@@ -59,10 +66,11 @@ def reference_answer(task: Any, ex: Any) -> str:
 class Run:
     """The composed parts of one run (built by :func:`open_run`)."""
 
-    def __init__(self, cfg: RunConfig) -> None:
+    def __init__(self, cfg: RunConfig, lock: Any = None) -> None:
         self.cfg = cfg
-        self.dir = Path(cfg.run_dir or f"runs/{cfg.name}")
+        self.dir = run_dir_of(cfg)
         self.dir.mkdir(parents=True, exist_ok=True)
+        self._lock = lock  # a RunDirLock held by open_run; released by close()
         torch.manual_seed(cfg.seed)
         self.tokenizer, actor = build_model(cfg)
         self.pad_token_id = int(self.tokenizer.pad_token_id or 0)
@@ -74,7 +82,7 @@ class Run:
         if cfg.system.backend == "ray":
             self._open_ray_backend()
         else:
-            self.engine = build_engine(self.learner.model, self.tokenizer)
+            self.engine = build_engine(self.learner.model, self.tokenizer, cfg, self.dir)
         self.ref_model: torch.nn.Module | None = None
         if cfg.loss.kl_estimator is not None:
             self.ref_model = copy.deepcopy(self.learner.model).eval().requires_grad_(False)
@@ -92,9 +100,11 @@ class Run:
         self.log = MetricsLog(self.dir, tensorboard=cfg.logging.tensorboard, wandb=cfg.logging.wandb, run_name=cfg.name)
         self.state = RunState()
         self._pool = None
-        if cfg.reward.workers > 0 and self.verify_batch is None:
+        if self.verify_batch is None:
             from posttrain.rewards import VerifierPool
 
+            # workers=0 too: the in-process pool applies reward.timeout_s / retries (a daemon thread per
+            # call), and training and held-out evaluation both verify through this one guarded path.
             self._pool = VerifierPool(workers=cfg.reward.workers, timeout_s=cfg.reward.timeout_s,
                                       retries=cfg.reward.retries)
             self.verify_batch = self._pool.verify_batch
@@ -110,11 +120,10 @@ class Run:
         ``RolloutEngine`` whose ``generate_detailed`` reports failed requests as infra errors) and,
         with reward workers, ``run.verify_batch`` their ``verify_batch``. See docs/distributed.md.
         """
-        from posttrain.loop.backends import build_ray_backend, builtin_engine_factory
+        from posttrain.loop.backends import build_ray_backend
+        from posttrain.loop.builders import engine_factory
 
-        tok = self.tokenizer
-        factory = builtin_engine_factory(self.learner.model, eos_token_id=tok.eos_token_id,
-                                         pad_token_id=tok.pad_token_id or 0)
+        factory = engine_factory(self.cfg, self.learner.model, self.tokenizer, self.dir)  # rollout.engine
         self.backend = build_ray_backend(factory, self.cfg.system.ray)
         self.engine = self.backend.rollout
         # Verification on the reward actors; with none, the driver verifies (reward.workers as locally).
@@ -171,7 +180,8 @@ class Run:
         e = self.cfg.eval
         return evaluate(self.engine, self.tokenizer, self.task, self.heldout,
                         max_new_tokens=e.max_new_tokens or self.cfg.sampling.max_new_tokens,
-                        temperature=e.temperature if temperature is None else temperature, seed=self.cfg.seed)
+                        temperature=e.temperature if temperature is None else temperature, seed=self.cfg.seed,
+                        verify_batch=self.verify_batch)
 
     def evaluate_and_judge(self, step: int) -> dict[str, float]:
         """Evaluate; promote if best so far, reject (restore) on a collapse, else retain."""
@@ -272,17 +282,40 @@ class Run:
         return s
 
     def resume(self) -> bool:
-        """Restore the latest checkpoint, if any; returns whether it did."""
-        from posttrain.learner.checkpoint import (
-            latest_checkpoint,
-            load_checkpoint,
-            restore_actor,
-            restore_rng,
-        )
+        """Restore the newest checkpoint that loads; returns False when there is no complete one.
 
-        path = latest_checkpoint(self.dir / "checkpoints")
-        if path is None:
+        A checkpoint that fails to load (truncated or corrupt file) is skipped with a warning and
+        the previous complete one is used; when none loads, ``UserError`` names the newest and why.
+        Ledger steps and ``metrics.jsonl`` lines after the restored step are set aside / dropped.
+        """
+        from posttrain.learner.checkpoint import complete_checkpoints
+
+        paths = complete_checkpoints(self.dir / "checkpoints")
+        if not paths:
             return False
+        first_err: str | None = None
+        for path in reversed(paths):
+            try:
+                self._restore(path)
+            except Exception as e:  # noqa: BLE001 - any unreadable checkpoint: fall back to the previous one
+                why = f"{type(e).__name__}: {e}".splitlines()[0][:300]
+                first_err = first_err or f"{path}: {why}"
+                log.warning("resume: checkpoint %s cannot be loaded (%s); falling back to the previous one", path, why)
+                continue
+            break
+        else:
+            from posttrain.loop.run_dir import RunDirError
+
+            raise RunDirError(f"resume: no checkpoint under {self.dir / 'checkpoints'} can be loaded ({first_err})")
+        dropped = self.log.truncate_after(self.state.step)
+        if dropped:
+            log.warning("resume: dropped %d metrics.jsonl lines written after step %d", dropped, self.state.step)
+        return True
+
+    def _restore(self, path: Path) -> None:
+        """Load checkpoint ``path`` into the learner, engine, state and RNGs (raises if it is unreadable)."""
+        from posttrain.learner.checkpoint import load_checkpoint, restore_actor, restore_rng
+
         ck = load_checkpoint(path)
         restore_actor(self.learner.model, ck)
         ls = ck.learner_state
@@ -311,7 +344,6 @@ class Run:
         if moved:
             log.warning("resume: moved %d ledger files written after step %d to ledger/discarded/",
                         len(moved), self.state.step)
-        return True
 
     def stop(self, reason: str) -> None:
         """Stop the run with a reason (logged, ledger-visible via metrics, checkpointed)."""
@@ -321,19 +353,84 @@ class Run:
         self.checkpoint()
 
     def close(self) -> None:
+        """Close the sinks, verifier pool and backend, then release the run-directory lock (idempotent)."""
         self.state.wall_seconds = self._wall_before + time.perf_counter() - self._t_start
-        self.log.close()
-        if self._pool is not None:
-            self._pool.close()
-        if self.backend is not None:
-            self.backend.close()
-            self.backend = None
+        try:
+            self.log.close()
+            if self._pool is not None:
+                self._pool.close()
+            if self.backend is not None:
+                self.backend.close()
+                self.backend = None
+            elif hasattr(self.engine, "close"):  # an engine server process (rollout.engine=vllm)
+                self.engine.close()
+        finally:
+            if self._lock is not None:
+                self._lock.release()
+
+
+def run_dir_of(cfg: RunConfig) -> Path:
+    """The run directory of ``cfg``: ``run_dir``, default ``runs/<name>``."""
+    return Path(cfg.run_dir or f"runs/{cfg.name}")
+
+
+def check_resumable(cfg: RunConfig, run_dir: Path) -> str | None:
+    """Before building anything: refuse a ``resume=true`` that would start afresh or change the recipe.
+
+    Raises ``UserError`` when there is no complete checkpoint, or when the resolved config differs
+    from the run's ``config.yaml`` outside :data:`~posttrain.loop.run_dir.RESUME_MAY_CHANGE` and
+    ``resume_force`` is off (the message lists ``key: old -> new``). Returns a one-line summary
+    of the differences a forced resume accepts, else None.
+    """
+    from posttrain.learner.checkpoint import complete_checkpoints
+    from posttrain.loop.run_dir import RunDirError, read_config_yaml, recipe_diff
+
+    if not complete_checkpoints(run_dir / "checkpoints"):
+        raise RunDirError(f"resume=true but {run_dir / 'checkpoints'} holds no complete checkpoint; "
+                        "drop resume=true to start a new run there")
+    old = read_config_yaml(run_dir / "config.yaml")
+    if old is None:
+        log.warning("resume: %s is missing or unreadable; the recipe cannot be compared", run_dir / "config.yaml")
+        return None
+    diff = recipe_diff(old, cfg.model_dump(mode="json"))
+    if not diff:
+        return None
+    if not cfg.resume_force:
+        raise RunDirError(f"resume=true with a recipe that differs from {run_dir / 'config.yaml'}: "
+                        f"{'; '.join(diff)} (set resume_force=true to resume anyway)")
+    return "; ".join(diff)
 
 
 def open_run(cfg: RunConfig) -> Run:
-    """Build the run; resume from its latest checkpoint when ``cfg.resume``."""
-    run = Run(cfg)
-    (run.dir / "config.yaml").write_text(dump_config(cfg))
-    if cfg.resume and run.resume():
-        log.info("resumed %s at step %d", run.dir, run.state.step)
+    """Build the run in its locked run directory; resume from its latest checkpoint when ``cfg.resume``.
+
+    The lock is held until :meth:`Run.close` (released here if building fails). ``config.yaml``
+    is written atomically; a forced resume with a changed recipe first keeps the old one as
+    ``config.step_<N>.yaml``.
+    """
+    from posttrain.loop.run_dir import RunDirLock, prepare_run_dir, write_text_atomic
+
+    run_dir = prepare_run_dir(run_dir_of(cfg))
+    lock = RunDirLock(run_dir)
+    try:
+        forced = check_resumable(cfg, run_dir) if cfg.resume else None
+        run = Run(cfg, lock=lock)
+    except BaseException:
+        lock.release()
+        raise
+    try:
+        if cfg.resume:
+            if not run.resume():  # the checkpoints vanished since check_resumable: still not a fresh start
+                from posttrain.loop.run_dir import RunDirError
+
+                raise RunDirError(f"resume=true but {run_dir / 'checkpoints'} holds no complete checkpoint")
+            log.info("resumed %s at step %d", run.dir, run.state.step)
+            if forced:
+                keep = run.dir / f"config.step_{run.state.step:06d}.yaml"
+                os.replace(run.dir / "config.yaml", keep)
+                log.warning("resume_force: recipe changed (%s); the previous config is kept as %s", forced, keep)
+        write_text_atomic(run.dir / "config.yaml", dump_config(cfg))
+    except BaseException:
+        run.close()
+        raise
     return run

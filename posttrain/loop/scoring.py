@@ -1,8 +1,8 @@
 """Completions -> verified, rewarded trajectories (the "validate statuses -> score" stage).
 
-Every completion gets a :class:`~posttrain.rewards.Verdict`. A verifier that raises is an
-``infra_error`` (counted, never a zero reward); raw components are kept unweighted in the
-record alongside the weights and the composed total.
+Every completion gets a :class:`~posttrain.rewards.Verdict`. A verifier that raises, hangs past
+``reward.timeout_s`` or returns garbage is an ``infra_error`` (counted, never a zero reward); raw
+components are kept unweighted in the record alongside the weights and the composed total.
 """
 
 from __future__ import annotations
@@ -57,25 +57,21 @@ def score(
 ) -> tuple[list[Trajectory], dict[str, float]]:
     """Verify and reward ``completions`` (``examples[i]`` is the prompt of ``completions[i]``).
 
-    ``verify_batch`` (e.g. ``VerifierPool.verify_batch``) runs verification out of process;
-    without it verification runs in-process and an exception becomes ``infra_error``.
+    ``verify_batch`` (e.g. ``VerifierPool.verify_batch``, what a run passes: one guarded path for
+    training and held-out evaluation); without it a ``VerifierPool(workers=0)`` verifies
+    in-process under its default time limit, and an exception, a timeout or a non-Verdict becomes
+    ``infra_error`` (counted, never a zero reward).
     ``traj_ids`` (default ``s{step}-{i}``) and ``metas`` (extra JSON scalars per completion,
     e.g. partial-rollout accounting) name and annotate the records.
     Returns the trajectories and ``{"time/reward_s": ...}``.
     """
-    from posttrain.rewards import Verdict, compose
+    from posttrain.rewards import VerifierPool, compose
 
     t0 = time.perf_counter()
     texts = [decode_response(tokenizer, c) for c in completions]
-    if verify_batch is not None:
-        verdicts = verify_batch([(task.verifier, t, ex.reference, {}) for t, ex in zip(texts, examples, strict=True)])
-    else:
-        verdicts = []
-        for t, ex in zip(texts, examples, strict=True):
-            try:
-                verdicts.append(task.verifier.verify(t, ex.reference))
-            except Exception as e:  # noqa: BLE001 - an exception in a verifier is an infra error, counted
-                verdicts.append(Verdict(status=Status.INFRA_ERROR, components={}, explanation=f"{type(e).__name__}: {e}"))
+    if verify_batch is None:
+        verify_batch = VerifierPool(workers=0).verify_batch
+    verdicts = verify_batch([(task.verifier, t, ex.reference, {}) for t, ex in zip(texts, examples, strict=True)])
     shaping = _shaping_components(spec, [len(c.token_ids) for c in completions])
     verifier_id = f"{task.verifier.name}@{task.verifier.version}"
     trajs: list[Trajectory] = []

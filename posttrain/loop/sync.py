@@ -37,15 +37,23 @@ def train(cfg: RunConfig, *, progress: Any = None) -> RunState:
     trains on them and syncs the engine inside ``producer.quiesce()`` (no rollout call starts
     meanwhile). Samples generated but never consumed when the run ends are counted in
     ``RunState.unconsumed_samples``.
+
+    Any exception (``KeyboardInterrupt`` included) propagates after the producer and the run are
+    closed (run-directory lock released); the checkpoints already written are untouched, so
+    ``resume=true`` continues from the last one (at most ``checkpoint_every`` steps are redone).
     """
     from posttrain.loop.producer import build_producer
 
-    run = open_run(cfg)  # builds model/task/engine/learner, resumes if asked, writes config.yaml
+    run = open_run(cfg)  # locks run_dir, builds model/task/engine/learner, resumes if asked, writes config.yaml
     st = run.state
-    if st.step == 0:
-        run.warmup_and_baseline(progress)  # SFT (if configured) and the step-0 held-out eval
-    task_bar = progress.add_task("RL", total=cfg.steps, completed=st.step) if progress else None
-    producer = build_producer(cfg, run)  # after the warm-up: a worker thread samples from the warm weights
+    try:
+        if st.step == 0:
+            run.warmup_and_baseline(progress)  # SFT (if configured) and the step-0 held-out eval
+        task_bar = progress.add_task("RL", total=cfg.steps, completed=st.step) if progress else None
+        producer = build_producer(cfg, run)  # after the warm-up: a worker thread samples from the warm weights
+    except BaseException:
+        run.close()
+        raise
     run.inflight_count = producer_inflight(producer)
     try:
         while st.step < cfg.steps:
@@ -61,8 +69,10 @@ def train(cfg: RunConfig, *, progress: Any = None) -> RunState:
                 run.stop(stop_reason)
                 break
     finally:
-        st.unconsumed_samples = producer.close()
-        run.close()
+        try:
+            st.unconsumed_samples = producer.close()
+        finally:
+            run.close()
     return st
 
 

@@ -12,16 +12,22 @@ or ``spawn`` context). Two time limits guard it:
 A verifier that raises, times out or takes its worker down is retried up to ``retries`` times;
 then the item's verdict is ``infra_error`` (no components: never a zero reward), and it is
 counted. Calls that were merely in flight when the pool was restarted are resubmitted without
-using up an attempt. ``workers=0`` verifies in-process (exceptions still become infra errors;
-no time limit).
+using up an attempt. ``workers=0`` verifies in-process through :func:`call_guarded`: each call
+runs in a daemon thread joined with ``timeout_s``; a call still running then is interrupted
+(an asynchronous :class:`VerifierTimeout` stops a pure-Python loop at its next bytecode) and
+abandoned (a thread stuck in C code cannot be stopped, but no longer blocks the run). Same
+retries, same counts, same ``infra_error`` verdicts as with workers.
 """
 
 from __future__ import annotations
 
 import collections
 import concurrent.futures as cf
+import ctypes
+import math
 import multiprocessing as mp
 import signal
+import threading
 import time
 from collections.abc import Mapping, Sequence
 from concurrent.futures.process import BrokenProcessPool
@@ -63,16 +69,71 @@ def run_one(verifier: Verifier, response: str, reference: Any, context: Mapping[
         signal.setitimer(signal.ITIMER_REAL, timeout_s)
     try:
         v = verifier.verify(response, reference, **context)
-        if not isinstance(v, Verdict):
-            return "error", f"{verifier.name}.verify returned {type(v).__name__}, not a Verdict"
-        return "ok", v
+        return check_verdict(verifier, v)
     except VerifierTimeout:
-        return "timeout", f"{verifier.name} exceeded {timeout_s:g}s"
+        return "timeout", f"{verifier.name} exceeded {timeout_s or 0:g}s"  # None: call_guarded's interrupt
     except Exception as e:  # noqa: BLE001 - becomes a counted infra error, see docstring
         return "error", f"{verifier.name} raised {type(e).__name__}: {e}"[:500]
     finally:
         if timeout_s:
             signal.setitimer(signal.ITIMER_REAL, 0)
+
+
+def check_verdict(verifier: Any, v: Any) -> tuple[str, Any]:
+    """``("ok", v)`` for a well-formed :class:`Verdict`, else ``("error", why)``.
+
+    A verifier's return value is not trusted: a non-Verdict, or a Verdict whose components were
+    made non-finite after construction (``Verdict.__post_init__`` checks only at creation), would
+    otherwise reach the reward as garbage instead of being a counted infra error.
+    """
+    name = getattr(verifier, "name", type(verifier).__name__)
+    if not isinstance(v, Verdict):
+        return "error", f"{name}.verify returned {type(v).__name__}, not a Verdict"
+    try:
+        bad = [k for k, x in v.components.items() if not math.isfinite(float(x))]
+    except (TypeError, ValueError) as e:
+        return "error", f"{name}.verify returned non-numeric components: {e}"
+    if bad:
+        return "error", f"{name}.verify returned non-finite components {bad}"
+    return "ok", v
+
+
+def _async_raise(thread: threading.Thread, exc: type[BaseException]) -> None:
+    """Raise ``exc`` in ``thread`` at its next bytecode (CPython; no effect while it sits in C code)."""
+    if thread.ident is not None:
+        ctypes.pythonapi.PyThreadState_SetAsyncExc(ctypes.c_ulong(thread.ident), ctypes.py_object(exc))
+
+
+def call_guarded(verifier: Verifier, response: str, reference: Any, context: Mapping[str, Any],
+                 timeout_s: float | None) -> tuple[str, Any]:
+    """:func:`run_one` in this process, under a wall-clock limit that works from any thread.
+
+    Returns ``run_one``'s ``(kind, payload)``. With ``timeout_s``, the call runs in a daemon thread
+    joined for ``timeout_s``: ``signal.setitimer`` cannot be used because the loop verifies from
+    producer threads too, and a thread cannot be killed. A call still running at the deadline gets
+    an asynchronous :class:`VerifierTimeout` (stops a pure-Python infinite loop) and is abandoned
+    either way (a call blocked in C keeps its daemon thread until it returns, without blocking the
+    run or its exit); the result is ``("timeout", msg)``. ``timeout_s=None``: a direct call.
+    """
+    if not timeout_s:
+        return run_one(verifier, response, reference, context, None)
+    box: list[tuple[str, Any]] = []
+
+    def body() -> None:
+        try:
+            box.append(run_one(verifier, response, reference, context, None))
+        except VerifierTimeout:  # the async interrupt below: the caller already reported the timeout
+            pass
+
+    t = threading.Thread(target=body, name=f"verify-{getattr(verifier, 'name', '?')}", daemon=True)
+    t.start()
+    t.join(timeout_s)
+    if box:
+        return box[0]
+    if t.is_alive():
+        _async_raise(t, VerifierTimeout)
+    name = getattr(verifier, "name", type(verifier).__name__)
+    return "timeout", f"{name} exceeded {timeout_s:g}s (in-process call abandoned)"
 
 
 class VerifierPool:
@@ -200,15 +261,21 @@ class VerifierPool:
         return out
 
     def _in_process(self, item: Item) -> Verdict:
+        # The same time limit, retries and counts as the worker path (see call_guarded).
         v, resp, ref, ctx = item
-        self.counts["attempts"] += 1
-        kind, payload = run_one(v, resp, ref, ctx, None)
-        if kind == "ok":
-            self.counts["ok"] += 1
-            return payload  # type: ignore[no-any-return]
-        self.counts["errors"] += 1
-        self.counts["infra_error"] += 1
-        return infra_error(str(payload))
+        attempts = 0
+        while True:
+            attempts += 1
+            self.counts["attempts"] += 1
+            kind, payload = call_guarded(v, resp, ref, dict(ctx), self.timeout_s)
+            if kind == "ok":
+                self.counts["ok"] += 1
+                return payload  # type: ignore[no-any-return]
+            self.counts["timeouts" if kind == "timeout" else "errors"] += 1
+            if attempts > self.retries:
+                self.counts["infra_error"] += 1
+                return infra_error(f"{payload} (after {attempts} attempt(s))")
+            self.counts["retries"] += 1
 
     def metrics(self) -> dict[str, float]:
         """``{"verify/<count>": value}`` for the metrics log."""

@@ -138,7 +138,8 @@ def test_sigkill_mid_step_then_resume_matches_uninterrupted_run(tmp_path):
     _sigkill_once_hung(run, cut_dir, marker, env)
     assert Ledger(cut_dir / "ledger").steps() == [1, 2]  # the killed step left nothing in the ledger
 
-    _run_ok([*run, f"run_dir={cut_dir}", "resume=true"], env)
+    # The resume drops the fault-injection knob (task.kwargs.hang_when): a recipe change, so forced.
+    _run_ok([*run, f"run_dir={cut_dir}", "resume=true", "resume_force=true"], env)
     a, b = Ledger(ref_dir / "ledger"), Ledger(cut_dir / "ledger")
     assert a.steps() == b.steps() == [1, 2, 3, 4]
     ta_all, tb_all = a.read_trajectories(), b.read_trajectories()
@@ -174,7 +175,7 @@ def test_async_learner_sigkill_then_resume_discards_and_counts_the_queue(tmp_pat
     inflight = json.loads((last / "meta.json").read_text())["extra"]["run_state"]["inflight_at_checkpoint"]
     assert inflight > 0  # async: samples were queued or in flight when that checkpoint was written
 
-    _run_ok([*run, f"run_dir={cut_dir}", "resume=true"], env)
+    _run_ok([*run, f"run_dir={cut_dir}", "resume=true", "resume_force=true"], env)  # without hang_when: forced
     led = Ledger(cut_dir / "ledger")
     assert led.steps() == [1, 2, 3, 4]
     ids = [t.traj_id for t in led.read_trajectories()]
