@@ -577,3 +577,57 @@ def test_escape_setsid_survivor_is_killed(level):
     if level == S.RLIMITS_ONLY and os.geteuid() != 0:
         pytest.skip("rlimits-only without root has no per-run uid to kill by; documented")
     assert _alive(marker) == []
+
+
+def test_value_codec_round_trips_builtins_and_rejects_everything_else():
+    from posttrain.rewards import sandbox_harness as H
+
+    def no_handles(o):
+        raise TypeError(type(o).__name__)
+
+    values = [None, True, 0, -(10**5000), 2.5, float("inf"), 1 + 2j, "é\ud800", b"\x00", bytearray(b"a"),
+              [1, (2, {3}), frozenset({4})], {"k": [1], (1, 2): None}]
+    for v in values:
+        back = H.decode(H.encode(v, no_handles), no_handles)
+        assert back == v and type(back) is type(v)
+    nan = H.decode(H.encode(float("nan"), no_handles), no_handles)
+    assert nan != nan
+
+    class Liar(int):
+        def __eq__(self, o):
+            return True
+
+    with pytest.raises(TypeError, match="Liar"):
+        H.encode([1, Liar(2)], no_handles)
+    with pytest.raises(ValueError, match="nested"):
+        deep: list = []
+        for _ in range(H.MAX_DEPTH + 5):
+            deep = [deep]
+        H.encode(deep, no_handles)
+    for bad in [None, [], ["?"], ["i", 5], ["i", "zz"], ["l", "x"], ["d", [[["n"]]]], ["h", "1"], ["b", 1],
+                ["d", [[["l", []], ["n"]]]], {"outcome": "ok"}]:
+        with pytest.raises(H.ProtocolError):
+            H.decode(bad, lambda h: h)
+
+
+@pytest.mark.parametrize("level", S.LEVELS)
+def test_escape_garbage_on_the_rpc_pipe_is_a_failure_not_a_pass(level):
+    code = ("import os, struct\nfor fd in range(3, 64):\n    try:\n"
+            "        os.write(fd, struct.pack('>I', 40) + b'{\"ok\": [\"b\", true]}' + b' ' * 20)\n"
+            "        os.write(fd, b'\\xff' * 64)\n    except OSError:\n        pass\n" + WRONG_F)
+    r = S.run_python(code, tests=F_TESTS, isolation=_at(level), limits=FAST)
+    assert r.outcome != "sandbox_error" and not _forged(r), r
+
+
+def test_sandbox_failure_is_told_by_the_handshake_not_by_output(monkeypatch):
+    if S.BWRAP not in LEVELS:
+        pytest.skip(f"bwrap unavailable: {S._probe(S.BWRAP)}")
+    real = S._bwrap_cmd
+    monkeypatch.setattr(S, "_bwrap_cmd", lambda py, disk: [*real(py, disk)[:-1], "--bind", "/nonexistent-posttrain",
+                                                            "/x", "--"])
+    r = S.run_python("print('fine')", isolation=S.BWRAP, limits=FAST)
+    assert r.outcome == "sandbox_error" and "before the harness started" in r.reason, r
+    monkeypatch.undo()
+    # a task whose files cannot be written is the setup's failure too, reported by the harness
+    r = S.run_python("pass", files={"a": "x", "a/b": "y"}, isolation=LEVELS[0], limits=FAST)
+    assert r.outcome == "sandbox_error" and "harness setup" in r.reason, r
