@@ -395,7 +395,10 @@ class Remote:
 
 
 class _TestGlobals(dict):  # type: ignore[type-arg]
-    """Test globals: builtins are the harness' own; other names the solution defined are proxies."""
+    """Test globals: builtins are the harness' own; a standard-library module the solution
+    imported is the harness' own import of it (else a test computing its expected value with
+    ``math.sqrt`` would use the solution's, patched, ``math``); other names the solution defined
+    are proxies. Names a test defines or imports itself are plain entries and win."""
 
     def __init__(self, conn: _Conn, names: set[str]) -> None:
         super().__init__()
@@ -403,6 +406,10 @@ class _TestGlobals(dict):  # type: ignore[type-arg]
 
     def __missing__(self, name: str) -> Any:
         if name in self.names and not hasattr(builtins, name):
+            if name in getattr(sys, "stdlib_module_names", ()):
+                import importlib
+
+                return importlib.import_module(name)
             return self.conn.ask({"op": "global", "name": name})
         raise KeyError(name)
 

@@ -330,9 +330,12 @@ LYING_VALUES = {
                                "builtins.AssertionError = type('AssertionError', (BaseException,), {})\n"
                                "def f(x):\n    return -1\n",
     "patched-operator-eq": "import operator\noperator.eq = lambda a, b: True\ndef f(x):\n    return -1\n",
+    # the tests below use `math` without importing it: they get the harness' math, not this one
+    "patched-stdlib-module": "import math\nmath.sqrt = lambda x: -1\nmath.pi = -1\ndef f(x):\n    return -1\n",
+    "stdlib-name-rebound": "class M:\n    sqrt = staticmethod(lambda x: -1)\nmath = M()\ndef f(x):\n    return -1\n",
 }
 LIE_TESTS = ["assert f(2) == 4", "assert sorted(f([3, 1, 2])) == [1, 2, 3]", "assert len(f('abc')) == 3",
-             "assert abs(f(-4)) == 4"]
+             "assert abs(f(-4)) == 4", "assert abs(f(2) - math.sqrt(2)) < 1e-9"]
 
 
 @pytest.mark.parametrize("level", S.LEVELS)
