@@ -474,7 +474,8 @@ def _supervise(proc: subprocess.Popen[bytes], rfd: int, nonce: str, stdin: str, 
         pass
     out_fd, err_fd = proc.stdout.fileno(), proc.stderr.fileno()
     bufs: dict[int, bytearray] = {out_fd: bytearray(), err_fd: bytearray(), rfd: bytearray()}
-    caps = {out_fd: limits.output_bytes, err_fd: limits.output_bytes, rfd: 1 << 20}
+    # The report is the harness' (per test at most ~400 bytes): its cap is never the program's doing.
+    caps = {out_fd: limits.output_bytes, err_fd: limits.output_bytes, rfd: 64 << 20}
     sel = selectors.DefaultSelector()
     for fd in bufs:
         os.set_blocking(fd, False)
