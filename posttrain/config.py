@@ -16,6 +16,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from posttrain.loop.backends.config import RayBackendConfig
+from posttrain.rollout.config import RolloutConfig
 
 RECIPES_DIR = Path(__file__).parent / "recipes"
 _log = logging.getLogger(__name__)
@@ -277,6 +278,7 @@ class RunConfig(_Section):
     optim: OptimConfig = Field(default_factory=OptimConfig)
     critic: CriticConfig = Field(default_factory=CriticConfig)
     system: SystemConfig = Field(default_factory=SystemConfig)
+    rollout: RolloutConfig = Field(default_factory=RolloutConfig, description="the rollout engine (docs/rollout.md)")
     eval: EvalConfig = Field(default_factory=EvalConfig)
     sft: SFTConfig = Field(default_factory=SFTConfig)
     guards: GuardsConfig = Field(default_factory=GuardsConfig)
@@ -304,6 +306,8 @@ class RunConfig(_Section):
         if self.system.max_queue is not None and self.system.max_queue < self.sampling.group_size:
             raise ValueError(f"system.max_queue={self.system.max_queue} cannot hold one group of "
                              f"sampling.group_size={self.sampling.group_size} samples")
+        if self.rollout.engine == "vllm" and self.rollout.vllm.dtype == "auto" and self.model.dtype == "float64":
+            raise ValueError("rollout.vllm.dtype: vLLM has no float64; set model.dtype=float32 or rollout.vllm.dtype")
         if self.loss.kl_coef > 0 and self.loss.kl_estimator is None:
             raise ValueError("loss.kl_coef > 0 needs loss.kl_estimator (k1, k2 or k3)")
         check_algo_kwargs(self)

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import copy
 import importlib
+from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -62,12 +64,90 @@ def build_task(cfg: RunConfig) -> Any:
         raise ValueError(f"task.kwargs {cfg.task.kwargs} do not fit task {name!r}: {e}") from None
 
 
-def build_engine(model: torch.nn.Module, tokenizer: Any) -> Any:
-    """A built-in rollout engine over its own copy of the weights (synced after each update)."""
-    from posttrain.rollout.builtin import BuiltinEngine
+def build_engine(model: torch.nn.Module, tokenizer: Any, cfg: RunConfig | None = None,
+                 workdir: Path | None = None) -> Any:
+    """The rollout engine of ``cfg.rollout.engine`` in this process (the local backend, every system mode).
 
-    return BuiltinEngine(copy.deepcopy(model).eval(), tokenizer, eos_token_id=tokenizer.eos_token_id,
-                         pad_token_id=tokenizer.pad_token_id or 0)
+    builtin (also with ``cfg=None``: evaluation and checks): a :class:`BuiltinEngine` over its own
+    copy of the weights (synced after each update); vllm / http: see :func:`engine_factory`.
+    ``workdir``: the run directory (the vLLM engine's model export and server log go under it).
+    """
+    if cfg is None or cfg.rollout.engine == "builtin":
+        from posttrain.rollout.builtin import BuiltinEngine
+
+        # The tokenizer travels along in-process (stop strings); the Ray factory stays tokenizer-free.
+        return BuiltinEngine(copy.deepcopy(model).eval(), tokenizer, eos_token_id=tokenizer.eos_token_id,
+                             pad_token_id=tokenizer.pad_token_id or 0)
+    if workdir is None:
+        raise ValueError(f"rollout.engine={cfg.rollout.engine} needs a run directory for its engine files")
+    return engine_factory(cfg, model, tokenizer, workdir)()
+
+
+def engine_factory(cfg: RunConfig, model: torch.nn.Module, tokenizer: Any, workdir: Path) -> Callable[[], Any]:
+    """A picklable zero-argument factory of the ``cfg.rollout.engine`` engine (the Ray rollout workers
+    call it once per process, again after a restart; :func:`build_engine` calls it locally).
+
+    builtin: a copy of ``model``; vllm: ``model`` is exported now to ``workdir/engine_model``
+    (safetensors) and each call starts a vLLM engine on it (a 127.0.0.1 server in
+    ``rollout.vllm.python``'s environment, or in-process when that is null); http: each call connects
+    to ``rollout.http.url`` and loads ``model``'s weights into it as version 0.
+    """
+    rc = cfg.rollout
+    eos, pad = tokenizer.eos_token_id, tokenizer.pad_token_id or 0
+    if rc.engine == "builtin":
+        from posttrain.loop.backends import builtin_engine_factory
+
+        return builtin_engine_factory(model, eos_token_id=eos, pad_token_id=pad)  # type: ignore[no-any-return]
+    if rc.engine == "http":
+        return _HTTPEngineFactory(rc.http.model_dump(), {k: v.detach().cpu().clone() for k, v in model.state_dict().items()})
+    export = Path(workdir) / "engine_model"
+    export.mkdir(parents=True, exist_ok=True)
+    model.save_pretrained(str(export), safe_serialization=True)
+    v = rc.vllm
+    dtype = v.dtype if v.dtype != "auto" else cfg.model.dtype
+    kwargs = dict(model=str(export), dtype=dtype, max_model_len=v.max_model_len, kv_cache_gib=v.kv_cache_gib,
+                  gpu_memory_utilization=v.gpu_memory_utilization, enforce_eager=v.enforce_eager,
+                  seed=cfg.seed if v.seed is None else v.seed, eos_token_id=eos)
+    py = v.python_path()
+    return _VLLMEngineFactory(None if py is None else str(py), kwargs, str(Path(workdir) / "engine_server.log"),
+                              v.startup_timeout_s, v.timeout_s)
+
+
+class _VLLMEngineFactory:
+    """Picklable: starts ``build_vllm_engine(**kwargs)`` in ``python``'s environment (a server), or here."""
+
+    def __init__(self, python: str | None, kwargs: dict[str, Any], log_path: str, startup_timeout_s: float,
+                 timeout_s: float) -> None:
+        self.python, self.kwargs, self.log_path = python, kwargs, log_path
+        self.startup_timeout_s, self.timeout_s = startup_timeout_s, timeout_s
+
+    def __call__(self) -> Any:
+        if self.python is None:
+            from posttrain.rollout.vllm_engine import build_vllm_engine
+
+            return build_vllm_engine(**self.kwargs)
+        from posttrain.rollout.server_process import SpawnedEngine
+
+        return SpawnedEngine(self.python, "posttrain.rollout.vllm_engine:build_vllm_engine", self.kwargs,
+                             log_path=self.log_path, startup_timeout_s=self.startup_timeout_s,
+                             timeout_s=self.timeout_s, weights_timeout_s=self.timeout_s)
+
+
+class _HTTPEngineFactory:
+    """Picklable: connects to a running engine server and loads the run's initial weights (version 0)."""
+
+    def __init__(self, settings: dict[str, Any], state: dict[str, torch.Tensor]) -> None:
+        self.settings, self.state = settings, state
+
+    def __call__(self) -> Any:
+        from posttrain.rollout.http_engine import HTTPEngine
+
+        s = self.settings
+        eng = HTTPEngine(s["url"], timeout_s=s["timeout_s"], weights_timeout_s=s["weights_timeout_s"])
+        eng.wait_ready(s["connect_timeout_s"])
+        # The server may hold other weights: the run starts from its own (checksummed on arrival).
+        eng.update_weights(self.state, version=0)
+        return eng
 
 
 def build_learner(cfg: RunConfig, model: torch.nn.Module) -> Any:

@@ -156,12 +156,15 @@ class GroupRollout:
         """Samples generated (fully or partly) but not emitted: carried plus finished in open groups."""
         return len(self.carry) + sum(len(g.done) for g in self.groups.values())
 
-    def run_call(self, call: int) -> tuple[list[list[Trajectory]], dict[str, float]]:
+    def run_call(self, call: int, *, round_idx: int = 0, n_prompts: int | None = None
+                 ) -> tuple[list[list[Trajectory]], dict[str, float]]:
         """One engine call: fresh prompts of slot ``call`` (step ``call + 1``) + resumed samples.
 
         Returns the groups completed by this call (scored, in creation order) and the call's
         metrics. Fresh requests are exactly those of the sync loop (same ids and seeds), so with
         lambda = 1 and nothing carried the call is the sync rollout of step ``call + 1``.
+        ``round_idx`` / ``n_prompts``: the dynamic-sampling rounds of one step (:meth:`run_dynamic`)
+        draw ``n_prompts`` fresh prompts under their own request ids and seeds.
         """
         from posttrain.rollout.types import GenerationRequest
 
@@ -194,12 +197,14 @@ class GroupRollout:
         n_fresh = self.N if self.lam >= 1.0 else max(0, self.N - len(reqs) // self.K)
         if n_fresh == 0 and not reqs:
             n_fresh = self.N
+        if n_prompts is not None:
+            n_fresh = n_prompts
         fresh: list[Any] = []
         if n_fresh:
             examples = run.next_prompts(n_fresh)
-            seed = cfg.seed * 1_000_003 + step * 101
+            seed = cfg.seed * 1_000_003 + step * 101 + round_idx
             for i, ex in enumerate(examples):
-                rid = f"s{step}r0p{i}-{ex.prompt_id}"
+                rid = f"s{step}r{round_idx}p{i}-{ex.prompt_id}"
                 fresh.append(GenerationRequest(request_id=rid, prompt_ids=run.tokenizer(ex.prompt).input_ids,
                                                params=dataclasses.replace(self.stage.sampling, seed=seed + i)))
                 self.groups[rid] = _Group(rid, ex, call, self.K)
@@ -319,6 +324,41 @@ class GroupRollout:
         })
         return out, info
 
+    def run_dynamic(self, step: int) -> tuple[list[Trajectory], dict[str, float]]:
+        """Dynamic sampling (DAPO) for step ``step``: rounds of :meth:`run_call` until the batch holds
+        ``prompts_per_step`` groups whose valid rewards differ, or ``max_sampling_rounds`` is reached.
+
+        A group whose rewards are all equal carries no group signal and is dropped; infra errors
+        are excluded from that judgement and stay in the batch (counted, never trained) as in every
+        other call. The shortfall is
+        reported (``sampling/shortfall_groups``), never hidden.
+        """
+        from posttrain.trajectory import Status
+
+        out: list[Trajectory] = []
+        infos: list[dict[str, float]] = []
+        kept = dropped = rounds = 0
+        need = self.N
+        while rounds < self.cfg.sampling.max_sampling_rounds and need > 0:
+            groups, info = self.run_call(step - 1, round_idx=rounds, n_prompts=need)
+            infos.append(info)
+            rounds += 1
+            for g in groups:
+                rewards = {t.reward.total for t in g if t.status is not Status.INFRA_ERROR}
+                if len(rewards) > 1 and kept < self.N:
+                    kept += 1
+                    out.extend(g)
+                else:
+                    dropped += 1
+                    # Infra errors stay in the batch (excluded from the update, counted in
+                    # status/infra_error) exactly as in a call without dynamic sampling.
+                    out.extend(t for t in g if t.status is Status.INFRA_ERROR)
+            need = self.N - kept
+        info = merge_infos(infos)
+        info.update({"sampling/rounds": float(rounds), "sampling/dropped_groups": float(dropped),
+                     "sampling/shortfall_groups": float(max(need, 0))})
+        return out, info
+
     def _drop(self, gid: str) -> None:
         g = self.groups.get(gid)
         if g is not None:
@@ -385,7 +425,7 @@ class SyncProducer:
     def next_batch(self, step: int) -> Produced:
         """Step ``step``'s trajectories (dynamic sampling, or one :meth:`GroupRollout.run_call`)."""
         if self.cfg.sampling.dynamic_sampling:
-            trajs, info = self.stage.collect(step)
+            trajs, info = self.rollout.run_dynamic(step)
         else:
             groups, info = self.rollout.run_call(step - 1)
             trajs = [t for g in groups for t in g]

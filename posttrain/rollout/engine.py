@@ -24,6 +24,10 @@ class RolloutEngine(Protocol):
       A paused completion resumes through ``GenerationRequest(resume=completion)``.
     - ``update_weights(state_dict, version)`` copies weights in place; ``version`` becomes the
       given one, or ``version + 1`` when ``None``.
+    - Greedy (``temperature == 0``): the behaviour distribution is the point mass on the argmax, so
+      every sampled token's log-prob is exactly ``0.0`` (an engine whose sampler reports
+      ``log_softmax(logits)`` there, like vLLM, maps it to 0; the learner's tempered recomputation
+      is not a greedy policy, so greedy samples are for evaluation, not off-policy-corrected updates).
 
     Optional attribute ``reproducible_resume: bool`` (absent = ``False``): pause + resume with
     unchanged weights yields exactly the tokens of an uninterrupted run (true for the built-in

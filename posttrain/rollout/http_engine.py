@@ -7,7 +7,8 @@ process; the learner's process talks to it through :class:`HTTPEngine`, which im
 Server (``python -m posttrain.rollout.http_engine --factory module:callable [--kwargs JSON]``):
 builds the engine with ``callable(**kwargs)``, binds ``--host`` (127.0.0.1 by default; any other
 address needs ``--allow-remote``), port ``--port`` (0: a free one), prints ``LISTENING <port>`` on
-stdout, and serves until SIGTERM/SIGINT or ``POST /shutdown``. A threading server, so ``/pause``
+stdout, and serves until SIGTERM/SIGINT, ``POST /shutdown`` or (``--exit-on-stdin-eof``, used by
+:class:`~posttrain.rollout.server_process.SpawnedEngine`) the end of its stdin. A threading server, so ``/pause``
 is answered while a ``/generate`` runs.
 
 =====================  =======================================================================
@@ -237,6 +238,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--allow-remote", action="store_true", help="allow a non-loopback --host")
     ap.add_argument("--threads", type=int, default=0, help="torch threads (0: torch default)")
     ap.add_argument("--verbose", action="store_true")
+    ap.add_argument("--exit-on-stdin-eof", action="store_true",
+                    help="stop when stdin closes (the parent that started this server died or let go)")
     a = ap.parse_args(argv)
     if a.threads:
         torch.set_num_threads(a.threads)
@@ -248,6 +251,14 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     signal.signal(signal.SIGTERM, stop)
     signal.signal(signal.SIGINT, stop)
+    if a.exit_on_stdin_eof:
+        # A parent that owns this server holds our stdin open; its exit (even a SIGKILL) closes it.
+        def watch_stdin() -> None:
+            while sys.stdin.buffer.read(65536):
+                pass
+            server.shutdown()
+
+        threading.Thread(target=watch_stdin, name="stdin-watch", daemon=True).start()
     print(f"LISTENING {server.port}", flush=True)
     try:
         server.serve_forever(poll_interval=0.2)

@@ -1,6 +1,8 @@
-"""vLLM adapter behind the :class:`~posttrain.rollout.engine.RolloutEngine` protocol (GPU, optional extra).
+"""vLLM adapter behind the :class:`~posttrain.rollout.engine.RolloutEngine` protocol.
 
-``pip install 'posttrain[vllm]'``. Nothing here imports vLLM at module load: the translation
+Users select it with ``rollout.engine=vllm``; vLLM then runs in its own environment (``make
+vllm-env``; CPU or CUDA build) as a 127.0.0.1 server started by the trainer with
+:func:`build_vllm_engine` as its factory (docs/rollout.md). Nothing here imports vLLM at module load: the translation
 functions below work on plain attributes (duck types), so they are unit-tested on CPU with
 recorded shapes (``tests/rollout/test_vllm_translation.py``); only :class:`VLLMEngine` needs vLLM.
 
@@ -27,8 +29,8 @@ How the contract maps onto vLLM (API names as of vLLM 0.10-0.11, V1 engine):
   ``reproducible_resume = False`` (a resume extends the paused tokens; it does not reproduce the
   uninterrupted run).
 - **update_weights**: ``llm.collective_rpc(fn, args=(items,))`` runs ``fn(worker, items)`` on
-  every worker, which calls ``worker.model_runner.model.load_weights(weights=items)`` (vLLM models
-  accept Hugging Face parameter names); then ``llm.reset_prefix_cache()`` so no KV block computed
+  every worker, which calls ``worker.model_runner.reload_weights(weights_iterator=...)`` (or
+  ``model.load_weights`` on older versions; vLLM models accept Hugging Face parameter names); then ``llm.reset_prefix_cache()`` so no KV block computed
   with the old weights is reused. With the multiprocessing executor a callable needs
   ``VLLM_ALLOW_INSECURE_SERIALIZATION=1`` (set by the constructor when unset).
 """
@@ -47,7 +49,7 @@ from posttrain.rollout.engine import eos_id_set, validate_requests
 from posttrain.rollout.sampling import SamplingParams, _splitmix64
 from posttrain.rollout.types import Completion, GenerationRequest
 
-INSTALL_HINT = "the vLLM engine needs vllm: pip install 'posttrain[vllm]'"
+INSTALL_HINT = "the vLLM engine needs vllm: build its environment with `make vllm-env` (docs/rollout.md)"
 
 
 def require_vllm() -> Any:
@@ -153,12 +155,17 @@ def completion_from_output(
     """One :class:`Completion` from a vLLM ``CompletionOutput``-like object (one sample, cumulative).
 
     Reads ``output.token_ids``, ``output.logprobs``, ``output.finish_reason``, ``output.stop_reason``.
-    For a resumed request (``request.resume`` set) the new tokens extend the paused completion's
+    At temperature 0 every log-prob is 0.0 (the protocol's greedy definition, see
+    :class:`~posttrain.rollout.engine.RolloutEngine`). For a resumed request (``request.resume`` set) the new tokens extend the paused completion's
     tokens, log-probs and versions; the new tokens get ``version``. ``finished=False`` forces
     ``"paused"`` (an aborted or still-running request).
     """
     new = [int(t) for t in output.token_ids]
     lps = sampled_logprobs(new, output.logprobs)
+    if request.params.temperature == 0:
+        # Greedy: the behaviour distribution is the point mass on the argmax, so log mu = 0 (the
+        # protocol's one definition). vLLM reports log_softmax(logits) of the argmax here instead.
+        lps = [0.0] * len(new)
     reason = finish_reason_of(output.finish_reason, getattr(output, "stop_reason", None), eos_ids)
     if finished is False:
         reason = "paused"
@@ -177,8 +184,18 @@ def completion_from_output(
 
 
 def _load_weights_on_worker(worker: Any, items: list[tuple[str, torch.Tensor]]) -> None:
-    """Run inside a vLLM worker (``collective_rpc``): load HF-named tensors into its model."""
-    worker.model_runner.model.load_weights(weights=items)
+    """Run inside a vLLM worker (``collective_rpc``): load HF-named tensors into its model.
+
+    ``model_runner.reload_weights`` (vLLM >= 0.2x) restores the checkpoint-format parameters,
+    loads, and re-runs the post-load processing: on the CPU build linear weights are repacked for
+    oneDNN and the plain parameters dropped, so a bare ``model.load_weights`` would have nothing to
+    copy into. Older versions have only ``load_weights``.
+    """
+    runner = worker.model_runner
+    if hasattr(runner, "reload_weights"):
+        runner.reload_weights(weights_iterator=iter(items), is_checkpoint_format=True)
+    else:
+        runner.model.load_weights(weights=items)
 
 
 # ---------------------------------------------------------------------------------------------- engine
@@ -246,7 +263,8 @@ class VLLMEngine:
         vLLM's ``load_weights`` copies into its existing parameters (fused projections are
         filled from the HF names). Waits for a running ``generate`` (call :meth:`pause` first).
         """
-        items = [(k, v.detach()) for k, v in state_dict.items()]
+        # clone: tensors received over HTTP view a bytes buffer, which vLLM's RPC cannot pickle
+        items = [(k, v.detach().clone()) for k, v in state_dict.items()]
         with self._lock:
             if items:
                 self.llm.collective_rpc(_load_weights_on_worker, args=(items,))
@@ -319,3 +337,26 @@ class VLLMEngine:
             self._pause.clear()
         order = {vid: (plan[vid][0], plan[vid][2]) for vid in plan}
         return [results[v] for v in sorted(plan, key=lambda v: order[v])]
+
+
+def build_vllm_engine(model: str, *, dtype: str = "float32", max_model_len: int | None = None,
+                      kv_cache_gib: int = 1, gpu_memory_utilization: float = 0.5, enforce_eager: bool = True,
+                      seed: int = 0, eos_token_id: int | list[int] | None = None, version: int = 0) -> VLLMEngine:
+    """A :class:`VLLMEngine` on the Hugging Face model directory ``model`` (the server factory of
+    ``rollout.engine=vllm``; keys as in ``rollout.vllm``).
+
+    Without CUDA (vLLM's CPU build) the KV cache is ``kv_cache_gib`` GiB (``VLLM_CPU_KVCACHE_SPACE``,
+    read when vLLM starts) and ``gpu_memory_utilization`` is not passed; with CUDA the reverse.
+    """
+    # One process (engine core and worker in the server process): start-up imports vLLM once instead
+    # of three times, and weight updates reach the model without a pickled RPC.
+    os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+    kwargs: dict[str, Any] = dict(dtype=dtype, seed=int(seed), enforce_eager=bool(enforce_eager),
+                                  distributed_executor_backend="uni")
+    if max_model_len is not None:
+        kwargs["max_model_len"] = int(max_model_len)
+    if torch.cuda.is_available():
+        kwargs["gpu_memory_utilization"] = float(gpu_memory_utilization)
+    else:
+        os.environ["VLLM_CPU_KVCACHE_SPACE"] = str(int(kv_cache_gib))
+    return VLLMEngine(model, eos_token_id=eos_token_id, version=version, **kwargs)

@@ -1,8 +1,10 @@
 """Engine-agnostic conformance suite: every rollout engine must pass it.
 
-The parametrisation lists the engines available on this machine: the built-in engine always,
-vLLM only when it is importable and a CUDA device is present (so on a CPU box the vLLM entry is
-simply absent, nothing is skipped). Reference values are computed independently of the engine:
+The parametrisation lists the built-in engine and vLLM (its own environment, ``make vllm-env``, CPU
+or CUDA build, driven as the ``rollout.engine=vllm`` server; one engine for the module, reloaded
+with the test model's weights by each test). Without that environment the vLLM cases fail with the
+command that builds it; ``POSTTRAIN_TEST_VLLM=0`` leaves them out explicitly (tests/rollout/_vllm_env.py).
+The test model has head_dim 32 (vLLM's CPU attention needs >= 32). Reference values are computed independently of the engine:
 a plain full-sequence forward pass of the same weights, and a hand-written numpy version of the
 behaviour distribution ``mu`` (temperature, then top-k, then top-p over the kept set, renormalised).
 """
@@ -10,12 +12,10 @@ behaviour distribution ``mu`` (temperature, then top-k, then top-p over the kept
 from __future__ import annotations
 
 import copy
-import importlib.util
 import sys
-import tempfile
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import numpy as np
@@ -30,6 +30,9 @@ from posttrain.rollout.types import Completion, GenerationRequest
 sys.path.insert(0, str(__import__("pathlib").Path(__file__).resolve().parents[1]))
 from _tolerance import shape_rtol  # noqa: E402
 
+sys.path.insert(0, str(__import__("pathlib").Path(__file__).resolve().parent))
+from _vllm_env import spawn_vllm, vllm_wanted  # noqa: E402
+
 CONTEXT = 64  # max_position_embeddings of the test model
 EOS = 1
 # A resumed sample re-runs its prefix as one prefill (another shape than step-by-step decoding):
@@ -43,32 +46,35 @@ def _make_builtin(model: torch.nn.Module) -> Any:
     return BuiltinEngine(copy.deepcopy(model), eos_token_id=EOS)
 
 
-def _make_vllm(model: torch.nn.Module) -> Any:  # pragma: no cover - needs a GPU
-    from posttrain.rollout.vllm_engine import VLLMEngine
-
-    d = tempfile.mkdtemp(prefix="posttrain_vllm_model_")
-    model.save_pretrained(d)
-    return VLLMEngine(d, dtype="float32", eos_token_id=EOS, seed=0, gpu_memory_utilization=0.3)
-
-
-def _engines() -> list[tuple[str, Callable[[torch.nn.Module], Any]]]:
-    engines: list[tuple[str, Callable[[torch.nn.Module], Any]]] = [("builtin", _make_builtin)]
-    if importlib.util.find_spec("vllm") is not None and torch.cuda.is_available():  # pragma: no cover
-        engines.append(("vllm", _make_vllm))
-    return engines
-
-
-ENGINES = _engines()
+ENGINES = ["builtin", "vllm"] if vllm_wanted() else ["builtin"]
 
 
 @pytest.fixture(scope="module")
 def model() -> torch.nn.Module:
-    return build_tiny_model("micro", seed=3, max_position_embeddings=CONTEXT, eos_token_id=EOS)
+    # micro with one head of 32 (head_dim 32) instead of 4 heads of 8: vLLM's CPU attention needs >= 32
+    return build_tiny_model("micro", seed=3, max_position_embeddings=CONTEXT, eos_token_id=EOS,
+                            num_attention_heads=1, num_key_value_heads=1)
 
 
-@pytest.fixture(params=[make for _, make in ENGINES], ids=[name for name, _ in ENGINES])
+@pytest.fixture(scope="module")
+def vllm_engine(model: torch.nn.Module, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
+    eng = spawn_vllm(model, tmp_path_factory.mktemp("vllm"), eos_token_id=EOS, max_model_len=CONTEXT)
+    yield eng
+    eng.close()
+
+
+@pytest.fixture(params=ENGINES)
 def make_engine(request: pytest.FixtureRequest) -> Callable[[torch.nn.Module], Any]:
-    return request.param  # type: ignore[no-any-return]
+    if request.param == "builtin":
+        return _make_builtin
+    eng = request.getfixturevalue("vllm_engine")
+
+    def make(model: torch.nn.Module) -> Any:
+        # the module's one vLLM engine, reloaded (checksummed) with the test's weights under a new version
+        eng.update_weights(model.state_dict(), version=eng.version + 1)
+        return eng
+
+    return make
 
 
 def _prompts(k: int, seed: int = 0, lo: int = 3, hi: int = 9) -> list[list[int]]:
