@@ -185,6 +185,32 @@ def test_completion_from_output_fresh_and_resumed() -> None:
     assert c3.finish_reason == "paused"
 
 
+def test_greedy_completion_records_log_prob_zero() -> None:
+    # vLLM reports log_softmax(logits) of the argmax at temperature 0; the protocol's mu is a point mass
+    req = GenerationRequest("g", [5, 6], SamplingParams(temperature=0.0, max_new_tokens=4))
+    out = CompletionOutput(0, "", [8, 9], -1.0, [{8: Logprob(-0.4)}, {9: Logprob(-0.6)}], "length", None)
+    c = completion_from_output(out, request=req, sample_index=0, seed=0, version=0, eos_ids=frozenset())
+    assert c.logprobs == [0.0, 0.0] and c.token_ids == [8, 9]
+
+
+def test_reload_weights_is_preferred_over_load_weights() -> None:
+    # vLLM's CPU build repacks linear weights and drops the plain parameters after loading, so an
+    # update must go through model_runner.reload_weights (restore, load, repack) when it exists.
+    got: list[Any] = []
+
+    class Runner:
+        model = type("M", (), {"load_weights": lambda self, weights: pytest.fail("bare load_weights used")})()
+
+        def reload_weights(self, weights_iterator: Any, is_checkpoint_format: bool) -> None:
+            got.extend(weights_iterator)
+            assert is_checkpoint_format
+
+    worker = type("W", (), {"model_runner": Runner()})()
+    items = [("model.embed_tokens.weight", torch.zeros(2))]
+    _load_weights_on_worker(worker, items)
+    assert got == items
+
+
 def test_load_weights_on_worker_calls_model_load_weights() -> None:
     got: list[Any] = []
     model = type("M", (), {"load_weights": lambda self, weights: got.extend(weights)})()
@@ -269,6 +295,6 @@ def test_bad_input_is_rejected_before_vllm_sees_it() -> None:
 
 def test_missing_vllm_raises_install_hint(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setitem(sys.modules, "vllm", None)  # makes `import vllm` raise ImportError
-    with pytest.raises(ImportError, match=r"pip install 'posttrain\[vllm\]'"):
+    with pytest.raises(ImportError, match=r"make vllm-env"):
         VLLMEngine("some/model")
-    assert "posttrain[vllm]" in INSTALL_HINT
+    assert "docs/rollout.md" in INSTALL_HINT
