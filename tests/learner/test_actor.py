@@ -389,3 +389,21 @@ def test_gradient_checkpointing_gives_the_same_gradients(
     dropout_model.config.attention_dropout = 0.1
     with pytest.raises(ValueError, match="attention_dropout"):
         PolicyLearner(dropout_model, gradient_checkpointing=True)
+
+
+def test_lora_update_raises_rewarded_rows(make_model, make_batch):
+    """LoRA adapters learn in the right direction: +1 rows up, -1 rows down (as full fine-tuning)."""
+    batch = make_batch(n=6)
+    mask = batch.action_mask.to(torch.float64)
+    adv = torch.tensor([1.0, 1.0, 1.0, -1.0, -1.0, -1.0], dtype=torch.float64)
+    learner = PolicyLearner(make_model(dtype=torch.float32), lr=3e-3, reduction="seq_mean_token_mean", lora_rank=8,
+                            lora_target_modules=["q_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"])
+
+    def seq_lp():
+        return (learner.compute_logprobs(batch) * mask).sum(dim=1)
+
+    start = seq_lp()
+    for _ in range(8):
+        learner.update(batch, adv)
+    delta = seq_lp() - start
+    assert (delta[:3] > 0.3).all() and (delta[3:] < -0.3).all(), delta
