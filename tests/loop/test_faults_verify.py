@@ -84,6 +84,18 @@ def test_heldout_eval_survives_every_verifier_failure_without_workers(tricky_tas
     assert not [t for t in threading.enumerate() if t.name.startswith("verify-")]
 
 
+def test_heldout_eval_without_a_pool_is_guarded_too(tricky_task):
+    """``evaluate`` called on its own (``posttrain eval``, benchmarks) verifies through a default
+    in-process pool: a verifier that raises, returns NaN or cannot parse the gold answer is an
+    infra error, not an exception out of the evaluation."""
+    tricky, kind = tricky_task
+    task = tricky(terms=2)
+    exs = [ex for ex in task.examples("heldout", 40, seed=0) if kind(ex.reference) != "loop"]
+    res = evaluate(_Engine(exs), _Tok(), task, exs, max_new_tokens=3)
+    assert res.infra_errors == sum(kind(ex.reference) is not None for ex in exs) > 0
+    assert res.accuracy == 1.0
+
+
 @pytest.mark.timeout(120)
 def test_training_run_with_hanging_verifier_and_no_workers_finishes(tmp_path, tricky_task):
     """reward.workers=0 + reward.timeout_s: both the training and the held-out verification time out
