@@ -1,4 +1,4 @@
-"""Rollout throughput: the built-in engine vs transformers' generate on the same model and prompts.
+"""Rollout throughput: the built-in engine vs transformers' generate (and vLLM) on the same model and prompts.
 
 For each model (Qwen2-style presets built locally, :mod:`posttrain.models.tiny`) and each case,
 ``batch`` rows of ``new_tokens`` generated tokens, sampled at temperature 1 with no truncation
@@ -9,7 +9,12 @@ and no end of sequence (every row generates exactly ``new_tokens``), by:
 - ``hf``: ``model.generate(do_sample=True, top_k=0, ...)`` on the very same model object, with
   the attention implementation the model was built with (eager for the tiny presets);
 - ``hf_sdpa``: the same ``generate`` with ``attn_implementation="sdpa"`` (Hugging Face's fastest
-  CPU attention), a stronger baseline.
+  CPU attention), a stronger baseline;
+- ``vllm`` (a peer column when the vLLM environment exists, ``make vllm-env``; ``--vllm-python``):
+  vLLM on the same weights (fp32), driven exactly as ``rollout.engine=vllm`` drives it, a
+  127.0.0.1 server per model (start-up not timed; each timed call includes the HTTP/JSON round
+  trip of the completions, as in training). Only for models with head_dim >= 32 (vLLM's CPU
+  attention), so not for ``micro``.
 
 Cases: ``batch`` prompts with one sample each, and ``batch // n`` prompts with ``n`` samples each
 (the engine prefills each prompt once; ``generate`` expands the prompt ``n`` times via
@@ -47,6 +52,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--no-sdpa-baseline", action="store_true", help="skip the hf_sdpa baseline")
     p.add_argument("--gemm-size", type=int, default=1024, help="n of the n x n fp32 GEMM roofline probe")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--vllm-python", default=".venv-vllm/bin/python",
+                   help="interpreter of the vLLM environment (a vllm column when it exists; default .venv-vllm)")
+    p.add_argument("--no-vllm", action="store_true", help="skip the vllm column")
     p.add_argument("--quick", action="store_true",
                    help="smoke run: micro model, batch 4, 8 new tokens, n 2, 1 rep, GEMM 256, 1 thread (seconds)")
 
@@ -99,10 +107,23 @@ def _time_hf(model: Any, prompts: list[list[int]], n: int, new_tokens: int, seed
     return dt, int(out.shape[0] * (out.shape[1] - ids.shape[1]))
 
 
+def _vllm_server(model: Any, python: Path, workdir: Path) -> Any:
+    """A vLLM engine server (the ``rollout.engine=vllm`` path) on ``model``'s weights, fp32."""
+    from posttrain.rollout.server_process import SpawnedEngine
+
+    model.save_pretrained(str(workdir / "model"))
+    return SpawnedEngine(python, "posttrain.rollout.vllm_engine:build_vllm_engine",
+                         {"model": str(workdir / "model"), "dtype": "float32", "seed": 0},
+                         log_path=workdir / "server.log", startup_timeout_s=900)
+
+
 def run_case(
-    model: Any, prompts: list[list[int]], n: int, new_tokens: int, reps: int, seed: int, sdpa: bool
+    model: Any, prompts: list[list[int]], n: int, new_tokens: int, reps: int, seed: int, sdpa: bool,
+    vllm_engine: Any = None,
 ) -> dict[str, Any]:
-    """Alternate the engines ``reps`` times on one case; median tokens/s and per-rep seconds per engine."""
+    """Alternate the engines ``reps`` times on one case; median tokens/s and per-rep seconds per engine.
+
+    ``vllm_engine``: a running vLLM engine on the same weights (adds the ``vllm`` column)."""
     from posttrain.rollout.builtin import BuiltinEngine
 
     engine = BuiltinEngine(model)  # eos None on the bench models: every row generates new_tokens
@@ -113,6 +134,8 @@ def run_case(
     }
     if sdpa:
         runners["hf_sdpa"] = lambda s, k=new_tokens: _time_hf(model, prompts, n, k, s, "sdpa")
+    if vllm_engine is not None:
+        runners["vllm"] = lambda s, k=new_tokens: _time_builtin(vllm_engine, prompts, n, k, s)
     # one untimed warm-up each (allocator, lazy inits), with a short generation
     for f in runners.values():
         f(seed, min(4, new_tokens))
@@ -150,6 +173,10 @@ def run(args: argparse.Namespace) -> int:
     if args.batch < 1 or args.new_tokens < 1 or args.reps < 1 or args.n < 1:
         raise ValueError("--batch, --new-tokens, --reps and --n must be >= 1")
     g = torch.Generator().manual_seed(args.seed)
+    vllm_python = None if args.no_vllm else Path(args.vllm_python).expanduser().absolute()
+    if vllm_python is not None and not vllm_python.is_file():
+        print(f"no vLLM environment at {vllm_python} (make vllm-env): no vllm column")
+        vllm_python = None
     load_before = os.getloadavg()
 
     def probe() -> float:
@@ -168,13 +195,27 @@ def run(args: argparse.Namespace) -> int:
         model.config.eos_token_id = None
         model.generation_config.eos_token_id = None
         params = count_parameters(model)
+        head_dim = model.config.hidden_size // model.config.num_attention_heads
+        server = None
+        if vllm_python is not None and head_dim >= 32:
+            import tempfile
+
+            server = _vllm_server(model, vllm_python, Path(tempfile.mkdtemp(prefix=f"bench_vllm_{preset}_")))
+        elif vllm_python is not None:
+            print(f"{preset}: head_dim {head_dim} < 32, which vLLM's CPU attention rejects: no vllm column")
         cases = [("batch", args.batch, 1)]
         if args.n > 1:
             cases.append((f"n{args.n}", max(1, args.batch // args.n), args.n))
         for case, n_prompts, n in cases:
             prompts = [torch.randint(3, model.config.vocab_size, (args.prompt_len,), generator=g).tolist()
                        for _ in range(n_prompts)]
-            res = run_case(model, prompts, n, args.new_tokens, args.reps, args.seed, not args.no_sdpa_baseline)
+            try:
+                res = run_case(model, prompts, n, args.new_tokens, args.reps, args.seed, not args.no_sdpa_baseline,
+                               server)
+            except BaseException:
+                if server is not None:
+                    server.close()
+                raise
             tps = res["tokens_per_s"]
             entry: dict[str, Any] = {
                 "model": preset, "params": params, "case": case, "prompts": n_prompts, "n": n,
@@ -183,7 +224,11 @@ def run(args: argparse.Namespace) -> int:
             }
             if "hf_sdpa" in tps:
                 entry["ratio_vs_hf_sdpa"] = tps["builtin"] / tps["hf_sdpa"]
+            if "vllm" in tps:
+                entry["ratio_vs_vllm"] = tps["builtin"] / tps["vllm"]
             results.append(entry)
+        if server is not None:
+            server.close()
     probes.append(probe())
     flops = max(probes)
     for entry in results:
@@ -194,15 +239,19 @@ def run(args: argparse.Namespace) -> int:
         entry["roofline_fraction_hf"] = tps["hf"] / roof
         if "hf_sdpa" in tps:
             entry["roofline_fraction_hf_sdpa"] = tps["hf_sdpa"] / roof
+        if "vllm" in tps:
+            entry["roofline_fraction_vllm"] = tps["vllm"] / roof
     load_after = os.getloadavg()
     out = {
         "benchmark": "rollout",
         "command": (f"posttrain bench rollout --models {args.models} --batch {args.batch} --new-tokens {args.new_tokens}"
                     f" --prompt-len {args.prompt_len} --n {args.n} --reps {args.reps} --threads {threads}"
-                    f" --seed {args.seed}" + (" --no-sdpa-baseline" if args.no_sdpa_baseline else "")),
+                    f" --seed {args.seed}" + (" --no-sdpa-baseline" if args.no_sdpa_baseline else "")
+                    + (" --no-vllm" if args.no_vllm else "")),
         "machine": {
             "cpus": os.cpu_count(), "torch_threads": threads, "platform": platform.platform(),
             "torch": torch.__version__, "loadavg_before": load_before, "loadavg_after": load_after,
+            "vllm_python": None if vllm_python is None else str(vllm_python),
         },
         "gemm_flops": flops,
         "gemm_flops_probes": probes,
@@ -211,15 +260,17 @@ def run(args: argparse.Namespace) -> int:
         "results": results,
     }
     table = Table(title=f"posttrain bench rollout ({threads} threads, fp32 GEMM {flops / 1e9:.1f} GFLOP/s)")
-    for col in ("model", "params", "case", "builtin tok/s", "hf tok/s", "hf_sdpa tok/s", "x hf", "x hf_sdpa",
-                "roofline tok/s", "builtin %roof", "hf %roof"):
+    for col in ("model", "params", "case", "builtin tok/s", "hf tok/s", "hf_sdpa tok/s", "vllm tok/s", "x hf",
+                "x hf_sdpa", "x vllm", "roofline tok/s", "builtin %roof", "hf %roof"):
         table.add_column(col, justify="right")
     for e in results:
         t = e["tokens_per_s"]
         table.add_row(
             e["model"], f"{e['params'] / 1e6:.2f}M", f"{e['rows']} rows ({e['case']})", f"{t['builtin']:.0f}",
-            f"{t['hf']:.0f}", f"{t['hf_sdpa']:.0f}" if "hf_sdpa" in t else "-", f"{e['ratio_vs_hf']:.2f}",
-            f"{e['ratio_vs_hf_sdpa']:.2f}" if "ratio_vs_hf_sdpa" in e else "-", f"{e['roofline_tokens_per_s']:.0f}",
+            f"{t['hf']:.0f}", f"{t['hf_sdpa']:.0f}" if "hf_sdpa" in t else "-",
+            f"{t['vllm']:.0f}" if "vllm" in t else "-", f"{e['ratio_vs_hf']:.2f}",
+            f"{e['ratio_vs_hf_sdpa']:.2f}" if "ratio_vs_hf_sdpa" in e else "-",
+            f"{e['ratio_vs_vllm']:.2f}" if "ratio_vs_vllm" in e else "-", f"{e['roofline_tokens_per_s']:.0f}",
             f"{100 * e['roofline_fraction']:.0f}%", f"{100 * e['roofline_fraction_hf']:.0f}%",
         )
     Console(width=max(160, Console().width)).print(table)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import sys
 from argparse import Namespace
 from pathlib import Path
 
@@ -11,10 +12,13 @@ import pytest
 from posttrain.bench.rollout import run
 from posttrain.cli import main
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _vllm_env import vllm_python, vllm_wanted  # noqa: E402
+
 
 def test_bench_rollout_quick_writes_json(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     out = tmp_path / "rollout.json"
-    assert main(["bench", "rollout", "--quick", "--no-sdpa-baseline", "--json", str(out)]) == 0
+    assert main(["bench", "rollout", "--quick", "--no-sdpa-baseline", "--no-vllm", "--json", str(out)]) == 0
     d = json.loads(out.read_text())
     assert d["benchmark"] == "rollout" and d["gemm_flops"] > 0
     assert d["gemm_flops"] == max(d["gemm_flops_probes"]) and len(d["gemm_flops_probes"]) == 2  # before micro, at the end
@@ -36,3 +40,16 @@ def test_bench_rollout_rejects_bad_sizes() -> None:
                      seed=0, gemm_size=64, no_sdpa_baseline=True, json_path=None)
     with pytest.raises(ValueError, match="must be >= 1"):
         run(args)
+
+
+@pytest.mark.timeout(900)
+@pytest.mark.parametrize("preset", ["tiny"] if vllm_wanted() else [])
+def test_bench_rollout_has_a_vllm_peer_column(tmp_path: Path, preset: str) -> None:
+    out = tmp_path / "rollout.json"
+    args = ["bench", "rollout", "--models", preset, "--batch", "2", "--new-tokens", "4", "--n", "1", "--reps", "1",
+            "--threads", "1", "--gemm-size", "64", "--no-sdpa-baseline", "--vllm-python", str(vllm_python()),
+            "--json", str(out)]
+    assert main(args) == 0
+    (r,) = json.loads(out.read_text())["results"]
+    assert set(r["tokens_per_s"]) == {"builtin", "hf", "vllm"} and r["tokens_per_s"]["vllm"] > 0
+    assert r["ratio_vs_vllm"] == pytest.approx(r["tokens_per_s"]["builtin"] / r["tokens_per_s"]["vllm"])
