@@ -102,7 +102,7 @@ def engine_factory(cfg: RunConfig, model: torch.nn.Module, tokenizer: Any, workd
         return _HTTPEngineFactory(rc.http.model_dump(), {k: v.detach().cpu().clone() for k, v in model.state_dict().items()})
     export = Path(workdir) / "engine_model"
     export.mkdir(parents=True, exist_ok=True)
-    model.save_pretrained(str(export), safe_serialization=True)
+    model.save_pretrained(str(export), safe_serialization=True)  # type: ignore[operator]  # a transformers model
     v = rc.vllm
     dtype = v.dtype if v.dtype != "auto" else cfg.model.dtype
     kwargs = dict(model=str(export), dtype=dtype, max_model_len=v.max_model_len, kv_cache_gib=v.kv_cache_gib,
