@@ -12,8 +12,10 @@ letter learns nothing from those prompts, and nobody notices).
 
 from __future__ import annotations
 
+import json
 import re
 import string
+from pathlib import Path
 from typing import Any
 
 from tokenizers import Regex, Tokenizer, decoders, pre_tokenizers
@@ -90,6 +92,17 @@ class CharTokenizer(PreTrainedTokenizerFast):
         _check_input(text)
         _check_input(text_pair)
         return super()._encode_plus(text, text_pair, *args, **kwargs)
+
+    def save_pretrained(self, save_directory: Any, *args: Any, **kwargs: Any) -> Any:
+        """Save as the plain fast tokenizer underneath: transformers does not know this class's name
+        and would reload it as the model type's tokenizer (Qwen2Tokenizer), which encodes differently."""
+        files = super().save_pretrained(save_directory, *args, **kwargs)
+        for f in files:
+            if Path(f).name.endswith("tokenizer_config.json"):
+                cfg = json.loads(Path(f).read_text())
+                cfg["tokenizer_class"] = PreTrainedTokenizerFast.__name__
+                Path(f).write_text(json.dumps(cfg, indent=2, ensure_ascii=False) + "\n")
+        return files
 
 
 def build_char_tokenizer() -> PreTrainedTokenizerFast:

@@ -125,6 +125,33 @@ def test_unencodable_prompt_stops_training_with_one_line(capsys, tmp_path):
     assert "'é' (U+00E9)" in one_error_line(capsys)
 
 
+def test_saved_char_tokenizer_reloads_as_the_same_fast_tokenizer(tmp_path):
+    from transformers import AutoTokenizer
+
+    build_char_tokenizer().save_pretrained(tmp_path)
+    # The saved files name the class they always named: the refusing subclass is not saved.
+    assert json.loads((tmp_path / "tokenizer_config.json").read_text())["tokenizer_class"] == "TokenizersBackend"
+    again = AutoTokenizer.from_pretrained(tmp_path)
+    assert type(again).__name__ == "TokenizersBackend"  # not the model type's Qwen2Tokenizer
+    assert again("1+1= <eos>").input_ids == build_char_tokenizer()("1+1= <eos>").input_ids == [9, 80, 9, 88, 102, 1]
+    assert again.chat_template
+
+
+def test_check_prompts_names_the_row_a_plain_tokenizer_maps_to_unk(tmp_path):
+    # A saved char tokenizer reloads as a plain fast tokenizer (no refusal built in): the prompt
+    # check still finds the characters that became <unk> and names the row.
+    from transformers import AutoTokenizer
+
+    from posttrain.envs.task import check_prompts, task_rows
+
+    build_char_tokenizer().save_pretrained(tmp_path / "tok")
+    tok = AutoTokenizer.from_pretrained(tmp_path / "tok")
+    p = write_jsonl(tmp_path / "data.jsonl", [*ROWS, {"prompt": "caf\u00e9=", "answer": "1"}])
+    task = TASKS["jsonl"](path=str(p))
+    with pytest.raises(ValueError, match=rf"{p}: row 12: 'é' \(U\+00E9\) cannot be encoded by the tokenizer"):
+        check_prompts(task_rows(task), tok, max_context=512, max_new_tokens=3)
+
+
 # ----------------------------------------------------------------------- the command line itself
 
 
