@@ -89,4 +89,8 @@ def one_line(msg: object) -> str:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    # `python -m posttrain.cli` runs this file as __main__, a second copy of the module whose
+    # UserError is another class than the one the commands import: run the package's own main.
+    from posttrain.cli import main as _package_main
+
+    sys.exit(_package_main())
