@@ -19,7 +19,8 @@ from posttrain.diagnostics.load import open_ledger
 
 REQUIRED = ("base checkpoint", "tokenizer/template", "verifier version", "held-out set")
 # Keys that differ between any two runs by construction and say nothing about the recipe.
-IGNORED_KEYS = ("name", "run_dir", "seed", "resume", "resume_force", "checkpoint_every", "logging.progress", "logging.tensorboard", "logging.wandb")
+IGNORED_KEYS = ("name", "run_dir", "seed", "resume", "resume_force", "checkpoint_every",
+                "logging.progress", "logging.tensorboard", "logging.wandb")
 
 
 def read_config(run_dir: str | Path) -> dict[str, Any]:
