@@ -1,8 +1,11 @@
 """Held-out evaluation: generate on held-out prompts, verify, and report accuracy by status.
 
-Accuracy is the fraction of held-out prompts whose (greedy by default) response the task's
+Accuracy is the fraction of held-out responses (greedy by default, one per prompt) the task's
 verifier marks ``correct``; infra errors are excluded from the denominator and counted
-(``heldout/infra_errors``). Verification goes through the same guarded path as training
+(``heldout/infra_errors``). With ``samples = n > 1`` sampled responses per prompt, the result
+also carries pass@k by the unbiased estimator of Chen et al. 2021 (arXiv:2107.03374, eq. 1),
+``pass@k = mean_prompts [1 - C(n_i - c_i, k) / C(n_i, k)]`` with ``n_i`` the prompt's samples
+that are not infra errors and ``c_i`` its correct ones (see :func:`pass_at_k`). Verification goes through the same guarded path as training
 (``verify_batch``, a :class:`~posttrain.rewards.VerifierPool`): a verifier that raises, hangs or
 returns garbage on a held-out sample is an infra error there too, never a crash or a freeze.
 """
@@ -10,11 +13,26 @@ returns garbage on a held-out sample is an infra error there too, never a crash 
 from __future__ import annotations
 
 import dataclasses
+import math
 from collections import Counter
 from collections.abc import Sequence
 from typing import Any
 
 from posttrain.trajectory import Status
+
+
+def pass_at_k(n: int, c: int, k: int) -> float:
+    """Unbiased pass@k of one prompt: ``1 - C(n - c, k) / C(n, k)`` (Chen et al. 2021, arXiv:2107.03374).
+
+    The probability that at least one of ``k`` samples drawn without replacement from the ``n``
+    generated ones (``c`` of them correct) is correct. ``1.0`` when ``n - c < k`` (every k-subset
+    holds a correct one). Needs ``0 <= c <= n`` and ``1 <= k <= n``, else ``ValueError``.
+    """
+    if not (0 <= c <= n) or not (1 <= k <= n):
+        raise ValueError(f"pass_at_k: need 0 <= c <= n and 1 <= k <= n, got n={n}, c={c}, k={k}")
+    if n - c < k:
+        return 1.0
+    return 1.0 - math.comb(n - c, k) / math.comb(n, k)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -26,6 +44,9 @@ class EvalResult:
     mean_length: float
     status_counts: dict[str, int]
     n: int
+    # Per prompt: (samples that are not infra errors, correct ones); k of pass@k (1 = pass@1 only).
+    per_prompt: tuple[tuple[int, int], ...] = ()
+    k: int = 1
 
     @property
     def infra_errors(self) -> int:
@@ -39,6 +60,23 @@ class EvalResult:
         out.update({f"{prefix}/status/{k}": float(v) for k, v in self.status_counts.items()})
         return out
 
+    def passk_metrics(self, prefix: str = "heldout") -> dict[str, float]:
+        """``{prefix}/pass@{k}`` and ``{prefix}/pass@1``: means over prompts of :func:`pass_at_k`.
+
+        A prompt with fewer than ``k`` non-infra samples has no unbiased pass@k: it is left out of
+        that mean and counted (``{prefix}/pass@{k}_prompts_skipped``); pass@1 skips only prompts
+        with no valid sample. NaN when no prompt qualifies.
+        """
+        def mean_over(k: int) -> tuple[float, int]:
+            vals = [pass_at_k(n, c, k) for n, c in self.per_prompt if n >= k]
+            return (sum(vals) / len(vals) if vals else float("nan")), len(self.per_prompt) - len(vals)
+
+        p1, _ = mean_over(1)
+        pk, skipped = mean_over(self.k)
+        return {f"{prefix}/pass@1": p1, f"{prefix}/pass@{self.k}": pk,
+                f"{prefix}/pass@{self.k}_prompts_skipped": float(skipped),
+                f"{prefix}/pass@{self.k}_samples": float(max((n for n, _ in self.per_prompt), default=0))}
+
 
 def evaluate(
     engine: Any,
@@ -50,9 +88,14 @@ def evaluate(
     temperature: float = 0.0,
     seed: int = 0,
     verify_batch: Any | None = None,
+    samples: int = 1,
+    k: int = 1,
 ) -> EvalResult:
     """Evaluate the engine's current weights on ``examples`` (``TaskExample`` objects).
 
+    ``samples`` responses are drawn per prompt (``SamplingParams.n``; > 1 only makes sense with
+    ``temperature > 0``) and ``k <= samples`` is the k of :meth:`EvalResult.passk_metrics`;
+    accuracy, reward and length are then means over all responses.
     ``verify_batch`` is the run's guarded verification (``VerifierPool.verify_batch`` or reward
     workers); None verifies in-process through a ``VerifierPool(workers=0)`` (default time limit).
     Never raises for a verifier's failure: such a sample is an ``infra_error``.
@@ -62,19 +105,32 @@ def evaluate(
     from posttrain.rollout.sampling import SamplingParams
     from posttrain.rollout.types import GenerationRequest
 
-    params = SamplingParams(temperature=temperature, max_new_tokens=max_new_tokens, n=1, seed=seed)
+    if not 1 <= k <= samples:
+        raise ValueError(f"evaluate: need 1 <= k <= samples, got k={k}, samples={samples}")
+    params = SamplingParams(temperature=temperature, max_new_tokens=max_new_tokens, n=samples, seed=seed)
     reqs = [
         GenerationRequest(request_id=f"eval{i}-{ex.prompt_id}", prompt_ids=tokenizer(ex.prompt).input_ids, params=params)
         for i, ex in enumerate(examples)
     ]
     comps = engine.generate(reqs)
+    # Which prompt each completion answers (engines may return the n samples of a request in any order).
+    row_of = {r.request_id: i for i, r in enumerate(reqs)}
+    rows = [row_of[c.request_id] for c in comps]
+    if len(comps) != samples * len(reqs):
+        raise RuntimeError(f"evaluate: engine returned {len(comps)} completions for {len(reqs)} x {samples} samples")
+    ex_of = [examples[i] for i in rows]
     statuses: Counter[str] = Counter()
     rewards: list[float] = []
     lengths: list[int] = []
     if verify_batch is None:
         verify_batch = VerifierPool(workers=0).verify_batch
     texts = [decode_response(tokenizer, c) for c in comps]
-    verdicts = verify_batch([(task.verifier, t, ex.reference, {}) for t, ex in zip(texts, examples, strict=True)])
+    verdicts = verify_batch([(task.verifier, t, ex.reference, {}) for t, ex in zip(texts, ex_of, strict=True)])
+    n_valid, n_correct = [0] * len(examples), [0] * len(examples)
+    for row, v in zip(rows, verdicts, strict=True):
+        if v.status is not Status.INFRA_ERROR:  # an infra error says nothing about the policy: not in n
+            n_valid[row] += 1
+            n_correct[row] += v.status is Status.CORRECT
     for c, v in zip(comps, verdicts, strict=True):
         statuses[v.status.value] += 1
         lengths.append(len(c.token_ids))
@@ -87,4 +143,6 @@ def evaluate(
         mean_length=sum(lengths) / len(lengths) if lengths else 0.0,
         status_counts=dict(statuses),
         n=len(examples),
+        per_prompt=tuple(zip(n_valid, n_correct, strict=True)),
+        k=k,
     )
