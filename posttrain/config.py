@@ -127,6 +127,18 @@ class OptimConfig(_Section):
     num_minibatches: int = Field(1, ge=1)
 
 
+class LoraConfig(_Section):
+    """LoRA adapters on the policy (peft; Hu et al. 2021, arXiv:2106.09685): only the adapters train,
+    the rollout engine and checkpoints' ``actor/`` get the merged weights ``W + (alpha/r) B A``."""
+
+    rank: int = Field(0, ge=0, description="adapter rank r; 0 = full fine-tuning (no LoRA)")
+    alpha: float | None = Field(None, gt=0, description="scaling alpha (default 2 * rank)")
+    target_modules: list[str] | str | None = Field(
+        None, description="module names to adapt, 'all-linear', or None = peft's default for the architecture"
+    )
+    dropout: float = Field(0.0, ge=0.0, lt=1.0, description="adapter dropout (must be 0 with gradient checkpointing)")
+
+
 class CriticConfig(_Section):
     """Optional learned critic (PPO + GAE)."""
 
@@ -276,6 +288,7 @@ class RunConfig(_Section):
     correction: CorrectionConfig = Field(default_factory=CorrectionConfig)
     loss: LossConfig = Field(default_factory=LossConfig)
     optim: OptimConfig = Field(default_factory=OptimConfig)
+    lora: LoraConfig = Field(default_factory=LoraConfig, description="LoRA adapters on the policy (rank 0 = off)")
     critic: CriticConfig = Field(default_factory=CriticConfig)
     system: SystemConfig = Field(default_factory=SystemConfig)
     rollout: RolloutConfig = Field(default_factory=RolloutConfig, description="the rollout engine (docs/rollout.md)")

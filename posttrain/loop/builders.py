@@ -181,5 +181,9 @@ def build_learner(cfg: RunConfig, model: torch.nn.Module) -> Any:
         temperature=max(cfg.sampling.temperature, 1e-6) if cfg.sampling.temperature > 0 else 1.0,
         correction=cfg.correction.name,
         correction_kwargs=cfg.correction.kwargs,
+        lora_rank=cfg.lora.rank,
+        lora_alpha=cfg.lora.alpha,
+        lora_target_modules=cfg.lora.target_modules,
+        lora_dropout=cfg.lora.dropout,
         seed=cfg.seed,
     )

@@ -72,6 +72,27 @@ def prepare_run_dir(run_dir: str | Path) -> Path:
     return d
 
 
+def refuse_to_overwrite(run_dir: Path) -> None:
+    """A fresh run (``resume=false``) never writes into a directory that holds another run's history.
+
+    History = a checkpoint, a ledger step file or a non-empty ``metrics.jsonl``; raises
+    ``RunDirError`` naming the directory and the two ways on (resume it, or another run_dir).
+    """
+    held = []
+    if any((run_dir / "checkpoints").glob("step_*")):
+        held.append("checkpoints")
+    if any((run_dir / "ledger").rglob("*.parquet")):
+        held.append("ledger")
+    metrics = run_dir / "metrics.jsonl"
+    if metrics.is_file() and metrics.stat().st_size > 0:
+        held.append("metrics.jsonl")
+    if held:
+        raise _user_error(
+            f"run_dir {run_dir} already holds a run ({', '.join(held)}); continue it with resume=true, "
+            f"or choose another run_dir (nothing was written)"
+        )
+
+
 class RunDirLock:
     """Exclusive lock of a run directory (``<run_dir>/.lock``, ``fcntl.flock``), released by :meth:`release`.
 

@@ -75,22 +75,26 @@ class Run:
         self.tokenizer, actor = build_model(cfg)
         self.pad_token_id = int(self.tokenizer.pad_token_id or 0)
         self.task = build_task(cfg)
+        # LoRA wraps the actor in place (peft): the engine, the reference and the critic need the
+        # plain architecture, so they are built from a copy taken before the wrap.
+        plain = copy.deepcopy(actor) if cfg.lora.rank > 0 else None
         self.learner = build_learner(cfg, actor)
+        self.plain_model: torch.nn.Module = plain if plain is not None else self.learner.model
         # The rollout side: an in-process engine, or Ray rollout (and reward) workers behind the same calls.
         self.backend: Any = None
         self.verify_batch: Any = None  # None: verify in this process; set by a pool or reward actors
         if cfg.system.backend == "ray":
             self._open_ray_backend()
         else:
-            self.engine = build_engine(self.learner.model, self.tokenizer, cfg, self.dir)
+            self.engine = build_engine(self.plain_model, self.tokenizer, cfg, self.dir)
         self.ref_model: torch.nn.Module | None = None
         if cfg.loss.kl_estimator is not None:
-            self.ref_model = copy.deepcopy(self.learner.model).eval().requires_grad_(False)
+            self.ref_model = copy.deepcopy(self.plain_model).eval().requires_grad_(False)
         self.critic = None
         if cfg.critic.enabled:
             from posttrain.learner.critic import CriticLearner, ValueModel
 
-            vm = ValueModel.from_actor(self.learner.model, shared_backbone=cfg.critic.shared_backbone, seed=cfg.seed)
+            vm = ValueModel.from_actor(self.plain_model, shared_backbone=cfg.critic.shared_backbone, seed=cfg.seed)
             self.critic = CriticLearner(vm, lr=cfg.critic.lr, clip_eps=cfg.critic.value_clip,
                                         microbatch_tokens=cfg.optim.microbatch_tokens,
                                         max_grad_norm=cfg.optim.max_grad_norm, epochs=cfg.optim.ppo_epochs,
@@ -123,7 +127,7 @@ class Run:
         from posttrain.loop.backends import build_ray_backend
         from posttrain.loop.builders import engine_factory
 
-        factory = engine_factory(self.cfg, self.learner.model, self.tokenizer, self.dir)  # rollout.engine
+        factory = engine_factory(self.cfg, self.plain_model, self.tokenizer, self.dir)  # rollout.engine
         self.backend = build_ray_backend(factory, self.cfg.system.ray)
         self.engine = self.backend.rollout
         # Verification on the reward actors; with none, the driver verifies (reward.workers as locally).
@@ -173,22 +177,28 @@ class Run:
         self.state.decisions.append({"step": step, "decision": "rejected", "reason": reason})
         log.warning("step %d: revision rejected: %s", step, reason)
 
-    def evaluate(self, temperature: float | None = None) -> Any:
-        """Held-out evaluation of the engine's current weights (default: ``eval.temperature``)."""
+    def evaluate(self, temperature: float | None = None, samples: int = 1) -> Any:
+        """Held-out evaluation of the engine's current weights (default: ``eval.temperature``);
+        ``samples`` > 1 draws that many responses per prompt for pass@``eval.k``."""
         from posttrain.evaluation.heldout import evaluate
 
         e = self.cfg.eval
         return evaluate(self.engine, self.tokenizer, self.task, self.heldout,
                         max_new_tokens=e.max_new_tokens or self.cfg.sampling.max_new_tokens,
                         temperature=e.temperature if temperature is None else temperature, seed=self.cfg.seed,
-                        verify_batch=self.verify_batch)
+                        verify_batch=self.verify_batch, samples=samples, k=min(e.k, samples))
 
     def evaluate_and_judge(self, step: int) -> dict[str, float]:
         """Evaluate; promote if best so far, reject (restore) on a collapse, else retain."""
-        res = self.evaluate()
-        extra: dict[str, float] = {}
-        if self.cfg.eval.sampled_temperature is not None:
-            extra = self.evaluate(self.cfg.eval.sampled_temperature).as_metrics("heldout_sampled")
+        e = self.cfg.eval
+        n = e.samples or 1
+        # pass@k needs sampled responses: the main evaluation's when it samples, else the sampled one's.
+        res = self.evaluate(samples=n if e.temperature > 0 else 1)
+        extra: dict[str, float] = res.passk_metrics() if n > 1 and e.temperature > 0 else {}
+        if e.sampled_temperature is not None:
+            sres = self.evaluate(e.sampled_temperature, samples=n if e.temperature == 0 else 1)
+            extra = {**sres.as_metrics("heldout_sampled"), **extra,
+                     **(sres.passk_metrics() if n > 1 and e.temperature == 0 else {})}
         st = self.state
         acc = res.accuracy
         decision, reason = "retained", ""
@@ -234,7 +244,7 @@ class Run:
             self.learner.model.eval()
             (self.dir / "sft_losses.json").write_text(json.dumps(losses))
             if self.ref_model is not None:
-                self.ref_model.load_state_dict(self.learner.model.state_dict())
+                self.ref_model.load_state_dict(self.learner.weights_for_rollout())  # plain names (LoRA merged)
             self.sync_weights()
         m = self.evaluate_and_judge(0)
         self.log.log(0, m)
@@ -408,12 +418,14 @@ def open_run(cfg: RunConfig) -> Run:
     is written atomically; a forced resume with a changed recipe first keeps the old one as
     ``config.step_<N>.yaml``.
     """
-    from posttrain.loop.run_dir import RunDirLock, prepare_run_dir, write_text_atomic
+    from posttrain.loop.run_dir import RunDirLock, prepare_run_dir, refuse_to_overwrite, write_text_atomic
 
     run_dir = prepare_run_dir(run_dir_of(cfg))
     lock = RunDirLock(run_dir)
     try:
         forced = check_resumable(cfg, run_dir) if cfg.resume else None
+        if not cfg.resume:
+            refuse_to_overwrite(run_dir)
         run = Run(cfg, lock=lock)
     except BaseException:
         lock.release()

@@ -194,3 +194,15 @@ def test_ctrl_c_exits_130_with_one_resume_line_and_the_resume_continues(tmp_path
     assert main([*args, "resume=true"]) == 0  # the lock was released; the run goes on from step 2
     assert Ledger(tmp_path / "ledger").steps() == [1, 2, 3, 4, 5]
     assert _metric_steps(tmp_path) == [0, 1, 2, 3, 4, 5]
+
+
+def test_a_fresh_run_into_a_finished_run_is_refused_and_changes_nothing(tmp_path):
+    """resume=false into a directory with another run's history: one line, nothing overwritten."""
+    train(_cfg(tmp_path, "steps=2"))
+    files = {p: p.read_bytes() for p in tmp_path.rglob("*") if p.is_file() and p.name != ".lock"}
+    with pytest.raises(UserError) as e:
+        train(_cfg(tmp_path, "steps=2", "seed=5"))
+    msg = str(e.value)
+    assert "\n" not in msg and str(tmp_path) in msg and "resume=true" in msg
+    after = {p: p.read_bytes() for p in tmp_path.rglob("*") if p.is_file() and p.name != ".lock"}
+    assert after == files
