@@ -61,10 +61,48 @@ class TaskConfig(_Section):
     kwargs: dict[str, Any] = Field(default_factory=dict, description="keyword arguments of the task factory")
 
 
+class RewardFunctionConfig(_Section):
+    """A user reward function by dotted path (signature and contract: posttrain/rewards/plugins.py)."""
+
+    path: str = Field(description="'package.module:function', called as fn(response, reference, *, prompt, meta) "
+                      "-> float | Verdict (sync or async)")
+    weight: float = Field(1.0, description="weight of its component in the total (entered into reward.weights)")
+    name: str | None = Field(None, description="component name (default: the function's name)")
+
+    @model_validator(mode="after")
+    def _resolve(self) -> RewardFunctionConfig:
+        from posttrain.rewards.plugins import check_reward_function
+
+        check_reward_function(self.path, f"reward.functions {self.path!r}")  # import + signature, now
+        if self.name is None:
+            self.name = self.path.rpartition(":")[2].rpartition(".")[2]
+        return self
+
+
 class RewardConfig(_Section):
     """Feedback axis: how verdict components become the scalar reward."""
 
     weights: dict[str, float] = Field(default_factory=lambda: {"task": 1.0}, description="component -> weight")
+    functions: list[RewardFunctionConfig] = Field(
+        default_factory=list, description="user reward functions by dotted path, each a raw component added to the "
+        "task verifier's; its weight is entered into reward.weights (docs/tasks_and_verifiers.md)")
+
+    @model_validator(mode="after")
+    def _merge_function_weights(self) -> RewardConfig:
+        names = [f.name for f in self.functions]
+        dup = sorted({n for n in names if names.count(n) > 1})
+        if dup:
+            raise ValueError(f"reward.functions: component name(s) {dup} used twice (set name: on each)")
+        merged = dict(self.weights)
+        for f in self.functions:
+            assert f.name is not None  # set by RewardFunctionConfig
+            if f.name in merged and merged[f.name] != f.weight:
+                raise ValueError(f"reward.functions {f.name!r}: weight {f.weight} conflicts with "
+                                 f"reward.weights.{f.name}={merged[f.name]} (give it in one place)")
+            merged[f.name] = f.weight
+        if merged != self.weights:
+            self.weights = merged  # the resolved config shows every weight that enters the total
+        return self
     overlong_max_len: int | None = Field(None, ge=1, description="DAPO soft overlong punishment L_max (None = off)")
     overlong_cache_len: int = Field(0, ge=0, description="DAPO overlong cache window L_cache")
     workers: int = Field(0, ge=0, description="verifier worker processes (0 = verify in-process)")
@@ -238,6 +276,21 @@ class EvalConfig(_Section):
     max_new_tokens: int | None = Field(None, ge=1, description="default: sampling.max_new_tokens")
     reject_drop: float = Field(0.5, ge=0.0, le=1.0, description="reject a revision whose held-out accuracy falls "
                                "more than this below the best promoted one (restore the promoted weights)")
+    k: int = Field(1, ge=1, description="report heldout/pass@k (unbiased estimator, Chen et al. 2021) and pass@1 "
+                   "over eval.samples sampled responses per held-out prompt")
+    samples: int | None = Field(None, ge=1, description="n sampled responses per held-out prompt for pass@k "
+                                "(>= k; default k), drawn at eval.temperature if > 0 else eval.sampled_temperature")
+
+    @model_validator(mode="after")
+    def _check_passk(self) -> EvalConfig:
+        if self.samples is None:
+            self.samples = self.k  # resolved in the saved config.yaml
+        if self.samples < self.k:
+            raise ValueError(f"eval.samples={self.samples} must be >= eval.k={self.k}")
+        if self.samples > 1 and self.temperature == 0 and self.sampled_temperature is None:
+            raise ValueError(f"eval.samples={self.samples} needs sampled responses: set eval.sampled_temperature "
+                             "(or eval.temperature > 0); greedy samples are all the same")
+        return self
 
 
 class SFTConfig(_Section):

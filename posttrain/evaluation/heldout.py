@@ -100,7 +100,7 @@ def evaluate(
     workers); None verifies in-process through a ``VerifierPool(workers=0)`` (default time limit).
     Never raises for a verifier's failure: such a sample is an ``infra_error``.
     """
-    from posttrain.loop.scoring import decode_response
+    from posttrain.loop.scoring import decode_response, verify_context
     from posttrain.rewards import VerifierPool
     from posttrain.rollout.sampling import SamplingParams
     from posttrain.rollout.types import GenerationRequest
@@ -125,7 +125,8 @@ def evaluate(
     if verify_batch is None:
         verify_batch = VerifierPool(workers=0).verify_batch
     texts = [decode_response(tokenizer, c) for c in comps]
-    verdicts = verify_batch([(task.verifier, t, ex.reference, {}) for t, ex in zip(texts, ex_of, strict=True)])
+    verdicts = verify_batch([(task.verifier, t, ex.reference, verify_context(task.verifier, ex))
+                             for t, ex in zip(texts, ex_of, strict=True)])
     n_valid, n_correct = [0] * len(examples), [0] * len(examples)
     for row, v in zip(rows, verdicts, strict=True):
         if v.status is not Status.INFRA_ERROR:  # an infra error says nothing about the policy: not in n

@@ -59,9 +59,14 @@ def build_task(cfg: RunConfig) -> Any:
     name = cfg.task.name
     factory = load_callable(name) if ":" in name else TASKS[name]
     try:
-        return factory(**cfg.task.kwargs)
+        task = factory(**cfg.task.kwargs)
     except TypeError as e:  # a wrong keyword for this task's factory is a config error
         raise ValueError(f"task.kwargs {cfg.task.kwargs} do not fit task {name!r}: {e}") from None
+    if cfg.reward.functions:  # reward.functions: extra raw components next to the task verifier's
+        from posttrain.rewards.plugins import with_reward_functions
+
+        task = with_reward_functions(task, [(f.name, f.path) for f in cfg.reward.functions])
+    return task
 
 
 def build_engine(model: torch.nn.Module, tokenizer: Any, cfg: RunConfig | None = None,

@@ -22,6 +22,15 @@ def decode_response(tokenizer: Any, completion: Any) -> str:
     return str(tokenizer.decode(completion.token_ids, skip_special_tokens=True))
 
 
+def verify_context(verifier: Any, example: Any) -> dict[str, Any]:
+    """Keyword context of ``verifier.verify`` for ``example``: ``{prompt, meta}`` for a verifier that
+    asks for it (``wants_prompt``, e.g. :class:`~posttrain.rewards.plugins.RewardFunctionVerifier`),
+    else none (built-in verifiers take ``response, reference`` only)."""
+    if getattr(verifier, "wants_prompt", False):
+        return {"prompt": str(example.prompt), "meta": dict(getattr(example, "meta", {}) or {})}
+    return {}
+
+
 @dataclasses.dataclass(frozen=True)
 class ScoringSpec:
     """How verdict components become the scalar reward (flat copy of the reward config)."""
@@ -71,7 +80,8 @@ def score(
     texts = [decode_response(tokenizer, c) for c in completions]
     if verify_batch is None:
         verify_batch = VerifierPool(workers=0).verify_batch
-    verdicts = verify_batch([(task.verifier, t, ex.reference, {}) for t, ex in zip(texts, examples, strict=True)])
+    verdicts = verify_batch([(task.verifier, t, ex.reference, verify_context(task.verifier, ex))
+                             for t, ex in zip(texts, examples, strict=True)])
     shaping = _shaping_components(spec, [len(c.token_ids) for c in completions])
     verifier_id = f"{task.verifier.name}@{task.verifier.version}"
     trajs: list[Trajectory] = []
