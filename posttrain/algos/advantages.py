@@ -330,7 +330,7 @@ def _check_discount(gamma: float, lam: float | None = None) -> None:
 # ----------------------------------------------------------------------------------- estimators
 
 
-@ADVANTAGES.register("gae")
+@ADVANTAGES.register("gae", needs=("critic",))
 def gae(inputs: AdvantageInputs, gamma: float = 1.0, lam: float = 0.95) -> AdvantageOutputs:
     """Generalized Advantage Estimation (Schulman et al. 2016, arXiv:1506.02438, eq. 16).
 
@@ -385,7 +385,7 @@ def gae(inputs: AdvantageInputs, gamma: float = 1.0, lam: float = 0.95) -> Advan
     )
 
 
-@ADVANTAGES.register("grpo")
+@ADVANTAGES.register("grpo", needs=("groups>=2",))
 def grpo(
     inputs: AdvantageInputs, norm_std: bool = True, eps: float = 1e-6, min_std: float = 1e-6
 ) -> AdvantageOutputs:
@@ -406,7 +406,7 @@ def grpo(
     return AdvantageOutputs(advantages=_broadcast(adv, mask), returns=None)
 
 
-@ADVANTAGES.register("dr_grpo")
+@ADVANTAGES.register("dr_grpo", needs=("groups>=2",))
 def dr_grpo(inputs: AdvantageInputs) -> AdvantageOutputs:
     """Dr. GRPO advantage (Liu et al. 2025, "Understanding R1-Zero-Like Training", arXiv:2503.20783).
 
@@ -418,7 +418,7 @@ def dr_grpo(inputs: AdvantageInputs) -> AdvantageOutputs:
     return grpo(inputs, norm_std=False)
 
 
-@ADVANTAGES.register("rloo")
+@ADVANTAGES.register("rloo", needs=("groups>=2",))
 def rloo(inputs: AdvantageInputs) -> AdvantageOutputs:
     """REINFORCE Leave-One-Out (Kool et al. 2019; Ahmadian et al. 2024, arXiv:2402.14740).
 
@@ -462,7 +462,7 @@ def reinforce(inputs: AdvantageInputs) -> AdvantageOutputs:
     return AdvantageOutputs(advantages=_broadcast(adv, mask), returns=None)
 
 
-@ADVANTAGES.register("remax")
+@ADVANTAGES.register("remax", needs=("baseline",))
 def remax(inputs: AdvantageInputs) -> AdvantageOutputs:
     """ReMax (Li et al. 2023, arXiv:2310.10505): A_i = R_i - R(x_i, y_greedy_i).
 
@@ -532,7 +532,7 @@ def _reinforce_pp_core(
     return AdvantageOutputs(advantages=_batch_whiten(g, live, eps, min_std), returns=None)
 
 
-@ADVANTAGES.register("reinforce_pp_baseline")
+@ADVANTAGES.register("reinforce_pp_baseline", needs=("groups>=2",))
 def reinforce_pp_baseline(
     inputs: AdvantageInputs, gamma: float = 1.0, eps: float = 1e-8, min_std: float = 1e-6
 ) -> AdvantageOutputs:
@@ -554,7 +554,7 @@ def reinforce_pp_baseline(
     return _reinforce_pp_core(inputs, mask, valid, centred, gamma, eps, min_std)
 
 
-@ADVANTAGES.register("gigpo")
+@ADVANTAGES.register("gigpo", needs=("groups>=2", "step_ids"))
 def gigpo(
     inputs: AdvantageInputs,
     omega: float = 1.0,

@@ -24,17 +24,32 @@ class Registry(dict[str, Callable[..., Any]]):
     def __init__(self, kind: str) -> None:
         super().__init__()
         self.kind = kind
+        self._needs: dict[str, frozenset[str]] = {}
 
-    def register(self, name: str) -> Callable[[F], F]:
-        """Register ``fn`` under ``name``; a taken name is a ``ValueError``."""
+    def register(self, name: str, *, needs: Collection[str] = ()) -> Callable[[F], F]:
+        """Register ``fn`` under ``name``; a taken name is a ``ValueError``.
+
+        ``needs`` declares what the entry's inputs require of the run, in the vocabulary of
+        :data:`NEEDS` (e.g. ``{"critic"}`` for GAE), so a recipe that cannot fill them is refused
+        at config load rather than failing at step 1 (:meth:`needs`).
+        """
+        unknown = sorted(set(needs) - set(NEEDS))
+        if unknown:
+            raise ValueError(f"{self.kind} {name!r}: unknown need(s) {unknown}; valid: {', '.join(NEEDS)}")
 
         def deco(fn: F) -> F:
             if name in self:
                 raise ValueError(f"{self.kind} {name!r} is already registered (by {self[name].__module__})")
             super(Registry, self).__setitem__(name, fn)
+            self._needs[name] = frozenset(needs)
             return fn
 
         return deco
+
+    def needs(self, name: str) -> frozenset[str]:
+        """What entry ``name`` declared it needs (see :data:`NEEDS`); unknown names raise like ``[name]``."""
+        self[name]  # noqa: B018 - raises KeyError listing the valid names
+        return self._needs.get(name, frozenset())
 
     def __setitem__(self, key: str, value: Callable[..., Any]) -> None:
         raise TypeError(f"use {self.kind} registry .register({key!r}) instead of item assignment")
@@ -74,6 +89,14 @@ class Registry(dict[str, Callable[..., Any]]):
             raise TypeError("Registry.get takes no default: an unknown name is an error")
         return self[key]
 
+
+NEEDS: dict[str, str] = {
+    "critic": "per-token values V(s_t) from a learned critic",
+    "groups>=2": "groups of >= 2 samples of the same prompt (group_index)",
+    "baseline": "a per-row baseline reward (ReMax: the reward of a greedy rollout of the prompt)",
+    "step_ids": "per-token step ids, step anchors and step rewards of multi-turn episodes",
+}
+"""The vocabulary of ``Registry.register(..., needs=...)``: name -> what the run must provide."""
 
 ADVANTAGES = Registry("advantage estimator")
 POLICY_LOSSES = Registry("policy loss")

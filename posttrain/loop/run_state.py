@@ -100,6 +100,7 @@ class Run:
                                         max_grad_norm=cfg.optim.max_grad_norm, epochs=cfg.optim.ppo_epochs,
                                         num_minibatches=cfg.optim.num_minibatches, seed=cfg.seed)
         self.heldout = self.task.examples("heldout", cfg.eval.size, seed=cfg.seed)
+        self.step_examples: dict[str, Any] = {}  # prompt_id -> TaskExample drawn this step (see next_prompts)
         self.ledger = Ledger(self.dir / "ledger")
         self.log = MetricsLog(self.dir, tensorboard=cfg.logging.tensorboard, wandb=cfg.logging.wandb, run_name=cfg.name)
         self.state = RunState()
@@ -138,7 +139,10 @@ class Run:
         """``n`` training prompts at the data cursor (deterministic by seed and cursor)."""
         seed = self.cfg.seed * 7_919 + self.state.cursor
         self.state.cursor += n
-        return list(self.task.examples("train", n, seed=seed))
+        out = list(self.task.examples("train", n, seed=seed))
+        # ReMax's greedy baseline looks this step's prompts up by id (loop/targets.py run_baseline clears it).
+        self.step_examples.update((ex.prompt_id, ex) for ex in out)
+        return out
 
     # ------------------------------------------------------------------ policy
     def ref_logprobs(self, batch: Any) -> torch.Tensor:

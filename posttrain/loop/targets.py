@@ -8,6 +8,7 @@ token-level ones); it is never copied to every token and then summed.
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Mapping
 from typing import Any
 
 import torch
@@ -32,6 +33,99 @@ class Targets:
     token_kl: torch.Tensor | None
 
 
+def check_estimator_needs(cfg: Any) -> None:
+    """Refuse (``ValueError``, one line naming the keys) a ``credit.estimator`` whose declared needs
+    (``ADVANTAGES.needs``, vocabulary :data:`posttrain.algos.registry.NEEDS`) this run cannot fill.
+
+    What the loop provides: ``critic`` when ``critic.enabled``; ``groups>=2`` when
+    ``sampling.group_size >= 2``; ``baseline`` (a greedy rollout per prompt, :func:`greedy_baseline`)
+    in ``system.mode=sync`` with ``partial_fraction=1`` (the engine is idle between rollout and
+    update and holds the behaviour weights); ``step_ids`` never: every episode is single-turn.
+    """
+    name = cfg.credit.estimator
+    for need in sorted(A.ADVANTAGES.needs(name)):
+        if need == "critic" and not cfg.critic.enabled:
+            raise ValueError(f"credit.estimator={name} needs critic.enabled=true (per-token values for GAE)")
+        if need == "groups>=2" and cfg.sampling.group_size < 2:
+            raise ValueError(f"credit.estimator={name} needs sampling.group_size >= 2 (got "
+                             f"{cfg.sampling.group_size}): its baseline is a group statistic")
+        if need == "baseline" and (cfg.system.mode != "sync" or cfg.system.partial_fraction < 1.0):
+            raise ValueError(f"credit.estimator={name} needs system.mode=sync and system.partial_fraction=1: its "
+                             "greedy baseline rollout runs between a step's rollout and its update")
+        if need == "step_ids":
+            raise ValueError(f"credit.estimator={name} needs per-step ids of multi-turn episodes, which the "
+                             "training loop does not produce (single-turn tasks only): use grpo for single-turn tasks")
+
+
+def greedy_baseline(
+    batch: TrajectoryBatch,
+    examples: Mapping[str, Any],
+    *,
+    engine: Any,
+    tokenizer: Any,
+    task: Any,
+    spec: Any,
+    max_new_tokens: int,
+    step: int,
+    verify_batch: Any | None = None,
+) -> tuple[torch.Tensor, dict[str, float]]:
+    """ReMax's baseline (Li et al. 2023, arXiv:2310.10505): per row, the reward of one greedy
+    (temperature 0) response of its prompt under the engine's current (behaviour) weights, scored
+    exactly like the samples (:func:`posttrain.loop.scoring.score`, same weights and shaping).
+
+    ``examples`` maps ``prompt_id`` -> the ``TaskExample``. A prompt whose greedy response is an
+    infra error has no baseline: its rows get their own reward as baseline (advantage 0, no
+    signal), counted in ``remax/baseline_infra_errors``. Returns ``([B] float64, metrics)``.
+    """
+    from posttrain.loop.scoring import score
+    from posttrain.rollout.sampling import SamplingParams
+    from posttrain.rollout.types import GenerationRequest
+
+    pids = list(dict.fromkeys(t.prompt_id for t in batch.trajectories))
+    missing = [p for p in pids if p not in examples]
+    if missing:
+        raise RuntimeError(f"greedy_baseline: no example for prompt(s) {missing[:3]}")
+    exs = [examples[p] for p in pids]
+    params = SamplingParams(temperature=0.0, max_new_tokens=max_new_tokens, n=1, seed=0)
+    reqs = [GenerationRequest(request_id=f"remax{step}-{i}", prompt_ids=tokenizer(ex.prompt).input_ids, params=params)
+            for i, ex in enumerate(exs)]
+    comps = engine.generate(reqs)
+    order = {r.request_id: i for i, r in enumerate(reqs)}
+    comps = sorted(comps, key=lambda c: order[c.request_id])
+    trajs, _ = score(comps, exs, task=task, tokenizer=tokenizer, spec=spec, group_ids=[r.request_id for r in reqs],
+                     step=step, verify_batch=verify_batch, traj_ids=[r.request_id for r in reqs])
+    base_of = {p: t.reward.total for p, t in zip(pids, trajs, strict=True)}
+    own = [float(t.reward.total) for t in batch.trajectories]  # type: ignore[arg-type]
+    base = [own[i] if base_of[t.prompt_id] is None else float(base_of[t.prompt_id])  # type: ignore[arg-type]
+            for i, t in enumerate(batch.trajectories)]
+    n_infra = sum(v is None for v in base_of.values())
+    known = [float(v) for v in base_of.values() if v is not None]
+    return torch.tensor(base, dtype=torch.float64), {
+        "remax/baseline_infra_errors": float(n_infra),
+        "remax/baseline_reward_mean": sum(known) / len(known) if known else float("nan"),
+    }
+
+
+def run_baseline(run: Any, batch: TrajectoryBatch, step: int) -> tuple[torch.Tensor | None, dict[str, float]]:
+    """The ``baseline`` input of ``run``'s estimator when it declared that need, else ``(None, {})``.
+
+    Uses the prompts this step drew (``run.step_examples``, then cleared: in sync mode every prompt
+    drawn for a step is consumed or dropped by its end; :func:`check_estimator_needs`).
+    """
+    cfg = run.cfg
+    if "baseline" not in A.ADVANTAGES.needs(cfg.credit.estimator):
+        return None, {}
+    from posttrain.loop.scoring import ScoringSpec
+
+    spec = ScoringSpec(cfg.reward.weights, cfg.reward.overlong_max_len, cfg.reward.overlong_cache_len)
+    try:
+        return greedy_baseline(batch, run.step_examples, engine=run.engine, tokenizer=run.tokenizer, task=run.task,
+                               spec=spec, max_new_tokens=cfg.sampling.max_new_tokens, step=step,
+                               verify_batch=run.verify_batch)
+    finally:
+        run.step_examples.clear()
+
+
 def group_index(batch: TrajectoryBatch) -> torch.Tensor:
     """``[B]`` long group ids (rows of one prompt's G samples share an id)."""
     ids: dict[str, int] = {}
@@ -50,8 +144,10 @@ def build_targets(
     kl_in_reward: bool = False,
     kl_estimator: str | None = None,
     kl_coef: float = 0.0,
+    baseline: torch.Tensor | None = None,
 ) -> Targets:
-    """Compute advantages (and returns) with the registered ``estimator``."""
+    """Compute advantages (and returns) with the registered ``estimator``; ``baseline`` [B] is
+    ReMax's greedy-rollout reward per row (:func:`greedy_baseline`)."""
     mask = batch.action_mask.to(torch.float64)
     rewards = torch.tensor([float(t.reward.total) for t in batch.trajectories], dtype=torch.float64)  # type: ignore[arg-type]
     token_kl = None
@@ -74,6 +170,7 @@ def build_targets(
         terminal=terminal,
         # A truncated row bootstraps from the critic's value of the state after its last token.
         bootstrap_value=None if final_values is None else final_values.to(torch.float64),
+        baseline=None if baseline is None else baseline.to(torch.float64),
     )
     out = A.ADVANTAGES[estimator](inputs, **(estimator_kwargs or {}))
     return Targets(
