@@ -7,6 +7,7 @@ Pattern after verl's ``register_adv_est`` / ``get_policy_loss_fn``.
 
 from __future__ import annotations
 
+import importlib
 import inspect
 from collections.abc import Callable, Collection, Mapping
 from typing import Any, TypeVar
@@ -45,6 +46,42 @@ class Registry(dict[str, Callable[..., Any]]):
             return fn
 
         return deco
+
+    def resolve(self, name: str, *, key: str) -> str:
+        """Make ``name`` usable: a registered name, or ``'package.module:function'`` imported now and
+        registered under that very string (so every ``self[name]`` of the run finds it).
+
+        The function must take the registry's data arguments positionally first (the inputs
+        dataclass for estimators and losses; checked further by :meth:`check_kwargs` and the
+        config's probe call); an optional ``needs`` attribute (a collection of :data:`NEEDS`
+        names) declares its needs. Raises ``ValueError`` naming ``key`` (one line).
+        """
+        if name in self:
+            return name
+        mod, sep, attr = name.partition(":")
+        if not sep or not mod or not attr:
+            raise ValueError(f"{key}: unknown {self.kind} {name!r}; valid: {', '.join(sorted(self))}, "
+                             "or 'package.module:function'")
+        try:
+            fn: Any = importlib.import_module(mod)
+        except Exception as e:  # noqa: BLE001 - any import-time failure of a user module is a config error
+            raise ValueError(f"{key}: cannot import module {mod!r} of {name!r}: {type(e).__name__}: {e}") from None
+        for part in attr.split("."):
+            if not hasattr(fn, part):
+                raise ValueError(f"{key}: module {mod!r} has no attribute {attr!r} (from {name!r})")
+            fn = getattr(fn, part)
+        if not callable(fn):
+            raise ValueError(f"{key}: {name!r} is a {type(fn).__name__}, not a function")
+        params = list(inspect.signature(fn).parameters.values())
+        if not params or params[0].kind not in (params[0].POSITIONAL_ONLY, params[0].POSITIONAL_OR_KEYWORD,
+                                                params[0].VAR_POSITIONAL):
+            raise ValueError(f"{key}: {name!r}{inspect.signature(fn)} must take the {self.kind}'s inputs as its "
+                             "first positional argument")
+        needs = getattr(fn, "needs", ())
+        if isinstance(needs, str) or not all(n in NEEDS for n in needs):
+            raise ValueError(f"{key}: {name!r}.needs={needs!r} must be a list of: {', '.join(NEEDS)}")
+        self.register(name, needs=needs)(fn)
+        return name
 
     def needs(self, name: str) -> frozenset[str]:
         """What entry ``name`` declared it needs (see :data:`NEEDS`); unknown names raise like ``[name]``."""

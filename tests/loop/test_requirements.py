@@ -147,3 +147,40 @@ def test_remax_runs_from_a_recipe(tmp_path) -> None:
     steps = [r for r in rows if "loss" in r]
     assert len(steps) == 2 and all(np.isfinite(r["loss"]) for r in steps)
     assert all("remax/baseline_reward_mean" in r for r in steps)
+
+
+@pytest.fixture
+def user_algos(monkeypatch: pytest.MonkeyPatch) -> str:
+    from pathlib import Path
+
+    monkeypatch.syspath_prepend(str(Path(__file__).parent))
+    return "_algos_for_tests"
+
+
+def test_estimator_and_loss_by_dotted_path_checked_at_config_load(user_algos: str) -> None:
+    m = user_algos
+    cfg = load_config(None, [f"credit.estimator={m}:scaled_grpo", "credit.kwargs={scale: 2.0}",
+                             f"loss.policy_loss={m}:clip_loss", "loss.kwargs={eps: 0.1}"])
+    assert A.ADVANTAGES.needs(cfg.credit.estimator) == {"groups>=2"}  # declared by the function
+    for overrides, msg in [
+        ([f"credit.estimator={m}:scaled_grpo", "credit.kwargs={scael: 2.0}"], "credit.kwargs.scael: unknown keyword"),
+        ([f"credit.estimator={m}:scaled_grpo", "sampling.group_size=1"], "needs sampling.group_size >= 2"),
+        ([f"loss.policy_loss={m}:clip_loss", "loss.kwargs={eps_low: 0.1}"], "loss.kwargs.eps_low: unknown keyword"),
+        (["credit.estimator=no_mod_zz:f"], "credit.estimator: cannot import module 'no_mod_zz'"),
+        ([f"credit.estimator={m}:nope"], "has no attribute 'nope'"),
+        ([f"credit.estimator={m}:no_inputs"], "first positional argument"),
+        ([f"loss.policy_loss={m}:bad_needs"], "needs=\\('a_gpu',\\) must be a list of"),
+        (["credit.estimator=grpoo"], "unknown advantage estimator 'grpoo'; valid: .*package.module:function"),
+    ]:
+        with pytest.raises(ConfigError, match=msg) as e:
+            load_config(None, overrides)
+        assert "\n" not in str(e.value)
+
+
+def test_user_estimator_and_loss_run_from_a_recipe(user_algos: str, tmp_path) -> None:
+    from posttrain.loop.sync import train
+
+    st = train(load_config("grpo", [*SMALL, f"credit.estimator={user_algos}:scaled_grpo", "credit.kwargs={scale: 2}",
+                                    f"loss.policy_loss={user_algos}:clip_loss", "loss.kwargs={}", "steps=1",
+                                    f"run_dir={tmp_path}"]))
+    assert st.step == 1
