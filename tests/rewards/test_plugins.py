@@ -131,3 +131,24 @@ def test_recipe_key_reaches_the_ledger(tmp_path) -> None:
         b = 1.0 / (1.0 + len(t.meta["response"]))
         assert t.reward.components["brevity"] == pytest.approx(b)
         assert t.reward.total == pytest.approx(t.reward.components["task"] + 0.5 * b)
+
+
+def test_the_docs_example_runs(tmp_path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """docs/tasks_and_verifiers.md's reward-function example: module and recipe keys, as written."""
+    import re
+    from pathlib import Path
+
+    import yaml
+
+    doc = (Path(__file__).parents[2] / "docs" / "tasks_and_verifiers.md").read_text()
+    sec = doc.split("## Reward functions by dotted path", 1)[1].split("\n## ", 1)[0]
+    code, recipe = re.findall(r"```python\n(.*?)```", sec, re.S)[0], re.findall(r"```yaml\n(.*?)```", sec, re.S)[0]
+    (tmp_path / "my_rewards.py").write_text(code)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    reward = yaml.safe_load(recipe)["reward"]
+    fns = ", ".join("{" + ", ".join(f"{k}: {v!r}" for k, v in f.items()) + "}" for f in reward["functions"])
+    cfg = load_config(None, [f"reward.functions=[{fns}]"])
+    assert cfg.reward.weights == {"task": 1.0, "brevity": 0.1, "mention": 0.5}
+    task = with_reward_functions(_Task(), [(f.name, f.path) for f in cfg.reward.functions])
+    v = _verify(task.verifier, "7", 7)
+    assert {k: v.components[k] for k in ("task", "brevity", "mention")} == {"task": 1.0, "brevity": 0.5, "mention": 1.0}
