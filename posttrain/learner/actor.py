@@ -216,6 +216,8 @@ class PolicyLearner:
         self.generator = torch.Generator().manual_seed(seed)
         self.version = 0
         self.optimizer_steps = 0
+        self.last_old_logprob: torch.Tensor | None = None  # pi_old of the last fused update (see update)
+        self._fused_old: torch.Tensor | None = None
 
     # ------------------------------------------------------------------ helpers
     @property
@@ -252,6 +254,16 @@ class PolicyLearner:
     def current_lr(self) -> float:
         """Learning rate the next optimizer step will use."""
         return self.stepper.current_lr()
+
+    def can_fuse_old_logprob(self) -> bool:
+        """True when ``update(..., fuse_old=True)`` may take pi_old from the update's own forward.
+
+        Exactly one optimizer step per update (``ppo_epochs == 1`` and ``num_minibatches == 1``):
+        its forward runs under the weights pi_old is defined by, so ``lp.detach()`` *is* pi_old and a
+        separate no-grad forward is redundant. Not with a behaviour correction (its kept-token mask
+        enters the reduction counts before the forward) nor across processes (one process here)."""
+        return (self.ppo_epochs == 1 and self.num_minibatches == 1 and self._correction is None
+                and self.grad_sync.world_size == 1)
 
     # ------------------------------------------------------------------ log-probs
     def compute_logprobs(self, batch: TrajectoryBatch) -> torch.Tensor:
@@ -294,9 +306,13 @@ class PolicyLearner:
 
     # ------------------------------------------------------------------ update
     def _prepare(
-        self, batch: TrajectoryBatch, advantages: torch.Tensor, old_logprob: torch.Tensor | None
+        self, batch: TrajectoryBatch, advantages: torch.Tensor, old_logprob: torch.Tensor | None,
+        fuse_old: bool = False,
     ) -> tuple[dict[str, torch.Tensor | None], dict[str, float]]:
-        """Move the batch to the device, apply the behavior correction, check shapes."""
+        """Move the batch to the device, apply the behavior correction, check shapes.
+
+        ``fuse_old``: ``t["old_logprob"]`` stays ``None`` and each micro-batch takes its own
+        detached log-probs as pi_old (``can_fuse_old_logprob``); log-kappa metrics come later."""
         B, T = batch.input_ids.shape
         if advantages.dim() == 1:
             if advantages.shape[0] != B:
@@ -304,12 +320,12 @@ class PolicyLearner:
             advantages = advantages[:, None].expand(B, T)  # a sequence-level advantage per token
         if tuple(advantages.shape) != (B, T):
             raise ValueError(f"advantages have shape {tuple(advantages.shape)}, batch is {(B, T)}")
-        if old_logprob is None:
+        if old_logprob is None and not fuse_old:
             old_logprob = batch.old_logprob
-        if old_logprob is None:
+        if old_logprob is None and not fuse_old:
             # On-policy: pi_old is the current policy; freeze it now (before any step).
             old_logprob = self.compute_logprobs(batch)
-        if tuple(old_logprob.shape) != (B, T):
+        if old_logprob is not None and tuple(old_logprob.shape) != (B, T):
             raise ValueError(f"old_logprob has shape {tuple(old_logprob.shape)}, batch is {(B, T)}")
         if self._kl is not None and batch.ref_logprob is None:
             raise ValueError(
@@ -323,7 +339,7 @@ class PolicyLearner:
         t: dict[str, torch.Tensor | None] = {
             "input_ids": batch.input_ids.to(dev),
             "attention_mask": batch.attention_mask.to(dev),
-            "old_logprob": old_logprob.to(dev, dt) * action_mask,
+            "old_logprob": old_logprob.to(dev, dt) * action_mask if old_logprob is not None else None,
             "behavior_logprob": batch.behavior_logprob.to(dev, dt) * action_mask,
             "ref_logprob": batch.ref_logprob.to(dev, dt) * action_mask
             if batch.ref_logprob is not None
@@ -354,10 +370,8 @@ class PolicyLearner:
             )
         t["loss_mask"] = action_mask * keep
         t["correction_weight"] = weights
-        n = action_mask.sum().clamp(min=1)
-        log_kappa = (t["behavior_logprob"] - t["old_logprob"]).abs() * action_mask  # type: ignore[operator]
-        info["logkappa_abs_mean"] = float(log_kappa.sum() / n)
-        info["logkappa_abs_max"] = float(log_kappa.max())
+        if t["old_logprob"] is not None:
+            info.update(_logkappa_metrics(t["behavior_logprob"], t["old_logprob"], action_mask))  # type: ignore[arg-type]
         return t, info
 
     def _reduction_weights(self, mask: torch.Tensor, num_sequences: int, num_tokens: float) -> torch.Tensor:
@@ -382,7 +396,9 @@ class PolicyLearner:
         )
         for g in groups:
             idx = [rows[i] for i in g]
-            yield take_rows(t, idx, max(1, max(sub[i] for i in g)))
+            mb = take_rows(t, idx, max(1, max(sub[i] for i in g)))
+            mb["rows"] = torch.as_tensor(idx, dtype=torch.long)
+            yield mb
 
     def _accumulate(self, t: Mapping[str, torch.Tensor | None], rows: Sequence[int], acc: _Acc) -> float:
         """Forward + backward of mini-batch ``rows`` in micro-batches; returns its loss tokens.
@@ -445,6 +461,11 @@ class PolicyLearner:
                     entropy_chunk_size=self.entropy_chunk_size,
                 )
             lp = lp.to(self.compute_dtype)
+            if mb["old_logprob"] is None:  # fused: this forward runs under pi_old's weights
+                mb["old_logprob"] = lp.detach() * mask
+                assert self._fused_old is not None
+                width = lp.shape[1]
+                self._fused_old[mb["rows"], :width] = mb["old_logprob"].to("cpu", torch.float64)
             out = self._policy_loss(
                 PolicyLossInputs(
                     logprob=lp,
@@ -515,9 +536,15 @@ class PolicyLearner:
         return acc.loss, grads
 
     def update(
-        self, batch: TrajectoryBatch, advantages: torch.Tensor, *, old_logprob: torch.Tensor | None = None
+        self, batch: TrajectoryBatch, advantages: torch.Tensor, *, old_logprob: torch.Tensor | None = None,
+        fuse_old: bool = False,
     ) -> dict[str, float]:
         """Train on one rollout batch; increments :attr:`version` by one. Returns metrics.
+
+        ``fuse_old=True`` (only when :meth:`can_fuse_old_logprob`; ``old_logprob`` must be None):
+        pi_old is not computed by a separate no-grad forward but taken, detached, from the update's
+        own forward — the same weights, the same micro-batches — and left in
+        :attr:`last_old_logprob` (``[B, T]`` float64 CPU, 0 off the action mask) for the ledger.
 
         ``advantages``: ``[B, T]`` per token (or ``[B]``, broadcast over the row's tokens); only
         action tokens count. ``old_logprob`` defaults to ``batch.old_logprob``, and when that is
@@ -535,7 +562,12 @@ class PolicyLearner:
         ``tokens_trained`` (loss tokens x epochs); ``optimizer_steps``; ``logkappa_abs_mean`` /
         ``logkappa_abs_max`` = |behavior - old| over action tokens; ``version`` (after the update).
         """
-        t, info = self._prepare(batch, advantages, old_logprob)
+        if fuse_old:
+            if not self.can_fuse_old_logprob() or old_logprob is not None:
+                raise ValueError("fuse_old needs ppo_epochs=1, num_minibatches=1, no correction, one process "
+                                 "and no old_logprob given")
+            self._fused_old = torch.zeros(tuple(batch.input_ids.shape), dtype=torch.float64)
+        t, info = self._prepare(batch, advantages, old_logprob, fuse_old=fuse_old)
         acc = _Acc()
         for _ in range(self.ppo_epochs):
             for rows in minibatch_rows(batch.size, self.num_minibatches, self.generator):
@@ -547,6 +579,13 @@ class PolicyLearner:
                 if self.stepper.step(acc.tally):
                     self.optimizer_steps += 1
         self.optimizer.zero_grad(set_to_none=True)
+        if fuse_old:
+            assert self._fused_old is not None
+            old = self._fused_old * batch.action_mask.to(torch.float64)
+            self.last_old_logprob, self._fused_old = old, None
+            dt = self.compute_dtype
+            am = batch.action_mask.to(self.device, dt)
+            info.update(_logkappa_metrics(batch.behavior_logprob.to(self.device, dt) * am, old.to(self.device, dt), am))
         self.version += 1
         return {**self._metrics(acc), **info}
 
@@ -616,6 +655,13 @@ class PolicyLearner:
             if isinstance(self.kl_coef, (int, float)):
                 raise ValueError("state holds a KL controller but this learner has a fixed kl_coef")
             self.kl_coef.load_state_dict(state["kl_controller"])
+
+
+def _logkappa_metrics(behavior: torch.Tensor, old: torch.Tensor, action_mask: torch.Tensor) -> dict[str, float]:
+    """``logkappa_abs_mean`` / ``_max`` = |log mu - log pi_old| over action tokens."""
+    log_kappa = (behavior - old).abs() * action_mask
+    return {"logkappa_abs_mean": float(log_kappa.sum() / action_mask.sum().clamp(min=1)),
+            "logkappa_abs_max": float(log_kappa.max())}
 
 
 def _dropout_rates(model: torch.nn.Module) -> list[str]:

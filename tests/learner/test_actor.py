@@ -407,3 +407,45 @@ def test_lora_update_raises_rewarded_rows(make_model, make_batch):
         learner.update(batch, adv)
     delta = seq_lp() - start
     assert (delta[:3] > 0.3).all() and (delta[3:] < -0.3).all(), delta
+
+
+@pytest.mark.parametrize("kl", [False, True])
+def test_fused_old_logprob_equals_the_two_forward_update(make_model, make_batch, make_advantages, kl):
+    """One optimizer step per update: pi_old from the update's own forward (detached) gives the same
+    recorded pi_old and the same weights as a separate no-grad forward first (issue 12, part 2)."""
+    batch = make_batch(n=12)
+    adv = make_advantages(batch)
+    kw = dict(lr=1e-2, microbatch_tokens=40, entropy_coef=0.01)
+    if kl:
+        ref = PolicyLearner(make_model(seed=7), lr=0.0).compute_logprobs(batch)
+        batch = collate(with_logprobs(batch, "ref", ref, 0), pad_token_id=0)
+        kw.update(kl_estimator="k3", kl_coef=0.1)
+    two = PolicyLearner(make_model(), **kw)
+    old = two.compute_logprobs(batch)
+    m_two = two.update(batch, adv, old_logprob=old)
+    fused = PolicyLearner(make_model(), **kw)
+    assert fused.can_fuse_old_logprob()
+    calls = []
+    fused.compute_logprobs = lambda b: calls.append(b)  # the fused update must not run this forward
+    m_fused = fused.update(batch, adv, fuse_old=True)
+    # Same weights, same micro-batches: the grad forward and the no-grad forward agree to rounding.
+    rtol = shape_rtol(int(batch.lengths.max()))
+    assert fused.last_old_logprob is not None
+    assert (fused.last_old_logprob[batch.action_mask == 0] == 0).all()
+    torch.testing.assert_close(fused.last_old_logprob, old, rtol=0, atol=rtol * float(old.abs().max()))
+    start = make_model().state_dict()
+    assert update_rel_diff(fused.model.state_dict(), two.model.state_dict(), start) <= 100 * rtol
+    for k in ("loss", "grad_norm", "kl", "entropy", "logkappa_abs_max", "tokens_trained"):
+        assert m_fused[k] == pytest.approx(m_two[k], rel=1e-6, abs=1e-9), k
+    assert m_fused["ratio_min"] == m_fused["ratio_max"] == 1.0
+    assert calls == []
+
+
+def test_fused_old_logprob_is_refused_where_it_would_be_wrong(make_model, make_batch, make_advantages):
+    batch = make_batch(n=6)
+    adv = make_advantages(batch)
+    for kw in ({"ppo_epochs": 2}, {"num_minibatches": 2}, {"correction": "tis"}):
+        learner = PolicyLearner(make_model(), **kw)
+        assert not learner.can_fuse_old_logprob()
+        with pytest.raises(ValueError, match="fuse_old"):
+            learner.update(batch, adv, fuse_old=True)
