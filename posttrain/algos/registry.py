@@ -83,6 +83,12 @@ class Registry(dict[str, Callable[..., Any]]):
         self.register(name, needs=needs)(fn)
         return name
 
+    def unregister(self, name: str) -> None:
+        """Remove ``name`` (a ``KeyError`` if absent); e.g. a test dropping the plug-ins it resolved."""
+        self[name]  # noqa: B018 - raises KeyError listing the valid names
+        super().pop(name)
+        self._needs.pop(name, None)
+
     def needs(self, name: str) -> frozenset[str]:
         """What entry ``name`` declared it needs (see :data:`NEEDS`); unknown names raise like ``[name]``."""
         self[name]  # noqa: B018 - raises KeyError listing the valid names

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+from collections.abc import Iterator
 from typing import Any
 
 import numpy as np
@@ -150,11 +151,14 @@ def test_remax_runs_from_a_recipe(tmp_path) -> None:
 
 
 @pytest.fixture
-def user_algos(monkeypatch: pytest.MonkeyPatch) -> str:
+def user_algos(monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
     from pathlib import Path
 
     monkeypatch.syspath_prepend(str(Path(__file__).parent))
-    return "_algos_for_tests"
+    yield "_algos_for_tests"
+    for reg in (A.ADVANTAGES, A.POLICY_LOSSES):  # registration is process-wide: leave the registries as found
+        for name in [n for n in reg if n.startswith("_algos_for_tests:")]:
+            reg.unregister(name)
 
 
 def test_estimator_and_loss_by_dotted_path_checked_at_config_load(user_algos: str) -> None:
