@@ -65,7 +65,7 @@ def build_task(cfg: RunConfig) -> Any:
     if cfg.reward.functions:  # reward.functions: extra raw components next to the task verifier's
         from posttrain.rewards.plugins import with_reward_functions
 
-        task = with_reward_functions(task, [(f.name, f.path) for f in cfg.reward.functions])
+        task = with_reward_functions(task, [(str(f.name), f.path) for f in cfg.reward.functions])
     return task
 
 
