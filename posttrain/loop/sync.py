@@ -26,7 +26,7 @@ from posttrain.config import RunConfig
 from posttrain.loop.guards import check_guards
 from posttrain.loop.run_state import RunState, open_run
 from posttrain.loop.step_metrics import step_metrics
-from posttrain.loop.targets import build_targets
+from posttrain.loop.targets import build_targets, run_baseline
 from posttrain.trajectory import Status, collate, with_logprobs
 
 
@@ -106,8 +106,14 @@ def update_step(run: Any, producer: Any, step: int, produced: Any, t_step: float
     # 4. freeze old / ref coordinates and targets
     t0 = time.perf_counter()
     batch = collate(usable, pad_token_id=run.pad_token_id)
-    old = run.learner.compute_logprobs(batch)
-    batch = collate(with_logprobs(batch, "old", old, run.learner.version), pad_token_id=run.pad_token_id)
+    old_version = run.learner.version
+    # One optimizer step per update and nothing before it that reads pi_old (no KL in the reward):
+    # pi_old comes from the update's own forward, detached (no redundant no-grad forward).
+    fuse = cfg.optim.fuse_old_logprob and run.learner.can_fuse_old_logprob() and not cfg.credit.kl_in_reward
+    old: torch.Tensor | None = None
+    if not fuse:
+        old = run.learner.compute_logprobs(batch)
+        batch = collate(with_logprobs(batch, "old", old, old_version), pad_token_id=run.pad_token_id)
     ref = None
     if run.ref_model is not None:
         ref = run.ref_logprobs(batch)
@@ -115,15 +121,30 @@ def update_step(run: Any, producer: Any, step: int, produced: Any, t_step: float
     values = final_values = None
     if run.critic is not None:
         values, final_values = run.critic.compute_values(batch)
-    tg = build_targets(
-        batch, old_logprob=old, ref_logprob=ref, values=values, final_values=final_values,
-        estimator=cfg.credit.estimator, estimator_kwargs=cfg.credit.kwargs,
-        kl_in_reward=cfg.credit.kl_in_reward, kl_estimator=cfg.loss.kl_estimator,
-        kl_coef=run.kl_coef_value(),
-    )
+    baseline, baseline_metrics = run_baseline(run, batch, step)  # ReMax: one greedy rollout per prompt
+    metrics.update(baseline_metrics)
+
+    def targets(old_lp: torch.Tensor | None) -> Any:
+        # Fused: advantages need no pi_old (no KL in the reward), so the first call sees no reference
+        # (its KL metric waits for pi_old); the behaviour log-probs stand in for the unused argument.
+        return build_targets(
+            batch, old_logprob=old_lp if old_lp is not None else batch.behavior_logprob,
+            ref_logprob=ref if old_lp is not None else None, values=values, final_values=final_values,
+            estimator=cfg.credit.estimator, estimator_kwargs=cfg.credit.kwargs,
+            kl_in_reward=cfg.credit.kl_in_reward, kl_estimator=cfg.loss.kl_estimator,
+            kl_coef=run.kl_coef_value(), baseline=baseline,
+        )
+
+    tg = targets(old)
     # 5. update actor (and critic) under the recipe's reduction (correction: CORRECTIONS / decoupled PPO
     #    against the recorded behaviour log-probs, whatever the mode)
-    upd = run.learner.update(batch, tg.advantages, old_logprob=old)
+    upd = run.learner.update(batch, tg.advantages, old_logprob=old, fuse_old=fuse)
+    if fuse:
+        old = run.learner.last_old_logprob
+        assert old is not None
+        batch = collate(with_logprobs(batch, "old", old, old_version), pad_token_id=run.pad_token_id)
+        tg = targets(old)  # the same advantages (no pi_old in them), now with pi_old and the KL metric
+    metrics["update/fused_old_logprob"] = float(fuse)
     if run.critic is not None and tg.returns is not None:
         upd.update({f"critic/{k}": v for k, v in run.critic.update(batch, tg.returns, old_values=values).items()})
     metrics.update(upd)
