@@ -50,6 +50,13 @@ class KillsWorker:
         os._exit(3)
 
 
+def micro_engine_model() -> torch.nn.Module:
+    """The rollout model of the Ray tests: micro preset, float64."""
+    from posttrain.models import build_tiny_model
+
+    return build_tiny_model("micro", seed=0, dtype=torch.float64)
+
+
 def micro_learner_model(dtype: torch.dtype = torch.float64, seed: int = 0) -> torch.nn.Module:
     from posttrain.models import build_tiny_model
 

@@ -11,18 +11,10 @@ import sys
 from pathlib import Path
 
 import pytest
-import torch
 
 sys.path.insert(0, str(Path(__file__).parent))
 
 import _distributed_helpers as helpers  # noqa: E402
-
-
-def micro_engine_model() -> torch.nn.Module:
-    """The rollout model of the Ray tests: micro preset, float64 (exact comparisons)."""
-    from posttrain.models import build_tiny_model
-
-    return build_tiny_model("micro", seed=0, dtype=torch.float64)
 
 
 @pytest.fixture(scope="session")
@@ -41,7 +33,7 @@ def ray_env(tmp_path_factory):
         max_restarts=10, max_task_retries=0, request_retries=1,
     )
     backend = build_ray_backend(
-        builtin_engine_factory(micro_engine_model(), eos_token_id=1), cfg,
+        builtin_engine_factory(helpers.micro_engine_model(), eos_token_id=1), cfg,
         learner_factory=helpers.make_learner,
         crash_markers=[str(markers / "rollout-0"), str(markers / "rollout-1")],
     )

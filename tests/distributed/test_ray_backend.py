@@ -9,7 +9,7 @@ import time
 import _distributed_helpers as helpers
 import pytest
 import torch
-from conftest import micro_engine_model
+from _distributed_helpers import micro_engine_model
 
 from posttrain.loop.backends import RolloutInfraError
 from posttrain.rollout.builtin import BuiltinEngine
