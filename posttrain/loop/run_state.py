@@ -19,6 +19,7 @@ import dataclasses
 import json
 import logging
 import os
+import shutil
 import time
 from pathlib import Path
 from typing import Any
@@ -100,6 +101,13 @@ class Run:
                                         max_grad_norm=cfg.optim.max_grad_norm, epochs=cfg.optim.ppo_epochs,
                                         num_minibatches=cfg.optim.num_minibatches, seed=cfg.seed)
         self.heldout = self.task.examples("heldout", cfg.eval.size, seed=cfg.seed)
+        # Every row of a file task (else the held-out prompts) must encode and fit the model's context,
+        # checked by length before tokenizing: one error naming the file and row, before any rollout.
+        from posttrain.envs.task import check_prompts, task_rows
+
+        check_prompts(task_rows(self.task) or self.heldout, self.tokenizer,
+                      max_context=getattr(getattr(self.plain_model, "config", None), "max_position_embeddings", None),
+                      max_new_tokens=cfg.sampling.max_new_tokens)
         self.step_examples: dict[str, Any] = {}  # prompt_id -> TaskExample drawn this step (see next_prompts)
         self.ledger = Ledger(self.dir / "ledger")
         self.log = MetricsLog(self.dir, tensorboard=cfg.logging.tensorboard, wandb=cfg.logging.wandb, run_name=cfg.name)
@@ -424,6 +432,7 @@ def open_run(cfg: RunConfig) -> Run:
     """
     from posttrain.loop.run_dir import RunDirLock, prepare_run_dir, refuse_to_overwrite, write_text_atomic
 
+    fresh = not run_dir_of(cfg).exists()
     run_dir = prepare_run_dir(run_dir_of(cfg))
     lock = RunDirLock(run_dir)
     try:
@@ -433,6 +442,8 @@ def open_run(cfg: RunConfig) -> Run:
         run = Run(cfg, lock=lock)
     except BaseException:
         lock.release()
+        if fresh:  # a run that never started (bad data, model, ...) leaves no directory behind
+            shutil.rmtree(run_dir, ignore_errors=True)
         raise
     try:
         if cfg.resume:

@@ -210,3 +210,21 @@ class _Spy:
 
     def __len__(self):
         return len(self._tok)
+
+
+def test_train_refuses_a_prompt_over_the_context_before_any_rollout_and_leaves_no_run_dir(capsys, tmp_path):
+    """The train path runs the same prompt check as check/eval (file and row named), and a run that
+    never started leaves no run directory behind."""
+    p = write_jsonl(tmp_path / "data.jsonl", [*ROWS, {"prompt": "7" * 40_000, "answer": "1"}])
+    run_dir = tmp_path / "run"
+    assert main(["train", "grpo", *QUICK, f"run_dir={run_dir}", *jsonl_task(p)]) == 2
+    line = one_error_line(capsys)
+    assert f"{p}: row 12: prompt of 40000 characters cannot fit the model's context of 512" in line
+    assert not run_dir.exists()
+
+
+def test_train_names_the_row_of_an_unencodable_prompt(capsys, tmp_path):
+    p = write_jsonl(tmp_path / "data.jsonl", [*ROWS, {"prompt": "2\u00d73=", "answer": "6"}])
+    assert main(["train", "grpo", *QUICK, f"run_dir={tmp_path / 'run'}", *jsonl_task(p)]) == 2
+    line = one_error_line(capsys)
+    assert f"{p}: row 12:" in line and "'×' (U+00D7)" in line
