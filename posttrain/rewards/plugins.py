@@ -26,13 +26,13 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-import importlib
 import inspect
 import math
 import threading
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from posttrain.algos.registry import import_dotted
 from posttrain.rewards.verdict import Verdict
 from posttrain.trajectory import Status
 
@@ -43,18 +43,7 @@ class RewardFunctionError(RuntimeError):
 
 def resolve(path: str, key: str) -> Any:
     """Import ``'package.module:attr'``; ``ValueError`` naming ``key`` and ``path`` when it cannot be loaded."""
-    mod, sep, attr = path.partition(":")
-    if not sep or not mod or not attr:
-        raise ValueError(f"{key}: {path!r} must look like 'package.module:function'")
-    try:
-        obj = importlib.import_module(mod)
-    except Exception as e:  # noqa: BLE001 - any import-time failure of a user module is a config error
-        raise ValueError(f"{key}: cannot import module {mod!r} of {path!r}: {type(e).__name__}: {e}") from None
-    for part in attr.split("."):
-        if not hasattr(obj, part):
-            raise ValueError(f"{key}: module {mod!r} has no attribute {attr!r} (from {path!r})")
-        obj = getattr(obj, part)
-    return obj
+    return import_dotted(path, key=key)
 
 
 def check_reward_function(path: str, key: str) -> Any:
