@@ -188,6 +188,7 @@ class InlineGuard:
             return box[0]
         if not done.is_set():
             assert self._thread is not None
+            self._thread.name = "verify-abandoned"  # visible as such until the interrupted call returns
             _async_raise(self._thread, VerifierTimeout)
             jobs.put(None)  # that thread exits once the stuck call returns; later calls get a new one
             self._jobs = None
