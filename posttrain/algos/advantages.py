@@ -149,6 +149,13 @@ def _groups(inputs: AdvantageInputs, b: int) -> tuple[Tensor, Tensor]:
     return ids, inv
 
 
+def _check_norm(eps: float, min_std: float) -> None:
+    """A normaliser ``(x - mean) / (std + eps)`` with ``std >= min_std``: both must be >= 0 (a negative
+    ``eps`` can divide by ~0 or flip the advantage's sign)."""
+    if not (eps >= 0 and min_std >= 0):
+        raise ValueError(f"eps and min_std must be >= 0, got eps={eps}, min_std={min_std}")
+
+
 def _group_stats(x: Tensor, inv: Tensor, n_groups: int, valid: Tensor) -> tuple[Tensor, Tensor, Tensor]:
     """Per-element (group mean, unbiased group std, valid-member count) over valid members only."""
     w = valid.to(x.dtype)
@@ -166,6 +173,7 @@ def _group_normalize(
 ) -> Tensor:
     """(x - mean_g) [/ (std_g + eps)] per element; 0 for invalid elements, groups with < 2 valid
     members, and (when ``norm_std``) groups whose std < ``min_std``."""
+    _check_norm(eps, min_std)
     mean, std, count = _group_stats(x, inv, n_groups, valid)
     centred = x - mean
     if norm_std:
@@ -481,6 +489,7 @@ def remax(inputs: AdvantageInputs) -> AdvantageOutputs:
 def _batch_whiten(x: Tensor, live: Tensor, eps: float, min_std: float) -> Tensor:
     """(x - mean) / (std + eps) over the ``live`` positions (population std); 0 elsewhere.
     Fewer than 2 live positions or std < ``min_std`` -> all 0 (no usable signal)."""
+    _check_norm(eps, min_std)
     w = live.to(x.dtype)
     n = w.sum()
     if float(n.item()) < 2:

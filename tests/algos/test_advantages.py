@@ -604,3 +604,17 @@ def test_grpo_and_rloo_vectorised_equal_plain_loop(data: st.DataObject, b: int) 
     else:
         with pytest.raises(ValueError, match="K >= 2"):
             rloo(inp)
+
+
+@pytest.mark.parametrize("name", ["grpo", "reinforce_pp", "reinforce_pp_baseline"])
+@pytest.mark.parametrize("bad", [{"eps": -1.0}, {"min_std": -1e-3}])
+def test_negative_normaliser_constants_are_refused(name: str, bad: dict) -> None:
+    """(x - mean) / (std + eps) with eps < 0 can divide by ~0 or flip signs: refused (and so refused
+    at config load, which probes every estimator's kwargs)."""
+    from posttrain.algos import ADVANTAGES
+
+    mask = torch.ones(4, 2, dtype=torch.float64)
+    inputs = AdvantageInputs(action_mask=mask, rewards=torch.tensor([1.0, 0.0, 1.0, 0.0], dtype=torch.float64),
+                             group_index=torch.tensor([0, 0, 1, 1]))
+    with pytest.raises(ValueError, match="eps and min_std must be >= 0"):
+        ADVANTAGES[name](inputs, **bad)
