@@ -84,7 +84,11 @@ def test_heldout_eval_survives_every_verifier_failure_without_workers(tricky_tas
     # the interrupted pure-Python loops are gone, not spinning in abandoned threads (the one idle
     # guard thread that serves this thread's next call stays)
     assert not [t for t in threading.enumerate() if t.name == "verify-abandoned"]
-    assert len([t for t in threading.enumerate() if t.name == "verify-guard"]) <= 1
+    threads = pool.guard_threads()
+    assert len(threads) == 1  # one idle guard serves this thread's next call
+    pool.close()  # and it ends with the pool (or after InlineGuard.IDLE_EXIT_S idle): no leak
+    threads[0].join(2)
+    assert not threads[0].is_alive()
 
 
 def test_heldout_eval_without_a_pool_is_guarded_too(tricky_task):

@@ -85,3 +85,20 @@ def test_bad_arguments_are_errors():
         VerifierPool(workers=1, mp_context="fork")
     with pytest.raises(ValueError, match="timeout_s"):
         VerifierPool(workers=0, timeout_s=0)
+
+
+def test_in_process_guard_thread_exits_when_idle_and_comes_back(monkeypatch):
+    """workers=0: the guard thread ends after IDLE_EXIT_S without work (pools that are never closed leak
+    no threads) and the next call starts a new one."""
+    from posttrain.rewards.pool import InlineGuard
+
+    monkeypatch.setattr(InlineGuard, "IDLE_EXIT_S", 0.1)
+    pool = VerifierPool(workers=0, timeout_s=5, retries=0)
+    items = [(Echo(), "x", "x", {})]
+    assert pool.verify_batch(items)[0].status is Status.CORRECT
+    (t,) = pool.guard_threads()
+    t.join(2)
+    assert not t.is_alive() and pool.guard_threads() == []
+    assert pool.verify_batch(items)[0].status is Status.CORRECT
+    assert len(pool.guard_threads()) == 1
+    pool.close()
