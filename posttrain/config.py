@@ -118,6 +118,11 @@ class SamplingConfig(_Section):
     temperature: float = Field(1.0, ge=0.0)
     top_p: float = Field(1.0, gt=0.0, le=1.0)
     top_k: int = Field(0, ge=0)
+    replay_truncation: bool = Field(
+        True, description="with top_k > 0 or top_p < 1, the learner's pi_theta / pi_old / pi_ref are the sampler's "
+        "truncated distribution (softmax renormalised over the kept set, recomputed from the learner's logits, "
+        "the sampled token always kept), so kappa = pi_old / mu stays ~1; false: the full softmax (kappa then "
+        "includes the truncation). docs/learner.md")
     max_new_tokens: int = Field(16, ge=1)
     dynamic_sampling: bool = Field(False, description="DAPO: drop groups whose rewards are all equal and oversample")
     max_sampling_rounds: int = Field(4, ge=1, description="oversampling rounds before giving up filling the batch")
@@ -190,6 +195,62 @@ class CriticConfig(_Section):
     lr: float = Field(1e-3, ge=0.0)
     shared_backbone: bool = False
     value_clip: float | None = Field(0.2, gt=0)
+
+
+class LearnerConfig(_Section):
+    """Where and how the policy update runs (docs/distributed.md).
+
+    ``single``: the learner lives in the driver process (today's embedded learner). ``ddp`` /
+    ``fsdp2``: ``world_size`` learner rank processes (127.0.0.1, gloo on CPU / NCCL on CUDA) driven
+    by the loop; each rank computes a token-balanced share of every mini-batch. ``ddp`` replicates
+    the model and all-reduces gradients; ``fsdp2`` shards parameters, gradients and AdamW state with
+    ``torch.distributed.fsdp.fully_shard``. Rank 0 returns each update's metrics and the gathered
+    full weights for the engine.
+    """
+
+    strategy: Literal["single", "ddp", "fsdp2"] = Field(
+        "single", description="single: embedded learner; ddp: replicated ranks, gradient all-reduce; fsdp2: "
+        "sharded parameters / gradients / optimizer state (fully_shard)")
+    world_size: int = Field(1, ge=1, description="learner rank processes (> 1 needs strategy ddp or fsdp2)")
+    device: Literal["auto", "cpu", "cuda"] = Field(
+        "auto", description="auto: cuda when a GPU is visible and the strategy runs ranks, else cpu; cuda: one GPU "
+        "per rank (NCCL), an error when no GPU is visible")
+    precision: Literal["fp32", "bf16"] = Field(
+        "fp32", description="bf16: mixed precision with float32 master weights (fsdp2: MixedPrecisionPolicy with "
+        "float32 gradient reduction; ddp: autocast); CUDA only, refused on CPU")
+    rank_timeout_s: float = Field(
+        600.0, gt=0, description="a rank call (update, log-probs, state) that gets no reply for this long fails "
+        "the run naming the silent ranks; a rank process that exits is detected within 0.5 s")
+    startup_timeout_s: float = Field(120.0, gt=0, description="bound on starting the ranks (process group + model)")
+
+    @model_validator(mode="after")
+    def _check_learner(self) -> LearnerConfig:
+        if self.world_size > 1 and self.strategy == "single":
+            raise ValueError(f"learner.world_size={self.world_size} needs learner.strategy=ddp or fsdp2")
+        if self.device == "cuda":
+            import torch
+
+            if not torch.cuda.is_available():
+                raise ValueError("learner.device=cuda but no CUDA GPU is visible (torch.cuda.is_available() is False)")
+            if self.strategy == "single":
+                raise ValueError("learner.device=cuda runs the learner in rank processes: set learner.strategy=ddp "
+                                 "or fsdp2 (world_size 1 is allowed)")
+            if self.world_size > torch.cuda.device_count():
+                raise ValueError(f"learner.world_size={self.world_size} > {torch.cuda.device_count()} visible GPUs")
+        if self.precision == "bf16" and self.resolved_device() != "cuda":
+            raise ValueError("learner.precision=bf16 is refused on CPU (mixed precision is supported on CUDA only): "
+                             "set learner.precision=fp32 or learner.device=cuda")
+        return self
+
+    def resolved_device(self) -> str:
+        """``cpu`` or ``cuda``: ``auto`` is cuda only when a GPU is visible and the strategy runs ranks."""
+        if self.device != "auto":
+            return self.device
+        if self.strategy == "single":
+            return "cpu"
+        import torch
+
+        return "cuda" if torch.cuda.is_available() and torch.cuda.device_count() >= self.world_size else "cpu"
 
 
 class SystemConfig(_Section):
@@ -349,6 +410,8 @@ class RunConfig(_Section):
     optim: OptimConfig = Field(default_factory=OptimConfig)
     lora: LoraConfig = Field(default_factory=LoraConfig, description="LoRA adapters on the policy (rank 0 = off)")
     critic: CriticConfig = Field(default_factory=CriticConfig)
+    learner: LearnerConfig = Field(default_factory=LearnerConfig, description="where the policy update runs: "
+                                   "embedded, or ddp / fsdp2 rank processes (docs/distributed.md)")
     system: SystemConfig = Field(default_factory=SystemConfig)
     rollout: RolloutConfig = Field(default_factory=RolloutConfig, description="the rollout engine (docs/rollout.md)")
     eval: EvalConfig = Field(default_factory=EvalConfig)
@@ -381,6 +444,12 @@ class RunConfig(_Section):
             raise ValueError("rollout.vllm.dtype: vLLM has no float64; set model.dtype=float32 or rollout.vllm.dtype")
         if self.loss.kl_coef > 0 and self.loss.kl_estimator is None:
             raise ValueError("loss.kl_coef > 0 needs loss.kl_estimator (k1, k2 or k3)")
+        if self.learner.strategy != "single" and self.lora.rank > 0:
+            raise ValueError(f"learner.strategy={self.learner.strategy} does not support LoRA (lora.rank > 0); "
+                             "use learner.strategy=single")
+        if self.learner.precision == "bf16" and self.model.dtype != "float32":
+            raise ValueError(f"learner.precision=bf16 keeps float32 master weights: needs model.dtype=float32, "
+                             f"got {self.model.dtype}")
         check_algo_kwargs(self)
         return self
 

@@ -1,0 +1,50 @@
+"""The ``learner:`` recipe section: validated at load, one-line errors naming the key."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from posttrain.config import ConfigError, load_config
+
+
+def _err(overrides: list[str]) -> str:
+    with pytest.raises(ConfigError) as e:
+        load_config("grpo", overrides)
+    msg = str(e.value)
+    assert "\n" not in msg
+    return msg
+
+
+def test_defaults_are_the_embedded_learner() -> None:
+    cfg = load_config("grpo")
+    assert (cfg.learner.strategy, cfg.learner.world_size, cfg.learner.precision) == ("single", 1, "fp32")
+    assert cfg.learner.resolved_device() == "cpu"
+
+
+def test_world_size_above_one_needs_a_rank_strategy() -> None:
+    assert "learner.world_size=2 needs learner.strategy=ddp or fsdp2" in _err(["learner.world_size=2"])
+    assert "learner.world_size" in _err(["learner.strategy=ddp", "learner.world_size=0"])
+    cfg = load_config("grpo", ["learner.strategy=fsdp2", "learner.world_size=2"])
+    assert (cfg.learner.strategy, cfg.learner.world_size) == ("fsdp2", 2)
+
+
+def test_cuda_without_a_gpu_is_a_one_line_error(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert "learner.device=cuda but no CUDA GPU is visible" in _err(["learner.strategy=ddp", "learner.device=cuda"])
+    # auto never picks a GPU that is not there
+    cfg = load_config("grpo", ["learner.strategy=ddp", "learner.world_size=2"])
+    assert cfg.learner.resolved_device() == "cpu"
+
+
+def test_bf16_is_refused_on_cpu_and_needs_float32_master_weights(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert "learner.precision=bf16 is refused on CPU" in _err(["learner.precision=bf16"])
+    assert "learner.precision=bf16 is refused on CPU" in _err(["learner.strategy=fsdp2", "learner.precision=bf16",
+                                                              "learner.device=cpu"])
+
+
+def test_rank_strategies_refuse_lora_and_bad_names() -> None:
+    assert "does not support LoRA" in _err(["learner.strategy=ddp", "lora.rank=4"])
+    assert "learner.strategy" in _err(["learner.strategy=zero3"])
+    assert "learner.rank_timeout_s" in _err(["learner.rank_timeout_s=0"])
