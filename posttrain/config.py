@@ -118,11 +118,6 @@ class SamplingConfig(_Section):
     temperature: float = Field(1.0, ge=0.0)
     top_p: float = Field(1.0, gt=0.0, le=1.0)
     top_k: int = Field(0, ge=0)
-    replay_truncation: bool = Field(
-        True, description="with top_k > 0 or top_p < 1, the learner's pi_theta / pi_old / pi_ref are the sampler's "
-        "truncated distribution (softmax renormalised over the kept set, recomputed from the learner's logits, "
-        "the sampled token always kept), so kappa = pi_old / mu stays ~1; false: the full softmax (kappa then "
-        "includes the truncation). docs/learner.md")
     max_new_tokens: int = Field(16, ge=1)
     dynamic_sampling: bool = Field(False, description="DAPO: drop groups whose rewards are all equal and oversample")
     max_sampling_rounds: int = Field(4, ge=1, description="oversampling rounds before giving up filling the batch")
