@@ -55,6 +55,16 @@ def run(args: argparse.Namespace) -> int:
                 tab.add_row(s["label"], str(s["n"]), _fmt(s["reward_mean"]), _fmt(s["accuracy"]),
                             _fmt(s["length_mean"]), _fmt(s["truncated_rate"]))
             con.print(tab)
+        hv = doc["hidden_verifier"]
+        con.print(f"[bold]passed by the training verifier, failed by the hidden one[/bold]: {hv['explanation']}")
+        if hv["items"]:
+            tab = Table()
+            for col in ("step", "trajectory", "reward", "response", "reference", "hidden verdict"):
+                tab.add_column(col)
+            for i in hv["items"]:
+                tab.add_row(str(i["step"]), i["traj_id"], _fmt(i["reward"]), repr(i["response"]), repr(i["reference"]),
+                            i["second_status"])
+            con.print(tab)
         sym = Table(title="failure symptoms (seed 004)", show_lines=True)
         for col in ("symptom", "flagged", "evidence", "check first"):
             sym.add_column(col)

@@ -10,9 +10,11 @@ from typing import Any
 from posttrain.diagnostics.html import render_report_html
 from posttrain.diagnostics.load import load_summaries, read_metrics
 from posttrain.diagnostics.plots import plot_strata, plot_trends
+from posttrain.diagnostics.second_verifier import disagreements
 from posttrain.diagnostics.strata import all_strata
 from posttrain.diagnostics.symptoms import all_symptoms
 from posttrain.diagnostics.trends import all_trends
+from posttrain.diagnostics.viewer_data import passed_rows
 
 
 def heldout_report(metrics: list[dict[str, Any]]) -> dict[str, Any]:
@@ -44,6 +46,8 @@ def build_report(run_dir: str | Path, out_dir: str | Path | None = None) -> dict
         "strata": [dataclasses.asdict(t) for t in strata],
         "trends": {k: [list(p) for p in v] for k, v in trends.items()},
         "symptoms": [dataclasses.asdict(s) for s in symptoms],
+        # Passed by the training verifier, failed by the run's eval.hidden_verifier (from the ledger).
+        "hidden_verifier": disagreements(passed_rows(run), None),
         **heldout_report(metrics),
     }
     files = [p for p in (plot_strata(strata, out / "strata.png"), plot_trends(trends, out / "trends.png")) if p]

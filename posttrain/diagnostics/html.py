@@ -37,6 +37,15 @@ def render_report_html(doc: dict[str, Any], images: Sequence[str]) -> str:
         f"<td>{'FLAGGED' if s['flagged'] else 'no'}</td><td>{escape(s['evidence'])}</td><td>{escape(s['check'])}</td></tr>"
         for s in doc["symptoms"])
     parts.append(f"<table><tr><th>symptom</th><th>flagged</th><th>evidence</th><th>check first</th></tr>{rows}</table>")
+    hv = doc.get("hidden_verifier")
+    if hv is not None:
+        parts.append("<h2>Passed by the training verifier, failed by the hidden one</h2>"
+                     f"<p class='note'>{escape(hv['explanation'])}</p>")
+        if hv["items"]:
+            parts.append(table_html(
+                ["step", "trajectory", "reward", "response", "reference", "training verifier", "hidden verdict"],
+                [[i["step"], i["traj_id"], i["reward"], i["response"], i["reference"], i["train_verifier"],
+                  i["second_status"]] for i in hv["items"]], cls="hidden"))
     if doc["heldout_curve"]:
         parts.append("<h2>Held-out accuracy</h2>" + table_html(
             ["step", "accuracy", "reward"], [[c["step"], c["accuracy"], c["reward"]] for c in doc["heldout_curve"]]))

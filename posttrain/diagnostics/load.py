@@ -19,8 +19,9 @@ import pyarrow.parquet as pq
 
 from posttrain.trajectory import Ledger
 
-# A per-token log-prob of the *current* policy is not part of the ledger schema today; if a
-# future ledger (or a user's) carries one under any of these names, |log rho| uses it.
+# The ledger's column is ``current_logprob`` (pi_theta as the update saw it); a user's ledger may
+# carry the same quantity under another of these names. Ledgers written before the column existed
+# lack it: |log rho| is then absent, with the reason (see ``rho_absent_reason``).
 CURRENT_LOGPROB_COLUMNS = ("current_logprob", "logprob", "new_logprob")
 
 
@@ -77,7 +78,12 @@ def summarize_row(step: int, row: dict[str, Any]) -> dict[str, Any]:
         "length": int(mask.sum()), "lag": row.get("policy_lag"), "verifier": row.get("verifier"),
         "abs_log_kappa_mean": None, "abs_log_kappa_max": None, "abs_log_rho_mean": None, "abs_log_rho_max": None,
         "ref_kl_mean": None, "surprisal_mean": float(-beh.mean()) if beh.size else None, "group_success": None,
+        "has_current_column": any(name in row for name in CURRENT_LOGPROB_COLUMNS),
+        "advantage_mean": None, "hidden_status": row.get("hidden_status"), "hidden_verifier": row.get("hidden_verifier"),
     }
+    adv = row.get("advantage")
+    if adv is not None and mask.any():
+        out["advantage_mean"] = float(np.asarray(adv, dtype=np.float64)[mask].mean())
     old = row.get("old_logprob")
     if old is not None:
         o = np.asarray(old, dtype=np.float64)[mask]
@@ -88,6 +94,21 @@ def summarize_row(step: int, row: dict[str, Any]) -> dict[str, Any]:
         if row.get("ref_logprob") is not None and o.size:
             out["ref_kl_mean"] = float((o - np.asarray(row["ref_logprob"], dtype=np.float64)[mask]).mean())
     return out
+
+
+def rho_absent_reason(rows: list[dict[str, Any]]) -> str:
+    """Why no trajectory of ``rows`` (:func:`summarize_row` dicts) has a |log rho|; "" if some do."""
+    if any(r.get("abs_log_rho_mean") is not None for r in rows):
+        return ""
+    if not rows:
+        return "no trajectories in the ledger"
+    if not any(r.get("has_current_column") for r in rows):
+        return ("absent: no current-policy log-probs: this ledger was written before they were recorded "
+                "(no current_logprob column); see the step-level ratio_min/ratio_max trend instead")
+    if not any(r.get("abs_log_kappa_mean") is not None for r in rows):
+        return "absent: no trajectory has frozen old log-probs, so current - old cannot be formed"
+    return ("absent: no current-policy log-probs in any trajectory (the current_logprob column is empty: the "
+            "learner did not record them, e.g. rows computed on another process's shard)")
 
 
 def _fill_group_success(rows: list[dict[str, Any]]) -> None:

@@ -12,9 +12,10 @@ import json
 from collections.abc import Sequence
 from typing import Any
 
-NO_SECOND_VERIFIER = ("this ledger records only the training verifier's verdicts, so there is nothing to "
-                      "disagree with; pass --verifier NAME (a registered verifier such as exact or math, or "
-                      "module.path:factory) to re-judge the passed trajectories with an evaluation-only verifier")
+NO_SECOND_VERIFIER = ("this ledger records only the training verifier's verdicts (the run had no "
+                      "eval.hidden_verifier), so there is nothing to disagree with; pass --verifier NAME (a "
+                      "registered verifier such as exact or math, or module.path:factory) to re-judge the passed "
+                      "trajectories with an evaluation-only verifier")
 
 
 def load_verifier(spec: str, kwargs_json: str | None = None) -> Any:
@@ -49,11 +50,16 @@ def disagreements(rows: Sequence[dict[str, Any]], verifier: Any | None) -> dict[
     """Trajectories the training verifier marked ``correct`` that ``verifier`` does not.
 
     ``rows`` are ledger rows (``status`` and ``meta`` JSON) with a ``step`` key added. Returns
-    ``{"verifier", "explanation", "checked", "items"}``; with no verifier the list is empty and the
-    explanation says why. A second verifier that raises counts as ``infra_error`` (never a failure).
+    ``{"verifier", "source", "explanation", "checked", "items"}``. With no ``verifier`` the verdicts
+    the run's ``eval.hidden_verifier`` recorded in the ledger are used (``source: "ledger"``); when
+    there are none, the list is empty and the explanation says why. A second verifier that raises
+    counts as ``infra_error`` (never a failure).
     """
     if verifier is None:
-        return {"verifier": None, "explanation": NO_SECOND_VERIFIER, "checked": 0, "items": []}
+        recorded = recorded_disagreements(rows)
+        if recorded is not None:
+            return recorded
+        return {"verifier": None, "source": None, "explanation": NO_SECOND_VERIFIER, "checked": 0, "items": []}
     items, checked = [], 0
     for r in rows:
         if r["status"] != "correct":
@@ -71,6 +77,36 @@ def disagreements(rows: Sequence[dict[str, Any]], verifier: Any | None) -> dict[
             items.append({"step": r["step"], "traj_id": r["traj_id"], "group_id": r["group_id"],
                           "reward": r["reward_total"], "response": meta["response"], "reference": meta["reference"],
                           "train_verifier": r.get("verifier"), "second_status": status, "second_explanation": why})
-    return {"verifier": verifier_label(verifier),
+    return {"verifier": verifier_label(verifier), "source": "re-judged",
             "explanation": f"{checked} trajectories passed the training verifier; {len(items)} fail "
                            f"{verifier_label(verifier)}", "checked": checked, "items": items}
+
+
+def recorded_disagreements(rows: Sequence[dict[str, Any]]) -> dict[str, Any] | None:
+    """:func:`disagreements` from the ``hidden_status`` verdicts in the ledger, or ``None`` if none.
+
+    A row counts as checked when the training verifier passed it and the hidden verifier left a
+    verdict; it is listed when that verdict is not ``correct``. ``infra_error`` verdicts (a crash of
+    the hidden verifier) are listed as such, never read as a failure of the response.
+    """
+    judged = [r for r in rows if r.get("hidden_status") is not None]
+    if not judged:
+        return None
+    names = sorted({str(r.get("hidden_verifier")) for r in judged})
+    items, checked = [], 0
+    for r in judged:
+        if r["status"] != "correct":
+            continue
+        checked += 1
+        if r["hidden_status"] == "correct":
+            continue
+        meta = json.loads(r["meta"]) if isinstance(r["meta"], str) else dict(r["meta"] or {})
+        items.append({"step": r["step"], "traj_id": r["traj_id"], "group_id": r["group_id"],
+                      "reward": r["reward_total"], "response": meta.get("response"), "reference": meta.get("reference"),
+                      "train_verifier": r.get("verifier"), "second_status": r["hidden_status"],
+                      "second_explanation": str(meta.get("hidden_explanation", ""))})
+    label = ", ".join(names)
+    return {"verifier": label, "source": "ledger",
+            "explanation": f"{checked} trajectories passed the training verifier; {len(items)} fail {label} "
+                           "(verdicts recorded during the run by eval.hidden_verifier)",
+            "checked": checked, "items": items}

@@ -13,6 +13,8 @@ from typing import Any
 
 import numpy as np
 
+from posttrain.diagnostics.load import rho_absent_reason
+
 # |log| bins: 1e-3 is float32 recompute noise, 0.1 is ~10% probability mismatch.
 LOG_BINS: tuple[float, ...] = (1e-3, 1e-2, 1e-1)
 
@@ -122,8 +124,7 @@ def all_strata(rows: Sequence[dict[str, Any]]) -> list[StrataTable]:
                  ["0", "1", "2", "3+"], "no trajectory records a policy lag"),
         stratify(rows, "|log rho| (current vs old, mean over tokens)",
                  lambda r: None if r["abs_log_rho_mean"] is None else log_bin_label(r["abs_log_rho_mean"]),
-                 _log_order(), "the ledger holds no current-policy log-probs (only behaviour, old and ref); "
-                 "see the step-level ratio_min/ratio_max trend instead"),
+                 _log_order(), rho_absent_reason(list(rows))),
         stratify(rows, "|log kappa| (old vs behaviour, mean over tokens)",
                  lambda r: None if r["abs_log_kappa_mean"] is None else log_bin_label(r["abs_log_kappa_mean"]),
                  _log_order(), "no trajectory has frozen old log-probs yet"),

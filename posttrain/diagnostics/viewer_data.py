@@ -20,8 +20,8 @@ from posttrain.diagnostics.load import current_logprob, open_ledger, read_step_t
 
 # colour field -> legend text. Only fields the ledger can support are offered per trajectory.
 COLOUR_FIELDS: dict[str, str] = {
-    "advantage": "group-normalised reward (r - group mean) / group std: the GRPO advantage recomputed "
-                 "from the ledger, which stores no advantages",
+    "advantage": "the advantage the update used, per token, as stored in the ledger (a ledger written "
+                 "before advantages were stored: (r - group mean) / group std, recomputed)",
     "log_kappa": "log kappa = old - behaviour log-prob (train/rollout mismatch)",
     "log_rho": "log rho = current - old log-prob (needs current log-probs in the ledger)",
     "surprisal": "-behaviour log-prob: a one-sample estimate of the sampler's entropy",
@@ -111,10 +111,28 @@ def group_advantages(rows: list[dict[str, Any]]) -> dict[str, float | None]:
     return out
 
 
+def row_advantages(rows: list[dict[str, Any]]) -> tuple[dict[str, float | None], str]:
+    """traj_id -> advantage of each row and where it came from (``"ledger"`` or ``"recomputed"``).
+
+    ``"ledger"``: the mean over action tokens of the stored per-token ``advantage`` the update
+    used (rows without one, e.g. infra errors, get ``None``). A ledger written before advantages
+    were stored falls back to :func:`group_advantages`.
+    """
+    if any(r.get("advantage") is not None for r in rows):
+        out: dict[str, float | None] = {}
+        for r in rows:
+            mask = np.asarray(r["action_mask"], dtype=bool)
+            adv = r.get("advantage")
+            out[r["traj_id"]] = (float(np.asarray(adv, dtype=np.float64)[mask].mean())
+                                 if adv is not None and mask.any() else None)
+        return out, "ledger"
+    return group_advantages(rows), "recomputed"
+
+
 def step_groups(run_dir: str | Path, step: int, filters: Filters) -> dict[str, Any]:
     """The groups of ``step`` with their trajectories' summaries, after ``filters``."""
     rows = _rows(run_dir, step)
-    adv = group_advantages(rows)
+    adv, _ = row_advantages(rows)
     summaries = [summarize_row(step, r) for r in rows]
     by_group: dict[str, list[dict[str, Any]]] = {}
     for s in summaries:
@@ -144,7 +162,9 @@ def trajectory_detail(run_dir: str | Path, step: int, traj_id: str, decode: Call
     row = next((r for r in rows if r["traj_id"] == traj_id), None)
     if row is None:
         raise KeyError(f"no trajectory {traj_id!r} in step {step}")
-    adv = group_advantages(rows)[traj_id]
+    adv_by_row, adv_source = row_advantages(rows)
+    adv = adv_by_row[traj_id]
+    stored_adv = row.get("advantage")
     cur = current_logprob(row)
     tokens = []
     for i, tid in enumerate(row["token_ids"]):
@@ -161,11 +181,12 @@ def trajectory_detail(run_dir: str | Path, step: int, traj_id: str, decode: Call
             "log_rho": _f(now - old) if now is not None and old is not None else None,
             "surprisal": _f(-beh) if beh is not None else None,
             "ref_kl": _f(old - ref) if old is not None and ref is not None else None,
-            "advantage": _f(adv) if act else None,
+            "advantage": (_f(stored_adv[i]) if stored_adv is not None else _f(adv)) if act else None,
         })
     fields = {k: v for k, v in COLOUR_FIELDS.items() if any(t[k] is not None for t in tokens)}
     summary = summarize_row(step, row)
-    return {"summary": {**summary, "advantage": adv}, "meta": json.loads(row["meta"] or "{}"),
+    return {"summary": {**summary, "advantage": adv, "advantage_source": adv_source},
+            "meta": json.loads(row["meta"] or "{}"),
             "old_version": row["old_version"], "ref_version": row["ref_version"],
             "fields": fields, "missing_fields": {k: v for k, v in COLOUR_FIELDS.items() if k not in fields},
             "tokens": tokens}
@@ -178,6 +199,8 @@ def passed_rows(run_dir: str | Path) -> list[dict[str, Any]]:
     for step in led.steps():
         table = read_step_table(led, step)
         if table is not None:
-            cols = table.select(["traj_id", "group_id", "status", "reward_total", "verifier", "meta"]).to_pylist()
+            names = ["traj_id", "group_id", "status", "reward_total", "verifier", "meta", "hidden_verifier",
+                     "hidden_status"]
+            cols = table.select([n for n in names if n in table.column_names]).to_pylist()
             out.extend({**r, "step": step} for r in cols if r["status"] == "correct")
     return out

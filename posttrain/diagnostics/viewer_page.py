@@ -64,7 +64,9 @@ async function loadTraj(id){curTraj=id;
 function render(){const d=detail,box=$("detail");if(!d)return;
   if(!(colour in d.fields))colour=Object.keys(d.fields)[0]||"advantage";
   const s=d.summary;let h="<div><b></b></div><div>status <span class='"+s.status+"'>"+s.status+"</span>, reward "+fmt(s.reward)+
-    ", length "+s.length+", lag "+fmt(s.lag,0)+", verifier "+s.verifier+", old v"+d.old_version+", ref "+(d.ref_version===null?"none":"v"+d.ref_version)+"</div>";
+    ", length "+s.length+", lag "+fmt(s.lag,0)+", verifier "+s.verifier+
+    (s.hidden_status?", hidden "+s.hidden_verifier+" <span id='hidden-status' class='"+s.hidden_status+"'>"+s.hidden_status+"</span>":"")+
+    ", advantage "+fmt(s.advantage)+" <span id='adv-src'>("+s.advantage_source+")</span>, old v"+d.old_version+", ref "+(d.ref_version===null?"none":"v"+d.ref_version)+"</div>";
   h+="<div>colour by <select id='colour'>"+Object.keys(d.fields).map(k=>"<option value='"+k+"'"+(k===colour?" selected":"")+">"+k+"</option>").join("")+"</select></div>";
   h+="<div id='legend'></div><div id='tokens'></div><div id='missing' style='color:#888'></div><pre id='meta'></pre>";
   box.innerHTML=h;box.querySelector("b").textContent=s.traj_id;$("legend").textContent=d.fields[colour]||"";
@@ -78,7 +80,7 @@ function render(){const d=detail,box=$("detail");if(!d)return;
       "\nref "+fmt(t.ref,4)+"\ncurrent "+fmt(t.current,4)+"\n"+colour+" "+fmt(t[colour],4);tk.appendChild(sp)}
   $("colour").onchange=e=>{colour=e.target.value;render()}}
 async function loadFlagged(){const j=await api("api/flagged");const b=$("flagged");
-  b.innerHTML="<b>Passed the training verifier, failed the second verifier</b> <span id='flag-expl'></span><ol id='flag-list'></ol>";
+  b.innerHTML="<b>Passed the training verifier, failed the hidden / second verifier</b> <span id='flag-expl'></span><ol id='flag-list'></ol>";
   $("flag-expl").textContent="- "+j.explanation;
   for(const it of j.items){const li=document.createElement("li");li.className="flagitem";
     li.textContent="step "+it.step+" "+it.traj_id+": "+JSON.stringify(it.response)+" (reference "+JSON.stringify(it.reference)+") -> "+it.second_status+": "+it.second_explanation;

@@ -131,6 +131,8 @@ class PolicyLearner:
         kl_coef: float | KLCoefficient = 0.0,
         entropy_coef: float = 0.0,
         temperature: float = 1.0,
+        top_k: int = 0,
+        top_p: float = 1.0,
         correction: str | None = None,
         correction_kwargs: Mapping[str, Any] | None = None,
         autocast_dtype: str | None = None,
@@ -173,6 +175,9 @@ class PolicyLearner:
         self.kl_coef = kl_coef
         self.entropy_coef = float(entropy_coef)
         self.temperature = float(temperature)
+        # Truncated sampling replayed on the learner side (posttrain.learner.logprobs.kept_set_mask):
+        # pi_theta / pi_old are the sampler's renormalised distribution, so kappa = pi_old / mu ~ 1.
+        self.top_k, self.top_p = int(top_k), float(top_p)
         self.max_grad_norm = max_grad_norm
         self.microbatch_tokens = microbatch_tokens
         self.ppo_epochs, self.num_minibatches = ppo_epochs, num_minibatches
@@ -218,6 +223,8 @@ class PolicyLearner:
         self.optimizer_steps = 0
         self.last_old_logprob: torch.Tensor | None = None  # pi_old of the last fused update (see update)
         self._fused_old: torch.Tensor | None = None
+        self.last_current_logprob: torch.Tensor | None = None  # pi_theta the last update saw (see update)
+        self._current: torch.Tensor | None = None
 
     # ------------------------------------------------------------------ helpers
     @property
@@ -275,9 +282,10 @@ class PolicyLearner:
         ``ref_logprob``; freeze with ``posttrain.trajectory.with_logprobs``.
         """
         sync = self.grad_sync
-        if sync.world_size > 1 and batch.size >= sync.world_size:
+        if sync.world_size > 1 and batch.size >= sync.world_size and not getattr(sync, "lockstep", False):
             # Rows are independent in a forward pass: each process computes its shard, a SUM of the
-            # zero-padded shards assembles the batch.
+            # zero-padded shards assembles the batch. (A lockstep hook's processes each compute the
+            # whole batch: the same micro-batches everywhere keep their collectives paired.)
             mine = sync.shard(range(batch.size))
             lp_mine, _ = self._frozen(batch.select_rows(mine), with_entropy=False)
             full = torch.zeros(tuple(batch.input_ids.shape), dtype=torch.float64)
@@ -296,6 +304,8 @@ class PolicyLearner:
                 batch.input_ids.to(dev),
                 batch.attention_mask.to(dev),
                 temperature=self.temperature,
+                top_k=self.top_k,
+                top_p=self.top_p,
                 microbatch_tokens=self.microbatch_tokens,
                 with_entropy=with_entropy,
                 entropy_chunk_size=self.entropy_chunk_size,
@@ -415,11 +425,16 @@ class PolicyLearner:
         # Every row of the mini-batch counts in B, even one with no loss token (reductions contract).
         num_sequences = len(rows)
         sync = self.grad_sync
-        mine = sync.shard(rows)
+        am = t["attention_mask"]
+        assert am is not None
+        lengths = am[list(rows)].sum(dim=1).tolist()
+        mine = sync.shard(rows, lengths=lengths)  # token-balanced across processes when the hook splits
         before = [getattr(acc, k) for k in _Acc.SUMMED] if sync.world_size > 1 else None
         diag_before = dict(acc.diag_sums)
-        if mine:
-            self._accumulate_rows(t, mine, acc, num_sequences, num_tokens)
+        lockstep = bool(getattr(sync, "lockstep", False))
+        if mine or lockstep:
+            self._accumulate_rows(t, mine, acc, num_sequences, num_tokens,
+                                  filler=list(rows[:1]) if lockstep else None)
         if before is not None:
             sync.reduce_gradients(self.params)
             self._reduce_acc(acc, before, diag_before)
@@ -444,11 +459,19 @@ class PolicyLearner:
         acc.ratio_min, acc.ratio_max = float(ext[0]), -float(ext[1])
 
     def _accumulate_rows(self, t: Mapping[str, torch.Tensor | None], rows: Sequence[int], acc: _Acc,
-                         num_sequences: int, num_tokens: float) -> None:
-        """Forward + backward of ``rows`` in micro-batches with the given mini-batch counts."""
+                         num_sequences: int, num_tokens: float, filler: Sequence[int] | None = None) -> None:
+        """Forward + backward of ``rows`` in micro-batches with the given mini-batch counts.
+
+        ``filler`` (a lockstep hook): after its own micro-batches this process runs zero-weight
+        passes over ``filler`` until it has run as many passes as the busiest process."""
         beta = self.current_kl_coef() if self._kl is not None else 0.0
         entropy_grad = self.entropy_coef != 0.0
-        for mb in self._microbatches(t, rows):
+        mbs = list(self._microbatches(t, rows)) if rows else []
+        if filler is not None:
+            n_max = -int(self.grad_sync.reduce_min(torch.tensor([-float(len(mbs))], dtype=torch.float64))[0])
+            for _ in range(n_max - len(mbs)):
+                self._idle_pass(t, filler)
+        for mb in mbs:
             mask = mb["loss_mask"]
             with self._autocast(), self._grad_mode():
                 lp, ent = forward_logprobs(
@@ -456,11 +479,15 @@ class PolicyLearner:
                     mb["input_ids"],
                     mb["attention_mask"],
                     temperature=self.temperature,
+                    top_k=self.top_k,
+                    top_p=self.top_p,
                     with_entropy=entropy_grad or self.compute_entropy,
                     entropy_grad=entropy_grad,
                     entropy_chunk_size=self.entropy_chunk_size,
                 )
             lp = lp.to(self.compute_dtype)
+            if self._current is not None:  # rewritten each epoch: the last optimiser step's forward wins
+                self._current[mb["rows"], : lp.shape[1]] = lp.detach().to("cpu", torch.float64)
             if mb["old_logprob"] is None:  # fused: this forward runs under pi_old's weights
                 mb["old_logprob"] = lp.detach() * mask
                 assert self._fused_old is not None
@@ -514,6 +541,17 @@ class PolicyLearner:
                     if v.shape == mask.shape:
                         acc.diag_sums[k] = acc.diag_sums.get(k, 0.0) + float((v.to(mask.dtype) * mask).sum())
 
+    def _idle_pass(self, t: Mapping[str, torch.Tensor | None], rows: Sequence[int]) -> None:
+        """A forward/backward whose loss is 0 * (log-probs): no gradient, but every collective a
+        sharded model runs inside its passes (FSDP2's all-gather / reduce-scatter) runs here too."""
+        mb = next(iter(self._microbatches(t, rows)))
+        with self._autocast(), self._grad_mode():
+            lp, _ = forward_logprobs(self.model, mb["input_ids"], mb["attention_mask"], temperature=self.temperature,
+                                     with_entropy=False, entropy_grad=False,
+                                     entropy_chunk_size=self.entropy_chunk_size)
+        with self._grad_mode():
+            (lp.sum() * 0.0).backward()
+
     def compute_gradients(
         self, batch: TrajectoryBatch, advantages: torch.Tensor, *, old_logprob: torch.Tensor | None = None
     ) -> tuple[float, dict[str, torch.Tensor]]:
@@ -545,6 +583,10 @@ class PolicyLearner:
         pi_old is not computed by a separate no-grad forward but taken, detached, from the update's
         own forward — the same weights, the same micro-batches — and left in
         :attr:`last_old_logprob` (``[B, T]`` float64 CPU, 0 off the action mask) for the ledger.
+        :attr:`last_current_logprob` (``[B, T]`` float64 CPU, 0 off the action mask) holds, for every
+        update, each row's log-probs from the forward of the last optimiser step that included it,
+        taken before that step (so ``exp(current - old)`` is the ratio that step clipped); NaN on the
+        action tokens of a row this process never forwarded (empty mini-batch, another rank's shard).
 
         ``advantages``: ``[B, T]`` per token (or ``[B]``, broadcast over the row's tokens); only
         action tokens count. ``old_logprob`` defaults to ``batch.old_logprob``, and when that is
@@ -567,6 +609,7 @@ class PolicyLearner:
                 raise ValueError("fuse_old needs ppo_epochs=1, num_minibatches=1, no correction, one process "
                                  "and no old_logprob given")
             self._fused_old = torch.zeros(tuple(batch.input_ids.shape), dtype=torch.float64)
+        self._current = torch.full(tuple(batch.input_ids.shape), float("nan"), dtype=torch.float64)
         t, info = self._prepare(batch, advantages, old_logprob, fuse_old=fuse_old)
         acc = _Acc()
         for _ in range(self.ppo_epochs):
@@ -579,6 +622,9 @@ class PolicyLearner:
                 if self.stepper.step(acc.tally):
                     self.optimizer_steps += 1
         self.optimizer.zero_grad(set_to_none=True)
+        cur_mask = batch.action_mask.to(torch.float64) > 0
+        self.last_current_logprob = torch.where(cur_mask, self._current, torch.zeros_like(self._current))
+        self._current = None
         if fuse_old:
             assert self._fused_old is not None
             old = self._fused_old * batch.action_mask.to(torch.float64)

@@ -28,6 +28,7 @@ from posttrain.loop.run_state import RunState, open_run
 from posttrain.loop.step_metrics import step_metrics
 from posttrain.loop.targets import build_targets, run_baseline
 from posttrain.trajectory import Status, collate, with_logprobs
+from posttrain.trajectory.collate import with_update_record
 
 
 def train(cfg: RunConfig, *, progress: Any = None) -> RunState:
@@ -96,14 +97,19 @@ def update_step(run: Any, producer: Any, step: int, produced: Any, t_step: float
     """
     cfg, st = run.cfg, run.state
     trajs = produced.trajectories
-    usable = [t for t in trajs if t.status is not Status.INFRA_ERROR]
+    # No reward to learn from: infra errors and environment failures (multi-turn) are counted, never trained.
+    usable = [t for t in trajs if t.status not in (Status.INFRA_ERROR, Status.ENV_FAILURE)]
     metrics: dict[str, Any] = dict(produced.info)
     metrics.update(consumption_metrics(trajs, produced.dropped))
     if not usable:
         metrics["skipped"] = 1.0
         run.finish_step(step, trajs, metrics, t_step)
         return metrics, None
-    # 4. freeze old / ref coordinates and targets
+    # 4. freeze old / ref coordinates and targets. First re-render each recorded prompt: pi_old must be
+    #    computed on the ids the engine sampled from (a changed template / system prompt is an error).
+    renderer = getattr(run, "renderer", None)
+    if renderer is not None:
+        renderer.verify(usable)
     t0 = time.perf_counter()
     batch = collate(usable, pad_token_id=run.pad_token_id)
     old_version = run.learner.version
@@ -139,6 +145,7 @@ def update_step(run: Any, producer: Any, step: int, produced: Any, t_step: float
     # 5. update actor (and critic) under the recipe's reduction (correction: CORRECTIONS / decoupled PPO
     #    against the recorded behaviour log-probs, whatever the mode)
     upd = run.learner.update(batch, tg.advantages, old_logprob=old, fuse_old=fuse)
+    adv_used = tg.advantages  # what the update trained on, recorded per token in the ledger
     if fuse:
         old = run.learner.last_old_logprob
         assert old is not None
@@ -167,7 +174,9 @@ def update_step(run: Any, producer: Any, step: int, produced: Any, t_step: float
             metrics.update(run.evaluate_and_judge(step))
             metrics["time/eval_s"] = time.perf_counter() - t2
     stop_reason = check_guards(cfg.guards, metrics)
-    ledger_trajs = list(batch.trajectories) + [t for t in trajs if t.status is Status.INFRA_ERROR]
+    # The ledger records what the update saw: pi_theta per token (|log rho| audits) and the advantage.
+    seen = with_update_record(batch, getattr(run.learner, "last_current_logprob", None), adv_used)
+    ledger_trajs = seen + [t for t in trajs if t.status in (Status.INFRA_ERROR, Status.ENV_FAILURE)]
     run.finish_step(step, ledger_trajs, metrics, t_step)
     return metrics, stop_reason
 

@@ -120,6 +120,33 @@ def with_logprobs(
     ]
 
 
+def with_update_record(
+    batch: TrajectoryBatch, current_logprob: torch.Tensor | None, advantages: torch.Tensor
+) -> list[Trajectory]:
+    """The batch's trajectories with what the update saw: ``current_logprob`` and ``advantage``.
+
+    ``current_logprob`` ``[B, T]`` (pi_theta per token as the update's last optimiser step saw it,
+    :attr:`PolicyLearner.last_current_logprob`) or ``None`` (not recorded); a row whose action
+    tokens hold a non-finite value (never forwarded by this process) records ``None``.
+    ``advantages`` ``[B, T]`` or ``[B]`` (one per row, broadcast): the values passed to the update.
+    Both are stored 0.0 off the action mask, as the update masks them.
+    """
+    B, T = tuple(batch.input_ids.shape)
+    adv = advantages.detach().to("cpu", torch.float64)
+    if adv.dim() == 1:
+        adv = adv[:, None].expand(B, T)
+    adv_rows = token_field_to_rows(batch, adv)
+    cur_rows: list[np.ndarray | None] = [None] * B
+    if current_logprob is not None:
+        cur = current_logprob.detach().to("cpu", torch.float64)
+        on = batch.action_mask > 0
+        # NaN * 0 is NaN: zero the padding first so only action tokens can mark a row unseen.
+        cur = torch.where(on, cur, torch.zeros_like(cur))
+        cur_rows = [r if np.isfinite(r).all() else None for r in token_field_to_rows(batch, cur)]
+    return [t.replace(current_logprob=c, advantage=a)
+            for t, c, a in zip(batch.trajectories, cur_rows, adv_rows, strict=True)]
+
+
 def uncollate(batch: TrajectoryBatch) -> list[Trajectory]:
     """Rebuild the trajectories from the batch tensors (the inverse of :func:`collate`).
 

@@ -59,6 +59,11 @@ TRAJECTORY_SCHEMA = pa.schema(
         ("meta", pa.string()),  # JSON object of scalars
         ("num_actions", pa.int64()),
         ("version_span", pa.int64()),
+        # Added later: a file written before them lacks these columns and still loads (None).
+        ("current_logprob", pa.list_(pa.float64())),
+        ("advantage", pa.list_(pa.float64())),
+        ("hidden_verifier", pa.string()),
+        ("hidden_status", pa.string()),
     ]
 )
 
@@ -97,14 +102,18 @@ def trajectory_to_row(t: Trajectory) -> dict[str, Any]:
         "meta": json.dumps(dict(t.meta), sort_keys=True),
         "num_actions": t.num_actions,
         "version_span": t.version_span,
+        "current_logprob": _opt_list(t.current_logprob),
+        "advantage": _opt_list(t.advantage),
+        "hidden_verifier": t.hidden_verifier,
+        "hidden_status": None if t.hidden_status is None else t.hidden_status.value,
     }
 
 
 def row_to_trajectory(row: Mapping[str, Any]) -> Trajectory:
-    """Inverse of :func:`trajectory_to_row`."""
+    """Inverse of :func:`trajectory_to_row`; columns added after a file was written read as ``None``."""
 
     def arr(name: str, dtype: Any) -> np.ndarray | None:
-        v = row[name]
+        v = row.get(name)
         return None if v is None else np.asarray(v, dtype=dtype)
 
     return Trajectory(
@@ -135,6 +144,10 @@ def row_to_trajectory(row: Mapping[str, Any]) -> Trajectory:
         timings=dict(row["timings"] or []),
         policy_lag=row["policy_lag"],
         meta=json.loads(row["meta"]),
+        current_logprob=arr("current_logprob", np.float64),
+        advantage=arr("advantage", np.float64),
+        hidden_verifier=row.get("hidden_verifier"),
+        hidden_status=None if row.get("hidden_status") is None else Status(row["hidden_status"]),
     )
 
 

@@ -11,10 +11,17 @@ Per token (arrays of the flattened sequence length ``L``; value at index ``t`` c
 - ``old_logprob`` / ``ref_logprob`` float64 or ``None`` until the learner freezes them; 0.0 where
   not an action. Their ``old_version`` / ``ref_version`` are one integer per trajectory: the
   learner recomputes a whole sequence in one forward pass under one version.
+- ``current_logprob`` float64 or ``None``: pi_theta as the update saw it (the forward of the last
+  optimiser step that held the token, before that step; with one step per update it equals
+  ``old_logprob``), so ``rho = exp(current - old)`` can be audited; 0.0 where not an action
+- ``advantage`` float64 or ``None``: the per-token advantage the update used; 0.0 where not an action
 
 Per trajectory: ids, group, env seed / snapshot, sampling config + RNG seed, raw reward
 components + weights + total, ``verifier`` ``name@version``, ``status``, ``finish``, timings,
 policy lag at consumption, and a free ``meta`` dict of JSON scalars (prompt text, answer...).
+An evaluation-only verifier's verdict, when one is attached (``eval.hidden_verifier``), sits beside
+the training verifier's: ``hidden_verifier`` ``name@version`` and ``hidden_status``; it never
+touches the reward.
 """
 
 from __future__ import annotations
@@ -82,6 +89,10 @@ class Trajectory:
     timings: Mapping[str, float] = dataclasses.field(default_factory=dict)
     policy_lag: int | None = None
     meta: Mapping[str, JSONScalar] = dataclasses.field(default_factory=dict)
+    current_logprob: npt.NDArray[np.float64] | None = None
+    advantage: npt.NDArray[np.float64] | None = None
+    hidden_verifier: str | None = None
+    hidden_status: Status | None = None
 
     def __post_init__(self) -> None:
         set_ = object.__setattr__
@@ -93,7 +104,9 @@ class Trajectory:
         set_(self, "finish", Finish(self.finish))
         if self.status is not None:
             set_(self, "status", Status(self.status))
-        for name in ("old_logprob", "ref_logprob"):
+        if self.hidden_status is not None:
+            set_(self, "hidden_status", Status(self.hidden_status))
+        for name in ("old_logprob", "ref_logprob", "current_logprob", "advantage"):
             v = getattr(self, name)
             if v is not None:
                 set_(self, name, _arr(v, np.float64))
@@ -111,7 +124,8 @@ class Trajectory:
         L = int(n[0])
         if L == 0:
             raise self._fail("token_ids", "is empty")
-        for name in ("action_mask", "behavior_logprob", "behavior_version", "old_logprob", "ref_logprob"):
+        for name in ("action_mask", "behavior_logprob", "behavior_version", "old_logprob", "ref_logprob",
+                     "current_logprob", "advantage"):
             v = getattr(self, name)
             if v is not None and v.shape != (L,):
                 raise self._fail(name, f"has shape {v.shape}, token_ids has ({L},)")
@@ -124,14 +138,14 @@ class Trajectory:
         if bad.size:
             raise self._fail("action_mask", f"disagrees with roles at token {int(bad[0])} (1 only on action tokens)")
         act = self.action_mask.astype(bool)
-        for name in ("behavior_logprob", "old_logprob", "ref_logprob"):
+        for name in ("behavior_logprob", "old_logprob", "ref_logprob", "current_logprob", "advantage"):
             v = getattr(self, name)
             if v is None:
                 continue
             on = v[act]
             if not np.isfinite(on).all():
                 raise self._fail(name, f"not finite at action token {int(np.flatnonzero(act)[~np.isfinite(on)][0])}")
-            if (on > 0).any():
+            if name != "advantage" and (on > 0).any():
                 raise self._fail(name, f"log-prob > 0 at action token {int(np.flatnonzero(act)[on > 0][0])}")
             if (v[~act] != 0).any():
                 raise self._fail(name, "must be 0.0 on non-action tokens")
@@ -147,8 +161,12 @@ class Trajectory:
             raise self._fail("reward.total", "an infra_error trajectory has no reward (never zero)")
         if self.reward.total is not None and not math.isfinite(self.reward.total):
             raise self._fail("reward.total", f"not finite: {self.reward.total}")
-        if self.verifier is not None and "@" not in self.verifier:
-            raise self._fail("verifier", f"must be 'name@version', got {self.verifier!r}")
+        for name in ("verifier", "hidden_verifier"):
+            v = getattr(self, name)
+            if v is not None and "@" not in v:
+                raise self._fail(name, f"must be 'name@version', got {v!r}")
+        if self.hidden_status is not None and self.hidden_verifier is None:
+            raise self._fail("hidden_verifier", "hidden_status is set without the verifier that gave it")
 
     # ------------------------------------------------------------------ helpers
     @property
