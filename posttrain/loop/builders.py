@@ -52,9 +52,29 @@ def build_model(cfg: RunConfig) -> tuple[Any, torch.nn.Module]:
     return tok, model.eval()
 
 
+def is_char_preset(model_path: str) -> bool:
+    """Whether ``model.path`` is a builtin preset with the char tokenizer (every builtin but SmolLM2)."""
+    return model_path.startswith("builtin:") and not model_path.split(":", 1)[1].startswith("smollm2")
+
+
+def build_renderer(cfg: RunConfig, tokenizer: Any) -> Any:
+    """The run's :class:`~posttrain.envs.prompt_render.PromptRenderer` (``task.chat_template``,
+    ``task.system_prompt``); ``ValueError`` naming the key when ``true`` meets a template-less tokenizer."""
+    from posttrain.envs.prompt_render import PromptRenderer, resolve_chat
+
+    chat = resolve_chat(cfg.task.chat_template, tokenizer, char_preset=is_char_preset(cfg.model.path))
+    return PromptRenderer(tokenizer, chat=chat, system_prompt=cfg.task.system_prompt)
+
+
 def build_task(cfg: RunConfig) -> Any:
-    """The task named by ``cfg.task.name`` (registry name or ``module:factory``)."""
+    """The task named by ``cfg.task.name`` (registry name or ``module:factory``); with ``env.name``
+    set, the environment's :class:`~posttrain.envs.episodes.EnvTask` (multi-turn episodes)."""
     from posttrain.envs import TASKS
+
+    if cfg.env.name is not None:
+        from posttrain.envs.episodes import build_env_task
+
+        return build_env_task(cfg.env.name, cfg.env.kwargs, cfg.env.heldout_fraction)
 
     name = cfg.task.name
     factory = load_callable(name) if ":" in name else TASKS[name]
@@ -155,10 +175,27 @@ class _HTTPEngineFactory:
         return eng
 
 
-def build_learner(cfg: RunConfig, model: torch.nn.Module) -> Any:
-    """The policy learner with the recipe's loss, reduction, KL and correction."""
+def _replayed_truncation(cfg: RunConfig) -> dict[str, Any]:
+    """``top_k`` / ``top_p`` for the learner: the sampler's when ``sampling.replay_truncation`` (and
+    sampling is not greedy), else off (the learner's policy is the full softmax)."""
+    s = cfg.sampling
+    if not s.replay_truncation or s.temperature == 0:
+        return {"top_k": 0, "top_p": 1.0}
+    return {"top_k": s.top_k, "top_p": s.top_p}
+
+
+def build_learner(cfg: RunConfig, model: torch.nn.Module, *, grad_sync: Any = None,
+                  autocast_dtype: str | None = None) -> Any:
+    """The policy learner with the recipe's loss, reduction, KL and correction.
+
+    ``learner.strategy`` ddp / fsdp2 (or a CUDA learner): a :class:`~posttrain.learner.ranks.LearnerRanks`
+    whose rank processes each build this same learner with their ``grad_sync`` hook
+    (:class:`RankLearnerFactory`); ``model`` stays the driver's full CPU copy."""
     from posttrain.algos.kl import AdaptiveKLController
     from posttrain.learner import PolicyLearner
+
+    if grad_sync is None and cfg.learner.strategy != "single":
+        return build_learner_ranks(cfg, model)
 
     kl_coef: Any = cfg.loss.kl_coef
     if cfg.loss.kl_target is not None:
@@ -184,6 +221,7 @@ def build_learner(cfg: RunConfig, model: torch.nn.Module) -> Any:
         kl_coef=0.0 if cfg.credit.kl_in_reward else kl_coef,
         entropy_coef=cfg.loss.entropy_coef,
         temperature=max(cfg.sampling.temperature, 1e-6) if cfg.sampling.temperature > 0 else 1.0,
+        **_replayed_truncation(cfg),
         correction=cfg.correction.name,
         correction_kwargs=cfg.correction.kwargs,
         lora_rank=cfg.lora.rank,
@@ -191,4 +229,38 @@ def build_learner(cfg: RunConfig, model: torch.nn.Module) -> Any:
         lora_target_modules=cfg.lora.target_modules,
         lora_dropout=cfg.lora.dropout,
         seed=cfg.seed,
+        grad_sync=grad_sync,
+        autocast_dtype=autocast_dtype,
     )
+
+
+class RankLearnerFactory:
+    """Picklable: a learner rank's ``PolicyLearner`` from the recipe (:func:`build_learner` with the rank's hook)."""
+
+    def __init__(self, cfg: RunConfig) -> None:
+        self.cfg = cfg
+
+    def __call__(self, model: torch.nn.Module, *, grad_sync: Any, autocast_dtype: str | None = None) -> Any:
+        return build_learner(self.cfg, model, grad_sync=grad_sync, autocast_dtype=autocast_dtype)
+
+
+def build_learner_ranks(cfg: RunConfig, model: torch.nn.Module, **overrides: Any) -> Any:
+    """``learner.world_size`` rank processes (``learner.strategy``) driven from here; see docs/distributed.md.
+
+    ``model`` is the driver's copy; each rank starts from a pickled copy of it. ``overrides`` go to
+    :class:`~posttrain.learner.ranks.LearnerRanks` (tests: ``grad_divide_factor``)."""
+    from posttrain.algos.kl import AdaptiveKLController
+    from posttrain.learner.ranks import LearnerRanks
+
+    lc = cfg.learner
+    kl_coef: Any = cfg.loss.kl_coef
+    if cfg.loss.kl_target is not None:
+        kl_coef = AdaptiveKLController(cfg.loss.kl_coef, cfg.loss.kl_target, cfg.loss.kl_horizon)
+    kw: dict[str, Any] = dict(
+        strategy=lc.strategy, world_size=lc.world_size, device=lc.resolved_device(), precision=lc.precision,
+        temperature=max(cfg.sampling.temperature, 1e-6) if cfg.sampling.temperature > 0 else 1.0,
+        kl_coef=0.0 if cfg.credit.kl_in_reward else kl_coef,
+        rank_timeout_s=lc.rank_timeout_s, startup_timeout_s=lc.startup_timeout_s,
+    )
+    kw.update(overrides)
+    return LearnerRanks(model, RankLearnerFactory(cfg), **kw)

@@ -27,7 +27,7 @@ from typing import Any
 import torch
 
 from posttrain.config import RunConfig, dump_config
-from posttrain.loop.builders import build_engine, build_learner, build_model, build_task
+from posttrain.loop.builders import build_engine, build_learner, build_model, build_renderer, build_task
 from posttrain.loop.metrics_log import MetricsLog
 from posttrain.trajectory import Ledger, Trajectory
 
@@ -75,6 +75,8 @@ class Run:
         torch.manual_seed(cfg.seed)
         self.tokenizer, actor = build_model(cfg)
         self.pad_token_id = int(self.tokenizer.pad_token_id or 0)
+        # One renderer for every single-turn prompt (rollout, learner check, eval, SFT): task.chat_template.
+        self.renderer = build_renderer(cfg, self.tokenizer)
         self.task = build_task(cfg)
         # LoRA wraps the actor in place (peft): the engine, the reference and the critic need the
         # plain architecture, so they are built from a copy taken before the wrap.
@@ -107,7 +109,7 @@ class Run:
 
         check_prompts(task_rows(self.task) or self.heldout, self.tokenizer,
                       max_context=getattr(getattr(self.plain_model, "config", None), "max_position_embeddings", None),
-                      max_new_tokens=cfg.sampling.max_new_tokens)
+                      max_new_tokens=cfg.sampling.max_new_tokens, renderer=self.renderer)
         self.step_examples: dict[str, Any] = {}  # prompt_id -> TaskExample drawn this step (see next_prompts)
         self.ledger = Ledger(self.dir / "ledger")
         self.log = MetricsLog(self.dir, tensorboard=cfg.logging.tensorboard, wandb=cfg.logging.wandb, run_name=cfg.name)
@@ -154,12 +156,13 @@ class Run:
 
     # ------------------------------------------------------------------ policy
     def ref_logprobs(self, batch: Any) -> torch.Tensor:
-        """Reference log-probs (frozen model, same temperature as the learner)."""
+        """Reference log-probs (frozen model, the learner's temperature and replayed truncation)."""
         from posttrain.learner.logprobs import token_logprobs
 
         assert self.ref_model is not None
         lp, _ = token_logprobs(self.ref_model, batch.input_ids, batch.attention_mask,
                                temperature=self.learner.temperature,
+                               top_k=self.learner.top_k, top_p=self.learner.top_p,
                                microbatch_tokens=self.cfg.optim.microbatch_tokens)
         return lp * batch.action_mask.to(lp.dtype)
 
@@ -194,11 +197,25 @@ class Run:
         ``samples`` > 1 draws that many responses per prompt for pass@``eval.k``."""
         from posttrain.evaluation.heldout import evaluate
 
+        if self.cfg.env.name is not None:  # multi-turn: whole held-out episodes
+            return self.evaluate_episodes(temperature)
         e = self.cfg.eval
         return evaluate(self.engine, self.tokenizer, self.task, self.heldout,
                         max_new_tokens=e.max_new_tokens or self.cfg.sampling.max_new_tokens,
                         temperature=e.temperature if temperature is None else temperature, seed=self.cfg.seed,
-                        verify_batch=self.verify_batch, samples=samples, k=min(e.k, samples))
+                        verify_batch=self.verify_batch, samples=samples, k=min(e.k, samples),
+                        renderer=self.renderer)
+
+    def evaluate_episodes(self, temperature: float | None = None, env_overrides: dict[str, Any] | None = None) -> Any:
+        """Held-out evaluation of an ``env.name`` run: one episode per held-out start (default
+        temperature ``eval.temperature``; ``env_overrides`` e.g. ``{"use_tools": False}``)."""
+        from posttrain.loop.episode_rollout import EpisodeRollout, evaluate_episodes
+        from posttrain.loop.rollout_stage import RolloutStage
+
+        e = self.cfg.eval
+        ro = EpisodeRollout(self.cfg, self, RolloutStage.from_config(self.cfg, self))
+        return evaluate_episodes(ro, self.heldout, temperature=e.temperature if temperature is None else temperature,
+                                 max_new_tokens=e.max_new_tokens, env_overrides=env_overrides)
 
     def evaluate_and_judge(self, step: int) -> dict[str, float]:
         """Evaluate; promote if best so far, reject (restore) on a collapse, else retain."""
@@ -211,6 +228,8 @@ class Run:
             sres = self.evaluate(e.sampled_temperature, samples=n if e.temperature == 0 else 1)
             extra = {**sres.as_metrics("heldout_sampled"), **extra,
                      **(sres.passk_metrics() if n > 1 and e.temperature == 0 else {})}
+        if self.cfg.env.name is not None and self.cfg.env.eval_without_tools:  # the no-tool baseline beside it
+            extra.update(self.evaluate_episodes(env_overrides={"use_tools": False}).as_metrics("heldout_notool"))
         st = self.state
         acc = res.accuracy
         decision, reason = "retained", ""
@@ -239,7 +258,7 @@ class Run:
             pool = self.task.examples("train", cfg.sft.examples, seed=cfg.seed + 12_345)
             tok = self.tokenizer
             eos = tok.eos_token_id
-            pairs = [(tok(ex.prompt).input_ids, tok(reference_answer(self.task, ex)).input_ids + [eos]) for ex in pool]
+            pairs = [(self.renderer.ids(ex), tok(reference_answer(self.task, ex)).input_ids + [eos]) for ex in pool]
             g = torch.Generator().manual_seed(cfg.seed)
             bar = progress.add_task("SFT warm-up", total=cfg.sft.steps) if progress else None
 
@@ -375,9 +394,12 @@ class Run:
         self.checkpoint()
 
     def close(self) -> None:
-        """Close the sinks, verifier pool and backend, then release the run-directory lock (idempotent)."""
+        """Close the sinks, verifier pool, backend and learner ranks, then release the run-directory lock
+        (idempotent)."""
         self.state.wall_seconds = self._wall_before + time.perf_counter() - self._t_start
         try:
+            if hasattr(self.learner, "close"):  # learner rank processes (learner.strategy ddp / fsdp2)
+                self.learner.close()
             self.log.close()
             if self._pool is not None:
                 self._pool.close()
