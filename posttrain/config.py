@@ -134,6 +134,9 @@ class RewardConfig(_Section):
         if merged != self.weights:
             self.weights = merged  # the resolved config shows every weight that enters the total
         return self
+    extract: Literal["none", "auto", "last_number", "boxed", "answer_tag", "answer_line"] = Field(
+        "none", description="read the final answer from a free-form response before the task's verifier judges it; "
+        "nothing readable -> invalid (posttrain/rewards/extract.py)")
     overlong_max_len: int | None = Field(None, ge=1, description="DAPO soft overlong punishment L_max (None = off)")
     overlong_cache_len: int = Field(0, ge=0, description="DAPO overlong cache window L_cache")
     workers: int = Field(0, ge=0, description="verifier worker processes (0 = verify in-process)")

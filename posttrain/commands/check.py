@@ -43,7 +43,7 @@ def run_checks(cfg: Any, prompts: int = 4) -> list[tuple[str, bool, str]]:
     """Run the five checks on ``cfg``; returns ``[(name, passed, detail)]``."""
     from posttrain.envs.task import check_prompts, task_rows
     from posttrain.learner.checkpoint import load_checkpoint, restore_actor, save_checkpoint
-    from posttrain.loop.builders import build_engine, build_learner, build_model, build_task
+    from posttrain.loop.builders import build_engine, build_learner, build_model, build_renderer, build_task
     from posttrain.loop.scoring import ScoringSpec, score
     from posttrain.loop.targets import build_targets
     from posttrain.rollout.sampling import SamplingParams
@@ -52,6 +52,7 @@ def run_checks(cfg: Any, prompts: int = 4) -> list[tuple[str, bool, str]]:
 
     torch.manual_seed(cfg.seed)
     tok, model = build_model(cfg)
+    renderer = build_renderer(cfg, tok)
     task = build_task(cfg)
     learner = build_learner(cfg, model)
     engine = build_engine(learner.model, tok)
@@ -62,8 +63,8 @@ def run_checks(cfg: Any, prompts: int = 4) -> list[tuple[str, bool, str]]:
     # Every row of a file task (else the sampled prompts) must encode and fit the model's context:
     # one error naming the file and row, before anything is tokenized for generation.
     check_prompts(task_rows(task) or examples, tok, max_context=getattr(model.config, "max_position_embeddings", None),
-                  max_new_tokens=s.max_new_tokens)
-    reqs = [GenerationRequest(f"check{i}", tok(ex.prompt).input_ids, params) for i, ex in enumerate(examples)]
+                  max_new_tokens=s.max_new_tokens, renderer=renderer)
+    reqs = [GenerationRequest(f"check{i}", renderer.ids(ex), params) for i, ex in enumerate(examples)]
     comps = engine.generate(reqs)
     exs = [examples[int(c.request_id[5:])] for c in comps]
     trajs, _ = score(comps, exs, task=task, tokenizer=tok, group_ids=[c.request_id for c in comps], step=0,

@@ -17,6 +17,10 @@ def register(sub: Any) -> None:
     p.add_argument("--max-new-tokens", type=int, default=16)
     p.add_argument("--temperature", type=float, default=0.0)
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--chat-template", choices=("true", "false"), default="false",
+                   help="render prompts with the tokenizer's chat template, as the run did with "
+                   "task.chat_template (default: raw text)")
+    p.add_argument("--system-prompt", default=None, help="the run's task.system_prompt, if any")
     p.set_defaults(func=run)
 
 
@@ -24,6 +28,7 @@ def run(args: argparse.Namespace) -> int:
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from posttrain.config import RunConfig
+    from posttrain.envs.prompt_render import PromptRenderer
     from posttrain.envs.task import check_prompts, task_rows
     from posttrain.evaluation.heldout import evaluate
     from posttrain.loop.builders import build_engine, build_task
@@ -43,9 +48,10 @@ def run(args: argparse.Namespace) -> int:
     cfg = RunConfig.model_validate({"task": {"name": args.task, "kwargs": kwargs}})
     task = build_task(cfg)
     examples = task.examples("heldout", args.n, seed=args.seed)
+    renderer = PromptRenderer(tok, chat=args.chat_template == "true", system_prompt=args.system_prompt)
     check_prompts(task_rows(task) or examples, tok, max_context=getattr(model.config, "max_position_embeddings", None),
-                  max_new_tokens=args.max_new_tokens)
+                  max_new_tokens=args.max_new_tokens, renderer=renderer)
     res = evaluate(build_engine(model, tok), tok, task, examples, max_new_tokens=args.max_new_tokens,
-                   temperature=args.temperature, seed=args.seed)
+                   temperature=args.temperature, seed=args.seed, renderer=renderer)
     print(json.dumps({"checkpoint": str(path), "task": args.task, **res.as_metrics(), "n": res.n}, indent=2))
     return 0

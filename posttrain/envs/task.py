@@ -25,9 +25,15 @@ SPLITS = ("train", "heldout")
 
 @dataclasses.dataclass(frozen=True)
 class TaskExample:
-    """One prompt: ``prompt`` is the exact text the model sees, ``reference`` what the verifier
-    compares against, ``meta`` JSON scalars stored in the ledger (difficulty, a model-free
-    reference answer ``answer`` for display...)."""
+    """One prompt: ``prompt`` is its text, ``reference`` what the verifier compares against,
+    ``meta`` JSON scalars stored in the ledger (difficulty, a model-free reference answer
+    ``answer`` for display...).
+
+    ``messages`` (optional): the prompt as a chat, ``[{role, content}, ...]`` with roles
+    ``system`` / ``user`` / ``assistant`` (few-shot turns), ending with the ``user`` turn to
+    answer; ``prompt`` is then that last user message (for display, splits and reward functions).
+    What the model sees is decided by the run's
+    :class:`~posttrain.envs.prompt_render.PromptRenderer` (``task.chat_template``)."""
 
     prompt_id: str
     prompt: str
@@ -36,6 +42,14 @@ class TaskExample:
     # Where the example came from ("data.jsonl: row 7") so a later check can name the row; not part
     # of the example's identity, and not stored in the ledger.
     source: str = dataclasses.field(default="", compare=False, repr=False)
+    messages: tuple[Mapping[str, str], ...] | None = None
+
+    def __post_init__(self) -> None:
+        if self.messages is not None:
+            from posttrain.envs.prompt_render import check_messages
+
+            object.__setattr__(self, "messages",
+                               check_messages(self.messages, self.source or f"prompt {self.prompt_id!r}"))
 
 
 @runtime_checkable
@@ -129,32 +143,41 @@ tokenized at all: a 50 MB row would exhaust memory in the tokenizer)."""
 
 def check_prompts(
     examples: Iterable[TaskExample], tokenizer: Any, *, max_context: int | None, max_new_tokens: int = 0,
-    chars_per_token: int = MAX_CHARS_PER_TOKEN,
+    chars_per_token: int = MAX_CHARS_PER_TOKEN, renderer: Any = None,
 ) -> None:
     """Raise ``ValueError`` naming the row (``ex.source``, else the prompt id) of the first example
     whose prompt cannot be encoded or does not fit ``max_context`` positions with ``max_new_tokens``.
 
-    First by length, before tokenizing: more than ``chars_per_token * (max_context - max_new_tokens)``
-    characters is refused untokenized. Then the tokenizer's own errors (the builtin char tokenizer
-    refuses characters outside its vocabulary) and the exact token count. ``max_context=None``
-    checks encodability only.
+    The prompt is what ``renderer`` (a :class:`~posttrain.envs.prompt_render.PromptRenderer`;
+    default: raw text) renders, chat template and system prompt included. First by length, before
+    tokenizing: more than ``chars_per_token * (max_context - max_new_tokens)`` characters is
+    refused untokenized. Then the tokenizer's own errors (the builtin char tokenizer refuses
+    characters outside its vocabulary) and the exact token count. ``max_context=None`` checks
+    encodability only.
     """
+    if renderer is None:
+        from posttrain.envs.prompt_render import PromptRenderer
+
+        renderer = PromptRenderer(tokenizer)
     budget = None if max_context is None else max_context - max_new_tokens
     if budget is not None and budget < 1:
         raise ValueError(f"max_new_tokens={max_new_tokens} leaves no room for a prompt in the model's context "
                          f"of {max_context} positions")
     for ex in examples:
         where = ex.source or f"prompt {ex.prompt_id!r}"
-        if budget is not None and len(ex.prompt) > chars_per_token * budget:
-            raise ValueError(f"{where}: prompt of {len(ex.prompt)} characters cannot fit the model's context of "
+        msgs = getattr(ex, "messages", None)
+        chars = sum(len(m["content"]) for m in msgs) if msgs else len(ex.prompt)
+        if budget is not None and chars > chars_per_token * budget:
+            raise ValueError(f"{where}: prompt of {chars} characters cannot fit the model's context of "
                              f"{max_context} tokens (with max_new_tokens={max_new_tokens}); not tokenized")
         try:
-            ids = tokenizer(ex.prompt).input_ids
+            text = renderer.text(ex)
+            ids = renderer.encode(text)
         except ValueError as e:
             raise ValueError(f"{where}: {e}") from None
         unk = getattr(tokenizer, "unk_token_id", None)
-        if unk is not None and unk in ids and tokenizer.unk_token not in ex.prompt:
-            raise ValueError(f"{where}: {_unknown_chars(ex.prompt, tokenizer)} cannot be encoded by the tokenizer "
+        if unk is not None and unk in ids and tokenizer.unk_token not in text:
+            raise ValueError(f"{where}: {_unknown_chars(text, tokenizer)} cannot be encoded by the tokenizer "
                              f"(they would silently become {tokenizer.unk_token})")
         n = len(ids)
         if budget is not None and n > budget:

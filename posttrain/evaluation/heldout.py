@@ -90,6 +90,7 @@ def evaluate(
     verify_batch: Any | None = None,
     samples: int = 1,
     k: int = 1,
+    renderer: Any | None = None,
 ) -> EvalResult:
     """Evaluate the engine's current weights on ``examples`` (``TaskExample`` objects).
 
@@ -99,7 +100,10 @@ def evaluate(
     ``verify_batch`` is the run's guarded verification (``VerifierPool.verify_batch`` or reward
     workers); None verifies in-process through a ``VerifierPool(workers=0)`` (default time limit).
     Never raises for a verifier's failure: such a sample is an ``infra_error``.
+    ``renderer`` (:class:`~posttrain.envs.prompt_render.PromptRenderer`, the run's) turns examples into
+    prompt ids; default: raw text.
     """
+    from posttrain.envs.prompt_render import PromptRenderer
     from posttrain.loop.scoring import decode_response, verify_context
     from posttrain.rewards import VerifierPool
     from posttrain.rollout.sampling import SamplingParams
@@ -108,8 +112,9 @@ def evaluate(
     if not 1 <= k <= samples:
         raise ValueError(f"evaluate: need 1 <= k <= samples, got k={k}, samples={samples}")
     params = SamplingParams(temperature=temperature, max_new_tokens=max_new_tokens, n=samples, seed=seed)
+    render = renderer if renderer is not None else PromptRenderer(tokenizer)
     reqs = [
-        GenerationRequest(request_id=f"eval{i}-{ex.prompt_id}", prompt_ids=tokenizer(ex.prompt).input_ids, params=params)
+        GenerationRequest(request_id=f"eval{i}-{ex.prompt_id}", prompt_ids=render.ids(ex), params=params)
         for i, ex in enumerate(examples)
     ]
     comps = engine.generate(reqs)

@@ -82,6 +82,17 @@ def build_task(cfg: RunConfig) -> Any:
         task = factory(**cfg.task.kwargs)
     except TypeError as e:  # a wrong keyword for this task's factory is a config error
         raise ValueError(f"task.kwargs {cfg.task.kwargs} do not fit task {name!r}: {e}") from None
+    if cfg.reward.extract != "none":  # reward.extract: the verifier judges the answer read from the response
+        import dataclasses
+
+        from posttrain.rewards.extract import with_extraction
+
+        verifier = with_extraction(task.verifier, cfg.reward.extract)
+        if dataclasses.is_dataclass(task) and not isinstance(task, type):
+            task = dataclasses.replace(task, verifier=verifier)
+        else:
+            task = copy.copy(task)
+            task.verifier = verifier
     if cfg.reward.functions:  # reward.functions: extra raw components next to the task verifier's
         from posttrain.rewards.plugins import with_reward_functions
 

@@ -200,12 +200,13 @@ class GroupRollout:
         if n_prompts is not None:
             n_fresh = n_prompts
         fresh: list[Any] = []
+        render = _renderer(run)
         if n_fresh:
             examples = run.next_prompts(n_fresh)
             seed = cfg.seed * 1_000_003 + step * 101 + round_idx
             for i, ex in enumerate(examples):
                 rid = f"s{step}r{round_idx}p{i}-{ex.prompt_id}"
-                fresh.append(GenerationRequest(request_id=rid, prompt_ids=run.tokenizer(ex.prompt).input_ids,
+                fresh.append(GenerationRequest(request_id=rid, prompt_ids=render.ids(ex),
                                                params=dataclasses.replace(self.stage.sampling, seed=seed + i)))
                 self.groups[rid] = _Group(rid, ex, call, self.K)
         all_reqs = fresh + reqs
@@ -279,7 +280,7 @@ class GroupRollout:
                     gids.append(g.group_id)
                     tids.append(f"{g.group_id}/{c.sample_index}")
                     metas.append({"pauses": s.pauses, "pause_age": age, "version_span": _span(c.versions),
-                                  "rollout_call": call})
+                                  "rollout_call": call, **render.record(g.example)})
             ok = [i for i, c in enumerate(comps_out) if not isinstance(c, _InfraCompletion)]
             trajs_ok: list[Trajectory] = []
             if ok:
@@ -640,3 +641,13 @@ def build_producer(cfg: RunConfig, run: Any) -> SyncProducer | ThreadedProducer:
     if cfg.system.mode == "sync":
         return SyncProducer(cfg, run, stage, rollout)
     return ThreadedProducer(cfg, run, rollout)
+
+
+def _renderer(run: Any) -> Any:
+    """The run's prompt renderer (a stand-in run without one renders raw text, as before chat templates)."""
+    r = getattr(run, "renderer", None)
+    if r is None:
+        from posttrain.envs.prompt_render import PromptRenderer
+
+        r = PromptRenderer(run.tokenizer)
+    return r

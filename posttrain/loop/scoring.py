@@ -63,6 +63,7 @@ def score(
     verify_batch: Any | None = None,
     traj_ids: Sequence[str] | None = None,
     metas: Sequence[Mapping[str, Any]] | None = None,
+    renderer: Any | None = None,
 ) -> tuple[list[Trajectory], dict[str, float]]:
     """Verify and reward ``completions`` (``examples[i]`` is the prompt of ``completions[i]``).
 
@@ -71,7 +72,9 @@ def score(
     in-process under its default time limit, and an exception, a timeout or a non-Verdict becomes
     ``infra_error`` (counted, never a zero reward).
     ``traj_ids`` (default ``s{step}-{i}``) and ``metas`` (extra JSON scalars per completion,
-    e.g. partial-rollout accounting) name and annotate the records.
+    e.g. partial-rollout accounting) name and annotate the records. ``renderer`` (the
+    :class:`~posttrain.envs.prompt_render.PromptRenderer` that made the prompt ids) adds its
+    record to each meta: ``prompt_format``, ``chat_template`` (fingerprint), ``prompt_source``.
     Returns the trajectories and ``{"time/reward_s": ...}``.
     """
     from posttrain.rewards import VerifierPool, compose
@@ -99,7 +102,8 @@ def score(
                 reward=reward,
                 verifier=verifier_id,
                 meta={"response": text, "reference": str(ex.reference), "explanation": v.explanation[:500],
-                      **(dict(metas[i]) if metas is not None else {})},
+                      **(dict(metas[i]) if metas is not None else {}),
+                      **(renderer.record(ex) if renderer is not None else {})},
             )
         )
     return trajs, {"time/reward_s": time.perf_counter() - t0}

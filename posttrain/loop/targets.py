@@ -68,26 +68,31 @@ def greedy_baseline(
     max_new_tokens: int,
     step: int,
     verify_batch: Any | None = None,
+    renderer: Any | None = None,
 ) -> tuple[torch.Tensor, dict[str, float]]:
     """ReMax's baseline (Li et al. 2023, arXiv:2310.10505): per row, the reward of one greedy
     (temperature 0) response of its prompt under the engine's current (behaviour) weights, scored
     exactly like the samples (:func:`posttrain.loop.scoring.score`, same weights and shaping).
 
-    ``examples`` maps ``prompt_id`` -> the ``TaskExample``. A prompt whose greedy response is an
+    ``examples`` maps ``prompt_id`` -> the ``TaskExample``; ``renderer`` is the run's
+    :class:`~posttrain.envs.prompt_render.PromptRenderer` (default raw text), so the greedy response
+    answers the very prompt the samples answered. A prompt whose greedy response is an
     infra error has no baseline: its rows get their own reward as baseline (advantage 0, no
     signal), counted in ``remax/baseline_infra_errors``. Returns ``([B] float64, metrics)``.
     """
+    from posttrain.envs.prompt_render import PromptRenderer
     from posttrain.loop.scoring import score
     from posttrain.rollout.sampling import SamplingParams
     from posttrain.rollout.types import GenerationRequest
 
+    render = renderer if renderer is not None else PromptRenderer(tokenizer)
     pids = list(dict.fromkeys(t.prompt_id for t in batch.trajectories))
     missing = [p for p in pids if p not in examples]
     if missing:
         raise RuntimeError(f"greedy_baseline: no example for prompt(s) {missing[:3]}")
     exs = [examples[p] for p in pids]
     params = SamplingParams(temperature=0.0, max_new_tokens=max_new_tokens, n=1, seed=0)
-    reqs = [GenerationRequest(request_id=f"remax{step}-{i}", prompt_ids=tokenizer(ex.prompt).input_ids, params=params)
+    reqs = [GenerationRequest(request_id=f"remax{step}-{i}", prompt_ids=render.ids(ex), params=params)
             for i, ex in enumerate(exs)]
     comps = engine.generate(reqs)
     order = {r.request_id: i for i, r in enumerate(reqs)}
@@ -121,7 +126,7 @@ def run_baseline(run: Any, batch: TrajectoryBatch, step: int) -> tuple[torch.Ten
     try:
         return greedy_baseline(batch, run.step_examples, engine=run.engine, tokenizer=run.tokenizer, task=run.task,
                                spec=spec, max_new_tokens=cfg.sampling.max_new_tokens, step=step,
-                               verify_batch=run.verify_batch)
+                               verify_batch=run.verify_batch, renderer=getattr(run, "renderer", None))
     finally:
         run.step_examples.clear()
 

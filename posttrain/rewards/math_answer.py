@@ -18,7 +18,7 @@ import dataclasses
 import logging
 from typing import Any
 
-from posttrain.rewards.extract import extract_final_answer, parse_integer
+from posttrain.rewards.extract import EXTRACT_MODES, extract_answer, extract_final_answer, parse_integer
 from posttrain.rewards.verdict import Verdict
 from posttrain.rewards.verifier import VERIFIERS
 from posttrain.trajectory import Status
@@ -36,19 +36,32 @@ class MathVerifier:
 
     Components: ``task`` in {0, 1}, ``format`` = 1 iff an answer was extracted.
     ``explanation`` names the extraction method and both parsed values.
+    ``extract``: ``auto`` (integer fast path, then ``\\boxed{}`` > ``answer:`` line > last number)
+    or one mode of :data:`~posttrain.rewards.extract.EXTRACT_MODES` (only that format counts, no
+    fast path); a mode other than ``auto`` is part of ``version`` (``1+extract=boxed``).
     """
 
     float_rounding: int = 6
     name: str = "math"
     version: str = "1"
+    extract: str = "auto"
+
+    def __post_init__(self) -> None:
+        if self.extract not in EXTRACT_MODES:
+            raise ValueError(f"math verifier: unknown extract {self.extract!r}; valid: {', '.join(EXTRACT_MODES)}")
+        base = self.version.split("+extract=")[0]
+        object.__setattr__(self, "version", base if self.extract == "auto" else f"{base}+extract={self.extract}")
 
     def verify(self, response: str, reference: Any, **context: Any) -> Verdict:
         """See the class docstring."""
-        gi, ri = parse_integer(response), parse_integer(str(reference))
-        if gi is not None and ri is not None:
-            return Verdict(Status.CORRECT if gi == ri else Status.WRONG,
-                           {"task": float(gi == ri), "format": 1.0}, f"integer fast path: {gi} vs {ri}")
-        answer, method = extract_final_answer(response)
+        if self.extract == "auto":
+            gi, ri = parse_integer(response), parse_integer(str(reference))
+            if gi is not None and ri is not None:
+                return Verdict(Status.CORRECT if gi == ri else Status.WRONG,
+                               {"task": float(gi == ri), "format": 1.0}, f"integer fast path: {gi} vs {ri}")
+            answer, method = extract_final_answer(response)
+        else:
+            answer, method = extract_answer(response, self.extract), self.extract
         if answer is None:
             return Verdict(Status.INVALID, {"task": 0.0, "format": 0.0}, "no final answer found")
         try:
