@@ -24,6 +24,9 @@ environment is ``Status.ENV_FAILURE`` with no reward total (counted, never a zer
 from __future__ import annotations
 
 import dataclasses
+import hashlib
+import json
+import math
 import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Protocol, runtime_checkable
@@ -66,16 +69,39 @@ class Environment(Protocol):
 
 
 class TurnRenderer:
-    """Renders turns to token ids, through the chat template when the tokenizer has one."""
+    """Renders turns to token ids, through the chat template when the tokenizer has one.
 
-    def __init__(self, tokenizer: Any, use_chat_template: bool = True, system: str | None = None) -> None:
+    ``tools``: JSON schemas (``{"type": "function", "function": {name, description, parameters}}``)
+    the model may call. ``tool_prompt`` decides how they reach the model: ``"template"`` passes
+    them to ``apply_chat_template(..., tools=...)`` (the model family's own tool format, e.g.
+    Qwen / Hermes); ``"preamble"`` writes :func:`tool_preamble` as the system message (or before
+    the first observation without a chat template); ``"auto"`` = template when the chat template
+    mentions ``tools``, else preamble; ``"none"`` = not shown (a model taught the format by SFT).
+    """
+
+    def __init__(self, tokenizer: Any, use_chat_template: bool = True, system: str | None = None,
+                 tools: Sequence[Mapping[str, Any]] | None = None, tool_prompt: str = "auto") -> None:
+        if tool_prompt not in ("auto", "template", "preamble", "none"):
+            raise ValueError(f"tool_prompt must be auto, template, preamble or none, got {tool_prompt!r}")
         self.tok = tokenizer
-        self.chat = bool(use_chat_template and getattr(tokenizer, "chat_template", None))
+        template = getattr(tokenizer, "chat_template", None)
+        self.chat = bool(use_chat_template and template)
+        self.tools = [dict(t) for t in tools] if tools else None
+        mode = tool_prompt
+        if mode == "auto":
+            mode = "template" if self.chat and "tools" in str(template) else "preamble"
+        if mode == "template" and not self.chat:
+            raise ValueError("tool_prompt=template needs a tokenizer with a chat template")
+        self.tool_mode = mode if self.tools else "none"
+        if self.tool_mode == "preamble":
+            assert self.tools is not None
+            system = tool_preamble(self.tools) + (f"\n{system}" if system else "")
         self.system = system
         self.eos = tokenizer.eos_token or ""
 
-    def _render(self, msgs: list[dict[str, str]], gen: bool) -> str:
-        return str(self.tok.apply_chat_template(msgs, tokenize=False, add_generation_prompt=gen))
+    def _render(self, msgs: list[dict[str, Any]], gen: bool) -> str:
+        extra = {"tools": self.tools} if self.tool_mode == "template" else {}
+        return str(self.tok.apply_chat_template(msgs, tokenize=False, add_generation_prompt=gen, **extra))
 
     def _ids(self, text: str) -> list[int]:
         return list(self.tok(text, add_special_tokens=False).input_ids)
@@ -85,7 +111,7 @@ class TurnRenderer:
         msgs = ([{"role": "system", "content": self.system}] if self.system else []) + [
             {"role": "user", "content": observation}]
         if not self.chat:
-            return self._ids(observation), msgs
+            return self._ids(f"{self.system}\n{observation}" if self.system else observation), msgs
         return self._ids(self._render(msgs, gen=True)), msgs
 
     def after(self, msgs: list[dict[str, str]], action_text: str, ended_with_eos: bool,
@@ -112,6 +138,212 @@ class TurnRenderer:
         return self._ids(closing + full[len(upto):])
 
 
+class EpisodeState:
+    """One episode advanced one policy turn at a time (so many episodes can share one engine call).
+
+    ``start()`` resets the environment and renders the first observation; then, while
+    :meth:`wants_action` is true, :meth:`context` is the exact token list the next policy turn is
+    conditioned on and :meth:`apply` records that turn (``action`` tokens, their log-probs and
+    versions) and steps the environment (its observation becomes ``observation`` tokens with
+    ``action_mask = 0``); :meth:`trajectory` builds the record. Limits: ``max_turns`` policy turns,
+    ``max_tokens`` over the whole flattened sequence, ``max_wall_s`` seconds since ``start`` (None:
+    none); each ends the episode as ``Finish.TRUNCATED``. An exception of the environment (reset or
+    step) or a malformed turn is ``Status.ENV_FAILURE`` with no reward total.
+
+    Per step ``t`` (GiGPO, Feng et al. 2025, arXiv:2505.10978) it keeps ``step_anchors[t]`` = a
+    63-bit hash of the environment state before the step (``env.state_key()`` when the environment
+    has one, else the observation text the step answered) and ``step_rewards[t]`` = the weighted
+    sum of the step's ``reward_parts``.
+    """
+
+    def __init__(self, env: Environment, tokenizer: Any, *, seed: int, traj_id: str, group_id: str,
+                 prompt_id: str | None = None, max_turns: int = 4, max_tokens: int = 512,
+                 max_wall_s: float | None = None, weights: Mapping[str, float] | None = None,
+                 use_chat_template: bool = True, system: str | None = None, tool_prompt: str = "auto",
+                 fallback_prompt_ids: Sequence[int] | None = None) -> None:
+        if max_turns < 1 or max_tokens < 1:
+            raise ValueError(f"episode: max_turns and max_tokens must be >= 1, got {max_turns}, {max_tokens}")
+        self.env, self.tok, self.seed = env, tokenizer, seed
+        self.traj_id, self.group_id = traj_id, group_id
+        self.prompt_id = prompt_id or f"{env.name}/{seed}"
+        self.max_turns, self.max_tokens, self.max_wall_s = max_turns, max_tokens, max_wall_s
+        self.weights = dict(weights or {"task": 1.0})
+        tools = [t.schema() for t in getattr(env, "tools", None) or []]
+        self.renderer = TurnRenderer(tokenizer, use_chat_template, system, tools=tools or None,
+                                     tool_prompt=tool_prompt)
+        self.fallback = list(fallback_prompt_ids or [])
+        self.ids: list[int] = []
+        self.roles: list[Role] = []
+        self.lps: list[float] = []
+        self.vers: list[int] = []
+        self.comps: dict[str, float] = {}
+        self.status: Status | None = None
+        self.finish = Finish.TRUNCATED
+        self.explanation = ""
+        self.turns = 0
+        self.transcript: list[str] = []
+        self.step_anchors: list[int] = []
+        self.step_rewards: list[float] = []
+        self.done = False
+        self._msgs: list[dict[str, Any]] = []
+        self._obs = ""
+        self._t0 = 0.0
+
+    def _add(self, tokens: Sequence[int], role: Role, logp: Sequence[float] | None = None,
+             ver: Sequence[int] | None = None) -> None:
+        self.ids.extend(int(t) for t in tokens)
+        self.roles.extend([role] * len(tokens))
+        self.lps.extend(logp if logp is not None else [0.0] * len(tokens))
+        self.vers.extend(ver if ver is not None else [-1] * len(tokens))
+
+    def fail(self, e: BaseException) -> None:
+        """End the episode as ``env_failure`` (no reward total) with ``e`` as the explanation."""
+        self.status, self.explanation, self.done = Status.ENV_FAILURE, f"{type(e).__name__}: {e}", True
+
+    def start(self) -> EpisodeState:
+        """Reset the environment and render the first observation (``prompt`` tokens).
+
+        A reset that raises is an ``env_failure`` whose prompt is ``fallback_prompt_ids``
+        (re-raised when there is none: a trajectory needs at least one token)."""
+        self._t0 = time.perf_counter()
+        try:
+            obs = self.env.reset(self.seed)
+            first, self._msgs = self.renderer.first(obs)
+        except Exception as e:  # noqa: BLE001 - an environment crash is an explicit, counted env_failure
+            if not self.fallback:
+                raise
+            self._add(self.fallback, Role.PROMPT)
+            self.fail(e)
+            return self
+        self._add(first, Role.PROMPT)
+        self._obs = obs
+        self.transcript.append(f"obs: {obs}")
+        return self
+
+    def wants_action(self) -> bool:
+        """Whether the episode is live and within its limits (else it is ended, as truncated)."""
+        if self.done:
+            return False
+        why = ""
+        if self.turns >= self.max_turns:
+            why = f"turn limit {self.max_turns} reached"
+        elif len(self.ids) >= self.max_tokens:
+            why = f"token budget {self.max_tokens} reached"
+        elif self.max_wall_s is not None and time.perf_counter() - self._t0 > self.max_wall_s:
+            why = f"wall-time limit {self.max_wall_s} s reached"
+        if why:
+            self.explanation, self.done = why, True
+        return not self.done
+
+    def truncate(self, why: str) -> None:
+        """End the live episode as truncated by an outside limit (e.g. the model's context)."""
+        if not self.done:
+            self.explanation, self.done = why, True
+
+    def context(self) -> list[int]:
+        """The token ids the next policy turn is conditioned on (exactly the recorded ones)."""
+        return list(self.ids)
+
+    def tokens_left(self) -> int:
+        """Room left in the token budget (the next turn's ``max_new_tokens`` bound)."""
+        return max(self.max_tokens - len(self.ids), 0)
+
+    def apply(self, token_ids: Sequence[int], logprobs: Sequence[float], versions: Sequence[int] | int,
+              finish_reason: str) -> None:
+        """Record one policy turn and step the environment with its decoded text.
+
+        ``finish_reason``: ``"length"`` = the turn was cut by its length limit (ends the episode as
+        truncated after the environment saw it); anything else = a natural end of the turn.
+        """
+        try:
+            a_ids = [int(t) for t in token_ids]
+            vlist = [int(versions)] * len(a_ids) if isinstance(versions, int) else [int(v) for v in versions]
+            if len(logprobs) != len(a_ids) or len(vlist) != len(a_ids):
+                raise ValueError(f"policy turn has {len(a_ids)} tokens, {len(logprobs)} log-probs, "
+                                 f"{len(vlist)} versions")
+            self._add(a_ids, Role.ACTION, [float(x) for x in logprobs], vlist)
+            self.turns += 1
+            text = str(self.tok.decode(a_ids, skip_special_tokens=True))
+            self.transcript.append(f"act: {text}")
+            ended_eos = bool(a_ids) and a_ids[-1] == self.tok.eos_token_id
+            key_fn = getattr(self.env, "state_key", None)
+            self.step_anchors.append(anchor_hash(str(key_fn()) if callable(key_fn) else self._obs))
+            res = self.env.step(text)
+            for k, v in res.reward_parts.items():
+                self.comps[k] = self.comps.get(k, 0.0) + float(v)
+            self.step_rewards.append(math.fsum(float(self.weights.get(k, 0.0)) * float(v)
+                                               for k, v in res.reward_parts.items()))
+            if res.info.get("status") is not None:
+                self.status = Status(res.info["status"])
+            if res.done:
+                self.finish, self.explanation = Finish.TERMINAL, str(res.info.get("explanation", "done"))
+                self.done = True
+                return
+            if res.truncated:
+                self.explanation = str(res.info.get("explanation", "environment truncated the episode"))
+                self.done = True
+                return
+            if finish_reason == "length":
+                self.explanation, self.done = "policy turn hit its length limit", True
+                return
+            self._add(self.renderer.after(self._msgs, text, ended_eos, res.observation), Role.OBSERVATION)
+            self._obs = res.observation
+            self.transcript.append(f"obs: {res.observation}")
+            if len(self.ids) > self.max_tokens:
+                self.explanation, self.done = f"token budget {self.max_tokens} reached", True
+        except Exception as e:  # noqa: BLE001 - an environment crash is an explicit, counted env_failure
+            self.fail(e)
+
+    def trajectory(self, **rest: Any) -> Trajectory:
+        """The episode's record (``rest``: extra :class:`Trajectory` fields, e.g. ``sampling``).
+
+        Reward: components = sum of ``reward_parts`` over steps, ``total = sum_k weights[k] *
+        components[k]``. A truncated episode scores 0 for weighted components it never produced
+        (no answer within the limits is a real outcome); a terminal one that lacks a weighted
+        component is an ``env_failure`` (a silent 0 would hide a broken environment).
+        """
+        from posttrain.rewards.compose import compose
+
+        status, explanation = self.status, self.explanation
+        if status is None:
+            status = Status.INVALID if self.finish is Finish.TRUNCATED else Status.WRONG
+        reward = Reward(components={}, weights=self.weights, total=None)
+        if status is not Status.ENV_FAILURE:
+            comps = dict(self.comps)
+            if self.finish is Finish.TRUNCATED:
+                for k in self.weights:
+                    comps.setdefault(k, 0.0)
+            try:
+                reward = compose(comps, self.weights)
+            except ValueError as e:
+                status, explanation = Status.ENV_FAILURE, f"environment reward: {e}"
+        act = np.asarray([ro is Role.ACTION for ro in self.roles], dtype=np.int8)
+        meta = {"turns": self.turns, "explanation": explanation[:500], "transcript": "\n".join(self.transcript)[:2000],
+                "step_anchors": json.dumps(self.step_anchors), "step_rewards": json.dumps(self.step_rewards),
+                **dict(rest.pop("meta", {}))}
+        return Trajectory(
+            traj_id=self.traj_id, prompt_id=self.prompt_id, group_id=self.group_id,
+            token_ids=np.asarray(self.ids, dtype=np.int64), roles=tuple(self.roles), action_mask=act,
+            behavior_logprob=np.asarray(self.lps, dtype=np.float64),
+            behavior_version=np.asarray(self.vers, dtype=np.int64), finish=self.finish, status=status,
+            reward=reward, verifier=f"{self.env.name}@{getattr(self.env, 'version', '0')}", env_seed=self.seed,
+            timings={"episode_s": time.perf_counter() - self._t0, **dict(rest.pop("timings", {}))}, meta=meta, **rest,
+        )
+
+
+def anchor_hash(state: str) -> int:
+    """A stable non-negative 63-bit id of a state's text (GiGPO anchor; never Python's salted ``hash``)."""
+    return int.from_bytes(hashlib.sha256(state.encode()).digest()[:8], "big") >> 1
+
+
+def tool_preamble(tools: Sequence[Mapping[str, Any]]) -> str:
+    """The plain-text tool instructions for a template without tool support: the Hermes call
+    syntax, then one compact JSON schema per line."""
+    lines = ['Tools (call: <tool_call>{"name": ..., "arguments": {...}}</tool_call>):']
+    lines += [json.dumps(t.get("function", t), separators=(",", ":")) for t in tools]
+    return "\n".join(lines)
+
+
 def run_episode(
     env: Environment,
     generate_fn: GenerateFn,
@@ -126,103 +358,24 @@ def run_episode(
     weights: Mapping[str, float] | None = None,
     use_chat_template: bool = True,
     system: str | None = None,
+    max_wall_s: float | None = None,
 ) -> Trajectory:
     """Run one episode of ``env`` under ``generate_fn`` and return its trajectory.
 
     ``max_turns`` bounds policy turns, ``max_tokens`` the whole flattened sequence (prompt +
-    actions + observations). Reward: components = sum of ``reward_parts`` over steps,
-    ``total = sum_k weights[k] * components[k]`` (weights default ``{"task": 1}``; a weighted
-    component the episode never produced counts as missing -> ``ValueError`` via ``compose``).
-    A truncated episode scores 0 for weighted components it never produced (no answer within
-    the limits is a real outcome). ``meta`` holds the transcript (turn texts) for audits.
+    actions + observations), ``max_wall_s`` the episode's wall time. Reward and statuses: see
+    :class:`EpisodeState` (this is its one-episode driver; the training loop batches many
+    episodes per engine call in :mod:`posttrain.loop.episode_rollout`). ``meta`` holds the
+    transcript (turn texts) for audits.
     """
-    from posttrain.rewards.compose import compose
-
-    if max_turns < 1 or max_tokens < 1:
-        raise ValueError(f"run_episode: max_turns and max_tokens must be >= 1, got {max_turns}, {max_tokens}")
-    weights = dict(weights or {"task": 1.0})
-    t0 = time.perf_counter()
-    r = TurnRenderer(tokenizer, use_chat_template, system)
-    ids: list[int] = []
-    roles: list[Role] = []
-    lps: list[float] = []
-    vers: list[int] = []
-
-    def add(tokens: Sequence[int], role: Role, logp: Sequence[float] | None = None,
-            ver: Sequence[int] | None = None) -> None:
-        ids.extend(int(t) for t in tokens)
-        roles.extend([role] * len(tokens))
-        lps.extend(logp if logp is not None else [0.0] * len(tokens))
-        vers.extend(ver if ver is not None else [-1] * len(tokens))
-
-    comps: dict[str, float] = {}
-    status: Status | None = None
-    finish = Finish.TRUNCATED
-    explanation = ""
-    turns = 0
-    transcript: list[str] = []
-    try:
-        obs = env.reset(seed)
-        first_ids, msgs = r.first(obs)
-        add(first_ids, Role.PROMPT)
-        transcript.append(f"obs: {obs}")
-        while True:
-            if turns >= max_turns:
-                explanation = f"turn limit {max_turns} reached"
-                break
-            if len(ids) >= max_tokens:
-                explanation = f"token budget {max_tokens} reached"
-                break
-            a_ids, a_lp, a_ver, reason = generate_fn(list(ids))
-            a_ids = [int(t) for t in a_ids]
-            vlist = [int(a_ver)] * len(a_ids) if isinstance(a_ver, int) else [int(v) for v in a_ver]
-            if len(a_lp) != len(a_ids) or len(vlist) != len(a_ids):
-                raise ValueError(f"generate_fn returned {len(a_ids)} tokens, {len(a_lp)} log-probs, {len(vlist)} versions")
-            add(a_ids, Role.ACTION, [float(x) for x in a_lp], vlist)
-            turns += 1
-            text = str(tokenizer.decode(a_ids, skip_special_tokens=True))
-            transcript.append(f"act: {text}")
-            ended_eos = bool(a_ids) and a_ids[-1] == tokenizer.eos_token_id
-            res = env.step(text)
-            for k, v in res.reward_parts.items():
-                comps[k] = comps.get(k, 0.0) + float(v)
-            if res.info.get("status") is not None:
-                status = Status(res.info["status"])
-            if res.done:
-                finish, explanation = Finish.TERMINAL, str(res.info.get("explanation", "done"))
-                break
-            if res.truncated:
-                explanation = str(res.info.get("explanation", "environment truncated the episode"))
-                break
-            if reason == "length":
-                explanation = "policy turn hit its length limit"
-                break
-            add(r.after(msgs, text, ended_eos, res.observation), Role.OBSERVATION)
-            transcript.append(f"obs: {res.observation}")
-            if len(ids) > max_tokens:
-                explanation = f"token budget {max_tokens} reached"
-                break
-    except Exception as e:  # noqa: BLE001 - an environment crash is an explicit, counted env_failure
-        if not ids:
-            raise
-        status, explanation = Status.ENV_FAILURE, f"{type(e).__name__}: {e}"
-    if status is None:
-        status = Status.INVALID if finish is Finish.TRUNCATED else Status.WRONG
-    if status is Status.ENV_FAILURE:
-        reward = Reward(components={}, weights=weights, total=None)
-    else:
-        if finish is Finish.TRUNCATED:
-            # No answer within the limits: a real (zero) outcome for the missing components.
-            for k in weights:
-                comps.setdefault(k, 0.0)
-        reward = compose(comps, weights)
-    act = np.asarray([ro is Role.ACTION for ro in roles], dtype=np.int8)
-    return Trajectory(
-        traj_id=traj_id, prompt_id=prompt_id or f"{env.name}/{seed}", group_id=group_id,
-        token_ids=np.asarray(ids, dtype=np.int64), roles=tuple(roles), action_mask=act,
-        behavior_logprob=np.asarray(lps, dtype=np.float64), behavior_version=np.asarray(vers, dtype=np.int64),
-        finish=finish, status=status, reward=reward, verifier=f"{env.name}@{getattr(env, 'version', '0')}", env_seed=seed,
-        timings={"episode_s": time.perf_counter() - t0},
-        meta={"turns": turns, "explanation": explanation[:500], "transcript": "\n".join(transcript)[:2000]},
-    )
-
+    ep = EpisodeState(env, tokenizer, seed=seed, traj_id=traj_id, group_id=group_id, prompt_id=prompt_id,
+                      max_turns=max_turns, max_tokens=max_tokens, max_wall_s=max_wall_s, weights=weights,
+                      use_chat_template=use_chat_template, system=system).start()
+    while ep.wants_action():
+        try:
+            a_ids, a_lp, a_ver, reason = generate_fn(ep.context())
+        except Exception as e:  # noqa: BLE001 - same accounting as an environment crash
+            ep.fail(e)
+            break
+        ep.apply(a_ids, a_lp, a_ver, reason)
+    return ep.trajectory()

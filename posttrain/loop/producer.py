@@ -635,9 +635,14 @@ class ThreadedProducer:
 
 
 def build_producer(cfg: RunConfig, run: Any) -> SyncProducer | ThreadedProducer:
-    """The producer of ``cfg.system.mode`` over the run's engine, task and reward."""
+    """The producer of ``cfg.system.mode`` over the run's engine, task and reward; with ``env.name``
+    set its rollout is :class:`~posttrain.loop.episode_rollout.EpisodeRollout` (multi-turn episodes)."""
     stage = RolloutStage.from_config(cfg, run)
-    rollout = GroupRollout(cfg, run, stage)
+    rollout: Any = GroupRollout(cfg, run, stage)
+    if cfg.env.name is not None:
+        from posttrain.loop.episode_rollout import EpisodeRollout
+
+        rollout = EpisodeRollout(cfg, run, stage)
     if cfg.system.mode == "sync":
         return SyncProducer(cfg, run, stage, rollout)
     return ThreadedProducer(cfg, run, rollout)

@@ -1,0 +1,96 @@
+"""The ``ENVS`` registry of multi-turn environments and :class:`EnvTask`, their task-shaped view.
+
+A recipe selects a multi-turn environment with ``env.name`` (a name here or
+``'package.module:factory'``) and ``env.kwargs``; the run then holds an :class:`EnvTask` where a
+single-turn run holds a task: it hands out the episodes' seeds as :class:`TaskExample` rows
+(``prompt`` = the first observation, ``meta["env_seed"]``), split into train / held-out *by
+problem* (the first observation's text decides, like every task), and makes one fresh
+environment per episode (:meth:`EnvTask.make_env`). The episodes themselves run in
+:mod:`posttrain.loop.episode_rollout`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from posttrain.algos.registry import Registry
+from posttrain.envs.multiturn import Environment
+from posttrain.envs.task import TaskExample, sample_split
+from posttrain.envs.tool_calling import calculator_tool_env, python_tool_env
+from posttrain.envs.tools import CalculatorEnv, PythonToolEnv
+
+ENVS = Registry("env")
+"""name -> factory(**kwargs) returning a fresh :class:`~posttrain.envs.multiturn.Environment`."""
+
+ENVS.register("calculator_tool")(calculator_tool_env)
+ENVS.register("python_tool")(python_tool_env)
+ENVS.register("calculator_tags")(CalculatorEnv)  # the <calc>...</calc> tag protocol (no JSON tools)
+ENVS.register("python_tags")(PythonToolEnv)
+
+
+@dataclasses.dataclass(frozen=True)
+class EnvVerifier:
+    """The ``name@version`` of an environment's verdicts (the environment scores its own episodes)."""
+
+    name: str
+    version: str
+
+    def verify(self, response: str, reference: Any, **context: Any) -> Any:
+        """Not used: an environment's episodes are scored by its ``step`` (raises)."""
+        raise RuntimeError(f"environment {self.name!r} scores its episodes itself; there is nothing to verify")
+
+
+@dataclasses.dataclass
+class EnvTask:
+    """A multi-turn environment seen as a prompt source (see the module docstring).
+
+    ``factory(**kwargs)`` makes one environment; ``heldout_fraction`` of the problems (by the
+    first observation's text) are held out.
+    """
+
+    env_name: str
+    factory: Callable[..., Environment]
+    kwargs: Mapping[str, Any] = dataclasses.field(default_factory=dict)
+    heldout_fraction: float = 0.2
+
+    def __post_init__(self) -> None:
+        probe = self.make_env()
+        if not isinstance(probe, Environment):
+            raise ValueError(f"env.name={self.env_name!r}: the factory returned {type(probe).__name__}, which has no "
+                             "reset(seed) / step(text) / name (posttrain.envs.multiturn.Environment)")
+        self.verifier = EnvVerifier(str(probe.name), str(getattr(probe, "version", "0")))
+
+    @property
+    def name(self) -> str:
+        """The environment's name (prefix of prompt ids)."""
+        return self.verifier.name
+
+    def make_env(self, **overrides: Any) -> Environment:
+        """A fresh environment (``overrides`` on top of ``kwargs``, e.g. ``use_tools=False``)."""
+        try:
+            return self.factory(**{**dict(self.kwargs), **overrides})
+        except TypeError as e:
+            raise ValueError(f"env.kwargs {dict(self.kwargs)} do not fit env {self.env_name!r}: {e}") from None
+
+    def examples(self, split: str, n: int, seed: int) -> list[TaskExample]:
+        """``n`` episode starts of ``split``; same arguments -> same list."""
+
+        def draw(rng: Any) -> tuple[str, TaskExample]:
+            s = rng.randrange(2**31)
+            try:
+                obs = self.make_env().reset(s)
+            except Exception as e:  # noqa: BLE001 - the episode itself will end as env_failure
+                obs = f"{self.name} seed {s} (reset failed: {type(e).__name__})"
+            return obs, TaskExample(prompt_id=f"{self.name}/{s}", prompt=obs, reference=None, meta={"env_seed": s})
+
+        return sample_split(self.name, split, n, seed, draw, self.heldout_fraction, rng_tag=repr(sorted(self.kwargs.items())))
+
+
+def build_env_task(name: str, kwargs: Mapping[str, Any] | None = None, heldout_fraction: float = 0.2) -> EnvTask:
+    """The :class:`EnvTask` of ``env.name`` (an :data:`ENVS` name or ``'module:factory'``)."""
+    from posttrain.algos.registry import import_dotted
+
+    factory = import_dotted(name, key="env.name") if ":" in name else ENVS[name]
+    return EnvTask(name, factory, dict(kwargs or {}), heldout_fraction)

@@ -1,0 +1,223 @@
+"""Multi-turn episodes as the rollout of a run (``env.name`` set): the episode counterpart of GroupRollout.
+
+:class:`EpisodeRollout` has :class:`~posttrain.loop.producer.GroupRollout`'s interface
+(``run_call``, ``inflight``, ``dropped``), so the producers of every system mode
+(:class:`~posttrain.loop.producer.SyncProducer`, :class:`~posttrain.loop.producer.ThreadedProducer`)
+drive it unchanged. One call = ``prompts_per_step`` groups of ``group_size`` episodes; every
+episode of a group starts from the same environment seed (same task and initial state: the group
+baseline of GRPO and GiGPO's anchor states compare like with like).
+
+Turn rounds: each round gathers the next policy turn of *every* live episode into one engine
+``generate`` call (one call per round, not one per episode), then steps each environment with
+its turn's text (:class:`~posttrain.envs.multiturn.EpisodeState`: action tokens with the engine's
+per-token log-probs and versions, observation tokens with ``action_mask = 0``). A turn the engine
+returns ``paused`` (async mode with ``interrupt_on_update``: a weight update arrived) is resumed
+in the same round under the new weights, so one trajectory's tokens can carry several behaviour
+versions, across turns and within one. Episodes end by the environment (terminal), by
+``env.max_turns`` / ``env.max_tokens`` / ``env.max_wall_s`` or a turn cut by
+``sampling.max_new_tokens`` (truncated), or by an environment exception (``env_failure``: no
+reward, counted, excluded from the update).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import time
+from collections import Counter
+from collections.abc import Sequence
+from typing import Any
+
+from posttrain.config import RunConfig
+from posttrain.envs.multiturn import EpisodeState
+from posttrain.trajectory import Finish, Status, Trajectory
+
+
+def _seed(*parts: Any) -> int:
+    """A sampling seed from the run seed and the episode's coordinates (stable across processes)."""
+    return int.from_bytes(hashlib.sha256("|".join(map(str, parts)).encode()).digest()[:4], "big") >> 1
+
+
+def context_limit(run: Any) -> int | None:
+    """The model's context (``max_position_embeddings``) or None when unknown."""
+    return getattr(getattr(getattr(run, "plain_model", None), "config", None), "max_position_embeddings", None)
+
+
+def generate_turns(engine: Any, requests: Sequence[Any]) -> tuple[dict[str, Any], int]:
+    """One turn per request: ``{request_id: finished completion}`` and the number of engine calls.
+
+    A completion returned ``paused`` (a weight update interrupted the call) is resumed with
+    ``GenerationRequest(resume=...)`` until it finishes; its later tokens carry the newer version.
+    """
+    from posttrain.rollout.types import GenerationRequest
+
+    done: dict[str, Any] = {}
+    pending = list(requests)
+    calls = 0
+    while pending:
+        comps = engine.generate(pending)
+        calls += 1
+        pending = []
+        for c in comps:
+            if c.finished:
+                done[c.request_id] = c
+            else:
+                pending.append(GenerationRequest(request_id=c.request_id, prompt_ids=list(c.prompt_ids),
+                                                 params=c.params, resume=c))
+    return done, calls
+
+
+def run_episodes(engine: Any, episodes: Sequence[EpisodeState], params: Any, *, seed_of: Any,
+                 context: int | None = None) -> dict[str, float]:
+    """Advance ``episodes`` (already started) to their ends in turn rounds; returns round metrics.
+
+    ``params``: the sampler (``n`` is forced to 1; ``max_new_tokens`` is capped per episode by its
+    token budget and the model's ``context``); ``seed_of(episode) -> int`` seeds its next turn.
+    """
+    from posttrain.rollout.types import GenerationRequest
+
+    rounds = engine_calls = 0
+    new_tokens = 0
+    while True:
+        live = [e for e in episodes if e.wants_action()]
+        if context is not None:
+            for e in live:
+                if len(e.ids) >= context - 1:  # no room for a single new token: a limit like max_tokens
+                    e.truncate(f"model context {context} reached")
+            live = [e for e in live if not e.done]
+        if not live:
+            break
+        reqs = []
+        for e in live:
+            cap = e.tokens_left() if context is None else min(e.tokens_left(), context - 1 - len(e.ids))
+            reqs.append(GenerationRequest(
+                request_id=f"{e.traj_id}@t{e.turns}", prompt_ids=e.context(),
+                params=dataclasses.replace(params, n=1, seed=seed_of(e), max_new_tokens=max(1, min(params.max_new_tokens, cap)))))
+        done, calls = generate_turns(engine, reqs)
+        rounds += 1
+        engine_calls += calls
+        for e, r in zip(live, reqs, strict=True):
+            c = done[r.request_id]
+            new_tokens += len(c.token_ids)
+            e.apply(c.token_ids, c.logprobs, c.versions, "length" if c.finish_reason == "length" else "stop")
+    return {"episode/turn_rounds": float(rounds), "episode/engine_calls": float(engine_calls),
+            "rollout/new_tokens": float(new_tokens)}
+
+
+class EpisodeRollout:
+    """Rollout calls of multi-turn episodes (see the module docstring); thread-compatible like
+    GroupRollout (one thread at a time calls :meth:`run_call`)."""
+
+    def __init__(self, cfg: RunConfig, run: Any, stage: Any) -> None:
+        self.cfg, self.run, self.stage = cfg, run, stage
+        self.N, self.K = cfg.sampling.prompts_per_step, cfg.sampling.group_size
+        self.dropped = 0  # episodes never pause between calls: nothing is dropped before resuming
+
+    def inflight(self) -> int:
+        """Episodes carried between calls: none (a call runs its episodes to their ends)."""
+        return 0
+
+    def new_episode(self, ex: Any, *, traj_id: str, group_id: str, env_overrides: dict[str, Any] | None = None
+                    ) -> EpisodeState:
+        """A started episode of example ``ex`` (``meta["env_seed"]``) under the run's ``env`` settings."""
+        e = self.cfg.env
+        tok = self.run.tokenizer
+        ep = EpisodeState(
+            self.run.task.make_env(**(env_overrides or {})), tok, seed=int(ex.meta["env_seed"]), traj_id=traj_id,
+            group_id=group_id, prompt_id=ex.prompt_id, max_turns=e.max_turns, max_tokens=e.max_tokens,
+            max_wall_s=e.max_wall_s, weights=self.cfg.reward.weights, use_chat_template=e.use_chat_template,
+            system=e.system, tool_prompt=e.tool_prompt, fallback_prompt_ids=tok(ex.prompt).input_ids).start()
+        room = min(e.max_tokens, (context_limit(self.run) or e.max_tokens + 1) - 1)
+        if ep.status is not Status.ENV_FAILURE and len(ep.ids) >= room:
+            # Every episode would end before its first turn: a silently useless run.
+            raise ValueError(f"env.max_tokens={e.max_tokens} (model context {context_limit(self.run)}): the first "
+                             f"observation of {ex.prompt_id!r} renders to {len(ep.ids)} tokens, no room for a turn")
+        return ep
+
+    def sampling(self, temperature: float | None = None, max_new_tokens: int | None = None) -> Any:
+        """The per-turn sampler: the stage's, with ``env.stop_strings``."""
+        p = self.stage.sampling
+        kw: dict[str, Any] = {"stop_strings": tuple(self.cfg.env.stop_strings)}
+        if temperature is not None:
+            kw["temperature"] = temperature
+        if max_new_tokens is not None:
+            kw["max_new_tokens"] = max_new_tokens
+        return dataclasses.replace(p, **kw)
+
+    def run_call(self, call: int, *, round_idx: int = 0, n_prompts: int | None = None
+                 ) -> tuple[list[list[Trajectory]], dict[str, float]]:
+        """One call: ``n_prompts`` (default ``prompts_per_step``) fresh groups of ``group_size``
+        episodes, run to their ends. Returns the groups (in prompt order) and the call's metrics."""
+        run, cfg = self.run, self.cfg
+        step = call + 1
+        examples = run.next_prompts(n_prompts or self.N)
+        eps: list[EpisodeState] = []
+        gids: list[str] = []
+        t0 = time.perf_counter()
+        for i, ex in enumerate(examples):
+            gid = f"s{step}r{round_idx}p{i}-{ex.prompt_id}"
+            gids.append(gid)
+            eps.extend(self.new_episode(ex, traj_id=f"{gid}/{j}", group_id=gid) for j in range(self.K))
+        params = self.sampling()
+        info = run_episodes(run.engine, eps, params, context=context_limit(run),
+                            seed_of=lambda e: _seed(cfg.seed, e.traj_id, e.turns))
+        t_roll = time.perf_counter() - t0
+        record = params.to_record()
+        trajs = [e.trajectory(sampling=record, meta={"rollout_call": call, "version_span": _span(e)}) for e in eps]
+        by_group: dict[str, list[Trajectory]] = {}
+        for t in trajs:
+            by_group.setdefault(t.group_id, []).append(t)
+        info.update(episode_metrics(trajs))
+        info.update({"time/rollout_s": t_roll, "time/reward_s": 0.0, "sampling/rounds": 1.0, "rollout/calls": 1.0,
+                     "rollout/rows": float(len(trajs)), "partial/groups_completed": float(len(by_group))})
+        return [by_group[g] for g in gids], info
+
+
+def _span(e: EpisodeState) -> int:
+    v = [x for x in e.vers if x >= 0]
+    return (max(v) - min(v)) if v else 0
+
+
+def episode_metrics(trajs: Sequence[Trajectory]) -> dict[str, float]:
+    """``episode/turns_mean``, ``episode/env_failures``, ``episode/truncated``, ``episode/tool_calls_mean``,
+    ``episode/invalid_actions_mean`` and ``episode/obs_tokens_mean`` of a call's episodes."""
+    n = max(len(trajs), 1)
+    comps: Counter[str] = Counter()
+    for t in trajs:
+        comps.update({k: v for k, v in t.reward.components.items() if k in ("tool_calls", "invalid_actions")})
+    return {
+        "episode/turns_mean": sum(float(t.meta.get("turns", 0) or 0) for t in trajs) / n,
+        "episode/env_failures": float(sum(t.status is Status.ENV_FAILURE for t in trajs)),
+        "episode/truncated": float(sum(t.finish is Finish.TRUNCATED for t in trajs)),
+        "episode/tool_calls_mean": comps["tool_calls"] / n,
+        "episode/invalid_actions_mean": comps["invalid_actions"] / n,
+        "episode/obs_tokens_mean": sum(int(sum(r.value == "observation" for r in t.roles)) for t in trajs) / n,
+    }
+
+
+def evaluate_episodes(rollout: EpisodeRollout, examples: Sequence[Any], *, temperature: float = 0.0,
+                      max_new_tokens: int | None = None, env_overrides: dict[str, Any] | None = None) -> Any:
+    """Held-out evaluation on whole episodes: one episode per example under the engine's current
+    weights at ``temperature`` (0 = greedy). ``env_overrides`` (e.g. ``{"use_tools": False}``)
+    build the environments. Returns an :class:`~posttrain.evaluation.heldout.EvalResult` whose
+    accuracy is the fraction of non-``env_failure`` episodes that ended ``correct``, ``reward_mean``
+    the mean ``task`` component and ``mean_length`` the mean action tokens per episode.
+    """
+    from posttrain.evaluation.heldout import EvalResult
+
+    run, cfg = rollout.run, rollout.cfg
+    eps = [rollout.new_episode(ex, traj_id=f"eval{i}", group_id=f"eval{i}", env_overrides=env_overrides)
+           for i, ex in enumerate(examples)]
+    params = rollout.sampling(temperature=temperature, max_new_tokens=max_new_tokens)
+    run_episodes(run.engine, eps, params, context=context_limit(run), seed_of=lambda e: _seed(cfg.seed, "eval", e.traj_id, e.turns))
+    trajs = [e.trajectory() for e in eps]
+    statuses = Counter(t.status.value for t in trajs if t.status is not None)
+    ok = [t for t in trajs if t.status is not Status.ENV_FAILURE]
+    correct = [t.status is Status.CORRECT for t in trajs]
+    return EvalResult(
+        accuracy=sum(t.status is Status.CORRECT for t in ok) / len(ok) if ok else float("nan"),
+        reward_mean=sum(float(t.reward.components.get("task", 0.0)) for t in ok) / len(ok) if ok else float("nan"),
+        mean_length=sum(t.num_actions for t in trajs) / len(trajs) if trajs else 0.0,
+        status_counts=dict(statuses), n=len(examples),
+        per_prompt=tuple((int(t.status is not Status.ENV_FAILURE), int(c)) for t, c in zip(trajs, correct, strict=True)),
+    )
