@@ -92,31 +92,6 @@ class EnvConfig(_Section):
                                      "disabled (heldout_notool/*): success without the tool beside it")
 
 
-class EnvConfig(_Section):
-    """Multi-turn episodes (docs/tasks_and_verifiers.md, "Write your own tool environment"): with ``name``
-    set the run trains on episodes of that environment instead of single-turn ``task`` prompts."""
-
-    name: str | None = Field(None, description="a name in posttrain.envs.episodes ENVS (calculator_tool, "
-                             "python_tool, calculator_tags, python_tags) or 'package.module:factory'; None = "
-                             "single-turn task")
-    kwargs: dict[str, Any] = Field(default_factory=dict, description="keyword arguments of the environment factory")
-    max_turns: int = Field(4, ge=1, description="policy turns per episode; more ends it as truncated")
-    max_tokens: int = Field(256, ge=2, description="tokens of the whole episode (prompt + actions + observations); "
-                            "reaching it ends the episode as truncated. Each turn also has sampling.max_new_tokens")
-    max_wall_s: float | None = Field(60.0, gt=0, description="wall seconds per episode; past it the episode ends "
-                                     "as truncated at its next turn (None = no limit)")
-    tool_prompt: Literal["auto", "template", "preamble", "none"] = Field(
-        "auto", description="how the tool schemas reach the model: the chat template's tools= (template), a "
-        "plain-text preamble (preamble), auto = template if the chat template mentions tools else preamble, none")
-    system: str | None = Field(None, description="system message of every episode")
-    use_chat_template: bool = Field(True, description="render turns with the tokenizer's chat template")
-    stop_strings: list[str] = Field(default_factory=list, description="end a policy turn at these strings (e.g. "
-                                    "'</tool_call>', '</answer>')")
-    heldout_fraction: float = Field(0.2, gt=0, lt=1, description="problems (by first observation) held out")
-    eval_without_tools: bool = Field(False, description="also evaluate the same held-out episodes with tools "
-                                     "disabled (heldout_notool/*): success without the tool beside it")
-
-
 class RewardFunctionConfig(_Section):
     """A user reward function by dotted path (signature and contract: posttrain/rewards/plugins.py)."""
 
@@ -459,7 +434,6 @@ class RunConfig(_Section):
     model: ModelConfig = Field(default_factory=ModelConfig)
     task: TaskConfig = Field(default_factory=TaskConfig)
     env: EnvConfig = Field(default_factory=EnvConfig, description="multi-turn environment episodes (env.name set)")
-    env: EnvConfig = Field(default_factory=EnvConfig, description="multi-turn environment episodes (env.name set)")
     reward: RewardConfig = Field(default_factory=RewardConfig)
     sampling: SamplingConfig = Field(default_factory=SamplingConfig)
     credit: CreditConfig = Field(default_factory=CreditConfig)
@@ -493,8 +467,6 @@ class RunConfig(_Section):
         from posttrain.loop.targets import check_estimator_needs
 
         check_estimator_needs(self)  # what the estimator declared it needs (critic, groups, baseline, step ids)
-        if self.env.name is not None:
-            _check_env(self)
         if self.env.name is not None:
             _check_env(self)
         if self.sampling.dynamic_sampling and (self.system.mode != "sync" or self.system.partial_fraction < 1.0):
@@ -538,25 +510,6 @@ class RunConfig(_Section):
             + (f", partial rollout lambda={self.system.partial_fraction}" if self.system.partial_fraction < 1 else "")
             + (f", max_version_span {self.system.max_version_span}" if self.system.max_version_span is not None else ""),
         }
-
-
-def _check_env(cfg: RunConfig) -> None:
-    """A multi-turn recipe: the environment resolves, and the settings episodes do not support are refused."""
-    if "name" in cfg.task.model_fields_set:  # e.g. a single-turn recipe with an env.name override
-        _log.warning("env.name=%s is set: task.name=%s is not used (episodes replace task prompts)",
-                     cfg.env.name, cfg.task.name)
-    for bad, why in ((cfg.system.backend != "local", "system.backend=local"),
-                     (cfg.sampling.dynamic_sampling, "sampling.dynamic_sampling=false"),
-                     (cfg.system.partial_fraction < 1.0, "system.partial_fraction=1"),
-                     (cfg.critic.enabled, "critic.enabled=false"),
-                     ((cfg.eval.samples or 1) > 1, "eval.samples=1 (one held-out episode per start)")):
-        if bad:
-            raise ValueError(f"env.name={cfg.env.name}: multi-turn episodes need {why}")
-    from posttrain.envs.episodes import ENVS
-
-    if ":" not in cfg.env.name and cfg.env.name not in ENVS:  # type: ignore[operator]
-        raise ValueError(f"env.name: unknown env {cfg.env.name!r}; valid: {', '.join(sorted(ENVS))}, "
-                         "or 'package.module:factory'")
 
 
 def _check_env(cfg: RunConfig) -> None:
