@@ -199,25 +199,12 @@ class Run:
 
         if self.cfg.env.name is not None:  # multi-turn: whole held-out episodes
             return self.evaluate_episodes(temperature)
-        if self.cfg.env.name is not None:  # multi-turn: whole held-out episodes
-            return self.evaluate_episodes(temperature)
         e = self.cfg.eval
         return evaluate(self.engine, self.tokenizer, self.task, self.heldout,
                         max_new_tokens=e.max_new_tokens or self.cfg.sampling.max_new_tokens,
                         temperature=e.temperature if temperature is None else temperature, seed=self.cfg.seed,
                         verify_batch=self.verify_batch, samples=samples, k=min(e.k, samples),
                         renderer=self.renderer)
-
-    def evaluate_episodes(self, temperature: float | None = None, env_overrides: dict[str, Any] | None = None) -> Any:
-        """Held-out evaluation of an ``env.name`` run: one episode per held-out start (default
-        temperature ``eval.temperature``; ``env_overrides`` e.g. ``{"use_tools": False}``)."""
-        from posttrain.loop.episode_rollout import EpisodeRollout, evaluate_episodes
-        from posttrain.loop.rollout_stage import RolloutStage
-
-        e = self.cfg.eval
-        ro = EpisodeRollout(self.cfg, self, RolloutStage.from_config(self.cfg, self))
-        return evaluate_episodes(ro, self.heldout, temperature=e.temperature if temperature is None else temperature,
-                                 max_new_tokens=e.max_new_tokens, env_overrides=env_overrides)
 
     def evaluate_episodes(self, temperature: float | None = None, env_overrides: dict[str, Any] | None = None) -> Any:
         """Held-out evaluation of an ``env.name`` run: one episode per held-out start (default
@@ -241,8 +228,6 @@ class Run:
             sres = self.evaluate(e.sampled_temperature, samples=n if e.temperature == 0 else 1)
             extra = {**sres.as_metrics("heldout_sampled"), **extra,
                      **(sres.passk_metrics() if n > 1 and e.temperature == 0 else {})}
-        if self.cfg.env.name is not None and self.cfg.env.eval_without_tools:  # the no-tool baseline beside it
-            extra.update(self.evaluate_episodes(env_overrides={"use_tools": False}).as_metrics("heldout_notool"))
         if self.cfg.env.name is not None and self.cfg.env.eval_without_tools:  # the no-tool baseline beside it
             extra.update(self.evaluate_episodes(env_overrides={"use_tools": False}).as_metrics("heldout_notool"))
         st = self.state
