@@ -1,6 +1,7 @@
 """Rollout throughput: the built-in engine vs transformers' generate (and vLLM) on the same model and prompts.
 
-For each model (Qwen2-style presets built locally, :mod:`posttrain.models.tiny`) and each case,
+For each model (Qwen2-style presets built locally, :mod:`posttrain.models.tiny`, or
+SmolLM2-135M-Instruct from its offline wheel, :data:`REAL_MODELS`) and each case,
 ``batch`` rows of ``new_tokens`` generated tokens, sampled at temperature 1 with no truncation
 and no end of sequence (every row generates exactly ``new_tokens``), by:
 
@@ -42,7 +43,8 @@ import torch
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     """Options of ``posttrain bench rollout`` (``--json PATH`` is added by the bench command)."""
-    p.add_argument("--models", default="3m,25m", help="comma-separated tiny presets (default 3m,25m)")
+    p.add_argument("--models", default="3m,25m",
+                   help="comma-separated tiny presets and/or smollm2-135m-instruct (default 3m,25m)")
     p.add_argument("--batch", type=int, default=64, help="rows generated per case (default 64)")
     p.add_argument("--new-tokens", type=int, default=64, help="tokens generated per row (default 64)")
     p.add_argument("--prompt-len", type=int, default=16, help="prompt tokens (default 16)")
@@ -155,12 +157,34 @@ def run_case(
     return {"tokens_per_s": tps, "seconds": secs, "tokens_per_run": expected}
 
 
+REAL_MODELS = ("smollm2-135m-instruct",)
+"""Real models ``--models`` accepts beside the tiny presets (offline, from their wheels; fp32)."""
+
+
+def _bench_model(name: str, seed: int, min_positions: int) -> Any:
+    """A tiny preset (random init, ``seed``) or a real model of :data:`REAL_MODELS`, fp32, eval mode."""
+    if name in REAL_MODELS:
+        from transformers import AutoConfig
+
+        from posttrain.models.smollm2 import convert, load_smollm2
+
+        ctx = int(AutoConfig.from_pretrained(str(convert(name))).max_position_embeddings)
+        if ctx < min_positions:  # checked before the weights are read
+            raise ValueError(f"{name}: prompt + new tokens ({min_positions}) exceed its context ({ctx})")
+        return load_smollm2(name, dtype=torch.float32)[1]
+    from posttrain.models import TINY_PRESETS, build_tiny_model
+
+    if name not in TINY_PRESETS:
+        raise ValueError(f"--models: unknown model {name!r}; valid: {', '.join([*TINY_PRESETS, *REAL_MODELS])}")
+    return build_tiny_model(name, seed=seed, max_position_embeddings=max(512, min_positions))
+
+
 def run(args: argparse.Namespace) -> int:
     """Run the benchmark, print a table, write JSON when ``--json`` is given; returns 0."""
     from rich.console import Console
     from rich.table import Table
 
-    from posttrain.models import build_tiny_model, count_parameters
+    from posttrain.models import count_parameters
 
     if args.quick:
         args.models, args.batch, args.new_tokens, args.n, args.reps, args.gemm_size = "micro", 4, 8, 2, 1, 256
@@ -190,8 +214,7 @@ def run(args: argparse.Namespace) -> int:
         if i:
             probes.append(probe())
         # eos None: no early stop, so both engines generate exactly new_tokens per row.
-        model = build_tiny_model(preset, seed=args.seed,
-                                 max_position_embeddings=max(512, args.prompt_len + args.new_tokens + 1))
+        model = _bench_model(preset, args.seed, args.prompt_len + args.new_tokens + 1)
         model.config.eos_token_id = None
         model.generation_config.eos_token_id = None
         params = count_parameters(model)

