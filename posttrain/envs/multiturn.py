@@ -184,6 +184,7 @@ class EpisodeState:
         self.transcript: list[str] = []
         self.step_anchors: list[int] = []
         self.step_rewards: list[float] = []
+        self.turn_tokens: list[int] = []  # action tokens of each step (GiGPO's step_index)
         self.done = False
         self._msgs: list[dict[str, Any]] = []
         self._obs = ""
@@ -262,6 +263,7 @@ class EpisodeState:
                 raise ValueError(f"policy turn has {len(a_ids)} tokens, {len(logprobs)} log-probs, "
                                  f"{len(vlist)} versions")
             self._add(a_ids, Role.ACTION, [float(x) for x in logprobs], vlist)
+            self.turn_tokens.append(len(a_ids))
             self.turns += 1
             text = str(self.tok.decode(a_ids, skip_special_tokens=True))
             self.transcript.append(f"act: {text}")
@@ -320,6 +322,7 @@ class EpisodeState:
         act = np.asarray([ro is Role.ACTION for ro in self.roles], dtype=np.int8)
         meta = {"turns": self.turns, "explanation": explanation[:500], "transcript": "\n".join(self.transcript)[:2000],
                 "step_anchors": json.dumps(self.step_anchors), "step_rewards": json.dumps(self.step_rewards),
+                "turn_tokens": json.dumps(self.turn_tokens),
                 **dict(rest.pop("meta", {}))}
         return Trajectory(
             traj_id=self.traj_id, prompt_id=self.prompt_id, group_id=self.group_id,

@@ -40,7 +40,8 @@ def check_estimator_needs(cfg: Any) -> None:
     What the loop provides: ``critic`` when ``critic.enabled``; ``groups>=2`` when
     ``sampling.group_size >= 2``; ``baseline`` (a greedy rollout per prompt, :func:`greedy_baseline`)
     in ``system.mode=sync`` with ``partial_fraction=1`` (the engine is idle between rollout and
-    update and holds the behaviour weights); ``step_ids`` never: every episode is single-turn.
+    update and holds the behaviour weights); ``step_ids`` with ``env.name`` set (multi-turn episodes
+    record their steps: :func:`step_fields`).
     """
     name = cfg.credit.estimator
     for need in sorted(A.ADVANTAGES.needs(name)):
@@ -52,9 +53,9 @@ def check_estimator_needs(cfg: Any) -> None:
         if need == "baseline" and (cfg.system.mode != "sync" or cfg.system.partial_fraction < 1.0):
             raise ValueError(f"credit.estimator={name} needs system.mode=sync and system.partial_fraction=1: its "
                              "greedy baseline rollout runs between a step's rollout and its update")
-        if need == "step_ids":
-            raise ValueError(f"credit.estimator={name} needs per-step ids of multi-turn episodes, which the "
-                             "training loop does not produce (single-turn tasks only): use grpo for single-turn tasks")
+        if need == "step_ids" and getattr(getattr(cfg, "env", None), "name", None) is None:
+            raise ValueError(f"credit.estimator={name} needs per-step ids of multi-turn episodes: set env.name (a "
+                             "multi-turn environment), or use grpo for single-turn tasks")
 
 
 def greedy_baseline(
@@ -131,6 +132,45 @@ def run_baseline(run: Any, batch: TrajectoryBatch, step: int) -> tuple[torch.Ten
         run.step_examples.clear()
 
 
+def step_fields(batch: TrajectoryBatch) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """GiGPO's per-step inputs of a batch of multi-turn episodes (Feng et al. 2025, arXiv:2505.10978).
+
+    From each trajectory's ``meta`` (written by :class:`~posttrain.envs.multiturn.EpisodeState`):
+    ``step_index [B, T]`` long = the step (0-based policy turn) of each action token, -1 on prompt,
+    observation and padding tokens; ``step_anchor [B, S]`` long = the hash of the state each step
+    was taken in (-1 past an episode's last step); ``step_rewards [B, S]`` float64 = the weighted
+    reward of each step (0 past the last step). ``S`` = the most steps in the batch.
+    Raises ``ValueError`` naming the trajectory when its meta lacks the step record (single-turn).
+    """
+    import json
+
+    import numpy as np
+
+    b, t_len = batch.action_mask.shape
+    recs = []
+    for tr in batch.trajectories:
+        try:
+            recs.append(tuple(json.loads(str(tr.meta[k])) for k in ("step_anchors", "step_rewards", "turn_tokens")))
+        except KeyError:
+            raise ValueError(f"trajectory {tr.traj_id!r}: no step record (step_anchors / step_rewards / turn_tokens "
+                             "in meta); step-level credit needs multi-turn episodes (env.name)") from None
+    s_len = max([len(r[0]) for r in recs] + [1])
+    index = torch.full((b, t_len), -1, dtype=torch.long)
+    anchor = torch.full((b, s_len), -1, dtype=torch.long)
+    rewards = torch.zeros((b, s_len), dtype=torch.float64)
+    for i, (tr, (anchors, rews, lens)) in enumerate(zip(batch.trajectories, recs, strict=True)):
+        pos = np.flatnonzero(tr.action_mask)
+        if sum(lens) != pos.size or not len(anchors) == len(rews) == len(lens):
+            raise ValueError(f"trajectory {tr.traj_id!r}: step record ({len(lens)} steps, {sum(lens)} tokens) does "
+                             f"not match its {pos.size} action tokens")
+        steps = np.repeat(np.arange(len(lens)), lens)
+        index[i, torch.from_numpy(pos)] = torch.from_numpy(steps).long()
+        if anchors:
+            anchor[i, : len(anchors)] = torch.tensor(anchors, dtype=torch.long)
+            rewards[i, : len(rews)] = torch.tensor(rews, dtype=torch.float64)
+    return index, anchor, rewards
+
+
 def group_index(batch: TrajectoryBatch) -> torch.Tensor:
     """``[B]`` long group ids (rows of one prompt's G samples share an id)."""
     ids: dict[str, int] = {}
@@ -166,6 +206,9 @@ def build_targets(
             raise ValueError(f"credit.kl_in_reward needs a token-level estimator ({', '.join(sorted(TOKEN_LEVEL_ESTIMATORS))})")
         token_rewards = -kl_coef * token_kl
     terminal = torch.tensor([t.finish is Finish.TERMINAL for t in batch.trajectories])
+    steps: dict[str, torch.Tensor] = {}
+    if "step_ids" in A.ADVANTAGES.needs(estimator):  # GiGPO: the episodes' step record
+        steps = dict(zip(("step_index", "step_anchor", "step_rewards"), step_fields(batch), strict=True))
     inputs = AdvantageInputs(
         action_mask=mask,
         rewards=rewards,
@@ -176,6 +219,7 @@ def build_targets(
         # A truncated row bootstraps from the critic's value of the state after its last token.
         bootstrap_value=None if final_values is None else final_values.to(torch.float64),
         baseline=None if baseline is None else baseline.to(torch.float64),
+        **steps,
     )
     out = A.ADVANTAGES[estimator](inputs, **(estimator_kwargs or {}))
     return Targets(

@@ -1,0 +1,171 @@
+"""Credit across turns: GiGPO's step fields from episodes, hand-computed anchor grouping, and
+observation tokens that never enter a ratio, a loss or a gradient (multi-turn batches)."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import re
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+sys.path.insert(0, str(Path(__file__).parent))
+from test_episode_rollout import TOK, ScriptedEngine, call, make_run  # noqa: E402
+
+from posttrain.config import ConfigError, load_config  # noqa: E402
+from posttrain.loop.targets import build_targets, step_fields  # noqa: E402
+from posttrain.trajectory import Role, collate  # noqa: E402
+
+pytestmark = pytest.mark.timeout(120)
+
+
+class ByEpisode(ScriptedEngine):
+    """Episode j of the group follows ``plans[j]`` (its request ids end with ``/<j>@t<turn>``)."""
+
+    def __init__(self, plans):
+        super().__init__(None)
+        self.plans = plans
+
+    def generate(self, requests, finish_target=None):
+        out = []
+        for r in requests:
+            j, turn = map(int, re.search(r"/(\d+)@t(\d+)$", r.request_id).groups())
+            text = TOK.decode(r.prompt_ids)
+            self.policy = lambda _t, j=j, turn=turn, text=text: self.plans[j](text, turn)
+            out += super().generate([r])
+        return out
+
+
+def _ab(text):
+    return re.search(r"(\d+)\*(\d+)=\?", text).groups()
+
+
+def right(text, turn):  # call the tool, answer its result
+    a, b = _ab(text)
+    return call(f"{a}*{b}") if turn == 0 else f"<answer>{re.findall(r'<[|]tool[|]>(-?[0-9]+)', text)[-1]}</answer>"
+
+
+def call_then_wrong(text, turn):  # same first step as ``right``, then a wrong answer
+    a, b = _ab(text)
+    return call(f"{a}*{b}") if turn == 0 else "<answer>7</answer>"
+
+
+def no_call(text, turn):  # an invalid first step, then a wrong answer
+    return "hmm" if turn == 0 else "<answer>7</answer>"
+
+
+def _episodes():
+    eng = ByEpisode([right, call_then_wrong, no_call])
+    cfg, run, ro = make_run(eng, "sampling.prompts_per_step=1", "credit.estimator=gigpo")
+    (g,), _ = ro.run_call(0)
+    return cfg, g
+
+
+def test_step_fields_follow_the_turns():
+    _, g = _episodes()
+    batch = collate(g, pad_token_id=0)
+    index, anchor, rewards = step_fields(batch)
+    assert anchor.shape == (3, 2) and rewards.tolist() == [[0.0, 1.0], [0.0, 0.0], [0.0, 0.0]]
+    for i, t in enumerate(g):
+        turn_of = index[i, : t.length].tolist()
+        roles = t.roles
+        assert all((s == -1) == (r is not Role.ACTION) for s, r in zip(turn_of, roles, strict=True))
+        assert sorted(set(turn_of) - {-1}) == [0, 1]
+        assert json.loads(t.meta["turn_tokens"]) == [turn_of.count(0), turn_of.count(1)]
+    assert (index[:, max(t.length for t in g):] == -1).all()  # padding
+    # the first step of every episode is taken in the same start state; the tool result "a*b" is
+    # the second state of episodes 0 and 1; episode 2 saw an invalid-action note instead
+    assert anchor[0, 0] == anchor[1, 0] == anchor[2, 0]
+    assert anchor[0, 1] == anchor[1, 1] != anchor[2, 1]
+
+
+def test_gigpo_end_to_end_hand_computed():
+    cfg, g = _episodes()
+    batch = collate(g, pad_token_id=0)
+    lp = batch.behavior_logprob.clone()
+    tg = build_targets(batch, old_logprob=lp, ref_logprob=None, values=None, estimator="gigpo",
+                       estimator_kwargs={"omega": 1.0, "gamma": 0.95, "norm_std": False})
+    # episode level: R = [1, 0, 0] -> R - mean = [2/3, -1/3, -1/3]
+    # step 0 (one anchor group of all three): returns [0.95 * 1, 0, 0] -> minus mean 0.95/3
+    # step 1: episodes 0 and 1 share an anchor: returns [1, 0] -> [+0.5, -0.5]; episode 2 alone -> 0
+    want = [[2 / 3 + 0.95 * 2 / 3, 2 / 3 + 0.5], [-1 / 3 - 0.95 / 3, -1 / 3 - 0.5], [-1 / 3 - 0.95 / 3, -1 / 3 + 0.0]]
+    index, _, _ = step_fields(batch)
+    for i in range(3):
+        for s in (0, 1):
+            got = tg.advantages[i][index[i] == s]
+            assert torch.allclose(got, torch.full_like(got, want[i][s]), atol=1e-12), (i, s)
+        assert (tg.advantages[i][index[i] == -1] == 0).all()
+
+
+def test_gigpo_recipe_needs_episodes():
+    with pytest.raises(ConfigError, match="set env.name"):
+        load_config(None, ["credit.estimator=gigpo"])
+    assert load_config(None, ["credit.estimator=gigpo", "env.name=calculator_tool"]).credit.estimator == "gigpo"
+
+
+def _learner(*extra):
+    from posttrain.loop.builders import build_learner, build_model
+
+    cfg = load_config(None, ["model.path=builtin:micro", "env.name=calculator_tool", *extra])
+    _, model = build_model(cfg)
+    return build_learner(cfg, model)
+
+
+@pytest.mark.parametrize("extra", [(), ("loss.policy_loss=decoupled_ppo",), ("correction.name=tis",)])
+def test_observation_tokens_never_enter_ratio_loss_or_gradient(extra):
+    _, g = _episodes()
+    batch = collate(g, pad_token_id=0)
+    obs = batch.role_codes == batch.role_codes.new_tensor(
+        __import__("posttrain.trajectory.enums", fromlist=["ROLE_CODES"]).ROLE_CODES[Role.OBSERVATION])
+    assert obs.any() and not (obs & (batch.action_mask > 0)).any()
+    learner = _learner(*extra)
+    old = learner.compute_logprobs(batch)
+    adv = torch.where(batch.action_mask > 0, torch.linspace(-1, 1, batch.action_mask.numel()).view_as(old),
+                      torch.zeros_like(old)).double()
+    loss, grads = learner.compute_gradients(batch, adv, old_logprob=old)
+
+    # Perturb everything that concerns observation tokens: their old / behaviour log-probs, their
+    # advantages, and (a hook on the output head) the current log-probs the model gives them.
+    gen = torch.Generator().manual_seed(0)
+    noise = torch.randn(old.shape, generator=gen, dtype=old.dtype)
+    old2 = torch.where(obs, old - noise.abs() - 0.1, old)
+    adv2 = torch.where(obs, adv + 5.0, adv)
+    batch2 = dataclasses.replace(batch, behavior_logprob=torch.where(obs, batch.behavior_logprob - 3.0,
+                                                                     batch.behavior_logprob))
+    loss2, grads2 = _with_head_noise(learner, g, Role.OBSERVATION, gen, batch2, adv2, old2)
+    assert loss2 == pytest.approx(loss, abs=1e-9)
+    for n in grads:
+        assert torch.allclose(grads[n], grads2[n], atol=1e-7), n
+    # control: the same noise on the positions that predict *action* tokens does change the loss
+    loss3, _ = _with_head_noise(learner, g, Role.ACTION, gen, batch, adv, old)
+    assert abs(loss3 - loss) > 1e-4
+
+
+def _with_head_noise(learner, g, role, gen, batch, adv, old):
+    """Loss and grads with random logits added (a hook on the output head) wherever the next token has ``role``."""
+    obs_next = {tuple(t.token_ids.tolist()): [r is role for r in t.roles[1:]] + [False] for t in g}
+
+    def hook(module, inputs, output):
+        ids = hook.ids
+        bump = torch.zeros_like(output)
+        for r in range(ids.shape[0]):
+            row = ids[r].tolist()
+            for key, m in obs_next.items():
+                if tuple(row[: len(key)]) == key:
+                    sel = torch.tensor(m + [False] * (len(row) - len(m)))
+                    bump[r, sel] = 7.0 * torch.randn(int(sel.sum()), output.shape[-1], generator=gen)
+        return output + bump
+
+    def pre(module, args, kwargs):
+        hook.ids = kwargs.get("input_ids", args[0] if args else None)
+
+    h1 = learner.model.register_forward_pre_hook(pre, with_kwargs=True)
+    h2 = learner.model.get_output_embeddings().register_forward_hook(hook)
+    try:
+        return learner.compute_gradients(batch, adv, old_logprob=old)
+    finally:
+        h1.remove()
+        h2.remove()
