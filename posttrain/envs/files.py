@@ -1,8 +1,10 @@
 """Tasks from files: JSONL, Parquet (pyarrow) and Hugging Face ``datasets`` from local files.
 
 Each source maps its columns onto a :class:`~posttrain.envs.task.TaskExample` with a field
-mapping: ``prompt_field`` (a non-empty string), ``reference_field`` (any non-null value),
-optional ``id_field`` (else the row index) and ``meta_fields`` (JSON scalars). Dotted names
+mapping: ``prompt_field`` (a non-empty string) or ``messages_field`` (a chat: a list of
+``{role, content}`` ending with the user turn, see :class:`~posttrain.envs.task.TaskExample`),
+``reference_field`` (any non-null value), optional ``id_field`` (else the row index) and
+``meta_fields`` (JSON scalars, passed to reward functions as ``meta``). Dotted names
 reach into nested records (``"extra.answer"``). Every row is validated on load; a missing or
 malformed field, a row that is not UTF-8, a prompt id seen before (naming both rows) or a prompt
 over ``max_prompt_chars`` is a ``ValueError`` naming the file, the row (0-based) and the field.
@@ -120,8 +122,12 @@ def load_examples(
     meta_fields: Sequence[str] = (),
     reader_kwargs: Mapping[str, Any] | None = None,
     max_prompt_chars: int = DEFAULT_MAX_PROMPT_CHARS,
+    messages_field: str | None = None,
 ) -> list[TaskExample]:
     """All rows of ``path`` as validated examples (see the module docstring for the checks).
+
+    With ``messages_field`` the prompt is that field's chat (``prompt_field`` is not read) and
+    ``TaskExample.prompt`` its last user message.
 
     Each example's ``source`` is ``"<path>: row <i>"``, for errors found later (e.g. a prompt the
     tokenizer cannot encode).
@@ -134,13 +140,25 @@ def load_examples(
     out: list[TaskExample] = []
     seen: dict[Any, int] = {}  # prompt id -> first row
     for i, rec in _READERS[fmt](p, **(reader_kwargs or {})):
-        prompt = _get(rec, prompt_field)
-        if prompt is _MISSING:
-            raise ValueError(f"{p}: row {i}: field {prompt_field!r} is missing")
-        if not isinstance(prompt, str) or not prompt.strip():
-            raise ValueError(f"{p}: row {i}: field {prompt_field!r} must be a non-empty string, got {prompt!r:.60}")
-        if len(prompt) > max_prompt_chars:
-            raise ValueError(f"{p}: row {i}: field {prompt_field!r} has {len(prompt)} characters, over "
+        messages = None
+        if messages_field is not None:
+            from posttrain.envs.prompt_render import check_messages
+
+            raw = _get(rec, messages_field)
+            if raw is _MISSING:
+                raise ValueError(f"{p}: row {i}: field {messages_field!r} is missing")
+            messages = check_messages(raw, f"{p}: row {i}: field {messages_field!r}")
+            prompt = messages[-1]["content"]
+            size, field = sum(len(m["content"]) for m in messages), messages_field
+        else:
+            prompt = _get(rec, prompt_field)
+            if prompt is _MISSING:
+                raise ValueError(f"{p}: row {i}: field {prompt_field!r} is missing")
+            if not isinstance(prompt, str) or not prompt.strip():
+                raise ValueError(f"{p}: row {i}: field {prompt_field!r} must be a non-empty string, got {prompt!r:.60}")
+            size, field = len(prompt), prompt_field
+        if size > max_prompt_chars:
+            raise ValueError(f"{p}: row {i}: field {field!r} has {size} characters, over "
                              f"max_prompt_chars={max_prompt_chars} (no model context holds it)")
         ref = _get(rec, reference_field)
         if ref is _MISSING or ref is None:
@@ -162,7 +180,7 @@ def load_examples(
             meta[m] = v
         meta.setdefault("answer", ref if _is_scalar(ref) else json.dumps(ref))
         out.append(TaskExample(prompt_id=f"{task_name}/{pid}", prompt=prompt, reference=ref, meta=meta,
-                               source=f"{p}: row {i}"))
+                               source=f"{p}: row {i}", messages=messages))
     if not out:
         raise ValueError(f"{p}: no rows")
     return out
@@ -208,12 +226,14 @@ def file_task(
     meta_fields: Sequence[str] = (),
     reader_kwargs: Mapping[str, Any] | None = None,
     max_prompt_chars: int = DEFAULT_MAX_PROMPT_CHARS,
+    messages_field: str | None = None,
 ) -> FileTask:
     """Build a :class:`FileTask` from ``path`` (hash-split) or ``splits={"train":..., "heldout":...}``.
 
     ``fmt`` is ``"jsonl"``, ``"parquet"`` or ``"hf"`` (default from the suffix: ``.jsonl`` ->
     jsonl, ``.parquet`` -> parquet). ``verifier`` is a verifier, a registry name or
-    ``{"name": ..., **kwargs}``.
+    ``{"name": ..., **kwargs}``. ``messages_field``: read each row's prompt as a chat from that
+    field instead of ``prompt_field`` (rendered by the run's ``task.chat_template``).
     """
     if (path is None) == (splits is None):
         raise ValueError("file task: give exactly one of path= or splits=")
@@ -229,7 +249,7 @@ def file_task(
         loaded[key] = load_examples(f, fmt=kind, task_name=tname, prompt_field=prompt_field,
                                     reference_field=reference_field, id_field=id_field,
                                     meta_fields=meta_fields, reader_kwargs=reader_kwargs,
-                                    max_prompt_chars=max_prompt_chars)
+                                    max_prompt_chars=max_prompt_chars, messages_field=messages_field)
     if id_field is not None:  # ids from a field must be unique across split files too (row ids are per file)
         first: dict[str, str] = {}  # prompt id -> source
         for exs in loaded.values():

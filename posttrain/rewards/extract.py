@@ -149,6 +149,7 @@ def with_extraction(verifier: Any, mode: str) -> Any:
     else an :class:`ExtractVerifier` around it. ``mode='none'`` returns it unchanged."""
     if mode == "none":
         return verifier
-    if dataclasses.is_dataclass(verifier) and any(f.name == "extract" for f in dataclasses.fields(verifier)):
+    if (dataclasses.is_dataclass(verifier) and not isinstance(verifier, type)
+            and any(f.name == "extract" for f in dataclasses.fields(verifier))):
         return dataclasses.replace(verifier, extract=mode)
     return ExtractVerifier(verifier, mode)

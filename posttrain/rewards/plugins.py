@@ -6,8 +6,8 @@ A reward function has the signature::
     async def fn(response: str, reference: Any, *, prompt: str, meta: dict) -> float | Verdict
 
 ``response`` is the decoded response text, ``reference`` the example's reference (what the task's
-verifier compares against), ``prompt`` the exact prompt text and ``meta`` the example's metadata
-(the task's extra columns). It returns a finite number, or a :class:`~posttrain.rewards.Verdict`
+verifier compares against), ``prompt`` the example's prompt text (a chat example's last user
+message) and ``meta`` the example's metadata (the task's extra columns). It returns a finite number, or a :class:`~posttrain.rewards.Verdict`
 with exactly one component (its value is taken; an ``infra_error`` Verdict makes the sample an
 infra error). Each function is a *raw* reward component named ``name`` (default: the function's
 name); its ``weight`` enters ``reward.weights``, so the total is
