@@ -279,7 +279,7 @@ class PolicyLearner:
         ``logprob[b, t] = log softmax(z[b, t-1] / temperature)[token[b, t]]`` on action tokens,
         0 elsewhere; no grad, micro-batched by ``microbatch_tokens``. Call it before
         :meth:`update` for ``old_logprob`` (pi_old) and on the reference model's learner for
-        ``ref_logprob``; freeze with ``posttrain.trajectory.with_logprobs``.
+        ``ref_logprob``; attach with ``batch.freeze('old' | 'ref', logprob, version)``.
         """
         sync = self.grad_sync
         if sync.world_size > 1 and batch.size >= sync.world_size and not getattr(sync, "lockstep", False):
@@ -316,14 +316,20 @@ class PolicyLearner:
 
     # ------------------------------------------------------------------ update
     def _prepare(
-        self, batch: TrajectoryBatch, advantages: torch.Tensor, old_logprob: torch.Tensor | None,
+        self, batch: TrajectoryBatch, advantages: torch.Tensor | None, old_logprob: torch.Tensor | None,
         fuse_old: bool = False,
     ) -> tuple[dict[str, torch.Tensor | None], dict[str, float]]:
         """Move the batch to the device, apply the behavior correction, check shapes.
 
-        ``fuse_old``: ``t["old_logprob"]`` stays ``None`` and each micro-batch takes its own
-        detached log-probs as pi_old (``can_fuse_old_logprob``); log-kappa metrics come later."""
+        ``advantages`` / ``old_logprob`` default to the batch's own (``batch.advantages``,
+        ``batch.old_logprob``). ``fuse_old``: ``t["old_logprob"]`` stays ``None`` and each
+        micro-batch takes its own detached log-probs as pi_old (``can_fuse_old_logprob``);
+        log-kappa metrics come later."""
         B, T = batch.input_ids.shape
+        if advantages is None:
+            advantages = batch.advantages
+        if advantages is None:
+            raise ValueError("no advantages: pass them or attach them with batch.with_targets(advantages=...)")
         if advantages.dim() == 1:
             if advantages.shape[0] != B:
                 raise ValueError(f"advantages have shape {tuple(advantages.shape)}, batch has {B} rows")
@@ -340,7 +346,7 @@ class PolicyLearner:
         if self._kl is not None and batch.ref_logprob is None:
             raise ValueError(
                 f"kl_estimator={self.kl_estimator_name!r} needs ref_logprob: freeze it with "
-                "with_logprobs(batch, 'ref', ...) before the update"
+                "batch.freeze('ref', ...) before the update"
             )
         if not torch.isfinite(advantages[batch.action_mask > 0]).all():
             raise ValueError("advantages are not finite on some action token")
@@ -553,7 +559,8 @@ class PolicyLearner:
             (lp.sum() * 0.0).backward()
 
     def compute_gradients(
-        self, batch: TrajectoryBatch, advantages: torch.Tensor, *, old_logprob: torch.Tensor | None = None
+        self, batch: TrajectoryBatch, advantages: torch.Tensor | None = None, *,
+        old_logprob: torch.Tensor | None = None,
     ) -> tuple[float, dict[str, torch.Tensor]]:
         """Loss and gradients of the whole batch as ONE mini-batch, without an optimizer step.
 
@@ -574,8 +581,8 @@ class PolicyLearner:
         return acc.loss, grads
 
     def update(
-        self, batch: TrajectoryBatch, advantages: torch.Tensor, *, old_logprob: torch.Tensor | None = None,
-        fuse_old: bool = False,
+        self, batch: TrajectoryBatch, advantages: torch.Tensor | None = None, *,
+        old_logprob: torch.Tensor | None = None, fuse_old: bool = False,
     ) -> dict[str, float]:
         """Train on one rollout batch; increments :attr:`version` by one. Returns metrics.
 
@@ -588,7 +595,8 @@ class PolicyLearner:
         taken before that step (so ``exp(current - old)`` is the ratio that step clipped); NaN on the
         action tokens of a row this process never forwarded (empty mini-batch, another rank's shard).
 
-        ``advantages``: ``[B, T]`` per token (or ``[B]``, broadcast over the row's tokens); only
+        ``advantages``: ``[B, T]`` per token (or ``[B]``, broadcast over the row's tokens), by default
+        ``batch.advantages`` (the loop attaches them with ``batch.with_targets``); only
         action tokens count. ``old_logprob`` defaults to ``batch.old_logprob``, and when that is
         absent it is recomputed here before the first step (on-policy). A mini-batch with no loss
         token is skipped (counted in ``empty_minibatches``); a step whose gradient norm is not

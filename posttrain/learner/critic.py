@@ -217,14 +217,16 @@ class CriticLearner:
     def update(
         self,
         batch: TrajectoryBatch,
-        returns: torch.Tensor,
+        returns: torch.Tensor | None = None,
         *,
         old_values: torch.Tensor | None = None,
         loss_mask: torch.Tensor | None = None,
     ) -> dict[str, float]:
         """Regress ``values`` onto ``returns [B, T]`` on action tokens (times ``loss_mask`` if given).
 
-        ``old_values`` (needed when ``clip_eps`` is set) defaults to :meth:`compute_values` now.
+        ``returns`` defaults to ``batch.returns`` and ``old_values`` (needed when ``clip_eps`` is
+        set) to ``batch.values`` — the targets and frozen values the loop attached to the batch
+        (``batch.with_targets``) — and, when the batch has none, to :meth:`compute_values` now.
         Metrics: ``value_loss`` (mean over steps), ``value_clip_frac``, ``value_error_abs`` (token
         mean |V - R|), ``explained_variance`` = 1 - Var(R - V_old) / Var(R) on the loss tokens,
         ``grad_norm`` / ``grad_norm_max``, ``lr``, ``optimizer_steps``, and — from the optimiser
@@ -233,10 +235,14 @@ class CriticLearner:
         momentum and decay do not move a critic that got no signal).
         """
         B, T = batch.input_ids.shape
+        if returns is None:
+            returns = batch.returns
+        if returns is None:
+            raise ValueError("no returns: pass them or attach them with batch.with_targets(returns=...)")
         if tuple(returns.shape) != (B, T):
             raise ValueError(f"returns have shape {tuple(returns.shape)}, batch is {(B, T)}")
         if old_values is None:
-            old_values = self.compute_values(batch)[0]
+            old_values = batch.values if batch.values is not None else self.compute_values(batch)[0]
         dev, dt = self.device, self.compute_dtype
         mask = batch.action_mask.to(dev, dt)
         if loss_mask is not None:

@@ -55,7 +55,8 @@ def step_metrics(batch: TrajectoryBatch, all_trajs: Sequence[Trajectory], target
         groups.setdefault(t.group_id, []).append(i)
     zero = sum(bool((adv_abs[idx] == 0).all()) for idx in groups.values())
     m["adv/zero_group_frac"] = zero / len(groups)
-    lk = (batch.behavior_logprob - targets.old_logprob.to(torch.float64)).abs()[mask]
+    assert batch.old_logprob is not None, "step_metrics needs pi_old frozen on the batch"
+    lk = (batch.behavior_logprob - batch.old_logprob.to(torch.float64)).abs()[mask]
     m["logkappa/p99"] = _pct(lk, 0.99)
     if targets.token_kl is not None:
         m["kl/ref_mean"] = float(targets.token_kl[mask].mean())

@@ -16,6 +16,7 @@ resumes exactly (see :mod:`posttrain.loop.run_state`).
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import time
 from typing import Any
@@ -26,8 +27,8 @@ from posttrain.config import RunConfig
 from posttrain.loop.guards import check_guards
 from posttrain.loop.run_state import RunState, open_run
 from posttrain.loop.step_metrics import step_metrics
-from posttrain.loop.targets import build_targets, run_baseline
-from posttrain.trajectory import Status, collate, with_logprobs
+from posttrain.loop.targets import build_targets, ref_token_kl, run_baseline
+from posttrain.trajectory import Status, collate
 from posttrain.trajectory.collate import with_update_record
 
 
@@ -90,10 +91,12 @@ def producer_inflight(producer: Any) -> Any:
 def update_step(run: Any, producer: Any, step: int, produced: Any, t_step: float) -> tuple[dict[str, Any], str | None]:
     """Train on one produced batch and record the step; the shared half of every mode.
 
-    Freezes pi_old (and pi_ref) coordinates, builds targets, updates actor (and critic), judges
+    Collates the usable trajectories once into one :class:`~posttrain.trajectory.TrajectoryBatch`;
+    pi_old / pi_ref log-probs, critic values, advantages and returns are attached to it as tensors
+    (``freeze`` / ``with_targets``) and the actor and critic updates read them from it. Then judges
     the revision, syncs the engine's weights (inside ``producer.quiesce()``), evaluates every
-    ``eval.every`` steps, checks the guards and writes ledger + metrics (+ checkpoint).
-    Returns ``(metrics, stop_reason)``.
+    ``eval.every`` steps, checks the guards, rebuilds the records once (``with_update_record``) and
+    writes ledger + metrics (+ checkpoint). Returns ``(metrics, stop_reason)``.
     """
     cfg, st = run.cfg, run.state
     trajs = produced.trajectories
@@ -105,8 +108,9 @@ def update_step(run: Any, producer: Any, step: int, produced: Any, t_step: float
         metrics["skipped"] = 1.0
         run.finish_step(step, trajs, metrics, t_step)
         return metrics, None
-    # 4. freeze old / ref coordinates and targets. First re-render each recorded prompt: pi_old must be
-    #    computed on the ids the engine sampled from (a changed template / system prompt is an error).
+    # 4. collate once; freeze old / ref coordinates, values and targets onto that batch as tensors. First
+    #    re-render each recorded prompt: pi_old must be computed on the ids the engine sampled from (a
+    #    changed template / system prompt is an error).
     renderer = getattr(run, "renderer", None)
     if renderer is not None:
         renderer.verify(usable)
@@ -116,44 +120,33 @@ def update_step(run: Any, producer: Any, step: int, produced: Any, t_step: float
     # One optimizer step per update and nothing before it that reads pi_old (no KL in the reward):
     # pi_old comes from the update's own forward, detached (no redundant no-grad forward).
     fuse = cfg.optim.fuse_old_logprob and run.learner.can_fuse_old_logprob() and not cfg.credit.kl_in_reward
-    old: torch.Tensor | None = None
     if not fuse:
-        old = run.learner.compute_logprobs(batch)
-        batch = collate(with_logprobs(batch, "old", old, old_version), pad_token_id=run.pad_token_id)
-    ref = None
+        batch = batch.freeze("old", run.learner.compute_logprobs(batch), old_version)
     if run.ref_model is not None:
-        ref = run.ref_logprobs(batch)
-        batch = collate(with_logprobs(batch, "ref", ref, st.ref_version), pad_token_id=run.pad_token_id)
-    values = final_values = None
+        batch = batch.freeze("ref", run.ref_logprobs(batch), st.ref_version)
     if run.critic is not None:
         values, final_values = run.critic.compute_values(batch)
+        batch = batch.with_targets(values=values, final_values=final_values)
     baseline, baseline_metrics = run_baseline(run, batch, step)  # ReMax: one greedy rollout per prompt
     metrics.update(baseline_metrics)
-
-    def targets(old_lp: torch.Tensor | None) -> Any:
-        # Fused: advantages need no pi_old (no KL in the reward), so the first call sees no reference
-        # (its KL metric waits for pi_old); the behaviour log-probs stand in for the unused argument.
-        return build_targets(
-            batch, old_logprob=old_lp if old_lp is not None else batch.behavior_logprob,
-            ref_logprob=ref if old_lp is not None else None, values=values, final_values=final_values,
-            estimator=cfg.credit.estimator, estimator_kwargs=cfg.credit.kwargs,
-            kl_in_reward=cfg.credit.kl_in_reward, kl_estimator=cfg.loss.kl_estimator,
-            kl_coef=run.kl_coef_value(), baseline=baseline,
-        )
-
-    tg = targets(old)
+    # Fused: the advantages need no pi_old (no KL in the reward); the KL metric waits for pi_old.
+    tg = build_targets(
+        batch, estimator=cfg.credit.estimator, estimator_kwargs=cfg.credit.kwargs,
+        kl_in_reward=cfg.credit.kl_in_reward, kl_estimator=cfg.loss.kl_estimator,
+        kl_coef=run.kl_coef_value(), baseline=baseline,
+    )
+    batch = batch.with_targets(advantages=tg.advantages, returns=tg.returns)
     # 5. update actor (and critic) under the recipe's reduction (correction: CORRECTIONS / decoupled PPO
-    #    against the recorded behaviour log-probs, whatever the mode)
-    upd = run.learner.update(batch, tg.advantages, old_logprob=old, fuse_old=fuse)
-    adv_used = tg.advantages  # what the update trained on, recorded per token in the ledger
+    #    against the recorded behaviour log-probs, whatever the mode); both read the batch's tensors
+    upd = run.learner.update(batch, fuse_old=fuse)
     if fuse:
-        old = run.learner.last_old_logprob
-        assert old is not None
-        batch = collate(with_logprobs(batch, "old", old, old_version), pad_token_id=run.pad_token_id)
-        tg = targets(old)  # the same advantages (no pi_old in them), now with pi_old and the KL metric
+        assert run.learner.last_old_logprob is not None
+        batch = batch.freeze("old", run.learner.last_old_logprob, old_version)
+        tg = dataclasses.replace(tg, old_logprob=batch.old_logprob, ref_logprob=batch.ref_logprob, token_kl=ref_token_kl(
+            batch.old_logprob, batch.ref_logprob, batch.action_mask, cfg.loss.kl_estimator))
     metrics["update/fused_old_logprob"] = float(fuse)
-    if run.critic is not None and tg.returns is not None:
-        upd.update({f"critic/{k}": v for k, v in run.critic.update(batch, tg.returns, old_values=values).items()})
+    if run.critic is not None and batch.returns is not None:
+        upd.update({f"critic/{k}": v for k, v in run.critic.update(batch).items()})
     metrics.update(upd)
     metrics["time/learner_s"] = time.perf_counter() - t0
     metrics.update(step_metrics(batch, trajs, tg))
@@ -174,8 +167,9 @@ def update_step(run: Any, producer: Any, step: int, produced: Any, t_step: float
             metrics.update(run.evaluate_and_judge(step))
             metrics["time/eval_s"] = time.perf_counter() - t2
     stop_reason = check_guards(cfg.guards, metrics)
-    # The ledger records what the update saw: pi_theta per token (|log rho| audits) and the advantage.
-    seen = with_update_record(batch, getattr(run.learner, "last_current_logprob", None), adv_used)
+    # The ledger records, rebuilt once from the batch: pi_old / pi_ref and their versions, pi_theta per
+    # token as the update saw it (|log rho| audits) and the advantage it trained on.
+    seen = with_update_record(batch, getattr(run.learner, "last_current_logprob", None), tg.advantages)
     ledger_trajs = seen + [t for t in trajs if t.status in (Status.INFRA_ERROR, Status.ENV_FAILURE)]
     run.finish_step(step, ledger_trajs, metrics, t_step)
     return metrics, stop_reason

@@ -24,7 +24,7 @@ TOKEN_LEVEL_ESTIMATORS = frozenset({"gae", "reinforce_pp", "reinforce_pp_baselin
 class Targets:
     """Everything the update consumes, aligned to the batch (``[B, T]`` unless noted)."""
 
-    old_logprob: torch.Tensor
+    old_logprob: torch.Tensor | None  # None: built before the fused update froze pi_old
     ref_logprob: torch.Tensor | None
     advantages: torch.Tensor
     returns: torch.Tensor | None
@@ -177,12 +177,25 @@ def group_index(batch: TrajectoryBatch) -> torch.Tensor:
     return torch.tensor([ids.setdefault(t.group_id, len(ids)) for t in batch.trajectories], dtype=torch.long)
 
 
+def ref_token_kl(
+    old_logprob: torch.Tensor | None, ref_logprob: torch.Tensor | None, action_mask: torch.Tensor,
+    kl_estimator: str | None,
+) -> torch.Tensor | None:
+    """Per-token KL estimate ``KL_ESTIMATORS[kl_estimator](pi_old, pi_ref)`` ``[B, T]`` float64, 0 off
+    ``action_mask``; ``None`` when either log-prob or the estimator is missing (k1/k2/k3: Schulman
+    2020, "Approximating KL divergence"; as a reward penalty: Ouyang et al. 2022, arXiv:2203.02155)."""
+    if old_logprob is None or ref_logprob is None or kl_estimator is None:
+        return None
+    kl: torch.Tensor = A.KL_ESTIMATORS[kl_estimator](old_logprob.to(torch.float64), ref_logprob.to(torch.float64))
+    return kl * action_mask.to(torch.float64)
+
+
 def build_targets(
     batch: TrajectoryBatch,
     *,
-    old_logprob: torch.Tensor,
-    ref_logprob: torch.Tensor | None,
-    values: torch.Tensor | None,
+    old_logprob: torch.Tensor | None = None,
+    ref_logprob: torch.Tensor | None = None,
+    values: torch.Tensor | None = None,
     final_values: torch.Tensor | None = None,
     estimator: str = "grpo",
     estimator_kwargs: dict[str, Any] | None = None,
@@ -192,15 +205,25 @@ def build_targets(
     baseline: torch.Tensor | None = None,
 ) -> Targets:
     """Compute advantages (and returns) with the registered ``estimator``; ``baseline`` [B] is
-    ReMax's greedy-rollout reward per row (:func:`greedy_baseline`)."""
+    ReMax's greedy-rollout reward per row (:func:`greedy_baseline`).
+
+    ``old_logprob`` / ``ref_logprob`` / ``values`` / ``final_values`` default to the ones frozen on
+    ``batch`` (:meth:`TrajectoryBatch.freeze`, ``with_targets``). ``token_kl`` (pi_old vs pi_ref,
+    :func:`ref_token_kl`) is ``None`` while either is missing — the fused pi_old path builds its
+    advantages before pi_old exists, which is only allowed without ``kl_in_reward``.
+    The result is not attached to the batch: the caller does (``batch.with_targets``)."""
+    old_logprob = old_logprob if old_logprob is not None else getattr(batch, "old_logprob", None)
+    ref_logprob = ref_logprob if ref_logprob is not None else getattr(batch, "ref_logprob", None)
+    values = values if values is not None else getattr(batch, "values", None)
+    final_values = final_values if final_values is not None else getattr(batch, "final_values", None)
     mask = batch.action_mask.to(torch.float64)
     rewards = torch.tensor([float(t.reward.total) for t in batch.trajectories], dtype=torch.float64)  # type: ignore[arg-type]
-    token_kl = None
-    if ref_logprob is not None and kl_estimator is not None:
-        token_kl = A.KL_ESTIMATORS[kl_estimator](old_logprob.to(torch.float64), ref_logprob.to(torch.float64)) * mask
+    token_kl = ref_token_kl(old_logprob, ref_logprob, batch.action_mask, kl_estimator)
     # The sequence reward enters once: the estimators place ``rewards`` on the last action token
     # themselves; ``token_rewards`` carries only the per-token KL penalty (KL in the reward).
     token_rewards = None
+    if kl_in_reward and token_kl is None and ref_logprob is not None and kl_estimator is not None:
+        raise ValueError("credit.kl_in_reward needs pi_old frozen before the targets (batch.freeze('old', ...))")
     if kl_in_reward and token_kl is not None:
         if estimator not in TOKEN_LEVEL_ESTIMATORS:
             raise ValueError(f"credit.kl_in_reward needs a token-level estimator ({', '.join(sorted(TOKEN_LEVEL_ESTIMATORS))})")

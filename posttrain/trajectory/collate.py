@@ -13,13 +13,21 @@ from collections.abc import Sequence
 import numpy as np
 import torch
 
-from posttrain.trajectory.enums import CODE_ROLES, ROLE_CODES, Role
+from posttrain.trajectory.enums import ROLE_CODES, Role
 from posttrain.trajectory.record import Trajectory, TrajectoryError
 
 
 @dataclasses.dataclass
 class TrajectoryBatch:
-    """Padded tensors of a list of trajectories (all ``[B, T]`` unless noted).
+    """Padded tensors of a list of trajectories (all ``[B, T]`` unless noted): the one typed batch
+    of an update step.
+
+    The loop collates a step's trajectories once; everything the learner freezes or derives is then
+    attached to this object as tensors (:meth:`freeze`, :meth:`with_targets`) — never written back
+    into the records and re-collated — and the records are rebuilt once, for the ledger, by
+    :func:`uncollate`.
+
+    From the records (:func:`collate`):
 
     - ``input_ids`` long; padding positions hold ``pad_token_id``
     - ``attention_mask`` long: 1 on real tokens (prompt, action, observation, system)
@@ -29,6 +37,15 @@ class TrajectoryBatch:
       ``old_logprob`` / ``ref_logprob`` are ``None`` unless every trajectory has them
     - ``behavior_version`` long, -1 off the action mask
     - ``lengths`` ``[B]`` long: real length of each row
+
+    Attached during the step (``None`` until then):
+
+    - ``old_version`` / ``ref_version``: the learner version ``old_logprob`` / ``ref_logprob`` were
+      frozen under by :meth:`freeze` (``None``: the tensors, if any, came from the records)
+    - ``values`` float64 ``V(s_t)``, 0 off the action mask, and ``final_values`` ``[B]`` (the
+      bootstrap of a truncated row): the critic's frozen values (``CriticLearner.compute_values``)
+    - ``advantages`` (``[B, T]``, or ``[B]`` one per row) and ``returns`` (``[B, T]``, ``None``
+      for estimators without one): the targets the actor and critic updates train on
     """
 
     trajectories: list[Trajectory]
@@ -42,11 +59,46 @@ class TrajectoryBatch:
     ref_logprob: torch.Tensor | None
     lengths: torch.Tensor
     pad_token_id: int
+    old_version: int | None = None
+    ref_version: int | None = None
+    values: torch.Tensor | None = None
+    final_values: torch.Tensor | None = None
+    advantages: torch.Tensor | None = None
+    returns: torch.Tensor | None = None
 
     @property
     def size(self) -> int:
         """Number of rows ``B``."""
         return len(self.trajectories)
+
+    def freeze(self, field: str, logprob: torch.Tensor, version: int) -> TrajectoryBatch:
+        """This batch with ``{field}_logprob`` (``'old'`` or ``'ref'``) frozen from ``logprob [B, T]``.
+
+        Stored float64 on CPU, times the action mask (0 elsewhere), as ``with_logprobs`` + ``collate``
+        would have stored it, with ``{field}_version = version`` for the ledger (:func:`uncollate`).
+        """
+        if field not in ("old", "ref"):
+            raise ValueError(f"field must be 'old' or 'ref', got {field!r}")
+        if tuple(logprob.shape) != tuple(self.input_ids.shape):
+            raise TrajectoryError(f"{field}_logprob has shape {tuple(logprob.shape)}, batch is "
+                                  f"{tuple(self.input_ids.shape)}")
+        lp = logprob.detach().to("cpu", torch.float64) * self.action_mask.to(torch.float64)
+        return dataclasses.replace(self, **{f"{field}_logprob": lp, f"{field}_version": int(version)})
+
+    def with_targets(self, **tensors: torch.Tensor | None) -> TrajectoryBatch:
+        """This batch with any of ``values`` / ``final_values`` / ``advantages`` / ``returns`` set.
+
+        Shapes are checked: ``final_values`` ``[B]``, ``advantages`` ``[B, T]`` or ``[B]``, the others
+        ``[B, T]``; a name outside these four is an error. Tensors are stored as given (no copy).
+        """
+        B, T = tuple(self.input_ids.shape)
+        allowed = {"values": [(B, T)], "final_values": [(B,)], "advantages": [(B, T), (B,)], "returns": [(B, T)]}
+        for name, v in tensors.items():
+            if name not in allowed:
+                raise TypeError(f"with_targets: unknown field {name!r}; valid: {', '.join(allowed)}")
+            if v is not None and tuple(v.shape) not in allowed[name]:
+                raise TrajectoryError(f"{name} has shape {tuple(v.shape)}, expected one of {allowed[name]}")
+        return dataclasses.replace(self, **tensors)  # type: ignore[arg-type]
 
     def select_rows(self, rows: Sequence[int]) -> TrajectoryBatch:
         """The sub-batch of ``rows`` in that order: same width ``T``, every tensor row-selected."""
@@ -123,7 +175,9 @@ def with_logprobs(
 def with_update_record(
     batch: TrajectoryBatch, current_logprob: torch.Tensor | None, advantages: torch.Tensor
 ) -> list[Trajectory]:
-    """The batch's trajectories with what the update saw: ``current_logprob`` and ``advantage``.
+    """The batch's trajectories with what the update saw: ``current_logprob`` and ``advantage``,
+    and the coordinates frozen on the batch (old / ref log-probs and versions, as :func:`uncollate`)
+    — one validated record per row, the step's only rebuild of its records.
 
     ``current_logprob`` ``[B, T]`` (pi_theta per token as the update's last optimiser step saw it,
     :attr:`PolicyLearner.last_current_logprob`) or ``None`` (not recorded); a row whose action
@@ -143,27 +197,35 @@ def with_update_record(
         # NaN * 0 is NaN: zero the padding first so only action tokens can mark a row unseen.
         cur = torch.where(on, cur, torch.zeros_like(cur))
         cur_rows = [r if np.isfinite(r).all() else None for r in token_field_to_rows(batch, cur)]
-    return [t.replace(current_logprob=c, advantage=a)
-            for t, c, a in zip(batch.trajectories, cur_rows, adv_rows, strict=True)]
+    return [t.replace(current_logprob=c, advantage=a, **kw)
+            for t, c, a, kw in zip(batch.trajectories, cur_rows, adv_rows, _frozen_rows(batch), strict=True)]
+
+
+def _frozen_rows(batch: TrajectoryBatch) -> list[dict[str, object]]:
+    """Per row, the ``{old,ref}_logprob`` / ``_version`` record fields the batch froze (:meth:`freeze`),
+    cut to the row's length; empty dicts when it froze none."""
+    frozen: dict[str, tuple[np.ndarray, int]] = {}
+    for field in ("old", "ref"):
+        lp, version = getattr(batch, f"{field}_logprob"), getattr(batch, f"{field}_version")
+        if lp is not None and version is not None:
+            frozen[field] = (lp.detach().to("cpu", torch.float64).numpy(), version)
+    rows: list[dict[str, object]] = []
+    for i, n in enumerate(batch.lengths.tolist()):
+        kw: dict[str, object] = {}
+        for field, (col, version) in frozen.items():
+            kw[f"{field}_logprob"], kw[f"{field}_version"] = col[i, :n].copy(), version
+        rows.append(kw)
+    return rows
 
 
 def uncollate(batch: TrajectoryBatch) -> list[Trajectory]:
-    """Rebuild the trajectories from the batch tensors (the inverse of :func:`collate`).
+    """The batch's trajectories with the coordinates the step froze on the batch written back.
 
-    Per-token fields come from the tensors, per-trajectory metadata from ``batch.trajectories``.
+    The inverse of :func:`collate` followed by :meth:`TrajectoryBatch.freeze`: per row, the record
+    ``batch.trajectories[i]`` with ``old_logprob`` / ``old_version`` (and ``ref_...``) cut from the
+    batch tensors to the row's length when the batch froze them (``old_version`` / ``ref_version``
+    set); the other fields are the record's own (the batch never changes tokens, masks or behaviour
+    log-probs). The loop's ledger records come from :func:`with_update_record`, which writes the
+    same fields in the same single rebuild.
     """
-    out: list[Trajectory] = []
-    for i, (t, n) in enumerate(zip(batch.trajectories, batch.lengths.tolist(), strict=True)):
-        kw: dict[str, object] = dict(
-            token_ids=batch.input_ids[i, :n].numpy(),
-            roles=tuple(CODE_ROLES[int(c)] for c in batch.role_codes[i, :n]),
-            action_mask=batch.action_mask[i, :n].to(torch.int8).numpy(),
-            behavior_logprob=batch.behavior_logprob[i, :n].numpy(),
-            behavior_version=batch.behavior_version[i, :n].numpy(),
-        )
-        if batch.old_logprob is not None:
-            kw["old_logprob"] = batch.old_logprob[i, :n].numpy()
-        if batch.ref_logprob is not None:
-            kw["ref_logprob"] = batch.ref_logprob[i, :n].numpy()
-        out.append(t.replace(**kw))
-    return out
+    return [t.replace(**kw) if kw else t for t, kw in zip(batch.trajectories, _frozen_rows(batch), strict=True)]
