@@ -63,6 +63,25 @@ def _verifiers(run_dir: Path, cfg: Mapping[str, Any]) -> str:
     return ",".join(sorted(seen)) if seen else f"task {cfg.get('task', {}).get('name')} (no verifier in the ledger)"
 
 
+def _prompt_rendering(run_dir: Path) -> str:
+    # What the engine sampled from: the renderer mode and chat-template fingerprint recorded per
+    # trajectory (posttrain/envs/prompt_render.py), from the first ledger step. Runs from before
+    # that record all rendered raw text.
+    import json
+
+    led = open_ledger(run_dir)
+    seen: set[str] = set()
+    for s in led.steps()[:1]:
+        try:
+            metas = pq.read_table(led.traj_dir / f"step_{s:06d}.parquet", columns=["meta"]).column("meta").to_pylist()
+        except (OSError, KeyError):
+            continue
+        for m in metas:
+            d = json.loads(m) if isinstance(m, str) else (m or {})
+            seen.add(f"{d.get('prompt_format', 'raw')}/{d.get('chat_template', 'none')}")
+    return ",".join(sorted(seen)) if seen else "raw/none"
+
+
 def identity(run_dir: str | Path) -> dict[str, str]:
     """The four :data:`REQUIRED` identities of a run, as comparable strings."""
     run = Path(run_dir)
@@ -71,7 +90,7 @@ def identity(run_dir: str | Path) -> dict[str, str]:
     return {
         # init_seed picks the weights of a builtin model; SFT warm-up and dtype are recipe choices.
         "base checkpoint": f"{model.get('path')} init_seed={model.get('init_seed')}",
-        "tokenizer/template": _tokenizer_identity(run, cfg),
+        "tokenizer/template": f"{_tokenizer_identity(run, cfg)}; prompts {_prompt_rendering(run)}",
         "verifier version": _verifiers(run, cfg),
         # The held-out prompts are task.examples("heldout", eval.size, seed): seeds are paired
         # across recipes, so the set is identified by task, its arguments and the size.
