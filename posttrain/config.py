@@ -378,6 +378,12 @@ class EvalConfig(_Section):
                    "over eval.samples sampled responses per held-out prompt")
     samples: int | None = Field(None, ge=1, description="n sampled responses per held-out prompt for pass@k "
                                 "(>= k; default k), drawn at eval.temperature if > 0 else eval.sampled_temperature")
+    hidden_verifier: str | None = Field(
+        None, description="evaluation-only verifier (registered name or module.path:factory) that re-judges every "
+        "training and held-out response; verdicts go to the ledger / heldout/hidden/* beside the training "
+        "verifier's and never into the reward (posttrain/rewards/hidden.py)")
+    hidden_verifier_kwargs: dict[str, Any] = Field(default_factory=dict,
+                                                   description="keyword arguments of eval.hidden_verifier")
 
     @model_validator(mode="after")
     def _check_passk(self) -> EvalConfig:
@@ -388,6 +394,12 @@ class EvalConfig(_Section):
         if self.samples > 1 and self.temperature == 0 and self.sampled_temperature is None:
             raise ValueError(f"eval.samples={self.samples} needs sampled responses: set eval.sampled_temperature "
                              "(or eval.temperature > 0); greedy samples are all the same")
+        if self.hidden_verifier is not None:
+            from posttrain.rewards.hidden import build_hidden_verifier
+
+            build_hidden_verifier(self.hidden_verifier, self.hidden_verifier_kwargs)  # one-line error now, not mid-run
+        elif self.hidden_verifier_kwargs:
+            raise ValueError("eval.hidden_verifier_kwargs is set but eval.hidden_verifier is not")
         return self
 
 

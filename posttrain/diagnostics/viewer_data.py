@@ -193,7 +193,10 @@ def trajectory_detail(run_dir: str | Path, step: int, traj_id: str, decode: Call
 
 
 def passed_rows(run_dir: str | Path) -> list[dict[str, Any]]:
-    """Ledger rows the training verifier marked ``correct`` (with ``step`` added), every readable step."""
+    """Ledger rows the training verifier marked ``correct`` or that carry a hidden verdict (``step`` added).
+
+    Rows of every readable step; the rows with a hidden verdict let the audit name the run's
+    hidden verifier even when nothing passed the training one."""
     led = open_ledger(run_dir)
     out: list[dict[str, Any]] = []
     for step in led.steps():
@@ -202,5 +205,5 @@ def passed_rows(run_dir: str | Path) -> list[dict[str, Any]]:
             names = ["traj_id", "group_id", "status", "reward_total", "verifier", "meta", "hidden_verifier",
                      "hidden_status"]
             cols = table.select([n for n in names if n in table.column_names]).to_pylist()
-            out.extend({**r, "step": step} for r in cols if r["status"] == "correct")
+            out.extend({**r, "step": step} for r in cols if r["status"] == "correct" or r.get("hidden_status"))
     return out

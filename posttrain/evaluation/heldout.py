@@ -47,6 +47,8 @@ class EvalResult:
     # Per prompt: (samples that are not infra errors, correct ones); k of pass@k (1 = pass@1 only).
     per_prompt: tuple[tuple[int, int], ...] = ()
     k: int = 1
+    # eval.hidden_verifier over the same responses (posttrain.rewards.hidden.heldout_metrics); {} without one.
+    hidden: dict[str, float] = dataclasses.field(default_factory=dict)
 
     @property
     def infra_errors(self) -> int:
@@ -58,6 +60,7 @@ class EvalResult:
         out = {f"{prefix}/accuracy": self.accuracy, f"{prefix}/reward_mean": self.reward_mean,
                f"{prefix}/mean_length": self.mean_length, f"{prefix}/infra_errors": float(self.infra_errors)}
         out.update({f"{prefix}/status/{k}": float(v) for k, v in self.status_counts.items()})
+        out.update({f"{prefix}/hidden/{k}": v for k, v in self.hidden.items()})
         return out
 
     def passk_metrics(self, prefix: str = "heldout") -> dict[str, float]:
@@ -91,6 +94,7 @@ def evaluate(
     samples: int = 1,
     k: int = 1,
     renderer: Any | None = None,
+    hidden_verifier: Any | None = None,
 ) -> EvalResult:
     """Evaluate the engine's current weights on ``examples`` (``TaskExample`` objects).
 
@@ -100,6 +104,8 @@ def evaluate(
     ``verify_batch`` is the run's guarded verification (``VerifierPool.verify_batch`` or reward
     workers); None verifies in-process through a ``VerifierPool(workers=0)`` (default time limit).
     Never raises for a verifier's failure: such a sample is an ``infra_error``.
+    ``hidden_verifier`` (``eval.hidden_verifier``) re-judges the same responses through ``verify_batch``;
+    its figures go to :attr:`EvalResult.hidden` only (accuracy and the rest are the training verifier's).
     ``renderer`` (:class:`~posttrain.envs.prompt_render.PromptRenderer`, the run's) turns examples into
     prompt ids; default: raw text.
     """
@@ -132,6 +138,13 @@ def evaluate(
     texts = [decode_response(tokenizer, c) for c in comps]
     verdicts = verify_batch([(task.verifier, t, ex.reference, verify_context(task.verifier, ex))
                              for t, ex in zip(texts, ex_of, strict=True)])
+    hidden: dict[str, float] = {}
+    if hidden_verifier is not None:
+        from posttrain.rewards.hidden import heldout_metrics
+
+        hv = verify_batch([(hidden_verifier, t, ex.reference, verify_context(hidden_verifier, ex))
+                           for t, ex in zip(texts, ex_of, strict=True)])
+        hidden = heldout_metrics([v.status for v in verdicts], [v.status for v in hv])
     n_valid, n_correct = [0] * len(examples), [0] * len(examples)
     for row, v in zip(rows, verdicts, strict=True):
         if v.status is not Status.INFRA_ERROR:  # an infra error says nothing about the policy: not in n
@@ -151,4 +164,5 @@ def evaluate(
         n=len(examples),
         per_prompt=tuple(zip(n_valid, n_correct, strict=True)),
         k=k,
+        hidden=hidden,
     )

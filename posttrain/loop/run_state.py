@@ -103,6 +103,11 @@ class Run:
                                         max_grad_norm=cfg.optim.max_grad_norm, epochs=cfg.optim.ppo_epochs,
                                         num_minibatches=cfg.optim.num_minibatches, seed=cfg.seed)
         self.heldout = self.task.examples("heldout", cfg.eval.size, seed=cfg.seed)
+        self.hidden_verifier: Any = None  # eval.hidden_verifier: judges beside the task's, never rewards
+        if cfg.eval.hidden_verifier is not None:
+            from posttrain.rewards.hidden import build_hidden_verifier
+
+            self.hidden_verifier = build_hidden_verifier(cfg.eval.hidden_verifier, cfg.eval.hidden_verifier_kwargs)
         # Every row of a file task (else the held-out prompts) must encode and fit the model's context,
         # checked by length before tokenizing: one error naming the file and row, before any rollout.
         from posttrain.envs.task import check_prompts, task_rows
@@ -204,7 +209,7 @@ class Run:
                         max_new_tokens=e.max_new_tokens or self.cfg.sampling.max_new_tokens,
                         temperature=e.temperature if temperature is None else temperature, seed=self.cfg.seed,
                         verify_batch=self.verify_batch, samples=samples, k=min(e.k, samples),
-                        renderer=self.renderer)
+                        renderer=self.renderer, hidden_verifier=self.hidden_verifier)
 
     def evaluate_episodes(self, temperature: float | None = None, env_overrides: dict[str, Any] | None = None) -> Any:
         """Held-out evaluation of an ``env.name`` run: one episode per held-out start (default

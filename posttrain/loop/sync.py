@@ -28,6 +28,7 @@ from posttrain.loop.guards import check_guards
 from posttrain.loop.run_state import RunState, open_run
 from posttrain.loop.step_metrics import step_metrics
 from posttrain.loop.targets import build_targets, ref_token_kl, run_baseline
+from posttrain.rewards.hidden import judge_trajectories
 from posttrain.trajectory import Status, collate
 from posttrain.trajectory.collate import with_update_record
 
@@ -171,6 +172,9 @@ def update_step(run: Any, producer: Any, step: int, produced: Any, t_step: float
     # token as the update saw it (|log rho| audits) and the advantage it trained on.
     seen = with_update_record(batch, getattr(run.learner, "last_current_logprob", None), tg.advantages)
     ledger_trajs = seen + [t for t in trajs if t.status in (Status.INFRA_ERROR, Status.ENV_FAILURE)]
+    # eval.hidden_verifier re-judges every response after the update (so it cannot reach the reward).
+    ledger_trajs = judge_trajectories(ledger_trajs, getattr(run, "hidden_verifier", None),
+                                      getattr(run, "verify_batch", None))
     run.finish_step(step, ledger_trajs, metrics, t_step)
     return metrics, stop_reason
 

@@ -14,7 +14,7 @@ from posttrain.diagnostics.build import build_report
 from posttrain.diagnostics.load import load_summaries
 from posttrain.diagnostics.second_verifier import disagreements
 from posttrain.diagnostics.strata import all_strata
-from posttrain.diagnostics.viewer_data import passed_rows, step_groups, trajectory_detail, Filters
+from posttrain.diagnostics.viewer_data import Filters, passed_rows, step_groups, trajectory_detail
 from posttrain.trajectory.ledger import TRAJECTORY_SCHEMA, trajectory_to_row
 from tests.diagnostics.synthetic import step1, write_run
 
