@@ -83,7 +83,9 @@ class TrajectoryBatch:
             raise TrajectoryError(f"{field}_logprob has shape {tuple(logprob.shape)}, batch is "
                                   f"{tuple(self.input_ids.shape)}")
         lp = logprob.detach().to("cpu", torch.float64) * self.action_mask.to(torch.float64)
-        return dataclasses.replace(self, **{f"{field}_logprob": lp, f"{field}_version": int(version)})
+        if field == "old":
+            return dataclasses.replace(self, old_logprob=lp, old_version=int(version))
+        return dataclasses.replace(self, ref_logprob=lp, ref_version=int(version))
 
     def with_targets(self, **tensors: torch.Tensor | None) -> TrajectoryBatch:
         """This batch with any of ``values`` / ``final_values`` / ``advantages`` / ``returns`` set.
@@ -92,7 +94,8 @@ class TrajectoryBatch:
         ``[B, T]``; a name outside these four is an error. Tensors are stored as given (no copy).
         """
         B, T = tuple(self.input_ids.shape)
-        allowed = {"values": [(B, T)], "final_values": [(B,)], "advantages": [(B, T), (B,)], "returns": [(B, T)]}
+        allowed: dict[str, list[tuple[int, ...]]] = {
+            "values": [(B, T)], "final_values": [(B,)], "advantages": [(B, T), (B,)], "returns": [(B, T)]}
         for name, v in tensors.items():
             if name not in allowed:
                 raise TypeError(f"with_targets: unknown field {name!r}; valid: {', '.join(allowed)}")

@@ -39,9 +39,9 @@ CASES: dict[str, tuple[str, list[str]]] = {
 
 def capture(name: str, run_dir: Path) -> dict[str, np.ndarray]:
     """Train case ``name`` into ``run_dir`` and return its arrays (keys prefixed ``name/``)."""
-    import posttrain.loop.sync as sync
     from safetensors.torch import load_file
 
+    import posttrain.loop.sync as sync
     from posttrain.config import load_config
     from posttrain.trajectory import Ledger
 
