@@ -138,6 +138,7 @@ class ToolEnv:
     use_tools: bool = True
     max_calls: int = 8
     version: str = "1"
+    demonstrate: Callable[[int], list[str]] | None = None
     target: int | None = dataclasses.field(default=None, init=False)
     calls: int = dataclasses.field(default=0, init=False)
 
@@ -182,6 +183,12 @@ class ToolEnv:
             except Exception as e:  # noqa: BLE001 - a crashing tool is an observation the model sees
                 lines.append(f"tool error: {type(e).__name__}: {e}"[:200])
         return StepResult("\n".join(lines), {k: v for k, v in parts.items() if v})
+
+    def demonstration(self, seed: int) -> list[str]:
+        """Assistant turns of a demonstration episode of ``seed`` for the SFT warm-up (``demonstrate``)."""
+        if self.demonstrate is None:
+            raise ValueError(f"environment {self.name!r} has no demonstrations for an SFT warm-up (sft.steps > 0)")
+        return self.demonstrate(seed)
 
     def _invalid(self, c: ParsedCall) -> str | None:
         if c.error is not None:
@@ -238,11 +245,39 @@ def multiplication_problem(digits: Sequence[int] | int, name: str = "mul") -> Ca
     return draw
 
 
+def hermes_call(name: str, **arguments: Any) -> str:
+    """A compact Hermes-style call ``<tool_call>{"name": ..., "arguments": {...}}</tool_call>``."""
+    return "<tool_call>" + json.dumps({"name": name, "arguments": arguments}, separators=(",", ":")) + "</tool_call>"
+
+
+def format_demonstrations(problem: Callable[[int], tuple[str, int]], direct_fraction: float
+                          ) -> Callable[[int], list[str]]:
+    """Demonstrations that teach the *formats* only, never arithmetic: with probability
+    ``direct_fraction`` (by seed) a direct ``<answer>`` holding a wrong guess of the right size,
+    else a calculator call on the problem's expression followed by an ``<answer>`` that copies
+    the tool's result. Which one pays is left to RL (a direct guess is never right)."""
+    if not 0.0 <= direct_fraction <= 1.0:
+        raise ValueError(f"direct_fraction must be in [0, 1], got {direct_fraction}")
+
+    def demo(seed: int) -> list[str]:
+        statement, target = problem(seed)
+        rng = random.Random(f"demo|{seed}")
+        if rng.random() < direct_fraction:
+            lo, hi = 10 ** (len(str(target)) - 1), 10 ** len(str(target))
+            guess = rng.randrange(lo, hi)
+            return [f"<answer>{guess if guess != target else guess + 1}</answer>"]
+        return [hermes_call("calculator", expression=statement.split("=")[0]), f"<answer>{target}</answer>"]
+
+    return demo
+
+
 def calculator_tool_env(digits: Sequence[int] | int = 3, parser: str = "hermes", use_tools: bool = True,
-                        max_calls: int = 4) -> ToolEnv:
-    """Multiplication of ``digits``-digit numbers with a ``calculator`` tool (JSON-schema declared)."""
-    return ToolEnv("calculator_tool", [CALCULATOR], multiplication_problem(digits, "calculator_tool"), parser=parser,
-                   use_tools=use_tools, max_calls=max_calls)
+                        max_calls: int = 4, demo_direct_fraction: float = 0.5) -> ToolEnv:
+    """Multiplication of ``digits``-digit numbers with a ``calculator`` tool (JSON-schema declared);
+    SFT demonstrations: :func:`format_demonstrations` with ``demo_direct_fraction``."""
+    problem = multiplication_problem(digits, "calculator_tool")
+    return ToolEnv("calculator_tool", [CALCULATOR], problem, parser=parser, use_tools=use_tools, max_calls=max_calls,
+                   demonstrate=format_demonstrations(problem, demo_direct_fraction))
 
 
 def python_tool_env(digits: Sequence[int] | int = 3, parser: str = "hermes", use_tools: bool = True,
@@ -253,4 +288,5 @@ def python_tool_env(digits: Sequence[int] | int = 3, parser: str = "hermes", use
 
 
 __all__ = ["CALCULATOR", "TOOL_PARSERS", "ParsedCall", "Tool", "ToolEnv", "calculator_tool_env", "check_arguments",
+           "format_demonstrations", "hermes_call",
            "multiplication_problem", "parse_hermes", "python_tool", "python_tool_env"]

@@ -195,6 +195,30 @@ def episode_metrics(trajs: Sequence[Trajectory]) -> dict[str, float]:
     }
 
 
+def sft_pairs(rollout: EpisodeRollout, examples: Sequence[Any]) -> list[tuple[list[int], list[int]]]:
+    """SFT warm-up pairs from the environment's demonstrations (``env.demonstration(seed) -> turns``).
+
+    Each demonstration is played through an episode exactly as the rollout renders it (same
+    template, tool prompt and observations), and each of its assistant turns becomes one pair
+    ``(all tokens before the turn, the turn's tokens + eos)`` (:func:`posttrain.learner.sft.run_sft`).
+    """
+    tok = rollout.run.tokenizer
+    pairs: list[tuple[list[int], list[int]]] = []
+    for i, ex in enumerate(examples):
+        ep = rollout.new_episode(ex, traj_id=f"sft{i}", group_id=f"sft{i}")
+        demo = getattr(ep.env, "demonstration", None)
+        if demo is None:
+            raise ValueError(f"env.name={rollout.cfg.env.name}: the environment has no demonstration(seed) for the "
+                             "SFT warm-up (set sft.steps=0)")
+        for text in demo(int(ex.meta["env_seed"])):
+            if not ep.wants_action():
+                break
+            ids = list(tok(text, add_special_tokens=False).input_ids) + [tok.eos_token_id]
+            pairs.append((ep.context(), ids))
+            ep.apply(ids, [0.0] * len(ids), 0, "stop")
+    return pairs
+
+
 def evaluate_episodes(rollout: EpisodeRollout, examples: Sequence[Any], *, temperature: float = 0.0,
                       max_new_tokens: int | None = None, env_overrides: dict[str, Any] | None = None) -> Any:
     """Held-out evaluation on whole episodes: one episode per example under the engine's current

@@ -263,7 +263,13 @@ class Run:
             pool = self.task.examples("train", cfg.sft.examples, seed=cfg.seed + 12_345)
             tok = self.tokenizer
             eos = tok.eos_token_id
-            pairs = [(self.renderer.ids(ex), tok(reference_answer(self.task, ex)).input_ids + [eos]) for ex in pool]
+            if cfg.env.name is not None:  # multi-turn: the environment's demonstrations, one pair per turn
+                from posttrain.loop.episode_rollout import EpisodeRollout, sft_pairs
+                from posttrain.loop.rollout_stage import RolloutStage
+
+                pairs = sft_pairs(EpisodeRollout(cfg, self, RolloutStage.from_config(cfg, self)), pool)
+            else:
+                pairs = [(self.renderer.ids(ex), tok(reference_answer(self.task, ex)).input_ids + [eos]) for ex in pool]
             g = torch.Generator().manual_seed(cfg.seed)
             bar = progress.add_task("SFT warm-up", total=cfg.sft.steps) if progress else None
 
