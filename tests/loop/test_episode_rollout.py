@@ -233,3 +233,23 @@ def test_env_config_errors_name_the_key():
     _, _, ro = make_run(ScriptedEngine(solver), "env.max_tokens=5")
     with pytest.raises(ValueError, match="env.max_tokens=5"):
         ro.run_call(0)
+
+
+@pytest.mark.parametrize("mode", ["one_step_off", "async"])
+def test_episodes_train_in_background_modes(tmp_path, mode):
+    from posttrain.loop.sync import train
+    from posttrain.trajectory import Ledger
+
+    cfg = load_config(None, ["model.path=builtin:micro", "env.name=calculator_tool", "env.tool_prompt=none",
+                             "env.max_turns=2", "env.max_tokens=120", "env.stop_strings=['e', 'o', '1']",
+                             "sampling.prompts_per_step=2", "sampling.group_size=2", "sampling.max_new_tokens=20",
+                             "eval.size=2", "eval.every=3", "steps=3", "logging.progress=false",
+                             "guards.max_truncation_rate=1.0", f"system.mode={mode}", f"run_dir={tmp_path}"])
+    st = train(cfg)
+    assert st.step == 3
+    trajs = Ledger(tmp_path / "ledger").read_trajectories()
+    assert len(trajs) == 3 * 4
+    for t in trajs:
+        act = t.action_mask.astype(bool)
+        assert (t.behavior_version[act] >= 0).all() and (t.behavior_version[~act] == -1).all()
+        assert t.policy_lag is not None and t.policy_lag <= 1  # one_step_off lag 1; async max_staleness 1
