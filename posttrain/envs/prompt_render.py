@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import threading
 from collections.abc import Mapping, Sequence
 from typing import Any, Literal
 
@@ -108,6 +109,9 @@ class PromptRenderer:
         self.chat = bool(chat)
         self.system_prompt = system_prompt or None
         self.fingerprint = template_fingerprint(tokenizer) if self.chat else "none"
+        # The producer thread renders while the learner verifies (one_step_off / async): one at a time
+        # through this renderer, so no two threads drive the same Rust tokenizer at once.
+        self._lock = threading.Lock()
 
     @property
     def mode(self) -> str:
@@ -135,13 +139,16 @@ class PromptRenderer:
 
     def encode(self, text: str) -> list[int]:
         """Ids of an already rendered :meth:`text` (chat: no special tokens added, the template has them)."""
-        if self.chat:
-            return list(self.tokenizer(text, add_special_tokens=False).input_ids)
-        return list(self.tokenizer(text).input_ids)
+        with self._lock:
+            if self.chat:
+                return list(self.tokenizer(text, add_special_tokens=False).input_ids)
+            return list(self.tokenizer(text).input_ids)
 
     def ids(self, example: Any) -> list[int]:
         """Prompt token ids of ``example``: what the engine samples from and the learner recomputes on."""
-        return self.encode(self.text(example))
+        with self._lock:
+            text = self.text(example)
+        return self.encode(text)
 
     # ------------------------------------------------------------------ record / verify
     @staticmethod
