@@ -92,3 +92,36 @@ def test_browse_colour_hover_filter_flagged(tmp_path: Path, browser: Any) -> Non
     finally:
         srv.shutdown()
         srv.server_close()
+
+
+def test_recorded_current_advantage_and_hidden_verdicts_in_the_browser(tmp_path: Path, browser: Any) -> None:
+    """Issue 15: hover shows the recorded current log-prob, the header the stored advantage
+    (``ledger``, not recomputed), and the flagged list comes from the ledger's hidden verdicts with
+    no ``--verifier``."""
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support.ui import Select, WebDriverWait
+
+    from tests.diagnostics.test_recorded_fields import recorded_step
+
+    srv = make_server(write_run(tmp_path / "run", trajectories={1: recorded_step()}), 0, None)
+    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    wait = WebDriverWait(browser, 30)
+    try:
+        browser.get(f"http://127.0.0.1:{srv.server_address[1]}/")
+        item = wait.until(lambda d: d.find_elements(By.CSS_SELECTOR, ".flagitem"))
+        assert len(item) == 1 and "step 1 a" in item[0].text and "wrong" in item[0].text
+        assert "1 fail strict@1" in browser.find_element(By.ID, "flag-expl").text
+        item[0].click()
+        toks = wait.until(lambda d: d.find_elements(By.CSS_SELECTOR, ".tok"))
+        hover = toks[3].get_attribute("title")
+        assert "old -1.2500" in hover and "current -1.0000" in hover and "advantage 0.7000" in hover
+        assert browser.find_element(By.ID, "adv-src").text == "(ledger)"
+        assert browser.find_element(By.ID, "hidden-status").text == "wrong"
+        Select(browser.find_element(By.ID, "colour")).select_by_value("log_rho")
+        toks = wait.until(lambda d: d.find_elements(By.CSS_SELECTOR, ".tok"))
+        assert "log rho" in browser.find_element(By.ID, "legend").text
+        assert "0.1)" in toks[2].value_of_css_property("background-color")  # rho = 1 on the first action
+        assert "0.9)" in toks[3].value_of_css_property("background-color")  # log rho 0.25 is the scale
+    finally:
+        srv.shutdown()
+        srv.server_close()
