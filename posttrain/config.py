@@ -61,7 +61,7 @@ class TaskConfig(_Section):
     kwargs: dict[str, Any] = Field(default_factory=dict, description="keyword arguments of the task factory")
     chat_template: bool | Literal["auto"] = Field(
         "auto", description="render single-turn prompts with the tokenizer's chat template: true | false | auto "
-        "(auto = when the tokenizer has one and the model is not a builtin char-tokenizer preset; "
+        "(auto = when the tokenizer has one and the model is not a posttrain char-tokenizer model; "
         "posttrain/envs/prompt_render.py)")
     system_prompt: str | None = Field(None, description="system message put before every prompt (a first line in "
                                       "raw-text mode)")

@@ -52,9 +52,14 @@ def build_model(cfg: RunConfig) -> tuple[Any, torch.nn.Module]:
     return tok, model.eval()
 
 
-def is_char_preset(model_path: str) -> bool:
-    """Whether ``model.path`` is a builtin preset with the char tokenizer (every builtin but SmolLM2)."""
-    return model_path.startswith("builtin:") and not model_path.split(":", 1)[1].startswith("smollm2")
+def is_char_preset(model_path: str, tokenizer: Any = None) -> bool:
+    """Whether the model is a posttrain char-tokenizer model: a builtin preset (every builtin but
+    SmolLM2), or a saved one (a checkpoint's ``actor/``), recognised by the char tokenizer's chat template."""
+    from posttrain.models.tokenizer import CHAT_TEMPLATE
+
+    if model_path.startswith("builtin:"):
+        return not model_path.split(":", 1)[1].startswith("smollm2")
+    return tokenizer is not None and getattr(tokenizer, "chat_template", None) == CHAT_TEMPLATE
 
 
 def build_renderer(cfg: RunConfig, tokenizer: Any) -> Any:
@@ -62,7 +67,7 @@ def build_renderer(cfg: RunConfig, tokenizer: Any) -> Any:
     ``task.system_prompt``); ``ValueError`` naming the key when ``true`` meets a template-less tokenizer."""
     from posttrain.envs.prompt_render import PromptRenderer, resolve_chat
 
-    chat = resolve_chat(cfg.task.chat_template, tokenizer, char_preset=is_char_preset(cfg.model.path))
+    chat = resolve_chat(cfg.task.chat_template, tokenizer, char_preset=is_char_preset(cfg.model.path, tokenizer))
     return PromptRenderer(tokenizer, chat=chat, system_prompt=cfg.task.system_prompt)
 
 

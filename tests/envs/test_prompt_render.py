@@ -92,6 +92,23 @@ def test_resolve_chat_auto_true_false() -> None:
         resolve_chat(True, NoTemplate(), char_preset=False)
 
 
+def test_auto_keeps_raw_prompts_for_char_models_builtin_or_saved(tmp_path) -> None:
+    from posttrain.config import RunConfig
+    from posttrain.loop.builders import build_model, build_renderer
+
+    cfg = RunConfig.model_validate({"model": {"path": "builtin:micro"}})
+    tok, model = build_model(cfg)
+    assert cfg.task.chat_template == "auto" and build_renderer(cfg, tok).mode == "raw"
+    model.save_pretrained(tmp_path)
+    tok.save_pretrained(tmp_path)
+    saved = RunConfig.model_validate({"model": {"path": str(tmp_path)}})  # e.g. a checkpoint's actor/ dir
+    tok2, _ = build_model(saved)
+    assert build_renderer(saved, tok2).mode == "raw"
+    on = RunConfig.model_validate({"model": {"path": str(tmp_path)}, "task": {"chat_template": True, "system_prompt": "S"}})
+    r = build_renderer(on, tok2)
+    assert r.mode == "chat" and r.ids(TaskExample("t/1", "1+1=", 2))[:2] == [SP["<|system|>"], *c("S")]
+
+
 @pytest.mark.parametrize("messages, match", [
     ([], "non-empty list"),
     ("hi", "non-empty list"),
@@ -188,6 +205,11 @@ def test_smollm2_engine_ids_equal_learner_ids(smol_tok) -> None:
     r = PromptRenderer(smol_tok, chat=True, system_prompt="Answer with a number.")
     exs = [TaskExample("t/1", "What is 3+5?", 8), TaskExample("t/2", "2+2=", 4, messages=[
         {"role": "user", "content": "1+1="}, {"role": "assistant", "content": "2"}, {"role": "user", "content": "2+2="}])]
+    from posttrain.config import RunConfig
+    from posttrain.loop.builders import build_renderer
+
+    auto = build_renderer(RunConfig.model_validate({"model": {"path": "builtin:smollm2-135m-instruct"}}), smol_tok)
+    assert auto.mode == "chat"  # auto: an instruct model with its own template gets its chat format
     for ex in exs:
         want = template_ids(smol_tok, r.messages(ex))
         assert r.ids(ex) == want
