@@ -387,7 +387,8 @@ class PolicyLearner:
         t["loss_mask"] = action_mask * keep
         t["correction_weight"] = weights
         if t["old_logprob"] is not None:
-            info.update(_logkappa_metrics(t["behavior_logprob"], t["old_logprob"], action_mask))  # type: ignore[arg-type]
+            info.update(_logkappa_metrics(t["behavior_logprob"], t["old_logprob"], action_mask,  # type: ignore[arg-type]
+                                          batch.behavior_version.to(dev), self.version))
         return t, info
 
     def _reduction_weights(self, mask: torch.Tensor, num_sequences: int, num_tokens: float) -> torch.Tensor:
@@ -450,10 +451,11 @@ class PolicyLearner:
         """Make this mini-batch's metric sums global (SUM over processes; ratio extrema MIN/MAX)."""
         sync = self.grad_sync
         # Diagnostics keys are fixed by the policy loss (same on every process), sorted for the order.
-        diag_keys = sorted(acc.diag_sums)
+        # A process that ran no row of this mini-batch has no diagnostics yet: take the loss's own keys.
+        diag_keys = sorted(set(acc.diag_sums) | self._token_diag_keys())
         vec = torch.tensor(
             [getattr(acc, k) - b for k, b in zip(_Acc.SUMMED, before, strict=True)]
-            + [acc.diag_sums[k] - diag_before.get(k, 0.0) for k in diag_keys],
+            + [acc.diag_sums.get(k, 0.0) - diag_before.get(k, 0.0) for k in diag_keys],
             dtype=torch.float64,
         )
         vec = sync.reduce_sums(vec)
@@ -547,6 +549,17 @@ class PolicyLearner:
                     if v.shape == mask.shape:
                         acc.diag_sums[k] = acc.diag_sums.get(k, 0.0) + float((v.to(mask.dtype) * mask).sum())
 
+    def _token_diag_keys(self) -> set[str]:
+        """Names of the policy loss's per-token diagnostics (probed once on a 1x1 input): the keys
+        every process must reduce, whether or not it ran a row."""
+        if getattr(self, "_diag_key_cache", None) is None:
+            z = torch.zeros(1, 1, dtype=torch.float64)
+            out = self._policy_loss(PolicyLossInputs(logprob=z, old_logprob=z, advantages=z + 1.0,
+                                                     action_mask=z + 1.0, behavior_logprob=z),
+                                    **self.policy_loss_kwargs)
+            self._diag_key_cache = {k for k, v in out.diagnostics.items() if torch.as_tensor(v).shape == z.shape}
+        return set(self._diag_key_cache)
+
     def _idle_pass(self, t: Mapping[str, torch.Tensor | None], rows: Sequence[int]) -> None:
         """A forward/backward whose loss is 0 * (log-probs): no gradient, but every collective a
         sharded model runs inside its passes (FSDP2's all-gather / reduce-scatter) runs here too."""
@@ -639,7 +652,8 @@ class PolicyLearner:
             self.last_old_logprob, self._fused_old = old, None
             dt = self.compute_dtype
             am = batch.action_mask.to(self.device, dt)
-            info.update(_logkappa_metrics(batch.behavior_logprob.to(self.device, dt) * am, old.to(self.device, dt), am))
+            info.update(_logkappa_metrics(batch.behavior_logprob.to(self.device, dt) * am, old.to(self.device, dt), am,
+                                          batch.behavior_version.to(self.device), self.version))
         self.version += 1
         return {**self._metrics(acc), **info}
 
@@ -711,11 +725,28 @@ class PolicyLearner:
             self.kl_coef.load_state_dict(state["kl_controller"])
 
 
-def _logkappa_metrics(behavior: torch.Tensor, old: torch.Tensor, action_mask: torch.Tensor) -> dict[str, float]:
-    """``logkappa_abs_mean`` / ``_max`` = |log mu - log pi_old| over action tokens."""
+def _logkappa_metrics(behavior: torch.Tensor, old: torch.Tensor, action_mask: torch.Tensor,
+                      behavior_version: torch.Tensor, version: int) -> dict[str, float]:
+    """|log mu - log pi_old| over action tokens, split by what it measures.
+
+    Tokens sampled under the learner's own weights (``behavior_version == version``): engine
+    mismatch only, ``logkappa_abs_mean`` / ``logkappa_abs_max`` (absent when the batch has no such
+    token, e.g. every sample lags in one_step_off; ``logkappa/tokens`` counts them); the
+    train/rollout mismatch guard reads these. Tokens sampled under older weights: engine mismatch
+    plus policy lag, ``lag/logratio_abs_mean`` / ``lag/logratio_abs_max`` (absent when none) and
+    ``lag/tokens``.
+    """
     log_kappa = (behavior - old).abs() * action_mask
-    return {"logkappa_abs_mean": float(log_kappa.sum() / action_mask.sum().clamp(min=1)),
-            "logkappa_abs_max": float(log_kappa.max())}
+    live = action_mask > 0
+    same = live & (behavior_version == version)
+    stale = live & ~same
+    out: dict[str, float] = {"logkappa/tokens": float(same.sum()), "lag/tokens": float(stale.sum())}
+    for prefix, sel in (("logkappa_abs", same), ("lag/logratio_abs", stale)):
+        n = int(sel.sum())
+        if n:
+            out[f"{prefix}_mean"] = float(log_kappa[sel].sum() / n)
+            out[f"{prefix}_max"] = float(log_kappa[sel].max())
+    return out
 
 
 def _dropout_rates(model: torch.nn.Module) -> list[str]:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import copy
 import importlib
+import os
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -161,6 +162,16 @@ class _VLLMEngineFactory:
                  timeout_s: float) -> None:
         self.python, self.kwargs, self.log_path = python, kwargs, log_path
         self.startup_timeout_s, self.timeout_s = startup_timeout_s, timeout_s
+        self.creator_pid = os.getpid()
+
+    def server_log(self) -> str:
+        """The server's log file: ``engine_server.log`` in the process that built the factory (the
+        local backend); ``engine_server.<pid>.log`` in any other (each Ray rollout worker, and each
+        restart of one, starts its own server: one log per server, never two writers in one file)."""
+        if os.getpid() == self.creator_pid:
+            return self.log_path
+        stem, dot, ext = self.log_path.rpartition(".")
+        return f"{stem}.{os.getpid()}{dot}{ext}" if dot else f"{self.log_path}.{os.getpid()}"
 
     def __call__(self) -> Any:
         if self.python is None:
@@ -170,7 +181,7 @@ class _VLLMEngineFactory:
         from posttrain.rollout.server_process import SpawnedEngine
 
         return SpawnedEngine(self.python, "posttrain.rollout.vllm_engine:build_vllm_engine", self.kwargs,
-                             log_path=self.log_path, startup_timeout_s=self.startup_timeout_s,
+                             log_path=self.server_log(), startup_timeout_s=self.startup_timeout_s,
                              timeout_s=self.timeout_s, weights_timeout_s=self.timeout_s)
 
 

@@ -9,7 +9,8 @@ Documented keys (all floats):
 - ``length/mean|p50|p95|max``: generated tokens per trajectory
 - ``finish/truncated_rate``: fraction of trajectories ending by the length limit
 - ``adv/zero_group_frac``: fraction of groups whose advantages are all zero (no signal)
-- ``logkappa/p99``: 99th percentile of |behavior - old| log-prob over action tokens
+- ``logkappa/p99``: 99th percentile of |behavior - old| log-prob over the action tokens sampled under
+  pi_old's own weights (engine mismatch; absent when none; lag: the learner's ``lag/logratio_abs_*``)
 - ``kl/ref_mean``: mean token KL estimate to the reference (when a reference exists)
 - ``tokens/generated``, ``tokens/trained``: action tokens sampled / entering the loss
 """
@@ -29,8 +30,10 @@ def _pct(x: torch.Tensor, q: float) -> float:
     return float(torch.quantile(x.to(torch.float64), q)) if x.numel() else float("nan")
 
 
-def step_metrics(batch: TrajectoryBatch, all_trajs: Sequence[Trajectory], targets: Any) -> dict[str, float]:
-    """Data metrics of one step (see the module docstring for each key)."""
+def step_metrics(batch: TrajectoryBatch, all_trajs: Sequence[Trajectory], targets: Any, *,
+                 learner_version: int | None = None) -> dict[str, float]:
+    """Data metrics of one step (see the module docstring for each key); ``learner_version``: the
+    version pi_old was computed under (None: every action token counts as same-version)."""
     usable = batch.trajectories
     m: dict[str, float] = {}
     totals = torch.tensor([float(t.reward.total) for t in usable], dtype=torch.float64)  # type: ignore[arg-type]
@@ -56,8 +59,12 @@ def step_metrics(batch: TrajectoryBatch, all_trajs: Sequence[Trajectory], target
     zero = sum(bool((adv_abs[idx] == 0).all()) for idx in groups.values())
     m["adv/zero_group_frac"] = zero / len(groups)
     assert batch.old_logprob is not None, "step_metrics needs pi_old frozen on the batch"
-    lk = (batch.behavior_logprob - batch.old_logprob.to(torch.float64)).abs()[mask]
-    m["logkappa/p99"] = _pct(lk, 0.99)
+    # engine mismatch only: tokens sampled under the weights pi_old was computed with (lag has its own
+    # lag/logratio_* metrics from the learner)
+    same = mask if learner_version is None else mask & (batch.behavior_version == learner_version)
+    lk = (batch.behavior_logprob - batch.old_logprob.to(torch.float64)).abs()[same]
+    if lk.numel():
+        m["logkappa/p99"] = _pct(lk, 0.99)
     if targets.token_kl is not None:
         m["kl/ref_mean"] = float(targets.token_kl[mask].mean())
     m["tokens/generated"] = float(sum(t.num_actions for t in all_trajs))

@@ -150,7 +150,7 @@ def update_step(run: Any, producer: Any, step: int, produced: Any, t_step: float
         upd.update({f"critic/{k}": v for k, v in run.critic.update(batch).items()})
     metrics.update(upd)
     metrics["time/learner_s"] = time.perf_counter() - t0
-    metrics.update(step_metrics(batch, trajs, tg))
+    metrics.update(step_metrics(batch, trajs, tg, learner_version=old_version))
     # 6. judge the revision; a NaN/inf loss is rejected and the promoted weights restored
     if not math.isfinite(float(upd.get("loss", 0.0))):
         run.reject(step, reason=f"non-finite loss {upd.get('loss')}")

@@ -289,7 +289,10 @@ def test_one_step_off_has_lag_one_and_is_deterministic(tmp_path):
     ms = led.read_metrics()
     assert [m["lag/count_1"] for m in ms] == [0, 16, 16]
     # off-policy data reaches the learner and the importance correction is wired: pi_old != mu from step 2
-    assert ms[0]["logkappa_abs_max"] < 1e-4 < ms[1]["logkappa_abs_max"]
+    # engine mismatch (same-version tokens) and lag (older tokens) are reported apart: step 2 has only lag
+    assert ms[0]["logkappa_abs_max"] < 1e-4 and ms[0]["lag/tokens"] == 0
+    assert ms[1].get("logkappa_abs_max") is None and ms[1]["logkappa/tokens"] == 0
+    assert ms[1]["lag/logratio_abs_max"] > 1e-4 and ms[1]["lag/tokens"] > 0
     assert "pg/behavior_weight" in ms[1] and "correction/kept_token_frac" in ms[1]
     wa, wb = _final_weights(tmp_path / "a"), _final_weights(tmp_path / "b")
     assert all(torch.equal(wa[k], wb[k]) for k in wa)
