@@ -80,9 +80,14 @@ class ProcessGroupSync:
         nccl = dist.get_backend(group) == "nccl"
         self.device = torch.device("cuda", torch.cuda.current_device()) if nccl else torch.device("cpu")
 
-    def shard(self, rows: Sequence[int]) -> list[int]:
-        """This rank's rows of a mini-batch: ``rows[rank::world_size]``."""
-        return list(rows)[self.rank :: self.world_size]
+    def shard(self, rows: Sequence[int], lengths: Sequence[int] | None = None) -> list[int]:
+        """This rank's rows of a mini-batch: token-balanced (``posttrain.learner.ranks.balanced_shards``)
+        when ``lengths`` are given, else ``rows[rank::world_size]``."""
+        if lengths is None:
+            return list(rows)[self.rank :: self.world_size]
+        from posttrain.learner.ranks import balanced_shards
+
+        return balanced_shards(rows, lengths, self.world_size)[self.rank]
 
     def reduce_gradients(self, params: Sequence[torch.nn.Parameter]) -> None:
         """SUM all-reduce of every trainable gradient, flattened into one buffer (one collective).

@@ -5,7 +5,8 @@ with reduction weights ``w`` taken from the *mini-batch-global* counts (``posttr
 reductions.py``). Any split of the rows therefore gives partial gradients that SUM to the whole
 one. :class:`GradientSync` is the hook that exploits this; the learner calls it at three points:
 
-- ``shard(rows)``            the rows of the mini-batch this process runs forward/backward on;
+- ``shard(rows, lengths)``   the rows of the mini-batch this process runs forward/backward on
+  (``lengths``: the rows' token counts, for a token-balanced split);
 - ``reduce_gradients(ps)``   after the shard's backward: make every ``p.grad`` the SUM over processes;
 - ``reduce_sums(vec)`` / ``reduce_min(vec)``  the same for the metric accumulators (token sums,
   ratio extrema), so metrics are global too.
@@ -13,7 +14,10 @@ one. :class:`GradientSync` is the hook that exploits this; the learner calls it 
 :class:`LocalSync` (the default) is one process: all rows, no communication. The data-parallel
 implementation over ``torch.distributed`` is ``posttrain.learner.distributed.ProcessGroupSync``.
 A new strategy (another collective library, FSDP's reduce-scatter) is one more class with these
-four methods — never a learner subclass.
+four methods — never a learner subclass. A hook with ``lockstep = True`` (FSDP2:
+``posttrain.learner.ranks.ShardedSync``, whose forward and backward passes are collectives) makes
+every process run the same number of forward/backward passes per mini-batch; a process with fewer
+micro-batches runs zero-weight passes.
 """
 
 from __future__ import annotations
@@ -30,7 +34,7 @@ class GradientSync(Protocol):
 
     world_size: int
 
-    def shard(self, rows: Sequence[int]) -> list[int]: ...
+    def shard(self, rows: Sequence[int], lengths: Sequence[int] | None = None) -> list[int]: ...
 
     def reduce_gradients(self, params: Sequence[torch.nn.Parameter]) -> None: ...
 
@@ -44,7 +48,7 @@ class LocalSync:
 
     world_size = 1
 
-    def shard(self, rows: Sequence[int]) -> list[int]:
+    def shard(self, rows: Sequence[int], lengths: Sequence[int] | None = None) -> list[int]:
         """All of ``rows``."""
         return list(rows)
 

@@ -1,0 +1,556 @@
+"""Learner ranks as processes the loop drives: ``ddp`` and ``fsdp2`` over ``torch.distributed``.
+
+The driver (the loop's process) keeps orchestrating rollout, reward and ledger. :class:`LearnerRanks`
+stands where the embedded :class:`~posttrain.learner.actor.PolicyLearner` stands (``run.learner``)
+and forwards every learner call to ``world_size`` rank processes (``torch.multiprocessing`` spawn,
+one pipe each, a process group over 127.0.0.1: gloo on CPU, NCCL on CUDA). Every rank runs the
+same :class:`PolicyLearner` update code; only its :mod:`~posttrain.learner.grad_sync` hook differs:
+
+- ``ddp``: :class:`~posttrain.learner.distributed.ProcessGroupSync` — a full replica per rank,
+  gradients SUM-all-reduced as one flat buffer;
+- ``fsdp2``: :class:`ShardedSync` — the model is ``fully_shard``-ed (every ``nn.ModuleList`` child,
+  then the root), so parameters, gradients and AdamW state are sharded; FSDP's gradient
+  reduce-scatter is made a SUM (``set_gradient_divide_factor(1)``) because the reduction weights
+  already carry the mini-batch-global counts (``posttrain/algos/reductions.py``).
+
+Each mini-batch is split over ranks by :func:`balanced_shards` (token-balanced, deterministic);
+inside a rank the rows are micro-batched by ``microbatch_tokens`` as always. FSDP's forward and
+backward are collectives, so a ``lockstep`` hook makes every rank run the same number of passes
+(a short rank pads with zero-weight passes; ``PolicyLearner._accumulate_rows``).
+
+After an update rank 0 gathers the full state dict (FSDP: ``get_model_state_dict`` with
+``full_state_dict``), packs it with :func:`~posttrain.rollout.weight_transfer.pack_state_dict`
+(versioned, blake2b checksum) and the driver verifies the checksum before loading it into its own
+CPU copy (:attr:`LearnerRanks.model`) — the copy the engine sync, evaluation and checkpoints use.
+Weights the driver changes itself (SFT warm-up, a rejected revision restoring the promoted
+weights, a resume) are detected by the tensors' in-place version counters and pushed to the ranks
+before their next call. The learner state (:meth:`LearnerRanks.state_dict`) has the embedded
+learner's format (an id-keyed full AdamW state), so a checkpoint resumes under any strategy and
+world size.
+
+Faults: every call waits on the ranks' pipes in 0.5 s slices and checks the processes; a rank
+that exits (SIGKILL included) fails the call within that slice, a rank that stays silent past
+``rank_timeout_s`` fails it then; either way all ranks are killed and :class:`LearnerRankError`
+names the rank. The run's checkpoints are untouched, so ``resume=true`` continues from the last one.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import pickle
+import signal
+import time
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from posttrain.trajectory.collate import TrajectoryBatch
+
+_POLL_S = 0.5  # liveness check interval while waiting for ranks
+
+
+class LearnerRankError(RuntimeError):
+    """A learner rank died, failed or stayed silent; the message names the rank(s)."""
+
+
+def balanced_shards(rows: Sequence[int], lengths: Sequence[int], world_size: int) -> list[list[int]]:
+    """Split ``rows`` over ``world_size`` ranks with balanced token counts (greedy LPT).
+
+    ``lengths[i]`` is the token count of ``rows[i]``. Rows are taken by decreasing length (ties:
+    position) and each goes to the rank holding the fewest tokens so far (ties: lowest rank), so
+    no rank holds more than the mean plus one row's tokens. Every row lands in exactly one shard;
+    each shard is ascending. Deterministic: every rank computes the same split.
+    """
+    if len(rows) != len(lengths):
+        raise ValueError(f"{len(rows)} rows but {len(lengths)} lengths")
+    order = sorted(range(len(rows)), key=lambda i: (-int(lengths[i]), i))
+    load = [0] * world_size
+    shards: list[list[int]] = [[] for _ in range(world_size)]
+    for i in order:
+        r = min(range(world_size), key=lambda k: (load[k], len(shards[k]), k))
+        shards[r].append(rows[i])
+        load[r] += max(int(lengths[i]), 1)
+    return [sorted(s) for s in shards]
+
+
+class ShardedSync:
+    """:class:`~posttrain.learner.grad_sync.GradientSync` for an FSDP2 (``fully_shard``) model.
+
+    Gradients need no call here: FSDP reduce-scatters them in every backward, as a SUM (the model's
+    gradient divide factor is 1), so each rank's gradient shard already holds the sum over ranks.
+    Metric sums and extrema are all-reduced like :class:`ProcessGroupSync`'s. ``lockstep``: FSDP's
+    all-gathers run inside every forward, so every rank must run the same number of passes.
+    """
+
+    lockstep = True
+
+    def __init__(self, group: Any = None, device: torch.device | None = None) -> None:
+        if not dist.is_available() or not dist.is_initialized():
+            raise RuntimeError("ShardedSync needs an initialised process group")
+        self.group = group
+        self.rank = dist.get_rank(group)
+        self.world_size = dist.get_world_size(group)
+        self.device = device or torch.device("cpu")
+
+    def shard(self, rows: Sequence[int], lengths: Sequence[int] | None = None) -> list[int]:
+        """This rank's rows: :func:`balanced_shards` when ``lengths`` are given, else ``rows[rank::W]``."""
+        if lengths is None:
+            return list(rows)[self.rank :: self.world_size]
+        return balanced_shards(rows, lengths, self.world_size)[self.rank]
+
+    def reduce_gradients(self, params: Sequence[torch.nn.Parameter]) -> None:
+        """Nothing: FSDP's reduce-scatter (a SUM) already ran in the backward passes."""
+
+    def reduce_sums(self, values: torch.Tensor) -> torch.Tensor:
+        """SUM over ranks (a new tensor on ``values``' device)."""
+        out = values.to(self.device, copy=True)
+        dist.all_reduce(out, op=dist.ReduceOp.SUM, group=self.group)
+        return out.to(values.device)
+
+    def reduce_min(self, values: torch.Tensor) -> torch.Tensor:
+        """Element-wise MIN over ranks (a new tensor on ``values``' device)."""
+        out = values.to(self.device, copy=True)
+        dist.all_reduce(out, op=dist.ReduceOp.MIN, group=self.group)
+        return out.to(values.device)
+
+
+@dataclasses.dataclass
+class RankSpec:
+    """What every rank process builds (pickled once to each rank).
+
+    ``learner_factory(model, grad_sync=..., autocast_dtype=...)`` returns the rank's
+    :class:`PolicyLearner` (the loop passes ``posttrain.loop.builders.RankLearnerFactory``).
+    ``grad_divide_factor``: FSDP's gradient divisor; 1 (a SUM) is the correct value here — a test
+    sets ``world_size`` (FSDP's default MEAN) to show the equality tolerance catches it.
+    ``drop_rank``: test hook — that rank's share of every mini-batch is dropped from the gradient
+    (:class:`DropRankShare`), the "one rank's gradient lost" reduction bug; None in real runs.
+    """
+
+    model: torch.nn.Module
+    learner_factory: Callable[..., Any]
+    strategy: str
+    device: str = "cpu"
+    precision: str = "fp32"
+    threads: int = 1
+    collective_timeout_s: float = 600.0
+    grad_divide_factor: float = 1.0
+    drop_rank: int | None = None
+
+
+class DropRankShare:
+    """A :class:`GradientSync` around another that computes nothing on rank ``drop`` (test hook).
+
+    Counts stay global, so the reduced gradient misses that rank's rows: the reduction bug the
+    equality tests must catch. Everything else is delegated (composition)."""
+
+    def __init__(self, inner: Any, drop: int) -> None:
+        self.inner, self.drop = inner, drop
+        self.world_size, self.rank = inner.world_size, inner.rank
+        self.lockstep = bool(getattr(inner, "lockstep", False))
+
+    def shard(self, rows: Sequence[int], lengths: Sequence[int] | None = None) -> list[int]:
+        """The inner shard, or — for an update's mini-batch (``lengths`` given) — nothing on the dropped rank."""
+        mine: list[int] = self.inner.shard(rows, lengths=lengths)
+        return [] if self.rank == self.drop and lengths is not None else mine
+
+    def reduce_gradients(self, params: Sequence[torch.nn.Parameter]) -> None:
+        """Delegated."""
+        self.inner.reduce_gradients(params)
+
+    def reduce_sums(self, values: torch.Tensor) -> torch.Tensor:
+        """Delegated."""
+        out: torch.Tensor = self.inner.reduce_sums(values)
+        return out
+
+    def reduce_min(self, values: torch.Tensor) -> torch.Tensor:
+        """Delegated."""
+        out: torch.Tensor = self.inner.reduce_min(values)
+        return out
+
+
+# ---------------------------------------------------------------------- rank process side
+def _shard_fsdp(model: torch.nn.Module, spec: RankSpec, device: torch.device) -> None:
+    from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
+
+    kw: dict[str, Any] = {}
+    if spec.precision == "bf16":
+        # float32 master weights (the parameters), bf16 compute, float32 gradient reduction.
+        kw["mp_policy"] = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
+    if device.type == "cuda":
+        from torch.distributed.device_mesh import init_device_mesh
+
+        kw["mesh"] = init_device_mesh("cuda", (dist.get_world_size(),))
+    for m in model.modules():
+        if isinstance(m, torch.nn.ModuleList):
+            for block in m:
+                fully_shard(block, **kw)
+    fully_shard(model, **kw)
+    for m in model.modules():  # each fully_shard-ed module reduces its own parameters' gradients
+        if isinstance(m, FSDPModule):
+            m.set_gradient_divide_factor(float(spec.grad_divide_factor))
+
+
+def _full_state(learner: Any, fsdp: bool) -> dict[str, torch.Tensor] | None:
+    """The full model state dict on rank 0 (None elsewhere); a collective under FSDP."""
+    if fsdp:
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+
+        sd = get_model_state_dict(learner.model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+        return sd if dist.get_rank() == 0 else None
+    if dist.get_rank() != 0:
+        return None
+    return {k: v.detach().to("cpu") for k, v in learner.model.state_dict().items()}
+
+
+def _trainable_names(model: torch.nn.Module) -> list[str]:
+    return [n for n, p in model.named_parameters() if p.requires_grad]
+
+
+def _learner_state(learner: Any, fsdp: bool) -> dict[str, Any] | None:
+    """Rank 0: the embedded learner's state format (id-keyed full AdamW state); a collective under FSDP."""
+    if fsdp:
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, get_optimizer_state_dict
+
+        osd = get_optimizer_state_dict(learner.model, learner.optimizer,
+                                       options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+        if dist.get_rank() != 0:
+            return None
+        optim = fqn_to_id_optimizer_state(osd, _trainable_names(learner.model))
+    else:
+        if dist.get_rank() != 0:
+            return None
+        optim = learner.optimizer.state_dict()
+    return {"optimizer": optim, "scheduler": learner.scheduler.state_dict(),
+            "generator": learner.generator.get_state(), "version": learner.version,
+            "optimizer_steps": learner.optimizer_steps}
+
+
+def _load_learner_state(learner: Any, state: Mapping[str, Any], fsdp: bool) -> None:
+    if not fsdp:
+        learner.load_state_dict(state)
+        return
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, set_optimizer_state_dict
+
+    osd = id_to_fqn_optimizer_state(state["optimizer"], _trainable_names(learner.model))
+    set_optimizer_state_dict(learner.model, learner.optimizer, osd, options=StateDictOptions(full_state_dict=True))
+    learner.scheduler.load_state_dict(state["scheduler"])
+    learner.generator.set_state(state["generator"])
+    learner.version = int(state["version"])
+    learner.optimizer_steps = int(state["optimizer_steps"])
+
+
+def _load_weights(learner: Any, sd: Mapping[str, torch.Tensor], fsdp: bool) -> None:
+    if fsdp:
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
+
+        set_model_state_dict(learner.model, dict(sd), options=StateDictOptions(full_state_dict=True, strict=False))
+    else:
+        learner.model.load_state_dict(sd)
+
+
+def _rank_main(rank: int, world_size: int, port: int, conn: Any, spec_bytes: bytes) -> None:
+    """A rank process: build the learner, then serve the driver's commands until ``close``."""
+    from posttrain.learner.distributed import ProcessGroupSync, init_process_group
+    from posttrain.rollout.weight_transfer import pack_state_dict
+
+    spec: RankSpec = pickle.loads(spec_bytes)
+    torch.set_num_threads(max(1, spec.threads))
+    cuda = spec.device == "cuda"
+    try:
+        if cuda:
+            torch.cuda.set_device(rank)
+        init_process_group(rank, world_size, port=port, backend="nccl" if cuda else "gloo",
+                           timeout_s=spec.collective_timeout_s)
+        device = torch.device("cuda", rank) if cuda else torch.device("cpu")
+        model = spec.model.to(device)
+        fsdp = spec.strategy == "fsdp2"
+        autocast = "bfloat16" if spec.precision == "bf16" and not fsdp else None
+        if fsdp:
+            _shard_fsdp(model, spec, device)
+            sync: Any = ShardedSync(device=device)
+        else:
+            sync = ProcessGroupSync()
+            sync.check_same_weights(model)
+        if spec.drop_rank is not None:
+            sync = DropRankShare(sync, spec.drop_rank)
+        learner = spec.learner_factory(model, grad_sync=sync, autocast_dtype=autocast)
+        conn.send_bytes(pickle.dumps(("ok", os.getpid())))
+        while True:
+            try:
+                cmd, args = pickle.loads(conn.recv_bytes())
+            except EOFError:  # the driver is gone
+                break
+            if cmd == "close":
+                conn.send_bytes(pickle.dumps(("ok", None)))
+                break
+            out: Any = None
+            if cmd == "update":
+                batch, adv, old, kl_coef = args
+                learner.kl_coef = float(kl_coef)
+                metrics = learner.update(batch, adv, old_logprob=old)
+                sd = _full_state(learner, fsdp)
+                if sd is not None:
+                    packet = pack_state_dict(sd, learner.version)
+                    out = (metrics, packet, packet.checksum, learner.version, learner.optimizer_steps)
+            elif cmd == "logprobs":
+                lp = learner.compute_logprobs(args[0])
+                out = lp if rank == 0 else None
+            elif cmd == "state":
+                out = _learner_state(learner, fsdp)
+            elif cmd == "load_state":
+                _load_learner_state(learner, args[0], fsdp)
+            elif cmd == "load_weights":
+                _load_weights(learner, args[0], fsdp)
+            else:
+                raise ValueError(f"unknown learner rank command {cmd!r}")
+            conn.send_bytes(pickle.dumps(("ok", out)))
+    except BaseException as e:  # noqa: BLE001 - reported to the driver, then this rank ends
+        try:
+            conn.send_bytes(pickle.dumps(("error", f"{type(e).__name__}: {e}".splitlines()[0][:500])))
+        except Exception:  # noqa: BLE001 - the driver may be gone already
+            pass
+        os._exit(1)
+    finally:
+        if dist.is_initialized():
+            try:
+                dist.destroy_process_group()
+            except Exception:  # noqa: BLE001 - a peer may be dead
+                pass
+
+
+# ---------------------------------------------------------------------- optimizer state formats
+def fqn_to_id_optimizer_state(osd: Mapping[str, Any], names: Sequence[str]) -> dict[str, Any]:
+    """A name-keyed full optimizer state (``torch.distributed.checkpoint.state_dict``) -> the id-keyed
+    ``optimizer.state_dict()`` format, ids in ``names`` order (the learner's trainable parameters)."""
+    index = {n: i for i, n in enumerate(names)}
+    state = {index[k]: dict(v) for k, v in osd.get("state", {}).items()}
+    groups = [{**g, "params": [index[p] for p in g["params"]]} for g in osd["param_groups"]]
+    return {"state": state, "param_groups": groups}
+
+
+def id_to_fqn_optimizer_state(osd: Mapping[str, Any], names: Sequence[str]) -> dict[str, Any]:
+    """Inverse of :func:`fqn_to_id_optimizer_state`."""
+    state = {names[int(k)]: dict(v) for k, v in osd.get("state", {}).items()}
+    groups = [{**g, "params": [names[int(p)] for p in g["params"]]} for g in osd["param_groups"]]
+    return {"state": state, "param_groups": groups}
+
+
+# ---------------------------------------------------------------------- driver side
+class LearnerRanks:
+    """The driver's handle on ``world_size`` learner rank processes; used where a PolicyLearner is.
+
+    ``model``: the driver's full CPU copy (it becomes :attr:`model`; each rank gets a pickled copy).
+    ``learner_factory``: see :class:`RankSpec`. ``kl_coef``: a float or a controller kept here (the
+    loop updates it); its current value is sent with every update. ``temperature`` must equal the
+    ranks' learner's. Calls block until every rank answers; see the module docstring for faults.
+    """
+
+    def __init__(self, model: torch.nn.Module, learner_factory: Callable[..., Any], *, strategy: str,
+                 world_size: int, temperature: float, kl_coef: Any = 0.0, device: str = "cpu",
+                 precision: str = "fp32", rank_timeout_s: float = 600.0, startup_timeout_s: float = 120.0,
+                 grad_divide_factor: float = 1.0, drop_rank: int | None = None) -> None:
+        import multiprocessing as mp
+
+        from posttrain.learner.distributed import free_port
+
+        if strategy not in ("ddp", "fsdp2"):
+            raise ValueError(f"learner.strategy must be ddp or fsdp2 for rank processes, got {strategy!r}")
+        self.model = model
+        self.strategy, self.world_size = strategy, world_size
+        self.temperature = float(temperature)
+        self.kl_coef = kl_coef
+        self.rank_timeout_s = float(rank_timeout_s)
+        self.version = 0
+        self.optimizer_steps = 0
+        self.last_old_logprob: torch.Tensor | None = None  # never fused across processes
+        self.last_current_logprob: torch.Tensor | None = None
+        self.last_weights_checksum: str | None = None
+        threads = max(1, torch.get_num_threads() // world_size)
+        spec = RankSpec(model=model, learner_factory=learner_factory, strategy=strategy, device=device,
+                        precision=precision, threads=threads, collective_timeout_s=rank_timeout_s,
+                        grad_divide_factor=grad_divide_factor, drop_rank=drop_rank)
+        spec_bytes = pickle.dumps(spec)
+        ctx = mp.get_context("spawn")
+        port = free_port()
+        self.procs: list[Any] = []
+        self.conns: list[Any] = []
+        try:
+            for r in range(world_size):
+                parent, child = ctx.Pipe()
+                p = ctx.Process(target=_rank_main, args=(r, world_size, port, child, spec_bytes),
+                                name=f"posttrain-learner-rank-{r}", daemon=True)
+                p.start()
+                child.close()
+                self.procs.append(p)
+                self.conns.append(parent)
+            self.pids = self._collect("start", startup_timeout_s)
+        except BaseException:
+            self.close()
+            raise
+        self._synced = self._fingerprint()
+
+    # ------------------------------------------------------------------ plumbing
+    def _fingerprint(self) -> tuple[int, ...]:
+        # In-place writes (load_state_dict, an optimizer step) bump a tensor's version counter.
+        return tuple(t._version for t in self.model.state_dict().values())
+
+    def _send(self, cmd: str, *args: Any) -> None:
+        payload = pickle.dumps((cmd, args))
+        for r, c in enumerate(self.conns):
+            try:
+                c.send_bytes(payload)
+            except (BrokenPipeError, ConnectionResetError, OSError):
+                self._fail(f"learner rank {r} is gone ({self._exit_reason(r)}) before {cmd}")
+
+    def _exit_reason(self, r: int) -> str:
+        code = self.procs[r].exitcode
+        if code is None:
+            return "still running"
+        if code < 0:
+            try:
+                return f"killed by {signal.Signals(-code).name}"
+            except ValueError:
+                return f"killed by signal {-code}"
+        return f"exit code {code}"
+
+    def _fail(self, msg: str) -> None:
+        self.close(kill=True)
+        raise LearnerRankError(msg)
+
+    def _collect(self, cmd: str, timeout_s: float) -> list[Any]:
+        """Every rank's reply to ``cmd``; a dead, failing or silent rank fails the call (ranks killed)."""
+        from multiprocessing.connection import wait
+
+        replies: dict[int, Any] = {}
+        deadline = time.monotonic() + timeout_s
+        while len(replies) < len(self.conns):
+            pending = {self.conns[r]: r for r in range(len(self.conns)) if r not in replies}
+            for c in wait(list(pending), timeout=_POLL_S):
+                r = pending[c]  # type: ignore[index]
+                try:
+                    status, value = pickle.loads(c.recv_bytes())  # type: ignore[union-attr]
+                except (EOFError, OSError):
+                    self.procs[r].join(1.0)
+                    self._fail(f"learner rank {r} died during {cmd} ({self._exit_reason(r)})")
+                if status != "ok":
+                    self._fail(f"learner rank {r} failed during {cmd}: {value}")
+                replies[r] = value
+            for r in range(len(self.conns)):
+                if r not in replies and self.procs[r].exitcode is not None:
+                    self._fail(f"learner rank {r} died during {cmd} ({self._exit_reason(r)})")
+            if time.monotonic() > deadline and len(replies) < len(self.conns):
+                silent = sorted(set(range(len(self.conns))) - set(replies))
+                self._fail(f"learner rank(s) {silent} did not answer {cmd} within {timeout_s:g}s "
+                           "(learner.rank_timeout_s)")
+        return [replies[r] for r in range(len(self.conns))]
+
+    def _call(self, cmd: str, *args: Any) -> list[Any]:
+        if not self.conns:
+            raise LearnerRankError(f"learner ranks are closed ({cmd})")
+        if cmd not in ("load_weights", "load_state") and self._fingerprint() != self._synced:
+            self.push_weights()
+        self._send(cmd, *args)
+        return self._collect(cmd, self.rank_timeout_s)
+
+    def push_weights(self) -> None:
+        """Send the driver copy's weights to every rank (after the driver changed them itself)."""
+        sd = {k: v.detach().to("cpu").clone() for k, v in self.model.state_dict().items()}
+        self._call("load_weights", sd)
+        self._synced = self._fingerprint()
+
+    # ------------------------------------------------------------------ the learner interface
+    def can_fuse_old_logprob(self) -> bool:
+        """False: pi_old is computed by the ranks' no-grad forward (fusing needs one process)."""
+        return False
+
+    def current_kl_coef(self) -> float:
+        """beta: the float ``kl_coef`` or the controller's current ``.value``."""
+        return float(self.kl_coef) if isinstance(self.kl_coef, (int, float)) else float(self.kl_coef.value)
+
+    def compute_logprobs(self, batch: TrajectoryBatch) -> torch.Tensor:
+        """Frozen log-probs ``[B, T]`` (float64, CPU) from the ranks (see PolicyLearner.compute_logprobs)."""
+        out: torch.Tensor = self._call("logprobs", batch)[0]
+        return out
+
+    def update(self, batch: TrajectoryBatch, advantages: torch.Tensor | None = None, *,
+               old_logprob: torch.Tensor | None = None, fuse_old: bool = False) -> dict[str, float]:
+        """One update on every rank (PolicyLearner.update's contract and metrics); then the driver copy
+        takes rank 0's gathered weights after checking their version and checksum."""
+        if fuse_old:
+            raise ValueError("fuse_old is not available with learner ranks (can_fuse_old_logprob is False)")
+        metrics, packet, checksum, version, steps = self._call(
+            "update", batch, advantages, old_logprob, self.current_kl_coef())[0]
+        if version != self.version + 1:
+            raise LearnerRankError(f"learner rank 0 reports version {version} after an update from {self.version}")
+        packet.verify(version=version, checksum=checksum, where="driver (weights from learner rank 0)")
+        sd = packet.tensors()
+        mine = self.model.state_dict()
+        missing = set(mine) - set(sd)
+        if set(sd) - set(mine) or any(not _is_alias(mine, k) for k in missing):
+            raise LearnerRankError(f"learner rank 0 sent weights that do not fit the model: missing "
+                                   f"{sorted(missing)[:3]}, unexpected {sorted(set(sd) - set(mine))[:3]}")
+        self.model.load_state_dict(sd, strict=False)
+        self._synced = self._fingerprint()
+        self.version, self.optimizer_steps = version, steps
+        self.last_weights_checksum = checksum
+        metrics = dict(metrics)
+        metrics["learner/world_size"] = float(self.world_size)
+        return metrics
+
+    def weights_for_rollout(self) -> Mapping[str, torch.Tensor]:
+        """The driver copy's state dict (live tensors, as PolicyLearner.weights_for_rollout)."""
+        return self.model.state_dict()
+
+    def state_dict(self) -> dict[str, Any]:
+        """The embedded learner's format (optimizer id-keyed and full), from rank 0, plus the KL controller."""
+        s: dict[str, Any] = dict(self._call("state")[0])
+        if not isinstance(self.kl_coef, (int, float)):
+            s["kl_controller"] = self.kl_coef.state_dict()
+        return s
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        """Inverse of :meth:`state_dict` (any strategy's / world size's checkpoint)."""
+        missing = {"optimizer", "scheduler", "generator", "version", "optimizer_steps"} - set(state)
+        if missing:
+            raise ValueError(f"policy learner state is missing {sorted(missing)}")
+        if self._fingerprint() != self._synced:
+            self.push_weights()  # weights first: FSDP's optimizer-state load follows the parameters
+        core = {k: state[k] for k in ("optimizer", "scheduler", "generator", "version", "optimizer_steps")}
+        self._call("load_state", core)
+        self.version, self.optimizer_steps = int(state["version"]), int(state["optimizer_steps"])
+        if "kl_controller" in state:
+            if isinstance(self.kl_coef, (int, float)):
+                raise ValueError("state holds a KL controller but this learner has a fixed kl_coef")
+            self.kl_coef.load_state_dict(state["kl_controller"])
+
+    def close(self, kill: bool = False) -> None:
+        """Stop the ranks (``close`` command, then SIGKILL whatever is left after 5 s); idempotent."""
+        if not kill:
+            for c in self.conns:
+                try:
+                    c.send_bytes(pickle.dumps(("close", ())))
+                except Exception:  # noqa: BLE001 - a dead rank
+                    pass
+            end = time.monotonic() + 5.0
+            for p in self.procs:
+                p.join(max(0.0, end - time.monotonic()))
+        for p in self.procs:
+            if p.is_alive():
+                p.kill()
+            p.join(5.0)
+        for c in self.conns:
+            c.close()
+        self.procs, self.conns = [], []
+
+
+def _is_alias(sd: Mapping[str, torch.Tensor], key: str) -> bool:
+    """True when ``sd[key]`` shares storage with another entry (a tied weight gathered once)."""
+    t = sd[key]
+    return any(k != key and v.data_ptr() == t.data_ptr() for k, v in sd.items())
+
+
+__all__ = ["LearnerRankError", "LearnerRanks", "RankSpec", "ShardedSync", "balanced_shards",
+           "fqn_to_id_optimizer_state", "id_to_fqn_optimizer_state"]
