@@ -49,11 +49,11 @@ def capture(name: str, run_dir: Path) -> dict[str, np.ndarray]:
     seen: list[tuple[list[str], np.ndarray, np.ndarray | None]] = []
     real = sync.step_metrics
 
-    def spy(batch: Any, trajs: Any, tg: Any) -> Any:
+    def spy(batch: Any, trajs: Any, tg: Any, *args: Any, **kwargs: Any) -> Any:
         mask = batch.action_mask.double()
         ret = None if tg.returns is None else (tg.returns.double() * mask).numpy()
         seen.append(([t.traj_id for t in batch.trajectories], (tg.advantages.double() * mask).numpy(), ret))
-        return real(batch, trajs, tg)
+        return real(batch, trajs, tg, *args, **kwargs)
 
     sys.path.insert(0, str(HERE))  # flaky_task
     sync.step_metrics = spy
