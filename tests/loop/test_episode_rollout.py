@@ -253,3 +253,31 @@ def test_episodes_train_in_background_modes(tmp_path, mode):
         act = t.action_mask.astype(bool)
         assert (t.behavior_version[act] >= 0).all() and (t.behavior_version[~act] == -1).all()
         assert t.policy_lag is not None and t.policy_lag <= 1  # one_step_off lag 1; async max_staleness 1
+
+
+def test_sft_pairs_replay_demonstrations_as_the_rollout_renders_them():
+    from posttrain.envs.tool_calling import hermes_call
+    from posttrain.loop.episode_rollout import sft_pairs
+
+    _, run, ro = make_run(ScriptedEngine(solver), "env.kwargs={digits: 2, demo_direct_fraction: 0.5}")
+    exs = run.task.examples("train", 12, seed=3)
+    pairs = sft_pairs(ro, exs)
+    by_prompt = {}
+    for p, a in pairs:
+        by_prompt.setdefault(TOK.decode(p).split("<|assistant|>")[0], []).append((TOK.decode(p), TOK.decode(a)))
+    n_tool = 0
+    for ex in exs:
+        env = run.task.make_env()
+        obs = env.reset(int(ex.meta["env_seed"]))
+        turns = by_prompt[f"<|user|>{obs}"]
+        assert turns[0][0] == f"<|user|>{obs}<|assistant|>"  # exactly the rollout's first context
+        if len(turns) == 2:  # tool path: the call, then an answer copying the tool's result
+            n_tool += 1
+            a, b = obs.removesuffix("=?").split("*")
+            assert turns[0][1] == hermes_call("calculator", expression=f"{a}*{b}") + "<eos>"
+            assert turns[1][0].endswith(f"<|tool|>{int(a) * int(b)}<|assistant|>")
+            assert turns[1][1] == f"<answer>{int(a) * int(b)}</answer><eos>"
+        else:  # direct path: a wrong guess (the warm-up never teaches a product)
+            (guess,) = re.findall(r"<answer>(\d+)</answer>", turns[0][1])
+            assert int(guess) != env.target and len(guess) == len(str(env.target))
+    assert 0 < n_tool < len(exs)
