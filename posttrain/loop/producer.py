@@ -16,11 +16,14 @@ syncs weights inside :meth:`Producer.quiesce`. Three producers, one rollout mach
   generation and the unfinished samples resume under the new weights (AReaL's interruptible
   rollout). With ``max_staleness: 0`` nothing runs ahead and the run equals the sync run.
 
-Partial rollout (``partial_fraction`` lambda < 1, sync and one_step_off; Kimi k1.5, Kimi Team
+Partial rollout (``partial_fraction`` lambda < 1, every mode; Kimi k1.5, Kimi Team
 2025, arXiv:2501.12599, section 2.6.2 "partial rollouts"): each call plans ``N*K`` samples —
 the carried (paused) ones plus fresh prompts to top up — and returns once ``ceil(lambda*N*K)``
 have finished (engine ``finish_target``); the rest are paused with their per-token log-probs and
-versions and resumed in the next call, possibly under new weights. Paused is not truncated.
+versions and resumed in the next call, possibly under new weights. Paused is not truncated. In
+async mode, while the staleness bound holds new prompts back, a call that only resumes the paused
+samples may run (:meth:`ThreadedProducer._resume_only`): otherwise the learner could wait for groups
+whose last samples are paused while the bound waits for the learner.
 
 Staleness controls at consumption (every mode): a sample whose oldest token lags the learner by
 more than ``max_staleness`` versions is dropped and counted; a paused sample whose version span
@@ -540,16 +543,28 @@ class ThreadedProducer:
             return False  # one call per step: nothing beyond the last step
         return self._hold == 0 and (self.eta is None or int(self.run.engine.version) >= call - self.eta)
 
+    def _resume_only(self) -> bool:
+        """async + partial rollout: a call that only resumes the carried (paused) samples may run while
+        the staleness bound holds new prompts back. Without it the learner could wait forever for
+        groups whose last samples are paused (fewer than ``prompts_per_step`` groups completed by the
+        admitted calls), while the bound waits for the learner. It starts no new slot, and resumed
+        samples are still judged by ``max_staleness`` / ``max_version_span`` in the call."""
+        return self.mode == "async" and self._hold == 0 and bool(getattr(self.rollout, "carry", None))
+
     def _work(self) -> None:
         try:
             while not self._stop.is_set():
                 with self._cv:
-                    while not self._stop.is_set() and not self._admitted(self._call):
+                    while not self._stop.is_set() and not self._admitted(self._call) and not self._resume_only():
                         self._cv.wait(_WAIT_S)
+                    fresh = self._admitted(self._call)
                 if self._stop.is_set():
                     return
-                groups, info = self.rollout.run_call(self._call)
-                self._call += 1
+                if fresh:
+                    groups, info = self.rollout.run_call(self._call)
+                    self._call += 1
+                else:  # the staleness bound holds new prompts back: finish the paused samples meanwhile
+                    groups, info = self.rollout.run_call(self._call, n_prompts=0)
                 self.run.state.rollout_calls = self._call
                 self.run.state.rollout_dropped = self.rollout.dropped
                 with self._cv:

@@ -250,6 +250,31 @@ def test_group_waits_only_for_its_own_group(tmp_path):
     assert ro.inflight() == 0
 
 
+def test_async_partial_resumes_paused_samples_while_the_bound_holds_new_prompts(tmp_path):
+    """async + lambda=0.5, staleness bound 1, 2 groups per step. Calls 0 and 1 (the only ones the bound
+    admits at version 0) complete just one group (c): a1 and b1 are long and stay paused. The learner needs
+    2 groups and the bound waits for the learner, so without a resume-only call this would wait forever;
+    the producer finishes the paused samples instead, starting no new slot."""
+    from posttrain.loop.producer import ThreadedProducer
+
+    lengths = {"a": [1, 30], "b": [2, 30], "c": [1, 3], "d": [1, 1], "e": [1, 1]}
+    ro, eng = _scripted(tmp_path, lengths, "sampling.max_new_tokens=40", "system.mode=async",
+                        "system.partial_fraction=0.5", "system.max_staleness=1", "system.queue_timeout_s=30")
+    ro.run.state = types.SimpleNamespace(rollout_calls=0, rollout_dropped=0)
+    ro.run.learner = types.SimpleNamespace(version=0)
+    prod = ThreadedProducer(ro.cfg, ro.run, ro)
+    try:
+        got = prod.next_batch(1)
+    finally:
+        prod.close()
+    groups = {t.group_id for t in got.trajectories}
+    assert groups == {"s2r0p0-t/c", "s1r0p0-t/a"}  # c (call 1), then a from the resume-only call
+    assert all(t.finish is not Finish.PAUSED and len(t.token_ids) > 0 for t in got.trajectories)
+    assert prod._call == 2  # the resume-only call started no new slot: no prompt d was drawn
+    resumed_only = [c for c in eng.calls if all("#" in rid for rid in c)]
+    assert resumed_only, eng.calls
+
+
 # ------------------------------------------------------------------------------ end to end
 
 
