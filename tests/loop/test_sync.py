@@ -90,7 +90,8 @@ def test_infra_errors_are_excluded_and_counted_never_zero_reward(tmp_path):
     assert all(m["tokens/trained"] <= m["tokens/generated"] for m in metrics)
 
 
-@pytest.mark.parametrize("recipe", sorted(p.stem for p in RECIPES_DIR.glob("*.yaml") if p.stem != "demo"))
+# demo and tool_calc carry long SFT warm-ups; tool_calc's 2 steps run in tests/envs/test_tool_env_example.py
+@pytest.mark.parametrize("recipe", sorted(p.stem for p in RECIPES_DIR.glob("*.yaml") if p.stem not in ("demo", "tool_calc")))
 def test_every_recipe_runs(tmp_path, recipe):
     extra = ["steps=2", "sampling.group_size=4" if recipe != "ppo" else "sampling.group_size=1"]
     if recipe in ("dapo",):
