@@ -17,11 +17,11 @@ gradient-reduction hook (:mod:`posttrain.learner.grad_sync`), :class:`ProcessGro
 overriding the learner's internals. The shard is a row subset, so micro-batching
 by ``microbatch_tokens`` still applies inside each rank.
 
-GPUs: the same class works with the NCCL backend (one GPU per rank, model on ``cuda:rank``). For
-models that do not fit one GPU, the sharding of parameters is FSDP2's job
-(``torch.distributed.fsdp.fully_shard``): its gradient reduce-scatter is a SUM/MEAN over ranks, and
-with the global-count reduction weights here it must be a SUM (set the FSDP gradient divide factor
-to 1). That path is documented in ``docs/distributed.md`` and not exercised by the CPU tests.
+GPUs: the collectives are written for the NCCL backend too (one GPU per rank, model on
+``cuda:rank``, device tensors) but no test has run them on a GPU yet (docs/distributed.md). For
+models that do not fit one GPU, parameters are sharded by FSDP2 (``learner.strategy=fsdp2``,
+:mod:`posttrain.learner.ranks`): its gradient reduce-scatter must be a SUM (divide factor 1) with
+the global-count reduction weights here; that path is tested on CPU with gloo.
 """
 
 from __future__ import annotations

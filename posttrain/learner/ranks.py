@@ -211,7 +211,7 @@ def _trainable_names(model: torch.nn.Module) -> list[str]:
 
 def _learner_state(learner: Any, fsdp: bool) -> dict[str, Any] | None:
     """Rank 0: the embedded learner's state format (id-keyed full AdamW state); a collective under FSDP."""
-    if fsdp:
+    if fsdp and learner.optimizer.state:  # (the same on every rank: they step together)
         from torch.distributed.checkpoint.state_dict import StateDictOptions, get_optimizer_state_dict
 
         osd = get_optimizer_state_dict(learner.model, learner.optimizer,
@@ -220,6 +220,9 @@ def _learner_state(learner: Any, fsdp: bool) -> dict[str, Any] | None:
             return None
         optim = fqn_to_id_optimizer_state(osd, _trainable_names(learner.model))
     else:
+        # ddp, or no optimizer step yet: the optimizer's own (id-keyed) state. Never
+        # get_optimizer_state_dict on a stateless optimizer: it initialises the state with a zero-lr
+        # step (AdamW step=1), which would change the bias correction of the first real step.
         if dist.get_rank() != 0:
             return None
         optim = learner.optimizer.state_dict()
@@ -235,7 +238,13 @@ def _load_learner_state(learner: Any, state: Mapping[str, Any], fsdp: bool) -> N
     from torch.distributed.checkpoint.state_dict import StateDictOptions, set_optimizer_state_dict
 
     osd = id_to_fqn_optimizer_state(state["optimizer"], _trainable_names(learner.model))
-    set_optimizer_state_dict(learner.model, learner.optimizer, osd, options=StateDictOptions(full_state_dict=True))
+    if osd["state"]:
+        set_optimizer_state_dict(learner.model, learner.optimizer, osd, options=StateDictOptions(full_state_dict=True))
+    else:
+        # No step taken yet: keep AdamW stateless. (set_optimizer_state_dict would first initialise the
+        # state with a zero-lr step, leaving step=1, which changes the bias correction of the first real step.)
+        for live, saved in zip(learner.optimizer.param_groups, osd["param_groups"], strict=True):
+            live.update({k: v for k, v in saved.items() if k != "params"})
     learner.scheduler.load_state_dict(state["scheduler"])
     learner.generator.set_state(state["generator"])
     learner.version = int(state["version"])
@@ -344,14 +353,15 @@ class LearnerRanks:
 
     ``model``: the driver's full CPU copy (it becomes :attr:`model`; each rank gets a pickled copy).
     ``learner_factory``: see :class:`RankSpec`. ``kl_coef``: a float or a controller kept here (the
-    loop updates it); its current value is sent with every update. ``temperature`` must equal the
-    ranks' learner's. Calls block until every rank answers; see the module docstring for faults.
+    loop updates it); its current value is sent with every update. ``temperature`` / ``top_k`` /
+    ``top_p`` must equal the ranks' learner's. Calls block until every rank answers; see the module docstring for faults.
     """
 
     def __init__(self, model: torch.nn.Module, learner_factory: Callable[..., Any], *, strategy: str,
                  world_size: int, temperature: float, kl_coef: Any = 0.0, device: str = "cpu",
                  precision: str = "fp32", rank_timeout_s: float = 600.0, startup_timeout_s: float = 120.0,
-                 grad_divide_factor: float = 1.0, drop_rank: int | None = None) -> None:
+                 grad_divide_factor: float = 1.0, drop_rank: int | None = None, top_k: int = 0,
+                 top_p: float = 1.0) -> None:
         import multiprocessing as mp
 
         from posttrain.learner.distributed import free_port
@@ -361,6 +371,7 @@ class LearnerRanks:
         self.model = model
         self.strategy, self.world_size = strategy, world_size
         self.temperature = float(temperature)
+        self.top_k, self.top_p = int(top_k), float(top_p)  # the ranks' learner's (the reference model reads them)
         self.kl_coef = kl_coef
         self.rank_timeout_s = float(rank_timeout_s)
         self.version = 0
