@@ -92,11 +92,11 @@ def test_train_grpo_with_vllm(tmp_path: Path, mode: str) -> None:
         for t in resumed:  # tokens of one trajectory from several weight versions, in order
             v = t.behavior_version[t.action_mask.astype(bool)]
             assert (np.diff(v) >= 0).all() and int(v.max() - v.min()) == t.meta["version_span"]
-    metrics = [m for m in led.read_metrics() if "logkappa/p99" in m]
+    metrics = led.read_metrics()
     assert len(metrics) == steps
     # engine mismatch is measured on the tokens sampled under pi_old's own weights (policy lag apart:
     # lag/logratio_*); step 1 always has them
-    same = [m for m in metrics if m["logkappa/tokens"] > 0]
+    same = [m for m in metrics if m["logkappa/tokens"] > 0]  # the others have only lag/logratio_*
     assert same and same[0]["step"] == 1
     for m in same:
         assert m["logkappa_abs_max"] < KAPPA_MAX
