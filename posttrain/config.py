@@ -503,7 +503,9 @@ class RunConfig(_Section):
         """The recipe's full composition along the six axes (for ``--print-recipe``)."""
         corr = self.correction.name or "none"
         return {
-            "feedback": f"task {self.task.name} {self.task.kwargs or ''} weights {self.reward.weights}"
+            "feedback": (f"env {self.env.name} {self.env.kwargs or ''} (multi-turn, max_turns {self.env.max_turns})"
+                         if self.env.name is not None else f"task {self.task.name} {self.task.kwargs or ''}")
+            + f" weights {self.reward.weights}"
             + (f" + overlong(L_max={self.reward.overlong_max_len}, L_cache={self.reward.overlong_cache_len})"
                if self.reward.overlong_max_len else ""),
             "sampling": f"G={self.sampling.group_size} x {self.sampling.prompts_per_step} prompts, "
@@ -534,6 +536,24 @@ def _check_env(cfg: RunConfig) -> None:
                      (cfg.system.partial_fraction < 1.0, "system.partial_fraction=1"),
                      (cfg.critic.enabled, "critic.enabled=false"),
                      ((cfg.eval.samples or 1) > 1, "eval.samples=1 (one held-out episode per start)")):
+        if bad:
+            raise ValueError(f"env.name={cfg.env.name}: multi-turn episodes need {why}")
+    from posttrain.envs.episodes import ENVS
+
+    if ":" not in cfg.env.name and cfg.env.name not in ENVS:  # type: ignore[operator]
+        raise ValueError(f"env.name: unknown env {cfg.env.name!r}; valid: {', '.join(sorted(ENVS))}, "
+                         "or 'package.module:factory'")
+
+
+def _check_env(cfg: RunConfig) -> None:
+    """A multi-turn recipe: the environment resolves, and the settings episodes do not support are refused."""
+    if "name" in cfg.task.model_fields_set:  # e.g. a single-turn recipe with an env.name override
+        _log.warning("env.name=%s is set: task.name=%s is not used (episodes replace task prompts)",
+                     cfg.env.name, cfg.task.name)
+    for bad, why in ((cfg.system.backend != "local", "system.backend=local"),
+                     (cfg.sampling.dynamic_sampling, "sampling.dynamic_sampling=false"),
+                     (cfg.system.partial_fraction < 1.0, "system.partial_fraction=1"),
+                     (cfg.critic.enabled, "critic.enabled=false")):
         if bad:
             raise ValueError(f"env.name={cfg.env.name}: multi-turn episodes need {why}")
     from posttrain.envs.episodes import ENVS

@@ -224,6 +224,7 @@ def test_heldout_episode_evaluation_with_and_without_tools():
 
 
 def test_env_config_errors_name_the_key():
+    assert load_config(None, ["env.name=calculator_tool"]).axes()["feedback"].startswith("env calculator_tool")
     with pytest.raises(ConfigError, match="env.name: unknown env 'nope'"):
         load_config(None, ["env.name=nope"])
     with pytest.raises(ConfigError, match="dynamic_sampling"):
