@@ -545,24 +545,6 @@ def _check_env(cfg: RunConfig) -> None:
                          "or 'package.module:factory'")
 
 
-def _check_env(cfg: RunConfig) -> None:
-    """A multi-turn recipe: the environment resolves, and the settings episodes do not support are refused."""
-    if "name" in cfg.task.model_fields_set:  # e.g. a single-turn recipe with an env.name override
-        _log.warning("env.name=%s is set: task.name=%s is not used (episodes replace task prompts)",
-                     cfg.env.name, cfg.task.name)
-    for bad, why in ((cfg.system.backend != "local", "system.backend=local"),
-                     (cfg.sampling.dynamic_sampling, "sampling.dynamic_sampling=false"),
-                     (cfg.system.partial_fraction < 1.0, "system.partial_fraction=1"),
-                     (cfg.critic.enabled, "critic.enabled=false")):
-        if bad:
-            raise ValueError(f"env.name={cfg.env.name}: multi-turn episodes need {why}")
-    from posttrain.envs.episodes import ENVS
-
-    if ":" not in cfg.env.name and cfg.env.name not in ENVS:  # type: ignore[operator]
-        raise ValueError(f"env.name: unknown env {cfg.env.name!r}; valid: {', '.join(sorted(ENVS))}, "
-                         "or 'package.module:factory'")
-
-
 def _probe(fn: Any, kwargs: dict[str, Any], key: str, call: Any) -> None:
     """Run ``call(fn, kwargs)`` on tiny dummy tensors; a ValueError / TypeError is the recipe's fault
     only if the same call with the function's defaults succeeds (else the probe inputs cannot judge
