@@ -191,6 +191,9 @@ def _shard_fsdp(model: torch.nn.Module, spec: RankSpec, device: torch.device) ->
     for m in model.modules():  # each fully_shard-ed module reduces its own parameters' gradients
         if isinstance(m, FSDPModule):
             m.set_gradient_divide_factor(float(spec.grad_divide_factor))
+            # A plain SUM collective (+ a division only when the factor is not 1): for float32 / bf16
+            # FSDP would otherwise use PREMUL_SUM, which gloo does not implement.
+            m.set_force_sum_reduction_for_comms(True)
 
 
 def _full_state(learner: Any, fsdp: bool) -> dict[str, torch.Tensor] | None:

@@ -228,3 +228,24 @@ def test_sigkilled_rank_fails_the_run_naming_it_then_resume_on_one_rank(tmp_root
     d, gn, rtol = _compare(run, ref)
     # resumed from the step-2 checkpoint (optimizer state included) it ends where the uninterrupted run does
     assert gn <= rtol and d <= 100 * rtol, (d, gn, rtol)
+
+
+def test_cli_fsdp2_float32_two_ranks(tmp_path: Path) -> None:
+    """``posttrain train`` end to end with a float32 model (FSDP's float32 reduce-scatter must be a
+    plain SUM collective: gloo has no PREMUL_SUM), a reward signal, and the ranks' metrics."""
+    import subprocess
+
+    run_dir = tmp_path / "cli"
+    args = [a for a in BASE if not a.startswith(("model.dtype", "loss.kl", "steps"))]
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(LOOP_TESTS), os.environ.get("PYTHONPATH", "")])}
+    proc = subprocess.run(
+        [sys.executable, "-m", "posttrain.cli", "train", "grpo", *args, "steps=4", "learner.strategy=fsdp2",
+         "learner.world_size=2", f"run_dir={run_dir}"],
+        capture_output=True, text=True, timeout=500, env=env,
+    )
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    metrics = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    steps = [m for m in metrics if "grad_norm" in m]
+    assert len(steps) == 4 and all(m["learner/world_size"] == 2.0 for m in steps)
+    assert any(m["grad_norm"] > 0 and m["optimizer_steps"] == 1.0 for m in steps)  # a real reduce-scatter ran
+    assert _final_weights(run_dir, 4)["model.embed_tokens.weight"].dtype == torch.float32
