@@ -568,8 +568,9 @@ class PolicyLearner:
             lp, _ = forward_logprobs(self.model, mb["input_ids"], mb["attention_mask"], temperature=self.temperature,
                                      with_entropy=False, entropy_grad=False,
                                      entropy_chunk_size=self.entropy_chunk_size)
+        zero = (lp * 0.0).sum()
         with self._grad_mode():
-            (lp.sum() * 0.0).backward()
+            torch.autograd.backward(zero)
 
     def compute_gradients(
         self, batch: TrajectoryBatch, advantages: torch.Tensor | None = None, *,

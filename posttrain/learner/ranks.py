@@ -202,7 +202,7 @@ def _full_state(learner: Any, fsdp: bool) -> dict[str, torch.Tensor] | None:
         from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 
         sd = get_model_state_dict(learner.model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
-        return sd if dist.get_rank() == 0 else None
+        return {k: v for k, v in sd.items() if isinstance(v, torch.Tensor)} if dist.get_rank() == 0 else None
     if dist.get_rank() != 0:
         return None
     return {k: v.detach().to("cpu") for k, v in learner.model.state_dict().items()}
@@ -443,7 +443,7 @@ class LearnerRanks:
         while len(replies) < len(self.conns):
             pending = {self.conns[r]: r for r in range(len(self.conns)) if r not in replies}
             for c in wait(list(pending), timeout=_POLL_S):
-                r = pending[c]  # type: ignore[index]
+                r = pending[c]
                 try:
                     status, value = pickle.loads(c.recv_bytes())  # type: ignore[union-attr]
                 except (EOFError, OSError):
