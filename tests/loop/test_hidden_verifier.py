@@ -95,8 +95,8 @@ def test_judge_trajectories_marks_crashes_infra_error_and_skips_rows_without_tex
 
 
 def test_heldout_metrics_by_hand():
-    C, W, I = Status.CORRECT, Status.WRONG, Status.INFRA_ERROR
-    m = heldout_metrics([C, C, W, C, W], [C, W, W, I, C])
+    C, W, X = Status.CORRECT, Status.WRONG, Status.INFRA_ERROR
+    m = heldout_metrics([C, C, W, C, W], [C, W, W, X, C])
     # hidden valid: C, W, W, C -> accuracy 2/4; both judged: pairs 0,1,2,4 -> agree on 0 and 2 -> 2/4
     assert m == {"accuracy": 0.5, "train_pass_hidden_fail": 1.0, "agreement": 0.5, "infra_errors": 1.0}
     with pytest.raises(ValueError):
