@@ -61,6 +61,14 @@ def init_process_group(rank: int, world_size: int, *, port: int, host: str = "12
                             timeout=datetime.timedelta(seconds=timeout_s))
 
 
+def all_reduce_copy(values: torch.Tensor, op: Any, device: torch.device | str, group: Any = None) -> torch.Tensor:
+    """``op`` over ranks of a copy of ``values`` made on the collective's ``device`` (NCCL needs device
+    tensors, gloo CPU ones); the result comes back on ``values``' device, ``values`` is untouched."""
+    out = values.to(device, copy=True)
+    dist.all_reduce(out, op=op, group=group)
+    return out.to(values.device)
+
+
 class ProcessGroupSync:
     """:class:`~posttrain.learner.grad_sync.GradientSync` over a ``torch.distributed`` process group.
 
@@ -116,15 +124,11 @@ class ProcessGroupSync:
 
     def reduce_sums(self, values: torch.Tensor) -> torch.Tensor:
         """SUM over ranks (a new tensor on ``values``' device)."""
-        out = values.to(self.device, copy=True)
-        dist.all_reduce(out, op=dist.ReduceOp.SUM, group=self.group)
-        return out.to(values.device)
+        return all_reduce_copy(values, dist.ReduceOp.SUM, self.device, self.group)
 
     def reduce_min(self, values: torch.Tensor) -> torch.Tensor:
         """Element-wise MIN over ranks (a new tensor on ``values``' device)."""
-        out = values.to(self.device, copy=True)
-        dist.all_reduce(out, op=dist.ReduceOp.MIN, group=self.group)
-        return out.to(values.device)
+        return all_reduce_copy(values, dist.ReduceOp.MIN, self.device, self.group)
 
     def check_same_weights(self, model: torch.nn.Module) -> None:
         """All ranks must start from the same weights: compare a float64 sum + sum of squares."""

@@ -106,15 +106,15 @@ class ShardedSync:
 
     def reduce_sums(self, values: torch.Tensor) -> torch.Tensor:
         """SUM over ranks (a new tensor on ``values``' device)."""
-        out = values.to(self.device, copy=True)
-        dist.all_reduce(out, op=dist.ReduceOp.SUM, group=self.group)
-        return out.to(values.device)
+        from posttrain.learner.distributed import all_reduce_copy
+
+        return all_reduce_copy(values, dist.ReduceOp.SUM, self.device, self.group)
 
     def reduce_min(self, values: torch.Tensor) -> torch.Tensor:
         """Element-wise MIN over ranks (a new tensor on ``values``' device)."""
-        out = values.to(self.device, copy=True)
-        dist.all_reduce(out, op=dist.ReduceOp.MIN, group=self.group)
-        return out.to(values.device)
+        from posttrain.learner.distributed import all_reduce_copy
+
+        return all_reduce_copy(values, dist.ReduceOp.MIN, self.device, self.group)
 
 
 @dataclasses.dataclass

@@ -16,7 +16,6 @@ import pytest
 
 from posttrain.config import ConfigError, load_config
 from posttrain.envs.episodes import EnvTask
-from posttrain.envs.multiturn import StepResult
 from posttrain.envs.tool_calling import calculator_tool_env
 from posttrain.loop.episode_rollout import EpisodeRollout, evaluate_episodes
 from posttrain.loop.rollout_stage import RolloutStage
@@ -29,7 +28,7 @@ TOK = build_char_tokenizer()
 
 
 def call(expr: str) -> str:
-    return '<tool_call>{"name": "calculator", "arguments": {"expression": "%s"}}</tool_call>' % expr
+    return '<tool_call>{"name": "calculator", "arguments": {"expression": "' + expr + '"}}</tool_call>'
 
 
 class ScriptedEngine:
