@@ -29,12 +29,11 @@ from typing import Any
 
 from posttrain.algos.registry import Registry
 from posttrain.envs.multiturn import StepResult
-from posttrain.trajectory import Status
+from posttrain.envs.tools import answer_step
 
 TOOL_PARSERS = Registry("tool_parser")
 """name -> ``parse(text) -> list[ParsedCall]`` (one per call the text attempts, in order)."""
 
-_ANSWER = re.compile(r"<answer>\s*([+-]?\d+)\s*</answer>")
 _JSON_TYPES: dict[str, tuple[type, ...]] = {"string": (str,), "integer": (int,), "number": (int, float),
                                             "boolean": (bool,), "object": (dict,), "array": (list,)}
 
@@ -158,12 +157,9 @@ class ToolEnv:
         """Answer -> done with ``task``; tool calls -> their results; else an invalid-action note."""
         if self.target is None:
             raise RuntimeError(f"{self.name}: step() before reset()")
-        ans = _ANSWER.search(action_text)
-        if ans:
-            ok = int(ans.group(1)) == self.target
-            return StepResult("", {"task": float(ok)}, done=True,
-                              info={"status": Status.CORRECT if ok else Status.WRONG,
-                                    "explanation": f"answered {ans.group(1)}, expected {self.target}"})
+        final = answer_step(action_text, self.target)
+        if final is not None:
+            return final
         calls = self._parse(action_text)
         if not calls:
             return StepResult("invalid action: no tool call and no <answer>N</answer>", {"invalid_actions": 1.0})

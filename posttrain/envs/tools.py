@@ -24,6 +24,18 @@ _PY = re.compile(r"<python>(.*?)</python>", re.DOTALL)
 _ANSWER = re.compile(r"<answer>\s*([+-]?\d+)\s*</answer>")
 
 
+def answer_step(action_text: str, target: int) -> StepResult | None:
+    """The episode's last step when ``action_text`` gives ``<answer>N</answer>`` (done; ``task`` 1.0 and
+    status correct iff ``N == target``, else 0.0 and wrong), or ``None`` when it gives no answer."""
+    ans = _ANSWER.search(action_text)
+    if not ans:
+        return None
+    ok = int(ans.group(1)) == target
+    return StepResult("", {"task": float(ok)}, done=True,
+                      info={"status": Status.CORRECT if ok else Status.WRONG,
+                            "explanation": f"answered {ans.group(1)}, expected {target}"})
+
+
 def _problem(rng: random.Random, digits: int) -> tuple[str, int]:
     hi = 10**digits
     a, b, c = rng.randrange(2, hi), rng.randrange(2, hi), rng.randrange(hi)
@@ -57,12 +69,9 @@ class CalculatorEnv:
         """Answer -> done with ``task``; tool call -> its result; else a format hint."""
         if self.target is None:
             raise RuntimeError(f"{self.name}: step() before reset()")
-        ans = _ANSWER.search(action_text)
-        if ans:
-            ok = int(ans.group(1)) == self.target
-            return StepResult("", {"task": float(ok)}, done=True,
-                              info={"status": Status.CORRECT if ok else Status.WRONG,
-                                    "explanation": f"answered {ans.group(1)}, expected {self.target}"})
+        final = answer_step(action_text, self.target)
+        if final is not None:
+            return final
         call = self._find_call(action_text)
         if call is None:
             return StepResult("error: call a tool or give <answer>n</answer>", {"format": -1.0})
