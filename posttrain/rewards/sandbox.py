@@ -527,6 +527,9 @@ def _supervise(proc: subprocess.Popen[bytes], rfd: int, nonce: str, stdin: str, 
         for s in (proc.stdout, proc.stderr):
             s.close()
         os.close(rfd)
+    if verdict is None and work is not None and _disk_over(work, limits.disk_mb * 2**20):
+        # A fast writer can fill the work dir between two 0.1 s polls and exit: judged once more at the end.
+        verdict = "disk_limit"
     if ready_at is None and bufs[rfd].startswith(_READY):
         ready_at = time.perf_counter()
     wall = time.perf_counter() - t0
