@@ -2,10 +2,19 @@
 
 Importing this package registers the built-in tasks in :data:`TASKS`: ``arithmetic``,
 ``countdown``, ``linear``, ``chain_sum`` (the demo's task), ``letter_run`` (long-tailed response lengths), the file sources ``jsonl`` / ``parquet`` / ``hf``, and
-``reasoning_gym`` (optional extra).
+``reasoning_gym`` (optional extra) and ``word_problems`` (English one-step problems for a chat model).
 """
 
-from posttrain.envs import arithmetic, chain_sum, countdown, files, letter_run, linear, reasoning_gym  # noqa: F401 - registrations
+from posttrain.envs import (  # noqa: F401 - registrations
+    arithmetic,
+    chain_sum,
+    countdown,
+    files,
+    letter_run,
+    linear,
+    reasoning_gym,
+    word_problems,
+)
 from posttrain.envs.files import FileTask, file_task
 from posttrain.envs.multiturn import Environment, StepResult, TurnRenderer, run_episode
 from posttrain.envs.task import SPLITS, TASKS, Task, TaskExample, split_of
