@@ -7,6 +7,9 @@ Layout of one checkpoint directory (``<run_dir>/checkpoints/step_00000012``)::
     actor_adapter/      LoRA only: the peft adapter (for resuming the adapter itself)
     critic/             value head (+ backbone/ via save_pretrained unless shared), if any
     learner_state.pt    torch.save of the learners' state dicts (optimizer, scheduler, generator)
+    learner_dcp/        learner ranks only: their model + optimizer shards (torch.distributed.checkpoint)
+                        and manifest.json (sizes + digests); learner_state.pt then holds no optimizer
+                        tensor (posttrain/learner/sharded_checkpoint.py)
     rng.pt              python ``random``, numpy and torch (CPU, CUDA) RNG states
     meta.json           {"format", "step", "extra"}: the JSON extra (data cursor, versions,
                         adaptive-KL state, ...) — written last
@@ -30,7 +33,7 @@ import os
 import random
 import re
 import shutil
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -186,14 +189,16 @@ def save_checkpoint(
     actor: torch.nn.Module,
     tokenizer: _Tokenizer | None = None,
     critic: _Saveable | None = None,
-    learner_state: Mapping[str, Any],
+    learner_state: Mapping[str, Any] | Callable[[Path], Mapping[str, Any]],
     extra: Mapping[str, Any] | None = None,
 ) -> Path:
     """Write a complete checkpoint at ``path`` atomically and return ``path``.
 
     ``actor``: a ``transformers`` model (or its peft wrapper); ``tokenizer`` saved next to it;
     ``critic``: anything with ``.save(dir)`` (a ``ValueModel``); ``learner_state``: a dict of
-    state dicts (e.g. ``{"policy": learner.state_dict(), "critic": critic_learner.state_dict()}``);
+    state dicts (e.g. ``{"policy": learner.state_dict(), "critic": critic_learner.state_dict()}``),
+    or a callable given the (temporary) checkpoint directory that writes its sharded files there
+    and returns that dict;
     ``extra``: JSON-serialisable run state (data cursor, versions, KL controller, ...). The current
     global RNG states are captured. An existing checkpoint at ``path`` is replaced only after the
     new one is complete. On any error the temp dir is removed and the error re-raised.
@@ -216,7 +221,7 @@ def save_checkpoint(
             tokenizer.save_pretrained(str(tmp / "actor"))
         if critic is not None:
             critic.save(tmp / "critic")
-        _write_learner_state(learner_state, tmp)
+        _write_learner_state(learner_state(tmp) if callable(learner_state) else learner_state, tmp)
         torch.save(capture_rng(), tmp / "rng.pt")
         (tmp / "meta.json").write_text(extra_json)
         _fsync_tree(tmp)
@@ -266,6 +271,10 @@ def load_checkpoint(path: str | Path) -> CheckpointState:
         raise ValueError(f"{p}: checkpoint format {meta.get('format')!r}, this code reads {FORMAT_VERSION}")
     for weights in sorted((p / "actor").glob("*.safetensors")) + sorted((p / "actor_adapter").glob("*.safetensors")):
         _check_safetensors(weights)
+    if (p / "learner_dcp").is_dir():
+        from posttrain.learner.sharded_checkpoint import verify_sharded
+
+        verify_sharded(p / "learner_dcp")
     return CheckpointState(
         path=p,
         step=int(meta["step"]),

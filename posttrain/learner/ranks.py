@@ -42,6 +42,7 @@ import pickle
 import signal
 import time
 from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -254,6 +255,29 @@ def _load_learner_state(learner: Any, state: Mapping[str, Any], fsdp: bool) -> N
     learner.optimizer_steps = int(state["optimizer_steps"])
 
 
+def _sharded_core(learner: Any) -> dict[str, Any]:
+    """Rank 0's part of a sharded checkpoint's ``learner_state.pt`` entry: everything but the
+    tensors DCP writes (the optimizer's hyper-parameters are kept for a stateless optimizer)."""
+    groups = [{k: v for k, v in g.items() if k != "params"} for g in learner.optimizer.param_groups]
+    return {"sharded": "learner_dcp", "optimizer_in_shards": bool(learner.optimizer.state),
+            "param_groups": groups, "scheduler": learner.scheduler.state_dict(),
+            "generator": learner.generator.get_state(), "version": learner.version,
+            "optimizer_steps": learner.optimizer_steps}
+
+
+def _load_sharded_state(learner: Any, directory: str, state: Mapping[str, Any]) -> None:
+    from posttrain.learner.sharded_checkpoint import load_sharded
+
+    load_sharded(learner.model, learner.optimizer, directory, with_optimizer=bool(state["optimizer_in_shards"]))
+    if not state["optimizer_in_shards"]:
+        for live, saved in zip(learner.optimizer.param_groups, state["param_groups"], strict=True):
+            live.update({k: v for k, v in saved.items() if k != "params"})
+    learner.scheduler.load_state_dict(state["scheduler"])
+    learner.generator.set_state(state["generator"])
+    learner.version = int(state["version"])
+    learner.optimizer_steps = int(state["optimizer_steps"])
+
+
 def _load_weights(learner: Any, sd: Mapping[str, torch.Tensor], fsdp: bool) -> None:
     if fsdp:
         from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
@@ -314,6 +338,13 @@ def _rank_main(rank: int, world_size: int, port: int, conn: Any, spec_bytes: byt
                 out = _learner_state(learner, fsdp)
             elif cmd == "load_state":
                 _load_learner_state(learner, args[0], fsdp)
+            elif cmd == "save_sharded":
+                from posttrain.learner.sharded_checkpoint import save_sharded
+
+                files = save_sharded(learner.model, learner.optimizer, args[0], rank)
+                out = (files, _sharded_core(learner) if rank == 0 else None)
+            elif cmd == "load_sharded":
+                _load_sharded_state(learner, args[0], args[1])
             elif cmd == "load_weights":
                 _load_weights(learner, args[0], fsdp)
             else:
@@ -464,7 +495,7 @@ class LearnerRanks:
     def _call(self, cmd: str, *args: Any) -> list[Any]:
         if not self.conns:
             raise LearnerRankError(f"learner ranks are closed ({cmd})")
-        if cmd not in ("load_weights", "load_state") and self._fingerprint() != self._synced:
+        if cmd not in ("load_weights", "load_state", "load_sharded") and self._fingerprint() != self._synced:
             self.push_weights()
         self._send(cmd, *args)
         return self._collect(cmd, self.rank_timeout_s)
@@ -534,6 +565,31 @@ class LearnerRanks:
             self.push_weights()  # weights first: FSDP's optimizer-state load follows the parameters
         core = {k: state[k] for k in ("optimizer", "scheduler", "generator", "version", "optimizer_steps")}
         self._call("load_state", core)
+        self.version, self.optimizer_steps = int(state["version"]), int(state["optimizer_steps"])
+        if "kl_controller" in state:
+            if isinstance(self.kl_coef, (int, float)):
+                raise ValueError("state holds a KL controller but this learner has a fixed kl_coef")
+            self.kl_coef.load_state_dict(state["kl_controller"])
+
+    def save_sharded(self, directory: Path) -> dict[str, Any]:
+        """Every rank writes its shards of model + optimizer state into ``directory`` (DCP), the driver
+        writes the files' ``manifest.json``; returns the small rest of the state for
+        ``learner_state.pt`` (no tensor of the optimizer: see :mod:`posttrain.learner.sharded_checkpoint`)."""
+        from posttrain.learner.sharded_checkpoint import write_manifest
+
+        replies = self._call("save_sharded", str(directory))
+        core: dict[str, Any] = dict(replies[0][1])
+        write_manifest(directory, [files for files, _ in replies], with_optimizer=bool(core["optimizer_in_shards"]))
+        if not isinstance(self.kl_coef, (int, float)):
+            core["kl_controller"] = self.kl_coef.state_dict()
+        return core
+
+    def load_sharded(self, directory: Path, state: Mapping[str, Any]) -> None:
+        """Inverse of :meth:`save_sharded` on any world size / strategy (DCP reshards on load); the
+        files were verified against the manifest by the caller. The ranks take the weights from the
+        shards, so the driver copy (loaded from the same checkpoint's ``actor/``) counts as in sync."""
+        self._call("load_sharded", str(directory), dict(state))
+        self._synced = self._fingerprint()
         self.version, self.optimizer_steps = int(state["version"]), int(state["optimizer_steps"])
         if "kl_controller" in state:
             if isinstance(self.kl_coef, (int, float)):

@@ -37,6 +37,10 @@ class RunDirError(UserError, ValueError):
 # Keys a resume may change without resume_force: they control how long / where / how visibly the
 # run goes on, not what it trains (``steps``: extending a finished run is the usual resume).
 RESUME_MAY_CHANGE = ("resume", "resume_force", "steps", "run_dir", "logging")
+# Where the learner runs, not what it computes: a checkpoint resumes on any of these (learner ranks'
+# DCP shards reshard on load; strategies agree within the documented tolerance). Not precision.
+PLACEMENT_ONLY = ("learner.strategy", "learner.world_size", "learner.device", "learner.rank_timeout_s",
+                  "learner.startup_timeout_s", "learner.weight_bucket_mb")
 
 
 def _user_error(msg: str) -> RunDirError:
@@ -155,7 +159,8 @@ def _flatten(d: Any, prefix: str = "") -> dict[str, Any]:
 
 
 def recipe_diff(old: dict[str, Any], new: dict[str, Any]) -> list[str]:
-    """``["key: old -> new", ...]`` for the dotted keys that differ, except :data:`RESUME_MAY_CHANGE`.
+    """``["key: old -> new", ...]`` for the dotted keys that differ, except :data:`RESUME_MAY_CHANGE`
+    and :data:`PLACEMENT_ONLY`.
 
     ``old`` is the run's ``config.yaml``, ``new`` the resolved config (``model_dump(mode="json")``);
     a key one side lacks shows as ``<absent>``.
@@ -163,7 +168,7 @@ def recipe_diff(old: dict[str, Any], new: dict[str, Any]) -> list[str]:
     fo, fn = _flatten(old), _flatten(new)
     out = []
     for k in sorted(set(fo) | set(fn)):
-        if k.split(".")[0] in RESUME_MAY_CHANGE:
+        if k.split(".")[0] in RESUME_MAY_CHANGE or k in PLACEMENT_ONLY:
             continue
         a, b = fo.get(k, "<absent>"), fn.get(k, "<absent>")
         if a != b:

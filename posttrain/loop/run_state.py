@@ -320,11 +320,16 @@ class Run:
             self.dir / "checkpoints" / f"step_{self.state.step:06d}",
             step=self.state.step, actor=self.learner.model, tokenizer=self.tokenizer,
             critic=None if self.critic is None else self.critic.model,
-            learner_state=self._learner_state(), extra=extra,
+            learner_state=self._learner_state, extra=extra,
         )
 
-    def _learner_state(self) -> dict[str, Any]:
-        s: dict[str, Any] = {"learner": self.learner.state_dict()}
+    def _learner_state(self, directory: Path) -> dict[str, Any]:
+        # Learner ranks write their model + optimizer shards into the checkpoint (learner_dcp/).
+        from posttrain.learner.sharded_checkpoint import SHARDED_DIR
+
+        save_sharded = getattr(self.learner, "save_sharded", None)
+        s: dict[str, Any] = {"learner": save_sharded(directory / SHARDED_DIR) if save_sharded is not None
+                             else self.learner.state_dict()}
         if self.ref_model is not None:
             s["ref_model"] = self.ref_model.state_dict()
         if self._promoted is not None:
@@ -371,7 +376,12 @@ class Run:
         ck = load_checkpoint(path)
         restore_actor(self.learner.model, ck)
         ls = ck.learner_state
-        self.learner.load_state_dict(ls["learner"])
+        if "sharded" in ls["learner"]:  # learner ranks' DCP shards: any world size, or the embedded learner
+            from posttrain.learner.sharded_checkpoint import load_sharded_into_learner
+
+            load_sharded_into_learner(self.learner, path / ls["learner"]["sharded"], ls["learner"])
+        else:
+            self.learner.load_state_dict(ls["learner"])
         if self.ref_model is not None and "ref_model" in ls:
             self.ref_model.load_state_dict(ls["ref_model"])
         if self.critic is not None:

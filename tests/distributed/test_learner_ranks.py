@@ -249,3 +249,123 @@ def test_cli_fsdp2_float32_two_ranks(tmp_path: Path) -> None:
     assert len(steps) == 4 and all(m["learner/world_size"] == 2.0 for m in steps)
     assert any(m["grad_norm"] > 0 and m["optimizer_steps"] == 1.0 for m in steps)  # a real reduce-scatter ran
     assert _final_weights(run_dir, 4)["model.embed_tokens.weight"].dtype == torch.float32
+
+
+# ---------------------------------------------------------------------- sharded checkpoints (DCP)
+class _Interrupt(RuntimeError):
+    pass
+
+
+@pytest.fixture(scope="module")
+def dcp_run(tmp_root: Path) -> Path:
+    """A fsdp2 x 2 run stopped during its fifth update, with sharded (DCP) checkpoints at steps 2 (no
+    optimizer step yet: a stateless AdamW) and 4 (after the first optimizer step, at step 4)."""
+    from posttrain.learner.ranks import LearnerRanks
+    from posttrain.loop.sync import train
+
+    run_dir = tmp_root / "dcp"
+    cfg = load_config("grpo", [*BASE, "system.mode=sync", "checkpoint_every=2", f"run_dir={run_dir}",
+                               "learner.strategy=fsdp2", "learner.world_size=2"])
+    orig = LearnerRanks.update
+
+    def update(self: LearnerRanks, *a: Any, **k: Any) -> Any:
+        if self.version == 4:
+            raise _Interrupt("stop after the step-4 checkpoint")
+        return orig(self, *a, **k)
+
+    with pytest.MonkeyPatch.context() as mp, pytest.raises(_Interrupt):
+        mp.syspath_prepend(str(LOOP_TESTS))
+        mp.setattr(LearnerRanks, "update", update)
+        train(cfg)
+    _no_rank_processes_left()
+    return run_dir
+
+
+def _ck(run_dir: Path, step: int = 4) -> Path:
+    return run_dir / "checkpoints" / f"step_{step:06d}"
+
+
+def test_sharded_checkpoint_holds_per_rank_shards_and_no_full_optimizer_file(dcp_run: Path) -> None:
+    from torch.distributed.checkpoint import FileSystemReader
+
+    dcp_dir = _ck(dcp_run) / "learner_dcp"
+    shards = sorted(p.name for p in dcp_dir.glob("*.distcp"))
+    assert any(n.startswith("__0_") for n in shards) and any(n.startswith("__1_") for n in shards), shards
+    manifest = json.loads((dcp_dir / "manifest.json").read_text())
+    assert manifest["world_size"] == 2 and manifest["optimizer"] is True
+    assert set(manifest["files"]) == {*shards, ".metadata"}
+    ls = torch.load(_ck(dcp_run) / "learner_state.pt", weights_only=True)["learner"]
+    assert "optimizer" not in ls and ls["optimizer_in_shards"] and ls["version"] == 4
+    early = json.loads((_ck(dcp_run, 2) / "learner_dcp" / "manifest.json").read_text())
+    assert early["optimizer"] is False  # no optimizer step before step 4: nothing to shard yet
+    # where DCP put each optimizer tensor's bytes: both files hold a part, neither the whole
+    md = FileSystemReader(str(dcp_dir)).read_metadata()
+    per_file: dict[str, int] = {}
+    files_of: dict[str, set[str]] = {}
+    for idx, info in md.storage_data.items():
+        if idx.fqn.startswith("optim.state.") and idx.fqn.endswith(("exp_avg", "exp_avg_sq")):
+            per_file[info.relative_path] = per_file.get(info.relative_path, 0) + info.length
+            files_of.setdefault(idx.fqn, set()).add(info.relative_path)
+    total = sum(per_file.values())
+    assert len(per_file) == 2 and max(per_file.values()) < total, per_file
+    emb = "optim.state.model.embed_tokens.weight.exp_avg"
+    assert files_of[emb] == set(per_file), files_of.get(emb)  # a sharded tensor: half in each rank's file
+
+
+@pytest.mark.parametrize(("target", "step"), [("fsdp2-x2", 4), ("single", 4), ("single", 2)])
+def test_sharded_checkpoint_resumes_to_the_uninterrupted_weights(target: str, step: int, dcp_run: Path,
+                                                                 tmp_root: Path) -> None:
+    """Resume from the fsdp2 x 2 shards on 2 ranks, and on the embedded learner (no process group:
+    DCP reads both ranks' shards) — the placement keys change without ``resume_force``. Step 4's
+    shards hold AdamW state that step 5 uses; step 2's a stateless optimizer."""
+    import shutil
+
+    from posttrain.loop.sync import train
+
+    run_dir = tmp_root / f"dcp-resume-{target}-{step}"
+    shutil.copytree(dcp_run, run_dir)
+    for later in (run_dir / "checkpoints").glob("step_*"):
+        if int(later.name.split("_")[1]) > step:
+            shutil.rmtree(later)
+    place = (["learner.strategy=fsdp2", "learner.world_size=2"] if target == "fsdp2-x2"
+             else ["learner.strategy=single", "learner.world_size=1"])
+    cfg = load_config("grpo", [*BASE, "system.mode=sync", "checkpoint_every=2", f"run_dir={run_dir}", *place,
+                               "resume=true"])
+    assert train(cfg).step == 5
+    assert json.loads((run_dir / "metrics.jsonl").read_text().splitlines()[-1])["step"] == 5
+    _no_rank_processes_left()
+    ref = _run("single-sync", tmp_root, ["system.mode=sync"])
+    run = {"w": _final_weights(run_dir, 5), "gn": _grad_norms(run_dir), "dir": run_dir}
+    d, gn, rtol = _compare(run, ref)
+    assert gn <= rtol and d <= 100 * rtol, (d, gn, rtol)
+
+
+@pytest.mark.parametrize("damage", ["flip", "truncate", "delete"])
+def test_a_damaged_shard_is_named_in_one_line(damage: str, dcp_run: Path, tmp_path: Path) -> None:
+    import shutil
+
+    from posttrain.learner.checkpoint import load_checkpoint
+    from posttrain.loop.run_dir import RunDirError
+    from posttrain.loop.sync import train
+
+    run_dir = tmp_path / "run"
+    shutil.copytree(dcp_run, run_dir)
+    for later in sorted((run_dir / "checkpoints").glob("step_*"))[:-1]:
+        shutil.rmtree(later)  # only the damaged checkpoint is left: nothing to fall back to
+    victim = next(iter(sorted((_ck(run_dir) / "learner_dcp").glob("__1_*.distcp"))))
+    data = bytearray(victim.read_bytes())
+    if damage == "flip":
+        data[len(data) // 2] ^= 0xFF
+        victim.write_bytes(bytes(data))
+    elif damage == "truncate":
+        victim.write_bytes(bytes(data[:-7]))
+    else:
+        victim.unlink()
+    with pytest.raises(ValueError) as e:
+        load_checkpoint(_ck(run_dir))
+    msg = str(e.value)
+    assert "\n" not in msg and str(victim) in msg, msg
+    cfg = load_config("grpo", [*BASE, "system.mode=sync", "checkpoint_every=2", f"run_dir={run_dir}", "resume=true"])
+    with pytest.raises(RunDirError) as e2:
+        train(cfg)
+    assert "\n" not in str(e2.value) and victim.name in str(e2.value), str(e2.value)
