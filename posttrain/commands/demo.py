@@ -28,7 +28,13 @@ def register(sub: Any) -> None:
 def run(args: argparse.Namespace) -> int:
     from rich.console import Console
 
-    from posttrain.evaluation.report import report_table, write_report
+    from posttrain.evaluation.report import (
+        heldout_series,
+        report_table,
+        rise_lines,
+        series_label,
+        write_report,
+    )
     from posttrain.loop.console import progress_bars
     from posttrain.loop.sync import train
 
@@ -47,14 +53,15 @@ def run(args: argparse.Namespace) -> int:
     with progress_bars(enabled=not args.no_progress) as progress:
         st = train(cfg, progress=progress)
     wall = time.perf_counter() - t0
+    e = cfg.eval
+    series = heldout_series(run_dir)
     rep = write_report(run_dir, st, extra={"wall_seconds": wall, "task": cfg.task.name, "model": cfg.model.path,
-                                                  "heldout_temperature": cfg.eval.temperature})
+                                           "heldout_temperature": e.temperature,
+                                           "heldout_sampled_temperature": e.sampled_temperature},
+                       labels={k: series_label(k, e.temperature, e.sampled_temperature) for k in series})
     console.print(report_table(rep))
-    before, after = rep["heldout_accuracy_before"], rep["heldout_accuracy_after"]
-    console.print(
-        f"held-out accuracy{' (greedy)' if cfg.eval.temperature == 0 else f' (sampled at T={cfg.eval.temperature:g})'}: "
-        f"SFT model {before:.3f} -> RL model {after:.3f} "
-        f"({(after - before) * 100:+.1f} points) in {wall:.0f} s"
-    )
+    console.print(f"SFT model (step 0) -> RL model, {wall:.0f} s:")
+    for line in rise_lines(series, e.temperature, e.sampled_temperature):
+        console.print(f"  {line}")
     console.print(f"report: {run_dir / 'report.json'}" + (f", plot: {rep['plot']}" if rep.get("plot") else ""))
     return 0

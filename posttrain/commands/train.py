@@ -59,6 +59,15 @@ def _where_to_go_on(cfg: Any, args: argparse.Namespace) -> str:
     return f"the last checkpoint {ck} is intact; continue with: {resume_command(args)}"
 
 
+def print_rise(cfg: Any) -> None:
+    """Print the measured held-out rise of the run (greedy, sampled, pass@k: first -> last evaluation)."""
+    from posttrain.evaluation.report import heldout_series, rise_lines
+    from posttrain.loop.run_state import run_dir_of
+
+    for line in rise_lines(heldout_series(run_dir_of(cfg)), cfg.eval.temperature, cfg.eval.sampled_temperature):
+        print(f"  {line}")
+
+
 def run(args: argparse.Namespace) -> int:
     """Train; returns the exit code (0, or 130 after Ctrl-C). Storage errors become ``UserError``."""
     cfg = load_config(args.recipe, args.overrides)
@@ -83,7 +92,8 @@ def run(args: argparse.Namespace) -> int:
         where = e.filename or "the run directory"
         raise RunDirError(f"cannot write {where}: {describe_os_error(e)}; {_where_to_go_on(cfg, args)}") from None
     curve = ", ".join(f"{s}:{a:.3f}" for s, a, _ in st.heldout_curve)
-    print(f"done: {st.step} steps; held-out accuracy by step {curve}")
+    print(f"done: {st.step} steps in {st.wall_seconds:.0f} s; held-out accuracy by step {curve}")
+    print_rise(cfg)
     if st.stopped:
         print(f"stopped early: {st.stopped}")
     return 0
