@@ -238,8 +238,8 @@ class LearnerConfig(_Section):
     ``fsdp2``: ``world_size`` learner rank processes (127.0.0.1, gloo on CPU / NCCL on CUDA) driven
     by the loop; each rank computes a token-balanced share of every mini-batch. ``ddp`` replicates
     the model and all-reduces gradients; ``fsdp2`` shards parameters, gradients and AdamW state with
-    ``torch.distributed.fsdp.fully_shard``. Rank 0 returns each update's metrics and the gathered
-    full weights for the engine.
+    ``torch.distributed.fsdp.fully_shard``. Rank 0 returns each update's metrics and streams the
+    gathered weights to the driver in checksummed buckets (``weight_bucket_mb``).
     """
 
     strategy: Literal["single", "ddp", "fsdp2"] = Field(
@@ -256,6 +256,10 @@ class LearnerConfig(_Section):
         600.0, gt=0, description="a rank call (update, log-probs, state) that gets no reply for this long fails "
         "the run naming the silent ranks; a rank process that exits is detected within 0.5 s")
     startup_timeout_s: float = Field(120.0, gt=0, description="bound on starting the ranks (process group + model)")
+    weight_bucket_mb: float = Field(
+        64.0, gt=0, description="after each update the ranks gather the weights and stream them to the driver in "
+        "buckets of at most this many MiB (each versioned and checksummed); bounds the full-tensor copies any "
+        "rank holds at once")
 
     @model_validator(mode="after")
     def _check_learner(self) -> LearnerConfig:
@@ -345,6 +349,11 @@ class SystemConfig(_Section):
         600.0, gt=0,
         description="non-sync modes: the learner fails loudly if no finished group arrives for this long",
     )
+    engine_sleep: bool = Field(
+        False, description="colocation: the rollout engine releases its weights and caches during each update "
+        "(its sleep() hook) and re-acquires them before the weight sync (wake()); sync mode only; an engine "
+        "that cannot (no hook, vLLM without CUDA) is logged and keeps its memory (docs/distributed.md)",
+    )
 
     @model_validator(mode="before")
     @classmethod
@@ -360,6 +369,9 @@ class SystemConfig(_Section):
     def _check_mode(self) -> SystemConfig:
         if self.mode == "async" and self.max_staleness is None and self.max_queue is None:
             raise ValueError("system.mode=async needs a bound: system.max_staleness and/or system.max_queue")
+        if self.engine_sleep and self.mode != "sync":
+            raise ValueError(f"system.engine_sleep=true needs system.mode=sync (in {self.mode} mode the engine "
+                             "generates while the learner updates)")
         return self
 
 

@@ -18,15 +18,17 @@ inside a rank the rows are micro-batched by ``microbatch_tokens`` as always. FSD
 backward are collectives, so a ``lockstep`` hook makes every rank run the same number of passes
 (a short rank pads with zero-weight passes; ``PolicyLearner._accumulate_rows``).
 
-After an update rank 0 gathers the full state dict (FSDP: ``get_model_state_dict`` with
-``full_state_dict``), packs it with :func:`~posttrain.rollout.weight_transfer.pack_state_dict`
-(versioned, blake2b checksum) and the driver verifies the checksum before loading it into its own
-CPU copy (:attr:`LearnerRanks.model`) — the copy the engine sync, evaluation and checkpoints use.
+After an update the ranks stream the weights to the driver in buckets of at most
+``weight_bucket_bytes`` (:func:`weight_buckets`; FSDP: each bucket's shards all-gathered with
+``DTensor.full_tensor()``, one bucket at a time); rank 0 packs each with
+:func:`~posttrain.rollout.weight_transfer.pack_state_dict` (versioned, blake2b checksum) and the
+driver verifies it before copying it into its own CPU copy (:attr:`LearnerRanks.model`) — the copy
+the engine sync, evaluation and checkpoints use.
 Weights the driver changes itself (SFT warm-up, a rejected revision restoring the promoted
 weights, a resume) are detected by the tensors' in-place version counters and pushed to the ranks
-before their next call. The learner state (:meth:`LearnerRanks.state_dict`) has the embedded
-learner's format (an id-keyed full AdamW state), so a checkpoint resumes under any strategy and
-world size.
+before their next call. Checkpoints are sharded (:meth:`LearnerRanks.save_sharded`,
+:mod:`~posttrain.learner.sharded_checkpoint`); :meth:`LearnerRanks.state_dict` still gives the
+embedded learner's format (an id-keyed full AdamW state, gathered on rank 0).
 
 Faults: every call waits on the ranks' pipes in 0.5 s slices and checks the processes; a rank
 that exits (SIGKILL included) fails the call within that slice, a rank that stays silent past
@@ -41,7 +43,7 @@ import os
 import pickle
 import signal
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -128,6 +130,7 @@ class RankSpec:
     sets ``world_size`` (FSDP's default MEAN) to show the equality tolerance catches it.
     ``drop_rank``: test hook — that rank's share of every mini-batch is dropped from the gradient
     (:class:`DropRankShare`), the "one rank's gradient lost" reduction bug; None in real runs.
+    ``weight_bucket_bytes``: the size bound of one weight bucket (:func:`weight_buckets`).
     """
 
     model: torch.nn.Module
@@ -139,6 +142,8 @@ class RankSpec:
     collective_timeout_s: float = 600.0
     grad_divide_factor: float = 1.0
     drop_rank: int | None = None
+    weight_bucket_bytes: int = 64 << 20
+    corrupt_bucket: int | None = None  # test hook: rank 0 alters this bucket's bytes after checksumming
 
 
 class DropRankShare:
@@ -197,16 +202,65 @@ def _shard_fsdp(model: torch.nn.Module, spec: RankSpec, device: torch.device) ->
             m.set_force_sum_reduction_for_comms(True)
 
 
-def _full_state(learner: Any, fsdp: bool) -> dict[str, torch.Tensor] | None:
-    """The full model state dict on rank 0 (None elsewhere); a collective under FSDP."""
-    if fsdp:
-        from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+def bucket_plan(entries: Sequence[tuple[str, int]], bucket_bytes: int) -> list[list[str]]:
+    """Group ``(name, full size in bytes)`` entries, in the given order, into consecutive buckets of
+    at most ``bucket_bytes`` (a tensor larger than that is a bucket of its own). Every name lands in
+    exactly one bucket; order is kept. Deterministic, so every rank computes the same plan."""
+    if bucket_bytes <= 0:
+        raise ValueError(f"bucket_bytes must be > 0, got {bucket_bytes}")
+    plan: list[list[str]] = []
+    used = 0
+    for name, nbytes in entries:
+        if not plan or (used + nbytes > bucket_bytes and plan[-1]):
+            plan.append([])
+            used = 0
+        plan[-1].append(name)
+        used += nbytes
+    return plan
 
-        sd = get_model_state_dict(learner.model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
-        return {k: v for k, v in sd.items() if isinstance(v, torch.Tensor)} if dist.get_rank() == 0 else None
-    if dist.get_rank() != 0:
-        return None
-    return {k: v.detach().to("cpu") for k, v in learner.model.state_dict().items()}
+
+def weight_buckets(model: torch.nn.Module, bucket_bytes: int, gather: bool) -> Iterator[dict[str, torch.Tensor]]:
+    """The model's full weights as a stream of ``{name: full CPU tensor}`` buckets (:func:`bucket_plan`).
+
+    Names: the parameters (a tied parameter once, under its first name) then the persistent buffers,
+    in module order. ``gather``: every rank of an FSDP2 model iterates too (``DTensor.full_tensor()``
+    all-gathers one bucket's shards at a time, a collective); so at most one bucket of full tensors
+    exists on any rank at a time. Without it (ddp: a full replica) only the caller's copies are made.
+    """
+    from torch.distributed.tensor import DTensor
+
+    sd = model.state_dict(keep_vars=True)
+    names = [n for n, _ in model.named_parameters()] + [n for n, _ in model.named_buffers() if n in sd]
+    entries = [(n, sd[n].numel() * sd[n].element_size()) for n in names]
+    for bucket in bucket_plan(entries, bucket_bytes):
+        out: dict[str, torch.Tensor] = {}
+        for n in bucket:
+            t = sd[n].detach()
+            if gather and isinstance(t, DTensor):
+                t = t.full_tensor()
+            out[n] = t.to("cpu")
+        yield out
+
+
+def _stream_weights(learner: Any, fsdp: bool, spec: RankSpec, conn: Any, rank: int) -> int:
+    """Send the updated weights to the driver bucket by bucket (rank 0: one pipe message each,
+    versioned + checksummed; the pipe blocks while the driver loads the previous one). Returns the
+    bucket count. FSDP2: every rank takes part in each bucket's gather; ddp: only rank 0 works."""
+    from posttrain.rollout.weight_transfer import pack_state_dict
+
+    if not fsdp and rank != 0:
+        return 0
+    n = 0
+    for i, bucket in enumerate(weight_buckets(learner.model, spec.weight_bucket_bytes, gather=fsdp)):
+        n += 1
+        if rank != 0:
+            continue
+        packet = pack_state_dict(bucket, learner.version)
+        del bucket
+        if spec.corrupt_bucket == i:
+            packet.buffer[packet.buffer.nbytes // 2] ^= 0xFF
+        conn.send_bytes(pickle.dumps(("bucket", (i, packet, packet.checksum, learner.version))))
+    return n
 
 
 def _trainable_names(model: torch.nn.Module) -> list[str]:
@@ -290,7 +344,6 @@ def _load_weights(learner: Any, sd: Mapping[str, torch.Tensor], fsdp: bool) -> N
 def _rank_main(rank: int, world_size: int, port: int, conn: Any, spec_bytes: bytes) -> None:
     """A rank process: build the learner, then serve the driver's commands until ``close``."""
     from posttrain.learner.distributed import ProcessGroupSync, init_process_group
-    from posttrain.rollout.weight_transfer import pack_state_dict
 
     spec: RankSpec = pickle.loads(spec_bytes)
     torch.set_num_threads(max(1, spec.threads))
@@ -327,10 +380,9 @@ def _rank_main(rank: int, world_size: int, port: int, conn: Any, spec_bytes: byt
                 batch, adv, old, kl_coef = args
                 learner.kl_coef = float(kl_coef)
                 metrics = learner.update(batch, adv, old_logprob=old)
-                sd = _full_state(learner, fsdp)
-                if sd is not None:
-                    packet = pack_state_dict(sd, learner.version)
-                    out = (metrics, packet, packet.checksum, learner.version, learner.optimizer_steps)
+                n_buckets = _stream_weights(learner, fsdp, spec, conn, rank)
+                if rank == 0:
+                    out = (metrics, n_buckets, learner.version, learner.optimizer_steps)
             elif cmd == "logprobs":
                 lp = learner.compute_logprobs(args[0])
                 out = lp if rank == 0 else None
@@ -395,7 +447,8 @@ class LearnerRanks:
                  world_size: int, temperature: float, kl_coef: Any = 0.0, device: str = "cpu",
                  precision: str = "fp32", rank_timeout_s: float = 600.0, startup_timeout_s: float = 120.0,
                  grad_divide_factor: float = 1.0, drop_rank: int | None = None, top_k: int = 0,
-                 top_p: float = 1.0) -> None:
+                 top_p: float = 1.0, weight_bucket_bytes: int = 64 << 20,
+                 corrupt_bucket: int | None = None) -> None:
         import multiprocessing as mp
 
         from posttrain.learner.distributed import free_port
@@ -412,11 +465,14 @@ class LearnerRanks:
         self.optimizer_steps = 0
         self.last_old_logprob: torch.Tensor | None = None  # never fused across processes
         self.last_current_logprob: torch.Tensor | None = None
-        self.last_weights_checksum: str | None = None
+        self.last_weights_checksum: str | None = None  # blake2b over the last update's bucket checksums
+        self.last_weight_buckets = 0
+        self._on_bucket: Callable[[Any], None] | None = None  # set while an update streams its weights
         threads = max(1, torch.get_num_threads() // world_size)
         spec = RankSpec(model=model, learner_factory=learner_factory, strategy=strategy, device=device,
                         precision=precision, threads=threads, collective_timeout_s=rank_timeout_s,
-                        grad_divide_factor=grad_divide_factor, drop_rank=drop_rank)
+                        grad_divide_factor=grad_divide_factor, drop_rank=drop_rank,
+                        weight_bucket_bytes=int(weight_bucket_bytes), corrupt_bucket=corrupt_bucket)
         spec_bytes = pickle.dumps(spec)
         ctx = mp.get_context("spawn")
         port = free_port()
@@ -480,6 +536,13 @@ class LearnerRanks:
                 except (EOFError, OSError):
                     self.procs[r].join(1.0)
                     self._fail(f"learner rank {r} died during {cmd} ({self._exit_reason(r)})")
+                if status == "bucket" and r == 0 and self._on_bucket is not None:
+                    try:
+                        self._on_bucket(value)
+                    except Exception as e:  # noqa: BLE001 - a bad bucket ends the run (the driver copy is half-loaded)
+                        self._fail(f"learner rank 0 sent a bad weight bucket during {cmd}: "
+                                   f"{type(e).__name__}: {e}".splitlines()[0][:500])
+                    continue
                 if status != "ok":
                     self._fail(f"learner rank {r} failed during {cmd}: {value}")
                 replies[r] = value
@@ -526,23 +589,51 @@ class LearnerRanks:
         takes rank 0's gathered weights after checking their version and checksum."""
         if fuse_old:
             raise ValueError("fuse_old is not available with learner ranks (can_fuse_old_logprob is False)")
-        metrics, packet, checksum, version, steps = self._call(
-            "update", batch, advantages, old_logprob, self.current_kl_coef())[0]
+        import hashlib
+
+        mine = self.model.state_dict()
+        got: list[str] = []
+        received = [0]
+        digest = hashlib.blake2b(digest_size=16)
+
+        def load_bucket(value: Any) -> None:
+            index, packet, checksum, version = value
+            if index != received[0] or version != self.version + 1:
+                raise LearnerRankError(f"weight bucket {index} v{version} arrived, expected bucket {received[0]} "
+                                       f"v{self.version + 1}")
+            packet.verify(version=version, checksum=checksum, where=f"driver (weight bucket {index} from learner rank 0)")
+            sd = packet.tensors()
+            unexpected = sorted(k for k in sd if k not in mine or mine[k].shape != sd[k].shape)
+            if unexpected:
+                raise LearnerRankError(f"weight bucket {index} does not fit the model: {unexpected[:3]}")
+            with torch.no_grad():
+                for k, v in sd.items():
+                    mine[k].copy_(v)
+            got.extend(sd)
+            received[0] += 1
+            digest.update(checksum.encode())
+
+        self._on_bucket = load_bucket
+        try:
+            metrics, n_buckets, version, steps = self._call(
+                "update", batch, advantages, old_logprob, self.current_kl_coef())[0]
+        finally:
+            self._on_bucket = None
         if version != self.version + 1:
             raise LearnerRankError(f"learner rank 0 reports version {version} after an update from {self.version}")
-        packet.verify(version=version, checksum=checksum, where="driver (weights from learner rank 0)")
-        sd = packet.tensors()
-        mine = self.model.state_dict()
-        missing = set(mine) - set(sd)
-        if set(sd) - set(mine) or any(not _is_alias(mine, k) for k in missing):
-            raise LearnerRankError(f"learner rank 0 sent weights that do not fit the model: missing "
-                                   f"{sorted(missing)[:3]}, unexpected {sorted(set(sd) - set(mine))[:3]}")
-        self.model.load_state_dict(sd, strict=False)
+        if n_buckets != received[0]:
+            raise LearnerRankError(f"learner rank 0 streamed {n_buckets} weight buckets, the driver got {received[0]}")
+        missing = set(mine) - set(got)
+        if len(got) != len(set(got)) or any(not _is_alias(mine, k) for k in missing):
+            raise LearnerRankError(f"learner rank 0 sent weights that do not cover the model: missing "
+                                   f"{sorted(missing)[:3]}")
         self._synced = self._fingerprint()
         self.version, self.optimizer_steps = version, steps
-        self.last_weights_checksum = checksum
+        self.last_weights_checksum = digest.hexdigest()
+        self.last_weight_buckets = int(n_buckets)
         metrics = dict(metrics)
         metrics["learner/world_size"] = float(self.world_size)
+        metrics["learner/weight_buckets"] = float(self.last_weight_buckets)
         return metrics
 
     def weights_for_rollout(self) -> Mapping[str, torch.Tensor]:

@@ -287,7 +287,8 @@ def build_learner_ranks(cfg: RunConfig, model: torch.nn.Module, **overrides: Any
         strategy=lc.strategy, world_size=lc.world_size, device=lc.resolved_device(), precision=lc.precision,
         temperature=max(cfg.sampling.temperature, 1e-6) if cfg.sampling.temperature > 0 else 1.0,
         kl_coef=0.0 if cfg.credit.kl_in_reward else kl_coef,
-        rank_timeout_s=lc.rank_timeout_s, startup_timeout_s=lc.startup_timeout_s, **_replayed_truncation(cfg),
+        rank_timeout_s=lc.rank_timeout_s, startup_timeout_s=lc.startup_timeout_s,
+        weight_bucket_bytes=max(1, int(lc.weight_bucket_mb * 2**20)), **_replayed_truncation(cfg),
     )
     kw.update(overrides)
     return LearnerRanks(model, RankLearnerFactory(cfg), **kw)

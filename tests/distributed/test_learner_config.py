@@ -48,3 +48,18 @@ def test_rank_strategies_refuse_lora_and_bad_names() -> None:
     assert "does not support LoRA" in _err(["learner.strategy=ddp", "lora.rank=4"])
     assert "learner.strategy" in _err(["learner.strategy=zero3"])
     assert "learner.rank_timeout_s" in _err(["learner.rank_timeout_s=0"])
+
+
+def test_placement_keys_may_change_on_resume_precision_may_not() -> None:
+    from posttrain.loop.run_dir import recipe_diff
+
+    old = load_config("grpo", ["learner.strategy=fsdp2", "learner.world_size=2"]).model_dump(mode="json")
+    moved = load_config("grpo", ["learner.strategy=ddp", "learner.world_size=3", "learner.device=cpu",
+                                 "learner.rank_timeout_s=5", "learner.startup_timeout_s=5",
+                                 "learner.weight_bucket_mb=1"]).model_dump(mode="json")
+    assert recipe_diff(old, moved) == []
+    single = load_config("grpo").model_dump(mode="json")
+    assert recipe_diff(old, single) == []
+    changed = dict(moved, learner={**moved["learner"], "precision": "bf16"}, seed=old["seed"] + 1)
+    assert recipe_diff(old, changed) == ["learner.precision: 'fp32' -> 'bf16'", f"seed: {old['seed']} -> {old['seed'] + 1}"]
+    assert "learner.weight_bucket_mb" in _err(["learner.weight_bucket_mb=0"])
