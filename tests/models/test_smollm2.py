@@ -194,3 +194,38 @@ def test_cache_root_follows_the_environment(monkeypatch: pytest.MonkeyPatch, tmp
     assert sm.converted_dir().parent == tmp_path / "models"
     monkeypatch.delenv(sm.CACHE_ENV)
     assert sm.cache_root() == Path.home() / ".cache" / "posttrain"
+
+
+@needs_wheel
+def test_showcase_recipe_runs_on_smollm2_and_prints_the_rise(cache: Path, monkeypatch: pytest.MonkeyPatch,
+                                                             tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """``posttrain train smollm2_word_problems``, shrunk to one step: chat-rendered prompts (the engine
+    sampled exactly the template's ids), free-form answers judged by the last number, and the printed rise
+    lines for greedy, sampled and pass@2."""
+    from posttrain.cli import main
+    from posttrain.config import load_config
+    from posttrain.envs.prompt_render import PromptRenderer
+    from posttrain.loop.builders import build_task
+    from posttrain.trajectory.ledger import Ledger
+
+    monkeypatch.setenv(sm.CACHE_ENV, str(cache))
+    small = ["steps=1", "sampling.prompts_per_step=2", "sampling.group_size=2", "sampling.max_new_tokens=12",
+             "eval.size=2"]
+    assert main(["train", "smollm2_word_problems", f"run_dir={tmp_path}", "--no-progress", *small]) == 0
+    out = capsys.readouterr().out
+    for label in ("held-out accuracy (greedy): step 0", "held-out accuracy (sampled at T=0.7): step 0",
+                  "held-out pass@2 (T=0.7): step 0"):
+        assert label in out, out
+    cfg = load_config("smollm2_word_problems", small)
+    tok, _ = sm.load_smollm2("smollm2-135m-instruct", cache_dir=cache)
+    renderer = PromptRenderer(tok, chat=True, system_prompt=None)
+    by_id = {e.prompt_id: e for e in build_task(cfg).examples("train", 2, seed=cfg.seed)}
+    trajs = Ledger(tmp_path / "ledger").read_trajectories()
+    assert len(trajs) == 4
+    for t in trajs:
+        ex = by_id[t.prompt_id]
+        text = tok.apply_chat_template([{"role": "user", "content": ex.prompt}], add_generation_prompt=True,
+                                       tokenize=False)
+        ids = tok(text, add_special_tokens=False).input_ids
+        assert t.token_ids[: t.prompt_length].tolist() == ids == renderer.ids(ex)
+        assert t.meta["prompt_format"] == "chat" and t.status.value in ("correct", "wrong", "invalid")
