@@ -149,7 +149,7 @@ def engine_factory(cfg: RunConfig, model: torch.nn.Module, tokenizer: Any, workd
     dtype = v.dtype if v.dtype != "auto" else cfg.model.dtype
     kwargs = dict(model=str(export), dtype=dtype, max_model_len=v.max_model_len, kv_cache_gib=v.kv_cache_gib,
                   gpu_memory_utilization=v.gpu_memory_utilization, enforce_eager=v.enforce_eager,
-                  seed=cfg.seed if v.seed is None else v.seed, eos_token_id=eos)
+                  seed=cfg.seed if v.seed is None else v.seed, eos_token_id=eos, sleep_mode=cfg.system.engine_sleep)
     py = v.python_path()
     return _VLLMEngineFactory(None if py is None else str(py), kwargs, str(Path(workdir) / "engine_server.log"),
                               v.startup_timeout_s, v.timeout_s)

@@ -183,6 +183,19 @@ class Run:
             ctl.update(float(metrics["kl"]), self.cfg.sampling.prompts_per_step * self.cfg.sampling.group_size)
             metrics["kl_coef"] = float(ctl.value)
 
+    def release_engine(self) -> bool:
+        """``system.engine_sleep``: the engine's ``sleep()`` before an update (colocation); True when it
+        released its memory. An engine that cannot is logged once and keeps it (returns False)."""
+        from posttrain.rollout.engine import engine_sleep
+
+        if not self.cfg.system.engine_sleep:
+            return False
+        why = engine_sleep(self.engine)
+        if why is not None and not getattr(self, "_sleep_skip_logged", False):
+            log.warning("system.engine_sleep: the engine keeps its memory during updates (%s)", why)
+            self._sleep_skip_logged = True
+        return why is None
+
     def sync_weights(self) -> None:
         """Push the learner's weights to the engine under the learner's version."""
         self.engine.update_weights(self.learner.weights_for_rollout(), version=self.learner.version)

@@ -139,6 +139,7 @@ def update_step(run: Any, producer: Any, step: int, produced: Any, t_step: float
     batch = batch.with_targets(advantages=tg.advantages, returns=tg.returns)
     # 5. update actor (and critic) under the recipe's reduction (correction: CORRECTIONS / decoupled PPO
     #    against the recorded behaviour log-probs, whatever the mode); both read the batch's tensors
+    slept = run.release_engine()  # system.engine_sleep: the engine frees its weights while the learner updates
     upd = run.learner.update(batch, fuse_old=fuse)
     if fuse:
         assert run.learner.last_old_logprob is not None
@@ -159,6 +160,10 @@ def update_step(run: Any, producer: Any, step: int, produced: Any, t_step: float
         metrics["revision"] = "candidate"
     with producer.quiesce():
         t1 = time.perf_counter()
+        if slept:  # re-acquire; the sync below refills every weight
+            from posttrain.rollout.engine import engine_wake
+
+            engine_wake(run.engine)
         run.sync_weights()  # the engine gets the new weights with an incremented version
         metrics["time/weight_sync_s"] = time.perf_counter() - t1
         run.observe_kl(metrics)

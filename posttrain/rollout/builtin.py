@@ -100,6 +100,9 @@ class BuiltinEngine:
         self._pause = threading.Event()
         # generate and update_weights never interleave: a weight swap never lands mid-step.
         self._lock = threading.Lock()
+        # sleep() / wake(): shapes of the released parameters; True until update_weights refills them.
+        self._released: dict[str, tuple[torch.Size, torch.dtype, torch.device]] = {}
+        self._needs_weights = False
 
     # ------------------------------------------------------------------ control
     def pause(self) -> None:
@@ -108,6 +111,38 @@ class BuiltinEngine:
         A pause that arrives before ``generate`` has started is discarded (``generate`` clears it).
         """
         self._pause.set()
+
+    def sleep(self) -> str | None:
+        """Release the weight copy while the learner updates (colocation; ``system.engine_sleep``).
+
+        Every parameter's storage is replaced by an empty tensor, so its memory is freed (the runners
+        hold no tensors between calls: their KV caches live inside one ``generate``). Like vLLM's
+        sleep level 2, the weights are discarded, not kept: the next weight sync brings new ones.
+        Buffers (rotary tables) are kept. Until :meth:`wake` and an :meth:`update_weights` covering
+        every parameter, :meth:`generate` raises. Waits for a running ``generate``; idempotent.
+        Returns None (released; see :func:`~posttrain.rollout.engine.engine_sleep`).
+        """
+        with self._lock:
+            for name, p in self.model.named_parameters():
+                if name not in self._released:
+                    self._released[name] = (p.shape, p.dtype, p.device)
+                    p.data = torch.empty(0, dtype=p.dtype, device=p.device)
+        return None
+
+    def wake(self) -> None:
+        """Re-allocate the released parameters (uninitialised); the caller then loads the weights with
+        :meth:`update_weights`, which must cover every parameter before ``generate`` runs again."""
+        with self._lock:
+            params = dict(self.model.named_parameters())
+            for name, (shape, dtype, device) in self._released.items():
+                params[name].data = torch.empty(shape, dtype=dtype, device=device)
+            self._needs_weights = self._needs_weights or bool(self._released)
+            self._released = {}
+
+    @property
+    def asleep(self) -> bool:
+        """True between :meth:`sleep` and :meth:`wake`."""
+        return bool(self._released)
 
     @torch.no_grad()
     def update_weights(self, state_dict: Mapping[str, torch.Tensor], version: int | None = None) -> None:
@@ -118,6 +153,8 @@ class BuiltinEngine:
         copy. ``version`` becomes the given value, else ``version + 1``. Waits for a running
         ``generate`` to return (call :meth:`pause` first for a partial rollout).
         """
+        if self._released:
+            raise RuntimeError("update_weights: the engine is asleep (sleep() released its weights): wake() first")
         targets: dict[str, torch.Tensor] = dict(self.model.named_parameters(remove_duplicate=False))
         targets.update(dict(self.model.named_buffers(remove_duplicate=False)))
         for name, t in state_dict.items():
@@ -128,8 +165,16 @@ class BuiltinEngine:
                     f"update_weights: tensor {name!r} has shape {tuple(t.shape)}, model has {tuple(targets[name].shape)}"
                 )
         with self._lock:
+            if self._released:
+                raise RuntimeError("update_weights: the engine is asleep (sleep() released its weights): wake() first")
+            if self._needs_weights:  # after wake(): every parameter must be refilled, ties under either name
+                covered = {targets[n].data_ptr() for n in state_dict}
+                left = [n for n, p in self.model.named_parameters() if p.data_ptr() not in covered]
+                if left:
+                    raise ValueError(f"update_weights after wake() must load every parameter; missing {left[:3]}")
             for name, t in state_dict.items():
                 targets[name].copy_(t)
+            self._needs_weights = False
             self.version = self.version + 1 if version is None else int(version)
 
     # ------------------------------------------------------------------ validation
@@ -170,6 +215,8 @@ class BuiltinEngine:
         if finish_target is not None and finish_target < 1:
             raise ValueError(f"finish_target must be >= 1, got {finish_target}")
         with self._lock:
+            if self._released or self._needs_weights:
+                raise RuntimeError("generate: the engine released its weights (sleep); wake() and update_weights first")
             self._pause.clear()
             rows = self._rows(requests)
             for row in rows:

@@ -33,6 +33,14 @@ class RolloutEngine(Protocol):
     unchanged weights yields exactly the tokens of an uninterrupted run (true for the built-in
     engine; vLLM re-seeds a resumed request, so it only guarantees that a resume extends the
     paused tokens).
+
+    Optional colocation hooks ``sleep()`` / ``wake()`` (absent = no-op; call them through
+    :func:`engine_sleep` / :func:`engine_wake`): ``sleep`` releases the engine's weights and caches
+    while the learner updates on the same devices; ``wake`` re-acquires the memory, and the next
+    ``update_weights`` (which must carry every weight) refills it — the weights are discarded, not
+    kept, as in vLLM's sleep level 2. ``sleep`` returns None when it released the memory, or a
+    one-line reason when it cannot here (vLLM without CUDA): then nothing is released and ``wake``
+    must not be called.
     """
 
     version: int
@@ -50,6 +58,23 @@ class RolloutEngine(Protocol):
     def pause(self) -> None:
         """Ask a running ``generate`` to stop at its next step and return unfinished samples as paused."""
         ...
+
+
+def engine_sleep(engine: object) -> str | None:
+    """Release ``engine``'s memory for an update (its optional ``sleep()`` hook, see
+    :class:`RolloutEngine`). Returns None when it slept, else why not (no hook, or the reason the
+    hook gave) — the caller logs it; nothing is released then and no ``wake`` is due."""
+    sleep = getattr(engine, "sleep", None)
+    if sleep is None:
+        return f"{type(engine).__name__} has no sleep() hook"
+    reason = sleep()
+    return None if reason is None else f"{type(engine).__name__}: {reason}"
+
+
+def engine_wake(engine: object) -> None:
+    """Re-acquire what :func:`engine_sleep` released (the engine's ``wake()``); follow it with a full
+    ``update_weights`` before the next ``generate``."""
+    engine.wake()  # type: ignore[attr-defined]
 
 
 def eos_id_set(eos_token_id: int | Sequence[int] | None) -> frozenset[int]:

@@ -21,6 +21,9 @@ is answered while a ``/generate`` runs.
                        ``X-Weights-Version`` / ``X-Weights-Checksum`` announce what the payload
                        must verify to -> ``{"version": v, "checksum": c}``; a mismatch -> 409
 ``POST /pause``        ``{}``
+``POST /sleep``        the engine's colocation hook -> ``{"reason": null}`` when it released its
+                       memory, else ``{"reason": "..."}`` (no hook, or why it cannot here)
+``POST /wake``         re-acquire after a ``/sleep`` that released -> ``{}``
 ``POST /shutdown``     ``{}`` then the server stops
 =====================  =======================================================================
 
@@ -48,7 +51,7 @@ from typing import Any
 
 import torch
 
-from posttrain.rollout.engine import RolloutEngine
+from posttrain.rollout.engine import RolloutEngine, engine_sleep, engine_wake
 from posttrain.rollout.sampling import SamplingParams
 from posttrain.rollout.types import Completion, GenerationRequest
 from posttrain.rollout.weight_transfer import WeightPacket, WeightTransferError, pack_state_dict
@@ -186,6 +189,11 @@ class _Handler(BaseHTTPRequestHandler):
                 self._send(200, {"version": int(eng.version), "checksum": checksum})
             elif self.path == "/pause":
                 eng.pause()
+                self._send(200, {})
+            elif self.path == "/sleep":
+                self._send(200, {"reason": engine_sleep(eng)})
+            elif self.path == "/wake":
+                engine_wake(eng)
                 self._send(200, {})
             elif self.path == "/shutdown":
                 self._send(200, {})
@@ -359,6 +367,16 @@ class HTTPEngine:
     def pause(self) -> None:
         """``POST /pause`` (bounded by 10 s)."""
         self._call("POST", "/pause", b"", timeout_s=10.0)
+
+    def sleep(self) -> str | None:
+        """``POST /sleep``: the server engine's colocation hook; None when it released its memory, else
+        the server's reason (:func:`~posttrain.rollout.engine.engine_sleep`)."""
+        reason = self._call("POST", "/sleep", b"")["reason"]
+        return None if reason is None else str(reason)
+
+    def wake(self) -> None:
+        """``POST /wake`` (after a :meth:`sleep` that returned None)."""
+        self._call("POST", "/wake", b"")
 
     def shutdown(self) -> None:
         """``POST /shutdown`` (bounded by 10 s)."""

@@ -223,8 +223,11 @@ class VLLMEngine:
         context: int | None = None,
         has_tokenizer: bool | None = None,
         sampling_params_cls: Any = None,
+        sleep_mode: bool | None = None,
         **llm_kwargs: Any,
     ) -> None:
+        # sleep()/wake() need an LLM built with enable_sleep_mode=True (vLLM: CUDA only)
+        self.sleep_mode = bool(llm_kwargs.get("enable_sleep_mode", False) if sleep_mode is None else sleep_mode)
         if llm is None:
             vllm = require_vllm()
             if model is None:
@@ -256,6 +259,24 @@ class VLLMEngine:
     def pause(self) -> None:
         """Make the running ``generate`` abort its unfinished samples and return them as ``"paused"``."""
         self._pause.set()
+
+    def sleep(self) -> str | None:
+        """Colocation hook (:func:`~posttrain.rollout.engine.engine_sleep`): vLLM's sleep mode, level 2 —
+        weights and KV cache discarded, the next ``update_weights`` brings the weights. vLLM supports
+        it on CUDA only, and only for an LLM built with ``enable_sleep_mode=True``; otherwise the
+        reason is returned and nothing is released."""
+        if not torch.cuda.is_available():
+            return "vLLM sleep mode needs CUDA (vLLM supports it on the CUDA platform only); memory kept"
+        if not self.sleep_mode:
+            return "the vLLM engine was built without enable_sleep_mode=True; memory kept"
+        with self._lock:
+            self.llm.sleep(level=2)
+        return None
+
+    def wake(self) -> None:
+        """Re-allocate what :meth:`sleep` released (``llm.wake_up()``); load the weights next."""
+        with self._lock:
+            self.llm.wake_up()
 
     def update_weights(self, state_dict: Mapping[str, torch.Tensor], version: int | None = None) -> None:
         """Load HF-named tensors on every worker (``collective_rpc``), drop the prefix cache, bump ``version``.
@@ -341,12 +362,15 @@ class VLLMEngine:
 
 def build_vllm_engine(model: str, *, dtype: str = "float32", max_model_len: int | None = None,
                       kv_cache_gib: int = 1, gpu_memory_utilization: float = 0.5, enforce_eager: bool = True,
-                      seed: int = 0, eos_token_id: int | list[int] | None = None, version: int = 0) -> VLLMEngine:
+                      seed: int = 0, eos_token_id: int | list[int] | None = None, version: int = 0,
+                      sleep_mode: bool = False) -> VLLMEngine:
     """A :class:`VLLMEngine` on the Hugging Face model directory ``model`` (the server factory of
     ``rollout.engine=vllm``; keys as in ``rollout.vllm``).
 
     Without CUDA (vLLM's CPU build) the KV cache is ``kv_cache_gib`` GiB (``VLLM_CPU_KVCACHE_SPACE``,
     read when vLLM starts) and ``gpu_memory_utilization`` is not passed; with CUDA the reverse.
+    ``sleep_mode`` (``system.engine_sleep``): build with ``enable_sleep_mode=True`` on CUDA (vLLM has no
+    sleep mode elsewhere: the engine's ``sleep`` then says so).
     """
     # One process (engine core and worker in the server process): start-up imports vLLM once instead
     # of three times, and weight updates reach the model without a pickled RPC.
@@ -357,6 +381,8 @@ def build_vllm_engine(model: str, *, dtype: str = "float32", max_model_len: int 
         kwargs["max_model_len"] = int(max_model_len)
     if torch.cuda.is_available():
         kwargs["gpu_memory_utilization"] = float(gpu_memory_utilization)
+        if sleep_mode:
+            kwargs["enable_sleep_mode"] = True
     else:
         os.environ["VLLM_CPU_KVCACHE_SPACE"] = str(int(kv_cache_gib))
     return VLLMEngine(model, eos_token_id=eos_token_id, version=version, **kwargs)
