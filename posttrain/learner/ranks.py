@@ -440,7 +440,9 @@ class LearnerRanks:
     ``model``: the driver's full CPU copy (it becomes :attr:`model`; each rank gets a pickled copy).
     ``learner_factory``: see :class:`RankSpec`. ``kl_coef``: a float or a controller kept here (the
     loop updates it); its current value is sent with every update. ``temperature`` / ``top_k`` /
-    ``top_p`` must equal the ranks' learner's. Calls block until every rank answers; see the module docstring for faults.
+    ``top_p`` must equal the ranks' learner's. ``weight_bucket_bytes``: see :func:`weight_buckets`;
+    ``corrupt_bucket``: test hook (rank 0 alters that bucket after checksumming it). Calls block until
+    every rank answers; see the module docstring for faults.
     """
 
     def __init__(self, model: torch.nn.Module, learner_factory: Callable[..., Any], *, strategy: str,

@@ -312,11 +312,12 @@ def test_sharded_checkpoint_holds_per_rank_shards_and_no_full_optimizer_file(dcp
     assert files_of[emb] == set(per_file), files_of.get(emb)  # a sharded tensor: half in each rank's file
 
 
-@pytest.mark.parametrize(("target", "step"), [("fsdp2-x2", 4), ("single", 4), ("single", 2)])
+@pytest.mark.parametrize(("target", "step"), [("fsdp2-x2", 4), ("ddp-x2", 4), ("single", 4), ("single", 2)])
 def test_sharded_checkpoint_resumes_to_the_uninterrupted_weights(target: str, step: int, dcp_run: Path,
                                                                  tmp_root: Path) -> None:
-    """Resume from the fsdp2 x 2 shards on 2 ranks, and on the embedded learner (no process group:
-    DCP reads both ranks' shards) — the placement keys change without ``resume_force``. Step 4's
+    """Resume from the fsdp2 x 2 shards on 2 fsdp2 ranks, on 2 ddp ranks (full replicas: each reads
+    both ranks' shards), and on the embedded learner (no process group) — the placement keys change
+    without ``resume_force``. Step 4's
     shards hold AdamW state that step 5 uses; step 2's a stateless optimizer."""
     import shutil
 
@@ -327,8 +328,8 @@ def test_sharded_checkpoint_resumes_to_the_uninterrupted_weights(target: str, st
     for later in (run_dir / "checkpoints").glob("step_*"):
         if int(later.name.split("_")[1]) > step:
             shutil.rmtree(later)
-    place = (["learner.strategy=fsdp2", "learner.world_size=2"] if target == "fsdp2-x2"
-             else ["learner.strategy=single", "learner.world_size=1"])
+    strategy = target.split("-")[0]
+    place = [f"learner.strategy={strategy}", f"learner.world_size={1 if strategy == 'single' else 2}"]
     cfg = load_config("grpo", [*BASE, "system.mode=sync", "checkpoint_every=2", f"run_dir={run_dir}", *place,
                                "resume=true"])
     assert train(cfg).step == 5
