@@ -423,3 +423,32 @@ def test_a_corrupted_weight_bucket_fails_the_run_naming_it(tmp_path: Path, monke
     msg = str(e.value)
     assert "\n" not in msg and "weight bucket 3" in msg and "checksum mismatch" in msg, msg
     _no_rank_processes_left()
+
+
+def test_an_embedded_learner_checkpoint_resumes_on_fsdp2_ranks(tmp_root: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The other direction: a full-state checkpoint of the embedded learner (id-keyed AdamW state in
+    ``learner_state.pt``, no shards) resumes on fsdp2 x 2 without ``resume_force``."""
+    from posttrain.learner.actor import PolicyLearner
+    from posttrain.loop.sync import train
+
+    run_dir = tmp_root / "embedded-then-fsdp2"
+    over = ["system.mode=sync", "checkpoint_every=4", f"run_dir={run_dir}"]
+    orig = PolicyLearner.update
+
+    def update(self: PolicyLearner, *a: Any, **k: Any) -> Any:
+        if self.version == 4:
+            raise _Interrupt("stop after the step-4 checkpoint")
+        return orig(self, *a, **k)
+
+    monkeypatch.setattr(PolicyLearner, "update", update)
+    with pytest.raises(_Interrupt):
+        train(load_config("grpo", [*BASE, *over]))
+    monkeypatch.setattr(PolicyLearner, "update", orig)
+    assert not (_ck(run_dir) / "learner_dcp").exists()
+    assert "optimizer" in torch.load(_ck(run_dir) / "learner_state.pt", weights_only=True)["learner"]
+    cfg = load_config("grpo", [*BASE, *over, "learner.strategy=fsdp2", "learner.world_size=2", "resume=true"])
+    assert train(cfg).step == 5
+    _no_rank_processes_left()
+    ref = _run("single-sync", tmp_root, ["system.mode=sync"])
+    d, gn, rtol = _compare({"w": _final_weights(run_dir, 5), "gn": _grad_norms(run_dir), "dir": run_dir}, ref)
+    assert gn <= rtol and d <= 100 * rtol, (d, gn, rtol)
