@@ -14,6 +14,7 @@ BENCHMARKS: dict[str, str] = {
     "rollout": "posttrain.bench.rollout",
     "vs-trl": "posttrain.bench.vs_trl",
     "async": "posttrain.bench.async_modes",
+    "lora": "posttrain.bench.lora",
 }
 
 
