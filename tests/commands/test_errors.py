@@ -5,6 +5,8 @@ command line's catch-all for everything else (exit 1, one line) and Ctrl-C (exit
 """
 
 import json
+import sys
+from pathlib import Path
 
 import pytest
 
@@ -14,18 +16,15 @@ from posttrain.envs import TASKS
 from posttrain.envs.files import iter_jsonl
 from posttrain.models.tokenizer import build_char_tokenizer
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from _cli_errors import one_error_line  # noqa: E402
+
 # A micro model and a run that ends at once: a case that slipped through would cost seconds, not minutes.
 QUICK = ["model.path=builtin:micro", "sampling.group_size=2", "sampling.prompts_per_step=1",
          "sampling.max_new_tokens=3", "steps=0", "eval.size=1", "sft.steps=0", "--no-progress"]
 CHECK = ["model.path=builtin:micro", "sampling.group_size=2", "sampling.max_new_tokens=3"]
 
 
-def one_error_line(capsys) -> str:
-    err = capsys.readouterr().err
-    assert "Traceback" not in err
-    lines = err.strip().splitlines()
-    assert len(lines) == 1, err
-    return lines[0]
 
 
 def write_jsonl(path, rows):

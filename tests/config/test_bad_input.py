@@ -5,6 +5,8 @@ line on stderr, the named file / key in it, no traceback, and (for ``train``) no
 """
 
 import logging
+import sys
+from pathlib import Path
 
 import pytest
 
@@ -12,13 +14,8 @@ import posttrain.algos as A
 from posttrain.cli import main
 from posttrain.config import RECIPES_DIR, ConfigError, check_algo_kwargs, load_config, resolve_recipe_path
 
-
-def one_error_line(capsys) -> str:
-    err = capsys.readouterr().err
-    assert "Traceback" not in err
-    lines = err.strip().splitlines()
-    assert len(lines) == 1, err
-    return lines[0]
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from _cli_errors import one_error_line  # noqa: E402
 
 
 def test_missing_local_model_dir_is_named_at_load(capsys, tmp_path):
@@ -144,7 +141,7 @@ def test_every_shipped_recipe_and_every_registered_function_passes_the_probe_wit
         check_algo_kwargs(load_config(name))
     for est in A.ADVANTAGES:
         if "step_ids" in A.ADVANTAGES.needs(est):
-            continue  # gigpo: refused at load until the loop has multi-turn episodes (tests/loop/test_requirements.py)
+            continue  # gigpo: needs env.name (step ids come from multi-turn episodes); tests/loop/test_requirements.py
         extra = ["critic.enabled=true"] if est == "gae" else []
         load_config("grpo", [f"credit.estimator={est}", "credit.kwargs={}", *extra])
     for loss in A.POLICY_LOSSES:
