@@ -382,7 +382,15 @@ def run(args: argparse.Namespace) -> int:
     if args.threads is not None:
         torch.set_num_threads(max(int(args.threads), 1))
     try:
-        return _run(args, overrides, steps)
+        # The benchmark's own output is the table: quiet the loop's INFO / WARNING lines, and restore the
+        # level after (a caller in the same process, e.g. a test run, keeps its logging).
+        plog = logging.getLogger("posttrain")
+        level_before = plog.level
+        plog.setLevel(logging.ERROR)
+        try:
+            return _run(args, overrides, steps)
+        finally:
+            plog.setLevel(level_before)
     finally:
         torch.set_num_threads(threads_before)
 
@@ -391,7 +399,6 @@ def _run(args: argparse.Namespace, overrides: list[str], steps: int) -> int:
     cfg = _config(args.recipe, overrides)
     work = Path(args.work_dir)
     work.mkdir(parents=True, exist_ok=True)
-    logging.getLogger("posttrain").setLevel(logging.ERROR)
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
     sft_dir, sft_s = prepare_sft(cfg, work, fresh=args.fresh_sft)

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
 import math
 from pathlib import Path
 
@@ -19,7 +20,9 @@ def test_vs_trl_quick_writes_json_and_both_sides_train(tmp_path: Path) -> None:
     vs_trl.add_arguments(parser)
     out = tmp_path / "out.json"
     args = parser.parse_args(["--quick", "--threads", "1", "--work-dir", str(tmp_path / "work"), "--json", str(out)])
+    level_before = logging.getLogger("posttrain").level
     assert vs_trl.run(args) == 0
+    assert logging.getLogger("posttrain").level == level_before  # the bench quiets the loop only while it runs
     res = json.loads(out.read_text())
     for key in ("speedup_vs_trl", "posttrain_heldout_accuracy", "trl_heldout_accuracy", "sft_heldout_accuracy"):
         assert isinstance(res[key], float) and math.isfinite(res[key]), key

@@ -190,7 +190,7 @@ def test_an_engine_that_cannot_sleep_is_logged_once_not_silently_skipped(caplog:
     from posttrain.loop.run_state import Run
 
     run = types.SimpleNamespace(cfg=load_config("grpo", ["system.engine_sleep=true"]), engine=object())
-    with caplog.at_level(logging.WARNING):
+    with caplog.at_level(logging.WARNING, logger="posttrain"):  # the loop's logger, whatever its level before
         assert Run.release_engine(run) is False  # type: ignore[arg-type]
         assert Run.release_engine(run) is False  # type: ignore[arg-type]
     lines = [r.getMessage() for r in caplog.records if "system.engine_sleep" in r.getMessage()]
