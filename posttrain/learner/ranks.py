@@ -298,11 +298,16 @@ def _load_learner_state(learner: Any, state: Mapping[str, Any], fsdp: bool) -> N
     osd = id_to_fqn_optimizer_state(state["optimizer"], _trainable_names(learner.model))
     if osd["state"]:
         set_optimizer_state_dict(learner.model, learner.optimizer, osd, options=StateDictOptions(full_state_dict=True))
-    else:
-        # No step taken yet: keep AdamW stateless. (set_optimizer_state_dict would first initialise the
-        # state with a zero-lr step, leaving step=1, which changes the bias correction of the first real step.)
-        for live, saved in zip(learner.optimizer.param_groups, osd["param_groups"], strict=True):
-            live.update({k: v for k, v in saved.items() if k != "params"})
+    _restore_rest(learner, state, None if osd["state"] else osd["param_groups"])
+
+
+def _restore_rest(learner: Any, state: Mapping[str, Any], param_groups: Any) -> None:
+    """Scheduler, generator and counters from ``state``; with ``param_groups`` (no optimizer step
+    taken yet) only the groups' hyper-parameters are restored and AdamW stays stateless:
+    set_optimizer_state_dict would first initialise the state with a zero-lr step, leaving step=1,
+    which changes the bias correction of the first real step."""
+    for live, saved in zip(learner.optimizer.param_groups, param_groups or [], strict=param_groups is not None):
+        live.update({k: v for k, v in saved.items() if k != "params"})
     learner.scheduler.load_state_dict(state["scheduler"])
     learner.generator.set_state(state["generator"])
     learner.version = int(state["version"])
@@ -323,13 +328,7 @@ def _load_sharded_state(learner: Any, directory: str, state: Mapping[str, Any]) 
     from posttrain.learner.sharded_checkpoint import load_sharded
 
     load_sharded(learner.model, learner.optimizer, directory, with_optimizer=bool(state["optimizer_in_shards"]))
-    if not state["optimizer_in_shards"]:
-        for live, saved in zip(learner.optimizer.param_groups, state["param_groups"], strict=True):
-            live.update({k: v for k, v in saved.items() if k != "params"})
-    learner.scheduler.load_state_dict(state["scheduler"])
-    learner.generator.set_state(state["generator"])
-    learner.version = int(state["version"])
-    learner.optimizer_steps = int(state["optimizer_steps"])
+    _restore_rest(learner, state, None if state["optimizer_in_shards"] else state["param_groups"])
 
 
 def _load_weights(learner: Any, sd: Mapping[str, torch.Tensor], fsdp: bool) -> None:
