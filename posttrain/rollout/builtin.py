@@ -29,7 +29,7 @@ from typing import Any
 import torch
 
 from posttrain.rollout.engine import eos_id_set, validate_requests
-from posttrain.rollout.runners import HFRunner, Qwen2Runner, supports_fast_path
+from posttrain.rollout.runners import HFRunner, StaticCacheRunner, supports_fast_path
 from posttrain.rollout.sampling import behaviour_logprobs, sample_tokens, uniforms
 from posttrain.rollout.types import Completion, GenerationRequest
 
@@ -57,8 +57,8 @@ class _Row:
 class BuiltinEngine:
     """Batched, KV-cached, exactly-recorded sampling from a ``transformers`` causal LM.
 
-    ``model``: any HF causal LM (Qwen2 models take the static-cache fast path unless
-    ``fast_path=False``). ``tokenizer`` is needed only for ``stop_strings``. ``eos_token_id``
+    ``model``: any HF causal LM (Qwen2 and Llama models, SmolLM2 included, take the static-cache
+    fast path unless ``fast_path=False``). ``tokenizer`` is needed only for ``stop_strings``. ``eos_token_id``
     defaults to the tokenizer's, else the model config's (an int or a list). ``max_batch_size``
     bounds the samples decoded together (``None``: all). ``version`` is the initial weight version.
     """
@@ -93,8 +93,8 @@ class BuiltinEngine:
         self.vocab_size = int(model.get_output_embeddings().weight.shape[0])
         self.context: int | None = getattr(model.config, "max_position_embeddings", None)
         self.device = next(model.parameters()).device
-        self.runner: HFRunner | Qwen2Runner = (
-            Qwen2Runner(model) if fast_path and supports_fast_path(model) else HFRunner(model)
+        self.runner: HFRunner | StaticCacheRunner = (
+            StaticCacheRunner(model) if fast_path and supports_fast_path(model) else HFRunner(model)
         )
         self.stats: dict[str, int] = {"prefill_rows": 0, "prefill_tokens": 0, "decode_row_steps": 0}
         self._pause = threading.Event()

@@ -6,8 +6,8 @@ real tokens before it (``cumsum(mask) - 1``), so left padding changes nothing a 
 
 - :class:`HFRunner` works for any ``transformers`` causal LM: it calls the model's own forward
   with a ``DynamicCache`` (Hugging Face's growing KV cache).
-- :class:`Qwen2Runner` is the fast path for Qwen2-style decoders (no sliding window): it calls
-  the decoder's own sub-modules (norms, projections, MLP, rotary embedding) but keeps a static,
+- :class:`StaticCacheRunner` is the fast path for Qwen2- and Llama-style decoders (SmolLM2 is a
+  Llama; no sliding window): it calls the decoder's own sub-modules (norms, projections, MLP, rotary embedding) but keeps a static,
   preallocated KV cache written in place and runs attention through
   ``scaled_dot_product_attention``, avoiding Hugging Face's per-step mask and cache bookkeeping.
   Same arithmetic as the model, so greedy tokens match ``generate`` (tested).
@@ -93,23 +93,30 @@ class StaticState:
     padded: bool = True  # some row has an invalid (padding) column: attention needs the mask
 
 
+#: Decoder families whose layers are ``input_layernorm -> self_attn(q/k/v/o_proj, rotary) -> residual ->
+#: post_attention_layernorm -> mlp -> residual`` with the rotary module on ``model.model.rotary_emb``:
+#: the layout :class:`StaticCacheRunner` calls into (each family tested against ``generate``).
+FAST_PATH_MODEL_TYPES: frozenset[str] = frozenset({"qwen2", "llama"})
+
+
 def supports_fast_path(model: torch.nn.Module) -> bool:
-    """Qwen2 decoders without sliding-window attention (the only family the fast path is tested on)."""
+    """Decoders of :data:`FAST_PATH_MODEL_TYPES` without sliding-window attention."""
     cfg = getattr(model, "config", None)
     return (
         cfg is not None
-        and getattr(cfg, "model_type", None) == "qwen2"
+        and getattr(cfg, "model_type", None) in FAST_PATH_MODEL_TYPES
         and not getattr(cfg, "use_sliding_window", False)
         and hasattr(model, "model")
         and hasattr(model.model, "layers")
     )
 
 
-class Qwen2Runner:
-    """Static-cache decode calling the Qwen2 decoder's modules directly (see the module docstring)."""
+class StaticCacheRunner:
+    """Static-cache decode calling a Qwen2 / Llama decoder's modules directly (see the module docstring)."""
 
     def __init__(self, model: torch.nn.Module) -> None:
-        from transformers.models.qwen2.modeling_qwen2 import apply_rotary_pos_emb
+        # The same rotary application in both families (rotate_half on [B, H, S, D] with cos/sin [B, S, D]).
+        from transformers.models.llama.modeling_llama import apply_rotary_pos_emb
 
         self.model = model
         self.core = model.model

@@ -11,26 +11,43 @@ import torch
 
 from posttrain.models import build_tiny_model
 from posttrain.rollout.builtin import BuiltinEngine
-from posttrain.rollout.runners import HFRunner, Qwen2Runner
+from posttrain.rollout.runners import HFRunner, StaticCacheRunner
 from posttrain.rollout.sampling import SamplingParams
 from posttrain.rollout.types import GenerationRequest
 
 
-@pytest.fixture(scope="module")
-def model() -> torch.nn.Module:
+def _tiny_llama() -> torch.nn.Module:
+    """A micro ``LlamaForCausalLM`` (SmolLM2's family): same sizes as the micro Qwen2 preset."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    cfg = LlamaConfig(
+        vocab_size=106, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+        num_key_value_heads=2, max_position_embeddings=128, tie_word_embeddings=True, pad_token_id=0,
+        eos_token_id=1, bos_token_id=2, attn_implementation="eager",
+    )
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(1)
+        return LlamaForCausalLM(cfg).eval()
+
+
+@pytest.fixture(scope="module", params=["qwen2", "llama"])
+def model(request: pytest.FixtureRequest) -> torch.nn.Module:
+    """Both decoder families of the static-cache fast path (every test runs on each)."""
+    if request.param == "llama":
+        return _tiny_llama()
     return build_tiny_model("micro", seed=1, max_position_embeddings=128)
 
 
 PROMPTS = [[5, 9, 33, 40], [7, 7, 8], [60, 61, 62, 63, 64, 65, 66], [12, 13]]
 
 
-def test_fast_path_is_taken_for_qwen2_and_can_be_disabled(model: torch.nn.Module) -> None:
-    assert isinstance(BuiltinEngine(copy.deepcopy(model)).runner, Qwen2Runner)
+def test_fast_path_is_taken_for_qwen2_and_llama_and_can_be_disabled(model: torch.nn.Module) -> None:
+    assert isinstance(BuiltinEngine(copy.deepcopy(model)).runner, StaticCacheRunner)
     assert isinstance(BuiltinEngine(copy.deepcopy(model), fast_path=False).runner, HFRunner)
     assert BuiltinEngine.reproducible_resume is True
 
 
-@pytest.mark.parametrize("fast_path", [True, False], ids=["qwen2-static", "hf-dynamic"])
+@pytest.mark.parametrize("fast_path", [True, False], ids=["static", "hf-dynamic"])
 def test_prompt_prefilled_once_for_n_samples(model: torch.nn.Module, fast_path: bool) -> None:
     eng = BuiltinEngine(copy.deepcopy(model), fast_path=fast_path)
     params = SamplingParams(n=5, max_new_tokens=3, seed=0)
@@ -42,7 +59,7 @@ def test_prompt_prefilled_once_for_n_samples(model: torch.nn.Module, fast_path: 
     assert len({tuple(c.token_ids) for c in out[:5]}) > 1
 
 
-@pytest.mark.parametrize("fast_path", [True, False], ids=["qwen2-static", "hf-dynamic"])
+@pytest.mark.parametrize("fast_path", [True, False], ids=["static", "hf-dynamic"])
 def test_finished_rows_leave_the_batch(model: torch.nn.Module, fast_path: bool) -> None:
     eng = BuiltinEngine(copy.deepcopy(model), eos_token_id=[], fast_path=fast_path)  # no eos: lengths are exact
     budgets = [2, 5, 9]
@@ -64,7 +81,7 @@ def test_fast_path_and_generic_runner_sample_the_same_tokens(model: torch.nn.Mod
     assert np.allclose(sum((c.logprobs for c in a), []), sum((c.logprobs for c in b), []), atol=1e-5)
 
 
-@pytest.mark.parametrize("fast_path", [True, False], ids=["qwen2-static", "hf-dynamic"])
+@pytest.mark.parametrize("fast_path", [True, False], ids=["static", "hf-dynamic"])
 def test_greedy_matches_transformers_generate(model: torch.nn.Module, fast_path: bool) -> None:
     eng = BuiltinEngine(copy.deepcopy(model), eos_token_id=[], fast_path=fast_path)
     out = eng.generate(
