@@ -147,7 +147,8 @@ class EpisodeState:
     versions) and steps the environment (its observation becomes ``observation`` tokens with
     ``action_mask = 0``); :meth:`trajectory` builds the record. Limits: ``max_turns`` policy turns,
     ``max_tokens`` over the whole flattened sequence, ``max_wall_s`` seconds since ``start`` (None:
-    none); each ends the episode as ``Finish.TRUNCATED``. An exception of the environment (reset or
+    none; time spent :meth:`suspend`-ed between turns does not count); each ends the episode as
+    ``Finish.TRUNCATED``. An exception of the environment (reset or
     step) or a malformed turn is ``Status.ENV_FAILURE`` with no reward total.
 
     Per step ``t`` (GiGPO, Feng et al. 2025, arXiv:2505.10978) it keeps ``step_anchors[t]`` = a
@@ -186,6 +187,8 @@ class EpisodeState:
         self.step_rewards: list[float] = []
         self.turn_tokens: list[int] = []  # action tokens of each step (GiGPO's step_index)
         self.done = False
+        self.pauses = 0  # times the episode was suspended between turns and resumed (partial rollout)
+        self._paused_at: float | None = None
         self._msgs: list[dict[str, Any]] = []
         self._obs = ""
         self._t0 = 0.0
@@ -235,6 +238,17 @@ class EpisodeState:
         if why:
             self.explanation, self.done = why, True
         return not self.done
+
+    def suspend(self) -> None:
+        """The episode is paused between turns (partial rollout): stop its wall-time clock."""
+        self._paused_at = time.perf_counter()
+
+    def resume(self) -> None:
+        """Resume a suspended episode: the time it waited does not count against ``max_wall_s``."""
+        if self._paused_at is not None:
+            self._t0 += time.perf_counter() - self._paused_at
+            self._paused_at = None
+            self.pauses += 1
 
     def truncate(self, why: str) -> None:
         """End the live episode as truncated by an outside limit (e.g. the model's context)."""

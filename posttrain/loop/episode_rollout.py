@@ -16,13 +16,16 @@ in the same round under the new weights, so one trajectory's tokens can carry se
 versions, across turns and within one. Episodes end by the environment (terminal), by
 ``env.max_turns`` / ``env.max_tokens`` / ``env.max_wall_s`` or a turn cut by
 ``sampling.max_new_tokens`` (truncated), or by an environment exception (``env_failure``: no
-reward, counted, excluded from the update).
+reward, counted, excluded from the update). With partial rollout (``system.partial_fraction`` < 1)
+a call returns once enough episodes have ended and suspends the others between two turns, with
+their environment state, until a later call resumes them (:class:`EpisodeRollout`).
 """
 
 from __future__ import annotations
 
 import dataclasses
 import hashlib
+import math
 import time
 from collections import Counter
 from collections.abc import Sequence
@@ -68,17 +71,23 @@ def generate_turns(engine: Any, requests: Sequence[Any]) -> tuple[dict[str, Any]
 
 
 def run_episodes(engine: Any, episodes: Sequence[EpisodeState], params: Any, *, seed_of: Any,
-                 context: int | None = None) -> dict[str, float]:
-    """Advance ``episodes`` (already started) to their ends in turn rounds; returns round metrics.
+                 context: int | None = None, finish_target: int | None = None) -> dict[str, float]:
+    """Advance ``episodes`` (already started) in turn rounds; returns round metrics.
 
     ``params``: the sampler (``n`` is forced to 1; ``max_new_tokens`` is capped per episode by its
     token budget and the model's ``context``); ``seed_of(episode) -> int`` seeds its next turn.
+    Without ``finish_target`` every episode runs to its end. With it (partial rollout) the rounds
+    stop after the first round at whose end at least ``finish_target`` of the episodes that were
+    live on entry have ended; the others stay live, between two turns, with their environments.
     """
     from posttrain.rollout.types import GenerationRequest
 
     rounds = engine_calls = 0
     new_tokens = 0
+    live_on_entry = [e for e in episodes if not e.done]
     while True:
+        if finish_target is not None and sum(e.done for e in live_on_entry) >= finish_target:
+            break
         live = [e for e in episodes if e.wants_action()]
         if context is not None:
             for e in live:
@@ -104,18 +113,44 @@ def run_episodes(engine: Any, episodes: Sequence[EpisodeState], params: Any, *, 
             "rollout/new_tokens": float(new_tokens)}
 
 
+@dataclasses.dataclass
+class _EpisodeGroup:
+    """The ``group_size`` episodes of one prompt until all have ended (partial rollout keeps it open)."""
+
+    group_id: str
+    call: int
+    episodes: list[EpisodeState]
+    dropped: int = 0
+
+
 class EpisodeRollout:
     """Rollout calls of multi-turn episodes (see the module docstring); thread-compatible like
-    GroupRollout (one thread at a time calls :meth:`run_call`)."""
+    GroupRollout (one thread at a time calls :meth:`run_call`).
+
+    Partial rollout (``system.partial_fraction`` lambda < 1, as for single-turn samples in
+    :class:`~posttrain.loop.producer.GroupRollout`): a call plans ``N*K`` episodes — the carried
+    ones plus fresh groups to top up — and returns once ``ceil(lambda*N*K)`` of them have ended.
+    The others are **suspended between two turns** with their environment, transcript, per-token
+    log-probs and versions, and resume in a later call under the weights of that time (their
+    tokens then carry several behaviour versions; the wait does not count against
+    ``env.max_wall_s``). A carried episode whose version span would exceed ``max_version_span``
+    (or lag beyond ``max_staleness``) is dropped instead of resumed, and counted. A group is
+    emitted when all its (not dropped) episodes have ended.
+    """
 
     def __init__(self, cfg: RunConfig, run: Any, stage: Any) -> None:
         self.cfg, self.run, self.stage = cfg, run, stage
         self.N, self.K = cfg.sampling.prompts_per_step, cfg.sampling.group_size
-        self.dropped = 0  # episodes never pause between calls: nothing is dropped before resuming
+        self.lam = cfg.system.partial_fraction
+        self.groups: dict[str, _EpisodeGroup] = {}  # open groups, in creation order
+        # suspended episodes waiting for the next call (the producers' resume-only calls look at it)
+        self.carry: list[EpisodeState] = []
+        # suspended episodes dropped instead of resumed (span / staleness), cumulative over the run
+        self.dropped = int(getattr(getattr(run, "state", None), "rollout_dropped", 0))
 
     def inflight(self) -> int:
-        """Episodes carried between calls: none (a call runs its episodes to their ends)."""
-        return 0
+        """Episodes begun but not emitted: suspended ones plus ended ones in open groups."""
+        return sum(len(g.episodes) for g in self.groups.values())
 
     def new_episode(self, ex: Any, *, traj_id: str, group_id: str, env_overrides: dict[str, Any] | None = None
                     ) -> EpisodeState:
@@ -144,33 +179,88 @@ class EpisodeRollout:
             kw["max_new_tokens"] = max_new_tokens
         return dataclasses.replace(p, **kw)
 
+    def _resume_carried(self, engine_version: int) -> tuple[list[EpisodeState], int, int]:
+        """The carried episodes to resume now; those past ``max_version_span`` / ``max_staleness`` if
+        resumed are dropped from their groups. Returns (resumed, dropped for span, dropped for lag)."""
+        syscfg = self.cfg.system
+        resumed: list[EpisodeState] = []
+        drop_span = drop_stale = 0
+        for e in self.carry:
+            acted = [v for v in e.vers if v >= 0]
+            span = engine_version - min(acted) if acted else 0
+            too_wide = syscfg.max_version_span is not None and span > syscfg.max_version_span
+            too_old = syscfg.max_staleness is not None and span > syscfg.max_staleness
+            if too_wide or too_old:
+                drop_span += int(too_wide)
+                drop_stale += int(too_old and not too_wide)
+                g = self.groups[e.group_id]
+                g.episodes.remove(e)
+                g.dropped += 1
+                continue
+            e.resume()
+            resumed.append(e)
+        self.carry = []
+        self.dropped += drop_span + drop_stale
+        return resumed, drop_span, drop_stale
+
     def run_call(self, call: int, *, round_idx: int = 0, n_prompts: int | None = None
                  ) -> tuple[list[list[Trajectory]], dict[str, float]]:
-        """One call: ``n_prompts`` (default ``prompts_per_step``) fresh groups of ``group_size``
-        episodes, run to their ends. Returns the groups (in prompt order) and the call's metrics."""
+        """One call: the carried episodes plus fresh groups of ``group_size`` episodes (``n_prompts``,
+        default ``prompts_per_step``, or with partial rollout topped up to ``N*K`` planned episodes),
+        advanced until they end (or, lambda < 1, until ``ceil(lambda*N*K)`` have ended). Returns the
+        groups completed by this call (in creation order) and the call's metrics."""
         run, cfg = self.run, self.cfg
         step = call + 1
-        examples = run.next_prompts(n_prompts or self.N)
-        eps: list[EpisodeState] = []
-        gids: list[str] = []
+        resumed, drop_span, drop_stale = self._resume_carried(int(getattr(run.engine, "version", 0)))
+        n_fresh = self.N if self.lam >= 1.0 else max(0, self.N - len(resumed) // self.K)
+        if n_fresh == 0 and not resumed:
+            n_fresh = self.N
+        if n_prompts is not None:
+            n_fresh = n_prompts
+        examples = run.next_prompts(n_fresh) if n_fresh else []
+        fresh: list[EpisodeState] = []
         t0 = time.perf_counter()
         for i, ex in enumerate(examples):
             gid = f"s{step}r{round_idx}p{i}-{ex.prompt_id}"
-            gids.append(gid)
-            eps.extend(self.new_episode(ex, traj_id=f"{gid}/{j}", group_id=gid) for j in range(self.K))
+            eps = [self.new_episode(ex, traj_id=f"{gid}/{j}", group_id=gid) for j in range(self.K)]
+            self.groups[gid] = _EpisodeGroup(gid, call, eps)
+            fresh.extend(eps)
+        todo = resumed + fresh
+        planned = len([e for e in todo if not e.done])
+        target = math.ceil(self.lam * self.N * self.K) if self.lam < 1.0 else None
+        if target is not None and target >= planned:
+            target = None  # nothing would be suspended
         params = self.sampling()
-        info = run_episodes(run.engine, eps, params, context=context_limit(run),
+        info = run_episodes(run.engine, todo, params, context=context_limit(run), finish_target=target,
                             seed_of=lambda e: _seed(cfg.seed, e.traj_id, e.turns))
         t_roll = time.perf_counter() - t0
+        n_finished = sum(e.done for e in todo) - (len(todo) - planned)
+        for e in todo:
+            if not e.done:
+                e.suspend()
+                self.carry.append(e)
+        complete = [g for g in self.groups.values() if g.episodes and all(e.done for e in g.episodes)]
+        emptied = [g for g in self.groups.values() if not g.episodes]
+        for g in complete + emptied:
+            del self.groups[g.group_id]
         record = params.to_record()
-        trajs = [e.trajectory(sampling=record, meta={"rollout_call": call, "version_span": _span(e)}) for e in eps]
-        by_group: dict[str, list[Trajectory]] = {}
-        for t in trajs:
-            by_group.setdefault(t.group_id, []).append(t)
+        out: list[list[Trajectory]] = []
+        trajs: list[Trajectory] = []
+        for g in complete:
+            group = [e.trajectory(sampling=record, meta={"rollout_call": call, "version_span": _span(e),
+                                                         "pauses": e.pauses, "pause_age": call - g.call})
+                     for e in g.episodes]
+            out.append(group)
+            trajs.extend(group)
         info.update(episode_metrics(trajs))
         info.update({"time/rollout_s": t_roll, "time/reward_s": 0.0, "sampling/rounds": 1.0, "rollout/calls": 1.0,
-                     "rollout/rows": float(len(trajs)), "partial/groups_completed": float(len(by_group))})
-        return [by_group[g] for g in gids], info
+                     "rollout/rows": float(len(todo)), "partial/lambda": float(self.lam),
+                     "partial/fresh_prompts": float(n_fresh), "partial/resumed": float(len(resumed)),
+                     "partial/finished": float(n_finished),
+                     "partial/paused": float(len(self.carry)), "partial/dropped_span": float(drop_span),
+                     "staleness/dropped_before_resume": float(drop_stale),
+                     "partial/groups_completed": float(len(out)), "partial/groups_emptied": float(len(emptied))})
+        return out, info
 
 
 def _span(e: EpisodeState) -> int:
