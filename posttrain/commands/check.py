@@ -11,6 +11,9 @@ On the configured model, engine and recipe (a few prompts, no training) it check
 4. ``microbatch_split``: gradients with one row per micro-batch equal the whole-batch gradients;
 5. ``save_resume``: a checkpoint round trip keeps the log-probs, versions and data cursor.
 
+With ``env.name`` set the trajectories are multi-turn episodes played as in training, so checks
+1-4 also cover the observation tokens between turns (never in a ratio, a loss or a gradient).
+
 Prints a pass/fail table; exit code 1 when any check fails.
 """
 
@@ -39,6 +42,23 @@ def _max_rel(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> float:
     return num / den
 
 
+def _episode_trajectories(cfg: Any, prompts: int, tok: Any, model: Any, task: Any, engine: Any) -> list[Any]:
+    """``prompts`` groups of multi-turn episodes (``env.name``), played exactly as a training call
+    plays them (:class:`~posttrain.loop.episode_rollout.EpisodeRollout`): the checks then run on a
+    batch whose observation tokens sit between action turns."""
+    import types
+
+    from posttrain.loop.episode_rollout import EpisodeRollout
+    from posttrain.loop.rollout_stage import RolloutStage
+
+    run = types.SimpleNamespace(cfg=cfg, engine=engine, tokenizer=tok, task=task, plain_model=model,
+                                next_prompts=lambda n: task.examples("train", n, seed=cfg.seed))
+    rollout = EpisodeRollout(cfg.model_copy(update={"system": cfg.system.model_copy(update={"partial_fraction": 1.0})}),
+                             run, RolloutStage.from_config(cfg, run))
+    groups, _ = rollout.run_call(0, n_prompts=prompts)
+    return [t for g in groups for t in g]
+
+
 def run_checks(cfg: Any, prompts: int = 4) -> list[tuple[str, bool, str]]:
     """Run the five checks on ``cfg``; returns ``[(name, passed, detail)]``."""
     from posttrain.envs.task import check_prompts, task_rows
@@ -56,20 +76,27 @@ def run_checks(cfg: Any, prompts: int = 4) -> list[tuple[str, bool, str]]:
     task = build_task(cfg)
     learner = build_learner(cfg, model)
     engine = build_engine(learner.model, tok)
-    s = cfg.sampling
-    params = SamplingParams(temperature=s.temperature, top_p=s.top_p, top_k=s.top_k,
-                            max_new_tokens=s.max_new_tokens, n=s.group_size, seed=cfg.seed)
-    examples = task.examples("train", prompts, seed=cfg.seed)
-    # Every row of a file task (else the sampled prompts) must encode and fit the model's context:
-    # one error naming the file and row, before anything is tokenized for generation.
-    check_prompts(task_rows(task) or examples, tok, max_context=getattr(model.config, "max_position_embeddings", None),
-                  max_new_tokens=s.max_new_tokens, renderer=renderer)
-    reqs = [GenerationRequest(f"check{i}", renderer.ids(ex), params) for i, ex in enumerate(examples)]
-    comps = engine.generate(reqs)
-    exs = [examples[int(c.request_id[5:])] for c in comps]
-    trajs, _ = score(comps, exs, task=task, tokenizer=tok, group_ids=[c.request_id for c in comps], step=0,
-                     spec=ScoringSpec(cfg.reward.weights, cfg.reward.overlong_max_len, cfg.reward.overlong_cache_len))
-    trajs = [t for t in trajs if t.status is not Status.INFRA_ERROR]
+    if cfg.env.name is not None:
+        trajs = _episode_trajectories(cfg, prompts, tok, model, task, engine)
+    else:
+        s = cfg.sampling
+        params = SamplingParams(temperature=s.temperature, top_p=s.top_p, top_k=s.top_k,
+                                max_new_tokens=s.max_new_tokens, n=s.group_size, seed=cfg.seed)
+        examples = task.examples("train", prompts, seed=cfg.seed)
+        # Every row of a file task (else the sampled prompts) must encode and fit the model's context:
+        # one error naming the file and row, before anything is tokenized for generation.
+        check_prompts(task_rows(task) or examples, tok,
+                      max_context=getattr(model.config, "max_position_embeddings", None),
+                      max_new_tokens=s.max_new_tokens, renderer=renderer)
+        reqs = [GenerationRequest(f"check{i}", renderer.ids(ex), params) for i, ex in enumerate(examples)]
+        comps = engine.generate(reqs)
+        exs = [examples[int(c.request_id[5:])] for c in comps]
+        trajs, _ = score(comps, exs, task=task, tokenizer=tok, group_ids=[c.request_id for c in comps], step=0,
+                         spec=ScoringSpec(cfg.reward.weights, cfg.reward.overlong_max_len, cfg.reward.overlong_cache_len))
+    trajs = [t for t in trajs if t.status not in (Status.INFRA_ERROR, Status.ENV_FAILURE)]
+    if not trajs:
+        raise ValueError(f"check: none of the {prompts} sampled prompts gave a usable trajectory (all infra_error / "
+                         "env_failure); nothing to check")
     batch = collate(trajs, pad_token_id=int(tok.pad_token_id or 0))
     old = learner.compute_logprobs(batch)
     adv = build_targets(batch, old_logprob=old, ref_logprob=None, values=None,

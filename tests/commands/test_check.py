@@ -19,3 +19,27 @@ def test_mismatch_check_fails_when_the_limit_is_below_the_measured_kappa():
     results = dict((n, (ok, d)) for n, ok, d in run_checks(load_config("grpo", [*TINY, "guards.max_abs_log_kappa=1e-15"]), 2))
     ok, detail = results["behavior_vs_old"]
     assert not ok and "limit 1e-15" in detail
+
+
+EPISODES = ["model.path=builtin:micro", "env.name=calculator_tool", "env.tool_prompt=none", "env.max_turns=3",
+            "env.max_tokens=120", "env.stop_strings=['e', 'o']", "sampling.group_size=2",
+            "sampling.max_new_tokens=12", "seed=3"]
+
+
+def test_checks_run_on_multi_turn_episodes_with_observations_between_turns():
+    from posttrain.commands.check import _episode_trajectories
+    from posttrain.loop.builders import build_engine, build_learner, build_model, build_task
+    from posttrain.trajectory import Role
+
+    cfg = load_config(None, EPISODES)
+    tok, model = build_model(cfg)
+    learner = build_learner(cfg, model)
+    trajs = _episode_trajectories(cfg, 3, tok, model, build_task(cfg), build_engine(learner.model, tok))
+    assert len(trajs) == 6
+    # the batch the checks see has observation tokens after an action turn (not only a prompt)
+    assert any(Role.OBSERVATION in t.roles and t.roles.index(Role.OBSERVATION) > t.roles.index(Role.ACTION)
+               for t in trajs)
+    results = run_checks(cfg, prompts=3)
+    assert [n for n, _, _ in results] == ["ratio_is_one", "mask_invariance", "behavior_vs_old", "microbatch_split",
+                                          "save_resume"]
+    assert all(ok for _, ok, _ in results), results
