@@ -545,7 +545,6 @@ def _check_env(cfg: RunConfig) -> None:
                      cfg.env.name, cfg.task.name)
     for bad, why in ((cfg.system.backend != "local", "system.backend=local"),
                      (cfg.sampling.dynamic_sampling, "sampling.dynamic_sampling=false"),
-                     (cfg.critic.enabled, "critic.enabled=false"),
                      ((cfg.eval.samples or 1) > 1, "eval.samples=1 (one held-out episode per start)")):
         if bad:
             raise ValueError(f"env.name={cfg.env.name}: multi-turn episodes need {why}")

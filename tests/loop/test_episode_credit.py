@@ -169,3 +169,37 @@ def _with_head_noise(learner, g, role, gen, batch, adv, old):
     finally:
         h1.remove()
         h2.remove()
+
+
+def test_critic_values_at_observation_tokens_never_reach_gae():
+    """GAE over a multi-turn batch: whatever the critic outputs at observation / prompt positions,
+    the advantages and value targets at action tokens are the same (observations are state)."""
+    _, g = _episodes()
+    batch = collate(g, pad_token_id=0)
+    act = batch.action_mask > 0
+    gen = torch.Generator().manual_seed(0)
+    values = torch.randn(batch.action_mask.shape, generator=gen, dtype=torch.float64)
+    junk = torch.where(act, values, 1e3 * torch.randn(values.shape, generator=gen, dtype=torch.float64))
+    final = torch.zeros(batch.size, dtype=torch.float64)
+    a = build_targets(batch, values=values * act, final_values=final, estimator="gae")
+    b = build_targets(batch, values=junk, final_values=final, estimator="gae")
+    assert torch.equal(a.advantages, b.advantages) and torch.equal(a.returns, b.returns)
+    obs = torch.stack([torch.tensor([r is Role.OBSERVATION for r in t.roles] + [False] * (batch.action_mask.shape[1] - t.length))
+                       for t in g])
+    assert obs.any() and (a.advantages[obs] == 0).all()
+
+
+def test_episodes_train_with_a_critic_from_a_recipe(tmp_path):
+    from posttrain.loop.sync import train
+
+    cfg = load_config(None, ["model.path=builtin:micro", "env.name=calculator_tool", "env.tool_prompt=none",
+                             "env.max_turns=2", "env.max_tokens=120", "env.stop_strings=['e', 'o']",
+                             "sampling.prompts_per_step=2", "sampling.group_size=2", "sampling.max_new_tokens=12",
+                             "critic.enabled=true", "credit.estimator=gae", "eval.size=2", "eval.every=2", "steps=2",
+                             "logging.progress=false", "guards.max_truncation_rate=1.0", f"run_dir={tmp_path}"])
+    st = train(cfg)
+    assert st.step == 2
+    rows = [json.loads(x) for x in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    critic = [r for r in rows if any(k.startswith("critic/") for k in r)]
+    assert critic and all(torch.isfinite(torch.tensor(v)) for r in critic for k, v in r.items()
+                          if k.startswith("critic/") and isinstance(v, float))
