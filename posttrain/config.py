@@ -544,8 +544,7 @@ def _check_env(cfg: RunConfig) -> None:
         _log.warning("env.name=%s is set: task.name=%s is not used (episodes replace task prompts)",
                      cfg.env.name, cfg.task.name)
     for bad, why in ((cfg.system.backend != "local", "system.backend=local"),
-                     (cfg.sampling.dynamic_sampling, "sampling.dynamic_sampling=false"),
-                     ((cfg.eval.samples or 1) > 1, "eval.samples=1 (one held-out episode per start)")):
+                     (cfg.sampling.dynamic_sampling, "sampling.dynamic_sampling=false")):
         if bad:
             raise ValueError(f"env.name={cfg.env.name}: multi-turn episodes need {why}")
     from posttrain.envs.episodes import ENVS

@@ -216,7 +216,7 @@ class Run:
         from posttrain.evaluation.heldout import evaluate
 
         if self.cfg.env.name is not None:  # multi-turn: whole held-out episodes
-            return self.evaluate_episodes(temperature)
+            return self.evaluate_episodes(temperature, samples=samples)
         e = self.cfg.eval
         return evaluate(self.engine, self.tokenizer, self.task, self.heldout,
                         max_new_tokens=e.max_new_tokens or self.cfg.sampling.max_new_tokens,
@@ -224,8 +224,9 @@ class Run:
                         verify_batch=self.verify_batch, samples=samples, k=min(e.k, samples),
                         renderer=self.renderer, hidden_verifier=self.hidden_verifier)
 
-    def evaluate_episodes(self, temperature: float | None = None, env_overrides: dict[str, Any] | None = None) -> Any:
-        """Held-out evaluation of an ``env.name`` run: one episode per held-out start (default
+    def evaluate_episodes(self, temperature: float | None = None, env_overrides: dict[str, Any] | None = None,
+                          samples: int = 1) -> Any:
+        """Held-out evaluation of an ``env.name`` run: ``samples`` episodes per held-out start (default
         temperature ``eval.temperature``; ``env_overrides`` e.g. ``{"use_tools": False}``)."""
         from posttrain.loop.episode_rollout import EpisodeRollout, evaluate_episodes
         from posttrain.loop.rollout_stage import RolloutStage
@@ -233,7 +234,8 @@ class Run:
         e = self.cfg.eval
         ro = EpisodeRollout(self.cfg, self, RolloutStage.from_config(self.cfg, self))
         return evaluate_episodes(ro, self.heldout, temperature=e.temperature if temperature is None else temperature,
-                                 max_new_tokens=e.max_new_tokens, env_overrides=env_overrides)
+                                 max_new_tokens=e.max_new_tokens, env_overrides=env_overrides, samples=samples,
+                                 k=min(e.k, samples))
 
     def evaluate_and_judge(self, step: int) -> dict[str, float]:
         """Evaluate; promote if best so far, reject (restore) on a collapse, else retain."""

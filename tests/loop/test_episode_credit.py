@@ -203,3 +203,35 @@ def test_episodes_train_with_a_critic_from_a_recipe(tmp_path):
     critic = [r for r in rows if any(k.startswith("critic/") for k in r)]
     assert critic and all(torch.isfinite(torch.tensor(v)) for r in critic for k, v in r.items()
                           if k.startswith("critic/") and isinstance(v, float))
+
+
+def test_pass_at_k_over_held_out_episodes_hand_computed():
+    """3 episodes per start, exactly one correct (``right``; the others answer 7 or never call):
+    per start n = 3, c = 1, so pass@1 = 1/3 and pass@2 = 1 - C(2,2)/C(3,2) = 2/3."""
+    from posttrain.loop.episode_rollout import evaluate_episodes
+
+    eng = ByEpisode([right, call_then_wrong, no_call])
+    cfg, run, ro = make_run(eng)
+    examples = run.task.examples("heldout", 4, seed=0)
+    res = evaluate_episodes(ro, examples, temperature=1.0, samples=3, k=2)
+    assert res.per_prompt == ((3, 1),) * 4
+    m = res.passk_metrics()
+    assert m["heldout/pass@1"] == pytest.approx(1 / 3) and m["heldout/pass@2"] == pytest.approx(2 / 3)
+    assert res.accuracy == pytest.approx(1 / 3)
+    with pytest.raises(ValueError, match="k <= samples"):
+        evaluate_episodes(ro, examples, samples=2, k=3)
+
+
+def test_episode_recipe_reports_pass_at_k(tmp_path):
+    from posttrain.loop.sync import train
+
+    cfg = load_config(None, ["model.path=builtin:micro", "env.name=calculator_tool", "env.tool_prompt=none",
+                             "env.max_turns=2", "env.max_tokens=120", "env.stop_strings=['e', 'o']",
+                             "sampling.prompts_per_step=2", "sampling.group_size=2", "sampling.max_new_tokens=12",
+                             "eval.size=3", "eval.every=1", "eval.samples=2", "eval.k=2",
+                             "eval.sampled_temperature=1.0", "steps=1", "logging.progress=false",
+                             "guards.max_truncation_rate=1.0", f"run_dir={tmp_path}"])
+    train(cfg)
+    rows = [json.loads(x) for x in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    ev = [r for r in rows if "heldout/pass@2" in r]
+    assert ev and all(r["heldout/pass@2_samples"] == 2.0 for r in ev)
