@@ -229,3 +229,47 @@ def test_showcase_recipe_runs_on_smollm2_and_prints_the_rise(cache: Path, monkey
         ids = tok(text, add_special_tokens=False).input_ids
         assert t.token_ids[: t.prompt_length].tolist() == ids == renderer.ids(ex)
         assert t.meta["prompt_format"] == "chat" and t.status.value in ("correct", "wrong", "invalid")
+
+
+@needs_wheel
+def test_builtin_engine_takes_the_llama_fast_path_and_matches_generate(loaded: tuple[object, torch.nn.Module]) -> None:
+    """SmolLM2 is a Llama: the engine's static-cache runner, greedy, gives ``generate``'s tokens on
+    chat-rendered prompts of different lengths (left padding in the batch)."""
+    from posttrain.rollout.builtin import BuiltinEngine
+    from posttrain.rollout.runners import StaticCacheRunner
+    from posttrain.rollout.sampling import SamplingParams
+    from posttrain.rollout.types import GenerationRequest
+
+    tok, model = loaded
+    eng = BuiltinEngine(model, tok)  # stops at <|im_end|>, as generate does
+    assert isinstance(eng.runner, StaticCacheRunner)
+    prompts = [tok(tok.apply_chat_template([{"role": "user", "content": q}], add_generation_prompt=True, tokenize=False),
+                   add_special_tokens=False).input_ids for q in ("What is 2+3?", "Name a colour of the sky at noon.")]
+    out = eng.generate([GenerationRequest(f"g{i}", p, SamplingParams(temperature=0.0, max_new_tokens=12))
+                        for i, p in enumerate(prompts)])
+    for c, p in zip(out, prompts, strict=True):
+        ids = torch.tensor([p])
+        with torch.no_grad():
+            ref = model.generate(input_ids=ids, attention_mask=torch.ones_like(ids), do_sample=False,
+                                 max_new_tokens=12, pad_token_id=tok.pad_token_id)
+        assert c.token_ids == ref[0, len(p):].tolist()
+        assert len(c.token_ids) >= 4  # enough tokens to compare (an immediate end would prove little)
+
+
+@needs_wheel
+def test_tool_recipe_shows_the_tool_schema_in_smollm2s_own_template(loaded: tuple[object, torch.nn.Module]) -> None:
+    """``smollm2_tool_calc``: SmolLM2's template has no ``tools=``, so the schema and the answer format go in
+    its own system message (a preamble), and the first turn is the template's generation prompt."""
+    from posttrain.config import load_config
+    from posttrain.envs.multiturn import TurnRenderer
+    from posttrain.envs.tool_calling import calculator_tool_env
+
+    tok, _ = loaded
+    e = load_config("smollm2_tool_calc", []).env
+    env = calculator_tool_env(**e.kwargs)
+    r = TurnRenderer(tok, e.use_chat_template, e.system, tools=[t.schema() for t in env.tools], tool_prompt=e.tool_prompt)
+    ids, _ = r.first(env.reset(3))
+    text = tok.decode(ids)
+    assert r.tool_mode == "preamble"
+    assert text.startswith("<|im_start|>system\n") and '"name":"calculator"' in text and "<answer>N</answer>" in text
+    assert text.endswith("<|im_start|>assistant\n") and "helpful AI assistant" not in text  # ours replaces the default
