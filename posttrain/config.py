@@ -686,6 +686,15 @@ def _format_validation(e: ValidationError, source: str) -> str:
     return "; ".join(lines)
 
 
+def validate_config(data: dict[str, Any], source: str) -> RunConfig:
+    """``RunConfig`` of a nested mapping; a :class:`ConfigError` of one line per bad key, each
+    prefixed by ``source`` (a file, or e.g. the command line that built ``data``)."""
+    try:
+        return RunConfig.model_validate(data)
+    except ValidationError as e:
+        raise ConfigError(_format_validation(e, source)) from None
+
+
 def load_config(recipe: str | None = None, overrides: list[str] | None = None) -> RunConfig:
     """Load a recipe (path or shipped name; None = all defaults), apply overrides, validate."""
     data: dict[str, Any] = {}
@@ -705,10 +714,7 @@ def load_config(recipe: str | None = None, overrides: list[str] | None = None) -
             raise ConfigError(f"{path}: a recipe must be a mapping of keys, got a YAML {type(loaded).__name__}")
         data = loaded
     data = apply_overrides(data, list(overrides or []))
-    try:
-        cfg = RunConfig.model_validate(data)
-    except ValidationError as e:
-        raise ConfigError(_format_validation(e, source)) from None
+    cfg = validate_config(data, source)
     if cfg.optim.lr == 0 and cfg.steps > 0:
         # Legitimate for determinism checks (weights never change), a silent no-op run otherwise.
         _log.warning("%s: optim.lr=0 with steps=%d: the policy weights will not change", source, cfg.steps)

@@ -40,7 +40,7 @@ def register(sub: Any) -> None:
 def run(args: argparse.Namespace) -> int:
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from posttrain.config import RunConfig
+    from posttrain.config import validate_config
     from posttrain.envs.prompt_render import PromptRenderer
     from posttrain.envs.task import check_prompts, task_rows
     from posttrain.evaluation.heldout import evaluate
@@ -60,7 +60,9 @@ def run(args: argparse.Namespace) -> int:
         raise ValueError(f"--task-kwargs is not JSON: {e}") from None
     if args.env is not None:
         return _eval_episodes(args, path, tok, model, kwargs)
-    cfg = RunConfig.model_validate({"task": {"name": args.task, "kwargs": kwargs}})
+    if args.no_tools:
+        raise ValueError("--no-tools is an --env option (single-turn tasks have no tools)")
+    cfg = validate_config({"task": {"name": args.task, "kwargs": kwargs}}, "posttrain eval")
     task = build_task(cfg)
     examples = task.examples("heldout", args.n, seed=args.seed)
     renderer = PromptRenderer(tok, chat=args.chat_template == "true", system_prompt=args.system_prompt)
@@ -76,7 +78,7 @@ def _eval_episodes(args: argparse.Namespace, path: Path, tok: Any, model: Any, k
     """``--env``: one episode per held-out start, greedy unless ``--temperature``."""
     import types
 
-    from posttrain.config import RunConfig
+    from posttrain.config import validate_config
     from posttrain.loop.builders import build_engine, build_task
     from posttrain.loop.episode_rollout import EpisodeRollout, evaluate_episodes
     from posttrain.loop.rollout_stage import RolloutStage
@@ -90,7 +92,8 @@ def _eval_episodes(args: argparse.Namespace, path: Path, tok: Any, model: Any, k
         # episodes are rendered as the policy was trained; explicit --task-kwargs still win.
         env = {**run_cfg["env"], **({"kwargs": kwargs} if kwargs else {})}
         source = str(path.parent.parent / "config.yaml")
-    cfg = RunConfig.model_validate({"env": env, "sampling": {"max_new_tokens": args.max_new_tokens}, "seed": args.seed})
+    cfg = validate_config({"env": env, "sampling": {"max_new_tokens": args.max_new_tokens}, "seed": args.seed},
+                          f"posttrain eval (env settings from {source})")
     task = build_task(cfg)
     if args.no_tools:
         try:

@@ -232,6 +232,8 @@ def multiplication_problem(digits: Sequence[int] | int, name: str = "mul") -> Ca
     """``seed -> ("Compute a*b.", a*b)`` with ``a`` and ``b`` of ``digits`` decimal digits (an int,
     or ``[d_a, d_b]``); deterministic by seed."""
     da, db = (digits, digits) if isinstance(digits, int) else (int(digits[0]), int(digits[1]))
+    if isinstance(digits, bool) or not (isinstance(da, int) and isinstance(db, int)) or da < 1 or db < 1:
+        raise ValueError(f"{name}: digits must be an int >= 1 or a pair of them, got {digits!r}")
 
     def draw(seed: int) -> tuple[str, int]:
         rng = random.Random(f"{name}|{da}|{db}|{seed}")

@@ -62,3 +62,16 @@ def test_eval_needs_a_task_or_an_env_not_both(model_dir, capsys):
         main(["eval", str(model_dir)])
     with pytest.raises(SystemExit):
         main(["eval", str(model_dir), "--task", "chain_sum", "--env", "calculator_tool"])
+
+
+@pytest.mark.parametrize(("argv", "needle"), [
+    (["--env", "nope"], "env.name: unknown env 'nope'"),
+    (["--env", "calculator_tool", "--max-turns", "0"], "env.max_turns"),
+    (["--task", "chain_sum", "--no-tools"], "--no-tools is an --env option"),
+    (["--env", "calculator_tool", "--task-kwargs", '{"digits": 0}'], "digits must be an int >= 1"),
+    (["--task", "nope"], "unknown task 'nope'"),
+])
+def test_eval_errors_are_one_line(model_dir, capsys, argv, needle):
+    assert main(["eval", str(model_dir), *argv, "--n", "2"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()[-1]
+    assert needle in err and "Traceback" not in err and "pydantic" not in err
