@@ -49,6 +49,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--quick", action="store_true", help="micro model, 3 steps: a smoke test (seconds)")
     parser.add_argument("--modes", default=",".join(MODES), help=f"comma-separated subset of {', '.join(MODES)}")
     parser.add_argument("--steps", type=int, default=None, help="RL steps per mode (default 10; quick 3)")
+    parser.add_argument("--sft-steps", type=int, default=None,
+                        help="SFT warm-up steps (default 150; quick 10): fewer leave the shared start weaker, so RL has "
+                        "room to improve on it and held-out accuracy per token compares the modes")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--intra-op-threads", dest="threads", type=int, default=1,
                         help="torch.set_num_threads for every mode (default 1; see the module docstring)")
@@ -109,6 +112,10 @@ def run_mode(mode: str, p: dict[str, Any], seed: int, model_dir: Path, work: Pat
     hist = {k: int(sum(m.get(f"lag/count_{k}", 0.0) for m in ms)) for k in ("0", "1", "2", "3plus")}
     return {
         "mode": mode, "config": MODES[mode], "steps": st.step, "torch_threads": torch.get_num_threads(),
+        # The core split: sync runs rollout and update one after the other on one compute thread; the
+        # threaded modes run a rollout thread and a learner thread side by side, each with
+        # ``torch_threads`` intra-op threads.
+        "threads_per_side": {"rollout": threads, "learner": threads, "concurrent": mode != "sync"},
         "wall_s": wall, "total_s": total, "generated_tokens": gen, "tokens_per_s": gen / wall if wall else 0.0,
         "learner_util": learner / wall if wall else 0.0,
         "group_idle_frac": sum(idle) / len(idle) if idle else 0.0,
@@ -145,6 +152,10 @@ def run(args: argparse.Namespace) -> int:
     p = dict(QUICK if args.quick else FULL)
     if args.steps is not None:
         p["steps"] = args.steps
+    if args.sft_steps is not None:
+        if args.sft_steps < 0:
+            raise SystemExit(f"--sft-steps must be >= 0, got {args.sft_steps}")
+        p["sft_steps"] = args.sft_steps
     modes = [m.strip() for m in args.modes.split(",") if m.strip()]
     bad = [m for m in modes if m not in MODES]
     if bad:
