@@ -543,8 +543,7 @@ def _check_env(cfg: RunConfig) -> None:
     if "name" in cfg.task.model_fields_set:  # e.g. a single-turn recipe with an env.name override
         _log.warning("env.name=%s is set: task.name=%s is not used (episodes replace task prompts)",
                      cfg.env.name, cfg.task.name)
-    for bad, why in ((cfg.system.backend != "local", "system.backend=local"),
-                     (cfg.sampling.dynamic_sampling, "sampling.dynamic_sampling=false")):
+    for bad, why in ((cfg.sampling.dynamic_sampling, "sampling.dynamic_sampling=false"),):
         if bad:
             raise ValueError(f"env.name={cfg.env.name}: multi-turn episodes need {why}")
     from posttrain.envs.episodes import ENVS

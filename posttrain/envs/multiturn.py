@@ -200,6 +200,11 @@ class EpisodeState:
         self.lps.extend(logp if logp is not None else [0.0] * len(tokens))
         self.vers.extend(ver if ver is not None else [-1] * len(tokens))
 
+    def infra_fail(self, reason: str) -> None:
+        """End the episode as ``infra_error`` (the rollout infrastructure could not serve its turn):
+        no reward, excluded from the update, counted — never a zero reward."""
+        self.status, self.explanation, self.done = Status.INFRA_ERROR, f"rollout infra error: {reason}", True
+
     def fail(self, e: BaseException) -> None:
         """End the episode as ``env_failure`` (no reward total) with ``e`` as the explanation."""
         self.status, self.explanation, self.done = Status.ENV_FAILURE, f"{type(e).__name__}: {e}", True
@@ -324,7 +329,7 @@ class EpisodeState:
         if status is None:
             status = Status.INVALID if self.finish is Finish.TRUNCATED else Status.WRONG
         reward = Reward(components={}, weights=self.weights, total=None)
-        if status is not Status.ENV_FAILURE:
+        if status not in (Status.ENV_FAILURE, Status.INFRA_ERROR):
             comps = dict(self.comps)
             if self.finish is Finish.TRUNCATED:
                 for k in self.weights:

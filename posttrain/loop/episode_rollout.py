@@ -33,6 +33,7 @@ from typing import Any
 
 from posttrain.config import RunConfig
 from posttrain.envs.multiturn import EpisodeState
+from posttrain.loop.backends.base import generate_detailed
 from posttrain.trajectory import Finish, Status, Trajectory
 
 
@@ -46,20 +47,24 @@ def context_limit(run: Any) -> int | None:
     return getattr(getattr(getattr(run, "plain_model", None), "config", None), "max_position_embeddings", None)
 
 
-def generate_turns(engine: Any, requests: Sequence[Any]) -> tuple[dict[str, Any], int]:
-    """One turn per request: ``{request_id: finished completion}`` and the number of engine calls.
+def generate_turns(engine: Any, requests: Sequence[Any]) -> tuple[dict[str, Any], int, dict[str, str]]:
+    """One turn per request: ``({request_id: finished completion}, engine calls, {request_id: reason})``.
 
     A completion returned ``paused`` (a weight update interrupted the call) is resumed with
     ``GenerationRequest(resume=...)`` until it finishes; its later tokens carry the newer version.
+    A request a worker set could not serve (dead worker, timeouts; :func:`generate_detailed`) is
+    returned with its reason: its episode becomes ``infra_error``, never a zero reward.
     """
     from posttrain.rollout.types import GenerationRequest
 
     done: dict[str, Any] = {}
+    failed: dict[str, str] = {}
     pending = list(requests)
     calls = 0
     while pending:
-        comps = engine.generate(pending)
+        comps, fails = generate_detailed(engine, pending)
         calls += 1
+        failed.update({f.request.request_id: f.reason for f in fails})
         pending = []
         for c in comps:
             if c.finished:
@@ -67,7 +72,7 @@ def generate_turns(engine: Any, requests: Sequence[Any]) -> tuple[dict[str, Any]
             else:
                 pending.append(GenerationRequest(request_id=c.request_id, prompt_ids=list(c.prompt_ids),
                                                  params=c.params, resume=c))
-    return done, calls
+    return done, calls, failed
 
 
 def run_episodes(engine: Any, episodes: Sequence[EpisodeState], params: Any, *, seed_of: Any,
@@ -102,10 +107,13 @@ def run_episodes(engine: Any, episodes: Sequence[EpisodeState], params: Any, *, 
             reqs.append(GenerationRequest(
                 request_id=f"{e.traj_id}@t{e.turns}", prompt_ids=e.context(),
                 params=dataclasses.replace(params, n=1, seed=seed_of(e), max_new_tokens=max(1, min(params.max_new_tokens, cap)))))
-        done, calls = generate_turns(engine, reqs)
+        done, calls, failed = generate_turns(engine, reqs)
         rounds += 1
         engine_calls += calls
         for e, r in zip(live, reqs, strict=True):
+            if r.request_id in failed:
+                e.infra_fail(failed[r.request_id])
+                continue
             c = done[r.request_id]
             new_tokens += len(c.token_ids)
             e.apply(c.token_ids, c.logprobs, c.versions, "length" if c.finish_reason == "length" else "stop")
@@ -315,8 +323,8 @@ def evaluate_episodes(rollout: EpisodeRollout, examples: Sequence[Any], *, tempe
     """Held-out evaluation on whole episodes: ``samples`` episodes per example (each with its own
     sampling stream) under the engine's current weights at ``temperature`` (0 = greedy).
     ``env_overrides`` (e.g. ``{"use_tools": False}``) build the environments. Returns an
-    :class:`~posttrain.evaluation.heldout.EvalResult` whose accuracy is the fraction of
-    non-``env_failure`` episodes that ended ``correct``, ``reward_mean`` the mean ``task`` component,
+    :class:`~posttrain.evaluation.heldout.EvalResult` whose accuracy is the fraction of episodes
+    (``env_failure`` and ``infra_error`` ones left out) that ended ``correct``, ``reward_mean`` the mean ``task`` component,
     ``mean_length`` the mean action tokens per episode, and ``per_prompt`` (valid, correct)
     episodes per example for pass@``k`` (unbiased estimator, Chen et al. 2021, arXiv:2107.03374).
     """
@@ -332,11 +340,12 @@ def evaluate_episodes(rollout: EpisodeRollout, examples: Sequence[Any], *, tempe
     run_episodes(run.engine, eps, params, context=context_limit(run), seed_of=lambda e: _seed(cfg.seed, "eval", e.traj_id, e.turns))
     trajs = [e.trajectory() for e in eps]
     statuses = Counter(t.status.value for t in trajs if t.status is not None)
-    ok = [t for t in trajs if t.status is not Status.ENV_FAILURE]
+    unusable = (Status.ENV_FAILURE, Status.INFRA_ERROR)
+    ok = [t for t in trajs if t.status not in unusable]
     per_prompt = []
     for i in range(len(examples)):
         mine = trajs[i * samples:(i + 1) * samples]
-        valid = [t for t in mine if t.status is not Status.ENV_FAILURE]
+        valid = [t for t in mine if t.status not in unusable]
         per_prompt.append((len(valid), sum(t.status is Status.CORRECT for t in valid)))
     return EvalResult(
         accuracy=sum(t.status is Status.CORRECT for t in ok) / len(ok) if ok else float("nan"),

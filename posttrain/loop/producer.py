@@ -44,6 +44,7 @@ from collections.abc import Iterator
 from typing import Any, Protocol
 
 from posttrain.config import RunConfig
+from posttrain.loop.backends.base import generate_detailed
 from posttrain.loop.rollout_stage import RolloutStage
 from posttrain.loop.scoring import score
 from posttrain.trajectory import Trajectory
@@ -124,16 +125,6 @@ def _empty_completion(request: Any, sample_index: int) -> Any:
     return Completion(request_id=request.request_id, sample_index=sample_index, prompt_ids=list(request.prompt_ids),
                       token_ids=[], logprobs=[], versions=[], finish_reason="paused", params=request.params,
                       seed=request.params.seed)
-
-
-def _generate(engine: Any, requests: list[Any], target: int | None) -> tuple[list[Any], list[Any]]:
-    """``(completions, failed requests)``: ``generate_detailed`` when the engine is a distributed
-    backend's worker set (posttrain.loop.backends.RolloutWorkers), else plain ``generate``."""
-    detailed = getattr(engine, "generate_detailed", None)
-    if detailed is not None:
-        res = detailed(requests, finish_target=target)
-        return list(res.completions), list(res.failed)
-    return list(engine.generate(requests, finish_target=target)), []
 
 
 def _span(versions: list[int]) -> int:
@@ -219,7 +210,7 @@ class GroupRollout:
             target = None  # nothing would be paused
         before = {rid: len(s.completion.token_ids) for rid, (_, s) in resumed.items()}
         t0 = time.perf_counter()
-        comps, failed = _generate(run.engine, all_reqs, target)
+        comps, failed = generate_detailed(run.engine, all_reqs, target)
         t_roll = time.perf_counter() - t0
         # A request that failed for infrastructure reasons (a distributed backend's dead worker) ends as
         # infra_error samples: counted, excluded from the update, never a zero reward.

@@ -142,3 +142,25 @@ def test_partial_rollout_of_episodes_trains_from_a_recipe(tmp_path, mode):
         assert any(len(set(t.behavior_version[t.action_mask.astype(bool)].tolist())) > 1 for t in paused)
     else:  # the worker may resume before the next update; the staleness bound still holds
         assert all(t.policy_lag is not None and t.policy_lag <= 1 for t in trajs)
+
+
+def test_a_turn_the_workers_could_not_serve_is_an_infra_error_not_a_zero():
+    """A worker set (``generate_detailed``) that fails one request: that episode ends ``infra_error``
+    with no reward; the other episodes of the call go on."""
+    from posttrain.loop.backends.base import FailedRequest, RolloutResult
+
+    class FlakyWorkers(ByEpisode):
+        def generate_detailed(self, requests, finish_target=None):
+            bad = [r for r in requests if r.request_id.endswith("/1@t1")]  # every tool_once's second turn
+            good = [r for r in requests if r not in bad]
+            return RolloutResult(completions=self.generate(good),
+                                 failed=[FailedRequest(r, "worker 0 died", 2) for r in bad])
+
+    eng = FlakyWorkers([direct, tool_once, tool_twice])
+    eng.version = 0
+    _, _, ro = make_run(eng, "env.max_turns=4")
+    groups, _ = ro.run_call(0)
+    for g in groups:
+        assert [t.status for t in g] == [Status.CORRECT, Status.INFRA_ERROR, Status.CORRECT]
+        bad = g[1]
+        assert bad.reward.total is None and "worker 0 died" in bad.meta["explanation"]

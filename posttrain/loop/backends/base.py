@@ -97,6 +97,18 @@ def check_exactly_once(
         raise RuntimeError("rollout exactly-once check failed: " + "; ".join(problems[:5]))
 
 
+def generate_detailed(engine: Any, requests: Sequence[GenerationRequest], finish_target: int | None = None
+                      ) -> tuple[list[Completion], list[FailedRequest]]:
+    """``(completions, failed requests)`` from any engine: a worker set's ``generate_detailed`` (a
+    dead worker's requests come back failed, to become ``infra_error`` samples), else the plain
+    engine protocol's ``generate`` (which has no partial failures)."""
+    detailed = getattr(engine, "generate_detailed", None)
+    if detailed is not None:
+        res = detailed(list(requests), finish_target=finish_target)
+        return list(res.completions), list(res.failed)
+    return list(engine.generate(list(requests), finish_target=finish_target)), []
+
+
 def order_completions(requests: Sequence[GenerationRequest], completions: Sequence[Completion]) -> list[Completion]:
     """Completions sorted by their request's position, then sample index (the engine contract's order)."""
     pos = {r.request_id: i for i, r in enumerate(requests)}
