@@ -1,5 +1,10 @@
 """Head-to-head with TRL: posttrain's GRPO vs TRL's GRPOTrainer from the same SFT checkpoint (CPU).
 
+Two shapes (``--shape``): ``demo`` (below) and ``realistic``: SmolLM2-135M-Instruct, the
+``smollm2_word_problems`` recipe (chat-rendered prompts, last-number answers), G = 8, up to 128 new
+tokens, no SFT — both sides start from the pretrained model, and TRL gets posttrain's rendered prompt
+text, checked to tokenize to the very ids posttrain samples from.
+
 Both sides start from one SFT checkpoint produced by posttrain's own warm-up (the demo recipe's
 ``sft`` section), train on the same task (the demo's ``chain_sum``) with the same prompts in the
 same order, group size, prompts per step, max new tokens, learning rate, optimiser, clipping,
@@ -44,6 +49,13 @@ QUICK_OVERRIDES = [
 ]
 QUICK_STEPS = 3
 DEFAULT_STEPS = 20
+# ``--shape realistic``: SmolLM2-135M-Instruct from its offline wheel, chat-rendered word problems, the
+# answer read as the response's last number, G = 8, up to 128 new tokens, no SFT (both sides start from
+# the pretrained model). Fewer steps: each is minutes on a 2-core CPU.
+REALISTIC_RECIPE = "smollm2_word_problems"
+REALISTIC_OVERRIDES = ["sampling.prompts_per_step=4", "sampling.group_size=8", "sampling.max_new_tokens=128",
+                       "eval.size=48", "sft.steps=0"]
+REALISTIC_STEPS = 5
 # Both sides take one constant-LR step per batch: the demo recipe's LR warm-up is switched off here
 # (HF's constant_with_warmup starts at 0, posttrain's at 1/warmup, so a warm-up could not be matched).
 MATCHED_OVERRIDES = ["optim.warmup_steps=0"]
@@ -55,7 +67,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help=f"RL steps on each side (default {DEFAULT_STEPS}; {QUICK_STEPS} with --quick)")
     parser.add_argument("--quick", action="store_true",
                         help="smoke test: micro model, 2-term sums, short SFT, 8 prompts x 4 samples, 3 steps, 16 held-out problems")
-    parser.add_argument("--recipe", default="demo", help="the recipe both sides share (default: demo)")
+    parser.add_argument("--recipe", default=None,
+                        help=f"the recipe both sides share (default: demo; {REALISTIC_RECIPE} with --shape realistic)")
+    parser.add_argument("--shape", choices=["demo", "realistic"], default="demo",
+                        help="demo: the demo recipe (tiny model, SFT start, <= 4 new tokens); realistic: "
+                        "SmolLM2-135M-Instruct, chat prompts, G=8, up to 128 new tokens, no SFT "
+                        f"({REALISTIC_STEPS} steps by default)")
     parser.add_argument("--work-dir", default="runs/bench_vs_trl",
                         help="SFT checkpoint, posttrain run dir and TRL output dir go here")
     parser.add_argument("--fresh-sft", action="store_true",
@@ -86,13 +103,13 @@ def _heldout(cfg: Any) -> tuple[Any, list[Any]]:
 def evaluate_model(model: torch.nn.Module, tokenizer: Any, cfg: Any) -> dict[str, Any]:
     """Greedy held-out accuracy of ``model`` with posttrain's evaluator (the same for both sides)."""
     from posttrain.evaluation.heldout import evaluate
-    from posttrain.loop.builders import build_engine
+    from posttrain.loop.builders import build_engine, build_renderer
 
     task, heldout = _heldout(cfg)
     engine = build_engine(model, tokenizer)
     res = evaluate(engine, tokenizer, task, heldout,
                    max_new_tokens=cfg.eval.max_new_tokens or cfg.sampling.max_new_tokens,
-                   temperature=0.0, seed=cfg.seed)
+                   temperature=0.0, seed=cfg.seed, renderer=build_renderer(cfg, tokenizer))
     return {"accuracy": res.accuracy, "reward_mean": res.reward_mean, "n": res.n, "status_counts": res.status_counts}
 
 
@@ -136,7 +153,8 @@ def _side_summary(step_s: Sequence[float], step_tokens: Sequence[float], drop_la
 
 # ---------------------------------------------------------------------------------------------- SFT
 def prepare_sft(cfg: Any, work: Path, fresh: bool = False) -> tuple[Path, float]:
-    """Run posttrain's SFT warm-up of ``cfg`` once and save the model to ``work/sft_model``.
+    """Run posttrain's SFT warm-up of ``cfg`` once and save the model to ``work/sft_model`` (with
+    ``sft.steps == 0``: the model of ``model.path`` itself, so both sides share the same start).
 
     Reused when ``work/sft_model/sft.json`` records the same model / task / SFT settings.
     Returns the checkpoint directory and the SFT time in seconds (0 when reused).
@@ -149,9 +167,16 @@ def prepare_sft(cfg: Any, work: Path, fresh: bool = False) -> tuple[Path, float]
     marker = out / "sft.json"
     if not fresh and marker.exists() and json.loads(marker.read_text()).get("key") == key:
         return out, 0.0
-    if cfg.sft.steps <= 0:
-        raise ValueError("vs-trl needs an SFT warm-up (sft.steps > 0) to give both sides the same start")
     t0 = time.perf_counter()
+    if cfg.sft.steps <= 0:  # no warm-up: both sides start from the model itself, saved once as a HF folder
+        from posttrain.loop.builders import build_model
+
+        tok, model = build_model(cfg)
+        out.mkdir(parents=True, exist_ok=True)
+        model.save_pretrained(str(out))
+        tok.save_pretrained(str(out))
+        marker.write_text(json.dumps({"key": key, "seconds": time.perf_counter() - t0}, indent=1))
+        return out, time.perf_counter() - t0
     sft_cfg = cfg.model_copy(deep=True, update={"steps": 0, "run_dir": str(work / "sft_run"), "resume": False})
     run = open_run(sft_cfg)
     try:
@@ -180,7 +205,8 @@ def run_posttrain(cfg: Any, sft_dir: Path, work: Path, steps: int) -> dict[str, 
     pcfg.sft.steps = 0
     pcfg.eval.every = max(steps, 1)  # held-out eval only at the start and the end, as on the TRL side
     pcfg.eval.reject_drop = 1.0  # never restore an earlier revision: TRL has no such rule
-    pcfg.eval.sampled_temperature = None
+    # greedy only (the bench's own evaluator judges both sides); set together: each alone would not validate
+    pcfg.eval = pcfg.eval.model_copy(update={"samples": 1, "k": 1, "sampled_temperature": None})
     t0 = time.perf_counter()
     train(pcfg)
     wall = time.perf_counter() - t0
@@ -221,6 +247,25 @@ def _trl_prompts(cfg: Any, steps: int) -> list[Any]:
     return out
 
 
+def _trl_prompt_texts(cfg: Any, tokenizer: Any, examples: Sequence[Any]) -> list[str]:
+    """The prompt text TRL gets for each example: posttrain's own rendering (chat template and system
+    prompt when ``task.chat_template``), checked to tokenize to the very ids posttrain samples from.
+
+    TRL tokenizes a plain-text prompt with ``processing_class(text=...)`` (the tokenizer's default
+    special tokens); a rendering that would not round-trip (a chat-rendered prompt on a tokenizer that
+    adds a BOS, say) is refused rather than compared on different prompts.
+    """
+    from posttrain.loop.builders import build_renderer
+
+    renderer = build_renderer(cfg, tokenizer)
+    texts = [renderer.text(ex) for ex in examples]
+    for ex, t in zip(examples, texts, strict=True):
+        if list(tokenizer(t).input_ids) != list(renderer.ids(ex)):
+            raise ValueError(f"vs-trl: prompt {ex.prompt_id!r} tokenizes differently as text than posttrain renders "
+                             "it; the two sides would not see the same prompt")
+    return texts
+
+
 def _checkpointing_field(config_cls: Any) -> str:
     """``activation_checkpointing`` (transformers >= 5) or its older name ``gradient_checkpointing``."""
     import dataclasses
@@ -251,13 +296,16 @@ def run_trl(cfg: Any, sft_dir: Path, work: Path, steps: int) -> dict[str, Any]:
 
     task = build_task(cfg)
     examples = _trl_prompts(cfg, steps)
-    ds = Dataset.from_list([{"prompt": ex.prompt, "example_index": i} for i, ex in enumerate(examples)])
+    tok, model = _load(sft_dir)
+    texts = _trl_prompt_texts(cfg, tok, examples)
+    ds = Dataset.from_list([{"prompt": t, "example_index": i} for i, t in enumerate(texts)])
     weights = dict(cfg.reward.weights)
     gen_tokens: list[int] = []
 
-    def chain_sum_reward(prompts: list[str], completions: list[str], completion_ids: list[list[int]],
+    def task_reward(prompts: list[str], completions: list[str], completion_ids: list[list[int]],
                          example_index: list[int], **_: Any) -> list[float | None]:
-        """The task's verifier, composed with the recipe's reward weights (as posttrain scores)."""
+        """The task's verifier (with ``reward.extract``), composed with the recipe's reward weights (as
+        posttrain scores)."""
         gen_tokens.append(sum(len(c) for c in completion_ids))
         out: list[float | None] = []
         for text, i in zip(completions, example_index, strict=True):
@@ -317,12 +365,11 @@ def run_trl(cfg: Any, sft_dir: Path, work: Path, steps: int) -> dict[str, Any]:
     )
     if getattr(args, "gradient_checkpointing", False):
         raise RuntimeError("vs-trl: TRL gradient checkpointing could not be switched off")
-    tok, model = _load(sft_dir)
     sft_state = {k: v.detach().clone() for k, v in model.state_dict().items()}
     model_any: Any = model
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        trainer = GRPOTrainer(model=model_any, reward_funcs=chain_sum_reward, args=args, train_dataset=ds,
+        trainer = GRPOTrainer(model=model_any, reward_funcs=task_reward, args=args, train_dataset=ds,
                               processing_class=tok, callbacks=[_Timer()])
         t0 = time.perf_counter()
         trainer.train()
@@ -374,8 +421,13 @@ def _table(res: dict[str, Any]) -> str:
 
 def run(args: argparse.Namespace) -> int:
     """Run the benchmark: SFT once, then posttrain GRPO and TRL GRPO back to back; print + JSON."""
-    overrides = MATCHED_OVERRIDES + list(QUICK_OVERRIDES if args.quick else []) + list(args.overrides)
-    steps = args.steps if args.steps is not None else (QUICK_STEPS if args.quick else DEFAULT_STEPS)
+    realistic = args.shape == "realistic"
+    if args.recipe is None:
+        args.recipe = REALISTIC_RECIPE if realistic else "demo"
+    shape = REALISTIC_OVERRIDES if realistic else []
+    overrides = MATCHED_OVERRIDES + shape + list(QUICK_OVERRIDES if args.quick else []) + list(args.overrides)
+    default_steps = REALISTIC_STEPS if realistic else DEFAULT_STEPS
+    steps = args.steps if args.steps is not None else (QUICK_STEPS if args.quick else default_steps)
     if steps < 1:
         raise ValueError("--steps must be >= 1")
     threads_before = torch.get_num_threads()
@@ -411,7 +463,7 @@ def _run(args: argparse.Namespace, overrides: list[str], steps: int) -> int:
           + (f" (SFT took {sft_s:.0f} s)" if sft_s else " (SFT checkpoint reused)"), flush=True)
 
     res: dict[str, Any] = {
-        "recipe": args.recipe, "overrides": overrides, "steps": steps, "task": cfg.task.name,
+        "shape": args.shape, "recipe": args.recipe, "overrides": overrides, "steps": steps, "task": cfg.task.name,
         "prompts_per_step": s.prompts_per_step, "group_size": s.group_size, "max_new_tokens": s.max_new_tokens,
         "lr": cfg.optim.lr, "temperature": s.temperature, "torch_threads": torch.get_num_threads(),
         "cpu_count": os.cpu_count(), "torch": torch.__version__, "sft_dir": str(sft_dir),
@@ -428,6 +480,7 @@ def _run(args: argparse.Namespace, overrides: list[str], steps: int) -> int:
     p, t = res["posttrain"], res["trl"]
     if p and t:
         res["speedup_vs_trl"] = t["step_s_mean"] / p["step_s_mean"]
+        res["speedup_vs_trl_by_shape"] = {args.shape: res["speedup_vs_trl"]}
         res["tokens_per_s_ratio"] = p["gen_tokens_per_s"] / t["gen_tokens_per_s"]
         res["heldout_accuracy_diff"] = p["heldout_accuracy"] - t["heldout_accuracy"]
         res["generated_tokens_ratio"] = p["generated_tokens"] / max(t["generated_tokens"], 1.0)
