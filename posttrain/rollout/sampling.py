@@ -135,20 +135,13 @@ def behaviour_logprobs(
     neg_inf = torch.tensor(float("-inf"), dtype=torch.float64, device=z.device)
     use_k = (top_k > 0) & (top_k < V)
     use_p = top_p < 1
-    if bool(use_k.any()) or bool(use_p.any()):
-        sorted_z, order = torch.sort(z, dim=-1, descending=True)
-        if bool(use_k.any()):
-            kth = sorted_z.gather(1, (top_k.clamp(1, V) - 1).to(torch.long)[:, None])
-            drop_k = use_k[:, None] & (z < kth)
-            z = z.masked_fill(drop_k, neg_inf)
-            sorted_z = sorted_z.masked_fill(use_k[:, None] & (sorted_z < kth), neg_inf)
-        if bool(use_p.any()):
-            p_sorted = torch.softmax(sorted_z, dim=-1)
-            before = torch.cumsum(p_sorted, dim=-1) - p_sorted  # mass strictly before token i
-            drop_sorted = use_p[:, None] & (before >= top_p.to(torch.float64)[:, None])
-            drop_sorted[:, 0] = False  # the top token always stays
-            drop = torch.zeros_like(drop_sorted).scatter(1, order, drop_sorted)
-            z = z.masked_fill(drop, neg_inf)
+    if bool(use_k.any()):
+        # top-k needs only each row's k-th largest value: a partial selection, not a full sort
+        kmax = int(top_k[use_k].max())
+        kth = torch.topk(z, kmax, dim=-1).values.gather(1, (top_k.clamp(1, kmax) - 1).to(torch.long)[:, None])
+        z = z.masked_fill(use_k[:, None] & (z < kth), neg_inf)
+    if bool(use_p.any()):
+        z = _top_p(z, use_p, top_p.to(torch.float64), neg_inf)
     use_m = min_p > 0
     if bool(use_m.any()):
         p = torch.softmax(z, dim=-1)
@@ -161,6 +154,47 @@ def behaviour_logprobs(
         point.scatter_(1, am[:, None], 0.0)
         logp = torch.where(greedy[:, None], point, logp)
     return logp
+
+
+#: Candidates the top-p filter looks at first; rows whose nucleus is not inside them fall back to a full sort.
+TOP_P_CANDIDATES = 1024
+
+
+def _nucleus_keep(vals: torch.Tensor, order: torch.Tensor, p_sorted: torch.Tensor, top_p: torch.Tensor, V: int
+                  ) -> torch.Tensor:
+    """Boolean ``[b, V]``: tokens kept by the nucleus rule, given each row's largest logits ``vals``
+    (descending, at ``order``) with probabilities ``p_sorted``; tokens not listed are dropped."""
+    before = torch.cumsum(p_sorted, dim=-1) - p_sorted  # mass strictly before each listed token
+    keep_sorted = before < top_p[:, None]
+    keep_sorted[:, 0] = True  # the top token always stays
+    return torch.zeros(vals.shape[0], V, dtype=torch.bool, device=vals.device).scatter(1, order, keep_sorted)
+
+
+def _top_p(z: torch.Tensor, use_p: torch.Tensor, top_p: torch.Tensor, neg_inf: torch.Tensor) -> torch.Tensor:
+    """Nucleus filter (Holtzman et al. 2020, arXiv:1904.09751) on scaled logits ``z [B, V]``: in each
+    row with ``use_p``, drop every token whose *preceding* probability mass in descending order is
+    ``>= top_p`` (the top token always stays).
+
+    Only the ``TOP_P_CANDIDATES`` largest logits of a row are sorted (``torch.topk``): a token beyond
+    them has at least their whole mass before it, so when that mass reaches ``top_p`` every such
+    token is dropped, exactly as a full sort would decide. A row where it does not (a flat
+    distribution) is decided by a full sort of that row.
+    """
+    B, V = z.shape
+    rows = torch.nonzero(use_p).squeeze(1)
+    zp, tp = z.index_select(0, rows), top_p.index_select(0, rows)
+    m = min(V, TOP_P_CANDIDATES)
+    vals, order = torch.topk(zp, m, dim=-1)
+    p_sorted = torch.exp(vals - torch.logsumexp(zp, dim=-1, keepdim=True))
+    keep = _nucleus_keep(vals, order, p_sorted, tp, V)
+    flat = torch.nonzero(p_sorted.sum(dim=-1) < tp).squeeze(1) if m < V else rows.new_empty(0)
+    if flat.numel():
+        zf = zp.index_select(0, flat)
+        fv, fo = torch.sort(zf, dim=-1, descending=True)
+        keep[flat] = _nucleus_keep(fv, fo, torch.softmax(fv, dim=-1), tp.index_select(0, flat), V)
+    full = torch.ones_like(z, dtype=torch.bool)
+    full[rows] = keep
+    return z.masked_fill(~full, neg_inf)
 
 
 _M64 = np.uint64(0xFFFFFFFFFFFFFFFF)
