@@ -139,7 +139,10 @@ def engine_factory(cfg: RunConfig, model: torch.nn.Module, tokenizer: Any, workd
     if rc.engine == "builtin":
         from posttrain.loop.backends import builtin_engine_factory
 
-        return builtin_engine_factory(model, eos_token_id=eos, pad_token_id=pad)  # type: ignore[no-any-return]
+        # Stop strings (env.stop_strings of multi-turn episodes) need the tokenizer on the worker side;
+        # otherwise the factory stays tokenizer-free (less to pickle per worker start).
+        extra = {"tokenizer": tokenizer} if cfg.env.name is not None and cfg.env.stop_strings else {}
+        return builtin_engine_factory(model, eos_token_id=eos, pad_token_id=pad, **extra)  # type: ignore[no-any-return]
     if rc.engine == "http":
         return _HTTPEngineFactory(rc.http.model_dump(), {k: v.detach().cpu().clone() for k, v in model.state_dict().items()})
     export = Path(workdir) / "engine_model"
