@@ -128,7 +128,6 @@ class _EpisodeGroup:
     group_id: str
     call: int
     episodes: list[EpisodeState]
-    dropped: int = 0
 
 
 class EpisodeRollout:
@@ -201,9 +200,7 @@ class EpisodeRollout:
             if too_wide or too_old:
                 drop_span += int(too_wide)
                 drop_stale += int(too_old and not too_wide)
-                g = self.groups[e.group_id]
-                g.episodes.remove(e)
-                g.dropped += 1
+                self.groups[e.group_id].episodes.remove(e)
                 continue
             e.resume()
             resumed.append(e)

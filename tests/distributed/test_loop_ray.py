@@ -42,21 +42,29 @@ def _ledger_rows(run_dir):
     return {t.traj_id: (step, t) for step, t in Ledger(run_dir / "ledger").iter_trajectories()}
 
 
-@pytest.mark.timeout(400)
-def test_sync_run_on_ray_equals_the_local_run(ray_env, tmp_path):
-    local = train(load_config("grpo", [*SMALL, f"run_dir={tmp_path / 'local'}"]))
-    remote = train(load_config("grpo", [*SMALL, *RAY, f"run_dir={tmp_path / 'ray'}"]))
-    a, b = _ledger_rows(tmp_path / "local"), _ledger_rows(tmp_path / "ray")
-    assert len(a) == 2 * 4 * 4 and a.keys() == b.keys()
+def _same_samples(local_dir, ray_dir, n):
+    """``n`` trajectories in each run, the same ids at the same steps, identical tokens, versions and
+    statuses; yields ``(step, local, ray)`` for the caller's own checks."""
+    a, b = _ledger_rows(local_dir), _ledger_rows(ray_dir)
+    assert len(a) == n and a.keys() == b.keys()
     for k in a:
         (sa, ta), (sb, tb) = a[k], b[k]
         assert sa == sb
         np.testing.assert_array_equal(ta.token_ids, tb.token_ids)
         np.testing.assert_array_equal(ta.behavior_version, tb.behavior_version)
+        assert ta.status == tb.status
+        yield sb, ta, tb
+
+
+@pytest.mark.timeout(400)
+def test_sync_run_on_ray_equals_the_local_run(ray_env, tmp_path):
+    local = train(load_config("grpo", [*SMALL, f"run_dir={tmp_path / 'local'}"]))
+    remote = train(load_config("grpo", [*SMALL, *RAY, f"run_dir={tmp_path / 'ray'}"]))
+    for sb, ta, tb in _same_samples(tmp_path / "local", tmp_path / "ray", 2 * 4 * 4):
         # Ray workers batch other rows together (another GEMM shape): float32 rounding over the micro
         # model's longest reduction (64), scaled by |log-prob| <= 10.
         np.testing.assert_allclose(ta.behavior_logprob, tb.behavior_logprob, rtol=0, atol=shape_rtol(64) * 10)
-        assert ta.status == tb.status and ta.reward.total == tb.reward.total
+        assert ta.reward.total == tb.reward.total
         # Step s was sampled by the weights the Ray worker received after step s - 1 (version s - 1).
         assert set(tb.behavior_version[tb.action_mask.astype(bool)].tolist()) == {sb - 1}
     assert local.step == remote.step == 2
@@ -86,12 +94,5 @@ def test_multi_turn_episodes_on_ray_equal_the_local_run(ray_env, tmp_path):
     train(load_config(None, [*EPISODES, f"run_dir={tmp_path / 'local'}"]))
     st = train(load_config(None, [*EPISODES, *RAY, f"run_dir={tmp_path / 'ray'}"]))
     assert st.step == 2
-    a, b = _ledger_rows(tmp_path / "local"), _ledger_rows(tmp_path / "ray")
-    assert len(a) == 2 * 2 * 2 and a.keys() == b.keys()
-    for k in a:
-        (sa, ta), (sb, tb) = a[k], b[k]
-        assert sa == sb
-        np.testing.assert_array_equal(ta.token_ids, tb.token_ids)
+    for _, ta, tb in _same_samples(tmp_path / "local", tmp_path / "ray", 2 * 2 * 2):
         assert ta.roles == tb.roles
-        np.testing.assert_array_equal(ta.behavior_version, tb.behavior_version)
-        assert ta.status == tb.status

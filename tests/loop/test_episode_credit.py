@@ -183,6 +183,8 @@ def test_critic_values_at_observation_tokens_never_reach_gae():
     final = torch.zeros(batch.size, dtype=torch.float64)
     a = build_targets(batch, values=values * act, final_values=final, estimator="gae")
     b = build_targets(batch, values=junk, final_values=final, estimator="gae")
+    # bit-exact is sound here: both calls run the very same ops on the same shapes (GAE compacts the
+    # action tokens first), only the values at observation positions differ
     assert torch.equal(a.advantages, b.advantages) and torch.equal(a.returns, b.returns)
     obs = torch.stack([torch.tensor([r is Role.OBSERVATION for r in t.roles] + [False] * (batch.action_mask.shape[1] - t.length))
                        for t in g])
