@@ -6,7 +6,6 @@ import torch
 
 from posttrain.rollout.sampling import behaviour_logprobs
 
-
 # Kept sets are compared exactly: the code and the reference compute the boundary mass differently
 # (topk + logsumexp vs sort + softmax, float64), so a token within ~1e-15 of a boundary could flip; the
 # seeded inputs have none. Log-probs: float64 sums over <= 3000 terms, so 1e-12 is ~1e3 ulps of slack
