@@ -208,6 +208,10 @@ class OptimConfig(_Section):
         True, description="with exactly one optimizer step per update (ppo_epochs=1, num_minibatches=1, no "
         "correction, no KL in the reward) take pi_old from the update's own forward instead of a separate "
         "no-grad forward (same weights: identical up to float rounding; recorded in the ledger as before)")
+    skip_no_signal_rows: bool = Field(
+        True, description="rows whose advantage is 0 on every token (e.g. a GRPO group with equal rewards) are "
+        "forwarded without grad and left out of the backward when that is exact: the policy loss vanishes at A=0 "
+        "(probed), no KL loss, entropy_coef=0 (docs/learner.md); counted as no_signal_rows")
 
 
 class LoraConfig(_Section):

@@ -30,7 +30,7 @@ import torch
 from posttrain.algos.policy_losses import PolicyLossInputs
 from posttrain.algos.registry import CORRECTIONS, KL_ESTIMATORS, POLICY_LOSSES, REDUCTIONS
 from posttrain.learner.grad_sync import GradientSync, LocalSync
-from posttrain.learner.logprobs import forward_logprobs, token_logprobs
+from posttrain.learner.logprobs import first_scored_position, forward_logprobs, token_logprobs
 from posttrain.learner.lora import is_peft_model, merged_state_dict, wrap_lora
 from posttrain.learner.microbatch import minibatch_rows, split_by_token_budget, take_rows
 from posttrain.learner.optim_step import OptimizerStepper, StepTally
@@ -74,6 +74,7 @@ class _Acc:
     diag_sums: dict[str, float] = dataclasses.field(default_factory=dict)
     minibatches: int = 0
     empty: int = 0
+    no_signal_rows: int = 0  # rows forwarded without a backward (see PolicyLearner.skip_no_signal_rows)
     tally: StepTally = dataclasses.field(default_factory=StepTally)
 
     # Token / loss sums that a data-parallel GradientSync adds over processes (ratio extrema apart).
@@ -97,6 +98,12 @@ class PolicyLearner:
     ``compute_entropy`` reports the token entropy (from the same logits, no extra forward) even
     when ``entropy_coef == 0``.
     ``seed`` seeds the mini-batch shuffle generator (saved by :meth:`state_dict`).
+    ``skip_no_signal_rows``: a row whose advantage is 0 on every action token contributes exactly 0 to
+    the loss and to every gradient when the policy loss vanishes at ``A = 0`` (probed once per loss,
+    :meth:`no_signal_rows_skippable`), there is no KL term and ``entropy_coef == 0`` — e.g. a GRPO group
+    whose samples all got the same reward. Such rows are forwarded without grad (their log-probs,
+    ratios and diagnostics are recorded as before) and never enter a backward pass; the gradient is
+    that of the other rows, equal up to float rounding of the differently shaped micro-batches.
     ``grad_sync`` (:mod:`posttrain.learner.grad_sync`) is the data-parallel hook: which rows of a
     mini-batch this process computes and how gradients and metric sums are reduced over processes
     (default :class:`~posttrain.learner.grad_sync.LocalSync`: one process).
@@ -145,6 +152,7 @@ class PolicyLearner:
         lora_dropout: float = 0.0,
         seed: int = 0,
         grad_sync: GradientSync | None = None,
+        skip_no_signal_rows: bool = True,
     ) -> None:
         if ppo_epochs < 1:
             raise ValueError(f"ppo_epochs must be >= 1, got {ppo_epochs}")
@@ -184,6 +192,8 @@ class PolicyLearner:
         self.autocast_dtype = _AUTOCAST[autocast_dtype] if autocast_dtype is not None else None
         self.entropy_chunk_size = entropy_chunk_size
         self.compute_entropy = compute_entropy
+        self.skip_no_signal_rows = bool(skip_no_signal_rows)
+        self._zero_at_zero_adv: bool | None = None  # probed lazily (no_signal_rows_skippable)
 
         if lora_rank > 0:
             model = wrap_lora(
@@ -307,6 +317,7 @@ class PolicyLearner:
                 top_k=self.top_k,
                 top_p=self.top_p,
                 microbatch_tokens=self.microbatch_tokens,
+                action_mask=batch.action_mask.to(dev),
                 with_entropy=with_entropy,
                 entropy_chunk_size=self.entropy_chunk_size,
             )
@@ -385,6 +396,7 @@ class PolicyLearner:
                 (keep * action_mask).sum() / action_mask.sum().clamp(min=1)
             )
         t["loss_mask"] = action_mask * keep
+        t["action_mask"] = action_mask  # where log-probs are recorded (ledger), a superset of the loss mask
         t["correction_weight"] = weights
         if t["old_logprob"] is not None:
             info.update(_logkappa_metrics(t["behavior_logprob"], t["old_logprob"], action_mask,  # type: ignore[arg-type]
@@ -474,18 +486,30 @@ class PolicyLearner:
         passes over ``filler`` until it has run as many passes as the busiest process."""
         beta = self.current_kl_coef() if self._kl is not None else 0.0
         entropy_grad = self.entropy_coef != 0.0
-        mbs = list(self._microbatches(t, rows)) if rows else []
+        quiet: list[int] = []
+        if rows and filler is None and self.grad_sync.world_size == 1 and self.no_signal_rows_skippable():
+            adv = t["advantages"]
+            assert adv is not None
+            signal = (adv[list(rows)] != 0).any(dim=1).tolist()
+            quiet = [r for r, s in zip(rows, signal, strict=True) if not s]
+            rows = [r for r, s in zip(rows, signal, strict=True) if s]
+            acc.no_signal_rows += len(quiet)
+        mbs = [(mb, True) for mb in self._microbatches(t, rows)] if rows else []
+        mbs += [(mb, False) for mb in self._microbatches(t, quiet)] if quiet else []
         if filler is not None:
             n_max = -int(self.grad_sync.reduce_min(torch.tensor([-float(len(mbs))], dtype=torch.float64))[0])
             for _ in range(n_max - len(mbs)):
                 self._idle_pass(t, filler)
-        for mb in mbs:
+        for mb, needs_grad in mbs:
             mask = mb["loss_mask"]
-            with self._autocast(), self._grad_mode():
+            # A no-signal micro-batch: the same forward, metrics and records, without a graph or backward.
+            no_grad = contextlib.nullcontext() if needs_grad else torch.no_grad()
+            with self._autocast(), self._grad_mode(), no_grad:
                 lp, ent = forward_logprobs(
                     self.model,
                     mb["input_ids"],
                     mb["attention_mask"],
+                    first_position=first_scored_position(mb["action_mask"]),
                     temperature=self.temperature,
                     top_k=self.top_k,
                     top_p=self.top_p,
@@ -526,8 +550,9 @@ class PolicyLearner:
                     ent_term = (ent * w).sum()
                     total = total - self.entropy_coef * ent_term
                     acc.entropy_loss += float(ent_term.detach())
-            with self._grad_mode():  # checkpointed layers recompute in the same mode
-                total.backward()
+            if needs_grad:
+                with self._grad_mode():  # checkpointed layers recompute in the same mode
+                    total.backward()
             # Diagnostics (no grad): token sums over the loss mask.
             with torch.no_grad():
                 if ent is not None:
@@ -548,6 +573,32 @@ class PolicyLearner:
                     v = torch.as_tensor(v).detach()
                     if v.shape == mask.shape:
                         acc.diag_sums[k] = acc.diag_sums.get(k, 0.0) + float((v.to(mask.dtype) * mask).sum())
+
+    def no_signal_rows_skippable(self) -> bool:
+        """True when a row with ``A = 0`` on every token adds exactly 0 to the loss and its gradient:
+        ``skip_no_signal_rows`` is on, no KL term, ``entropy_coef == 0``, and the policy loss is exactly 0
+        with a zero gradient at ``A = 0`` (probed once on random log-probs, ratios far inside and outside
+        any clip range, with and without a behaviour log-prob gap)."""
+        if not self.skip_no_signal_rows or self._kl is not None or self.entropy_coef != 0.0:
+            return False
+        if self._zero_at_zero_adv is None:
+            g = torch.Generator().manual_seed(0)
+            shape = (4, 8)
+            lp = (torch.randn(shape, generator=g, dtype=torch.float64) * 2.0).requires_grad_(True)
+            old = lp.detach() + torch.randn(shape, generator=g, dtype=torch.float64) * 2.0
+            beh = old + torch.randn(shape, generator=g, dtype=torch.float64)
+            mask = (torch.rand(shape, generator=g) > 0.2).to(torch.float64)
+            mask[:, 0] = 1.0
+            try:
+                out = self._policy_loss(PolicyLossInputs(logprob=lp, old_logprob=old, advantages=torch.zeros(shape,
+                                        dtype=torch.float64), action_mask=mask, behavior_logprob=beh),
+                                        **self.policy_loss_kwargs)
+                loss = torch.as_tensor(out.loss)
+                (grad,) = torch.autograd.grad(loss.sum(), lp, allow_unused=True)
+                self._zero_at_zero_adv = bool((loss == 0).all()) and (grad is None or bool((grad == 0).all()))
+            except Exception:  # noqa: BLE001 - a loss that cannot be probed this way is simply not skipped
+                self._zero_at_zero_adv = False
+        return self._zero_at_zero_adv
 
     def _token_diag_keys(self) -> set[str]:
         """Names of the policy loss's per-token diagnostics (probed once on a 1x1 input): the keys
@@ -675,6 +726,7 @@ class PolicyLearner:
             "lr": acc.tally.lr if acc.tally.lr is not None else self.current_lr(),
             "tokens_trained": acc.tokens,
             "empty_minibatches": float(acc.empty),
+            "no_signal_rows": float(acc.no_signal_rows),
             "kl_coef": self.current_kl_coef(),
             "version": float(self.version),
         }

@@ -15,6 +15,8 @@ docs/learner.md, "Truncated sampling").
 
 from __future__ import annotations
 
+import inspect
+
 import torch
 
 from posttrain.algos.entropy import entropy_from_logits
@@ -26,11 +28,43 @@ def _upcast(logits: torch.Tensor) -> torch.Tensor:
     return logits.float() if logits.dtype in (torch.float16, torch.bfloat16) else logits
 
 
+def first_scored_position(action_mask: torch.Tensor | None) -> int:
+    """The first column ``t >= 1`` where any row of ``action_mask`` ``[B, T]`` is on (1 when none is, or
+    no mask): the columns before it carry no action token, so no logits are needed for them."""
+    if action_mask is None or action_mask.numel() == 0:
+        return 1
+    cols = torch.nonzero(action_mask[:, 1:].ne(0).any(dim=0))
+    return int(cols[0]) + 1 if cols.numel() else 1
+
+
+def accepts_logits_to_keep(model: torch.nn.Module) -> bool:
+    """Whether ``model(...)`` takes ``logits_to_keep`` (transformers causal LMs: the LM head then runs on
+    the last ``k`` positions only); looks through a peft wrapper to its base model."""
+    m: object = model
+    for _ in range(4):
+        fwd = getattr(m, "forward", None)
+        if fwd is not None:
+            try:
+                if "logits_to_keep" in inspect.signature(fwd).parameters:
+                    return True
+            except (TypeError, ValueError):
+                return False
+        base = getattr(m, "get_base_model", None)
+        if base is None:
+            return False
+        nxt = base()
+        if nxt is m:
+            return False
+        m = nxt
+    return False
+
+
 def forward_logprobs(
     model: torch.nn.Module,
     input_ids: torch.Tensor,
     attention_mask: torch.Tensor,
     *,
+    first_position: int = 1,
     temperature: float = 1.0,
     with_entropy: bool = False,
     entropy_grad: bool = True,
@@ -59,6 +93,12 @@ def forward_logprobs(
     the two sides round differently, or once the weights moved; keeping it gives a finite ratio).
     Gradients flow through the kept logits only; the set itself is a constant. The entropy stays
     that of the untruncated ``softmax(z / T)``.
+
+    ``first_position`` (``>= 1``): log-probs (and entropies) only from column ``first_position`` on;
+    the columns before it are 0 and their logits are never formed (:func:`first_scored_position` of
+    the action mask: the prompt's positions, whose predictions no loss reads). With a model that takes
+    ``logits_to_keep`` the LM head runs on the kept positions only (as TRL does); otherwise the full
+    logits are sliced. The values on the kept columns are the same either way.
     """
     if input_ids.shape != attention_mask.shape or input_ids.dim() != 2:
         raise ValueError(
@@ -67,11 +107,17 @@ def forward_logprobs(
     if not temperature > 0:
         raise ValueError(f"temperature must be > 0, got {temperature}")
     B, T = input_ids.shape
-    out = model(input_ids=input_ids, attention_mask=attention_mask, use_cache=False)
-    logits = _upcast(out.logits[:, :-1, :])
+    f = min(max(int(first_position), 1), max(T - 1, 1))
+    if f > 1 and accepts_logits_to_keep(model):
+        # logits at positions f-1 .. T-1 (the last T-f+1); the prediction of token t is at t-1
+        out = model(input_ids=input_ids, attention_mask=attention_mask, use_cache=False, logits_to_keep=T - f + 1)
+        logits = _upcast(out.logits[:, :-1, :])
+    else:
+        out = model(input_ids=input_ids, attention_mask=attention_mask, use_cache=False)
+        logits = _upcast(out.logits[:, f - 1:-1, :])
     if temperature != 1.0:
         logits = logits / temperature
-    targets = input_ids[:, 1:].unsqueeze(-1)
+    targets = input_ids[:, f:].unsqueeze(-1)
     if top_k > 0 or top_p < 1.0:
         keep = kept_set_mask(logits.detach(), top_k=top_k, top_p=top_p)
         keep.scatter_(-1, targets, True)
@@ -79,8 +125,8 @@ def forward_logprobs(
     else:
         logp_all = torch.log_softmax(logits, dim=-1)
     picked = logp_all.gather(-1, targets).squeeze(-1)
-    mask = attention_mask[:, 1:].to(picked.dtype)
-    zero = picked.new_zeros(B, 1)
+    mask = attention_mask[:, f:].to(picked.dtype)
+    zero = picked.new_zeros(B, f)
     logprob = torch.cat([zero, picked * mask], dim=1)
     entropy = None
     if with_entropy:
@@ -136,6 +182,7 @@ def token_logprobs(
     entropy_chunk_size: int | None = None,
     top_k: int = 0,
     top_p: float = 1.0,
+    action_mask: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """:func:`forward_logprobs` without grad, micro-batched over rows by a token budget.
 
@@ -143,6 +190,8 @@ def token_logprobs(
     sees at most ``microbatch_tokens`` padded tokens (a single longer row runs alone), and each
     group's columns are trimmed to its own longest row. ``None`` means one forward for all rows.
     Used to freeze ``old_logprob`` (pi_old, before the update) and ``ref_logprob`` (pi_ref).
+    ``action_mask`` ``[B, T]`` (optional): each group's logits start at its
+    :func:`first_scored_position` (columns before it are 0; callers mask with the action mask anyway).
     Returns tensors ``[B, T]`` on ``input_ids.device``, 0 at ``t = 0`` and on padding.
     """
     B, T = input_ids.shape
@@ -161,6 +210,7 @@ def token_logprobs(
             model,
             input_ids[idx, :width],
             attention_mask[idx, :width],
+            first_position=first_scored_position(action_mask[idx, :width] if action_mask is not None else None),
             temperature=temperature,
             with_entropy=with_entropy,
             entropy_chunk_size=entropy_chunk_size,

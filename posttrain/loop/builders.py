@@ -243,6 +243,7 @@ def build_learner(cfg: RunConfig, model: torch.nn.Module, *, grad_sync: Any = No
         microbatch_tokens=cfg.optim.microbatch_tokens,
         ppo_epochs=cfg.optim.ppo_epochs,
         num_minibatches=cfg.optim.num_minibatches,
+        skip_no_signal_rows=cfg.optim.skip_no_signal_rows,
         policy_loss=cfg.loss.policy_loss,
         policy_loss_kwargs=cfg.loss.kwargs,
         reduction=cfg.loss.reduction,

@@ -168,7 +168,7 @@ class Run:
         lp, _ = token_logprobs(self.ref_model, batch.input_ids, batch.attention_mask,
                                temperature=self.learner.temperature,
                                top_k=self.learner.top_k, top_p=self.learner.top_p,
-                               microbatch_tokens=self.cfg.optim.microbatch_tokens)
+                               microbatch_tokens=self.cfg.optim.microbatch_tokens, action_mask=batch.action_mask)
         return lp * batch.action_mask.to(lp.dtype)
 
     def kl_coef_value(self) -> float:

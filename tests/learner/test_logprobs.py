@@ -91,3 +91,55 @@ def test_bad_input_is_a_clear_error(make_model, make_batch):
         forward_logprobs(model, b.input_ids, b.attention_mask, temperature=0.0)
     with pytest.raises(ValueError, match="attention_mask"):
         forward_logprobs(model, b.input_ids, b.attention_mask[:, :-1])
+
+
+class _NoKeep(torch.nn.Module):
+    """The same model behind a forward that does not take ``logits_to_keep`` (the slicing fallback)."""
+
+    def __init__(self, inner):
+        super().__init__()
+        self.inner = inner
+
+    def forward(self, input_ids, attention_mask, use_cache=False):
+        return self.inner(input_ids=input_ids, attention_mask=attention_mask, use_cache=use_cache)
+
+
+@pytest.mark.parametrize("wrap", [False, True])
+def test_first_position_keeps_the_scored_columns_and_zeros_the_rest(make_model, make_batch, wrap):
+    from posttrain.learner.logprobs import accepts_logits_to_keep, first_scored_position
+
+    model, b = make_model(), make_batch(n=6)
+    if wrap:
+        model = _NoKeep(model)
+    assert accepts_logits_to_keep(model) is (not wrap)
+    f = first_scored_position(b.action_mask)
+    assert f == int(b.action_mask.ne(0).any(dim=0).nonzero()[0]) and f > 1  # prompts are >= 2 tokens
+    with torch.no_grad():
+        full, ent_full = forward_logprobs(model, b.input_ids, b.attention_mask, with_entropy=True)
+        lp, ent = forward_logprobs(model, b.input_ids, b.attention_mask, first_position=f, with_entropy=True)
+    assert lp.shape == full.shape and (lp[:, :f] == 0).all() and (ent[:, :f] == 0).all()
+    # another LM-head shape: equal up to rounding (float64 model, float32 attention softmax)
+    rtol = shape_rtol(b.input_ids.shape[1])
+    assert_scaled_close(lp[:, f:], full[:, f:], rtol, "kept columns")
+    assert_scaled_close(ent[:, f:], ent_full[:, f:], rtol, "kept entropies")
+    # every action token is at or after f: the masked log-probs agree everywhere
+    am = b.action_mask.to(lp.dtype)
+    assert_scaled_close(lp * am, full * am, rtol, "action tokens")
+    # and the tolerance catches an off-by-one (log-probs of the neighbouring position)
+    shifted = torch.zeros_like(full)
+    shifted[:, f:] = full[:, f - 1:-1]
+    with pytest.raises(AssertionError):
+        assert_scaled_close(lp[:, f:], shifted[:, f:], rtol)
+
+
+def test_first_scored_position_edge_cases():
+    from posttrain.learner.logprobs import first_scored_position
+
+    assert first_scored_position(None) == 1
+    assert first_scored_position(torch.zeros(2, 5)) == 1
+    m = torch.zeros(2, 6)
+    m[0, 4:] = 1
+    m[1, 3:5] = 1
+    assert first_scored_position(m) == 3
+    m[:, 0] = 1  # column 0 has no prediction: never a scored position
+    assert first_scored_position(m) == 3
