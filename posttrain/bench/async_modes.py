@@ -40,8 +40,8 @@ MODES: dict[str, list[str]] = {
                 "correction.name=tis"],
 }
 
-FULL = dict(model="builtin:tiny", sft_steps=150, steps=10, prompts=16, group=8, max_len=24, eval_size=100)
-QUICK = dict(model="builtin:micro", sft_steps=10, steps=3, prompts=4, group=4, max_len=10, eval_size=8)
+FULL = dict(model="builtin:tiny", sft_steps=150, steps=10, prompts=16, group=8, max_len=24, eval_size=100, lr=3e-4)
+QUICK = dict(model="builtin:micro", sft_steps=10, steps=3, prompts=4, group=4, max_len=10, eval_size=8, lr=3e-4)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -52,6 +52,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--sft-steps", type=int, default=None,
                         help="SFT warm-up steps (default 150; quick 10): fewer leave the shared start weaker, so RL has "
                         "room to improve on it and held-out accuracy per token compares the modes")
+    parser.add_argument("--lr", type=float, default=None, help="RL learning rate of every mode (default 3e-4)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--intra-op-threads", dest="threads", type=int, default=1,
                         help="torch.set_num_threads for every mode (default 1; see the module docstring)")
@@ -66,7 +67,7 @@ def _base(p: dict[str, Any], seed: int) -> list[str]:
         f"sampling.prompts_per_step={p['prompts']}", f"sampling.group_size={p['group']}",
         f"sampling.max_new_tokens={p['max_len'] + 2}", "sampling.temperature=1.0",
         f"eval.size={p['eval_size']}", "eval.every=100000", "logging.progress=false",
-        "guards.max_truncation_rate=1.0", "optim.lr=3e-4", "checkpoint_every=0",
+        "guards.max_truncation_rate=1.0", f"optim.lr={p['lr']}", "checkpoint_every=0",
     ]
 
 
@@ -156,6 +157,10 @@ def run(args: argparse.Namespace) -> int:
         if args.sft_steps < 0:
             raise SystemExit(f"--sft-steps must be >= 0, got {args.sft_steps}")
         p["sft_steps"] = args.sft_steps
+    if getattr(args, "lr", None) is not None:
+        if not args.lr > 0:
+            raise SystemExit(f"--lr must be > 0, got {args.lr}")
+        p["lr"] = args.lr
     modes = [m.strip() for m in args.modes.split(",") if m.strip()]
     bad = [m for m in modes if m not in MODES]
     if bad:

@@ -214,8 +214,10 @@ def run_posttrain(cfg: Any, sft_dir: Path, work: Path, steps: int) -> dict[str, 
     steps_rows = [r for r in rows if r.get("step", 0) >= 1 and "time/step_s" in r]
     step_s = [float(r["time/step_s"]) for r in steps_rows]
     toks = [float(r.get("tokens/generated", 0.0)) for r in steps_rows]
-    split = {k: statistics.fmean(float(r.get(k, 0.0)) for r in steps_rows[1:] or steps_rows)
-             for k in ("time/rollout_s", "time/reward_s", "time/learner_s")}
+    # the same steady steps as the step mean (not the first, not the last with its eval + checkpoint)
+    steady_rows = [steps_rows[i] for i in _steady(list(range(len(steps_rows))), drop_last=True)]
+    split = {k: statistics.fmean(float(r.get(k, 0.0)) for r in steady_rows)
+             for k in ("time/rollout_s", "time/reward_s", "time/learner_s")} if steady_rows else {}
     ck = latest_checkpoint(run_dir)
     if ck is None:
         raise RuntimeError(f"posttrain run in {run_dir} wrote no checkpoint")

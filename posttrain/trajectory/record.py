@@ -118,30 +118,51 @@ class Trajectory:
 
     def validate(self) -> None:
         """Check the contract; raise :class:`TrajectoryError` naming trajectory and field."""
+        self._validate_structure()
+        self._validate_arrays(_LOGPROB_ARRAYS)
+        self._validate_scalars()
+
+    def _validate_structure(self) -> None:
+        """token_ids / roles / action_mask / behavior_version and every per-token array's shape."""
         n = self.token_ids.shape
         if self.token_ids.ndim != 1:
             raise self._fail("token_ids", f"must be 1-D, got shape {n}")
         L = int(n[0])
         if L == 0:
             raise self._fail("token_ids", "is empty")
-        for name in ("action_mask", "behavior_logprob", "behavior_version", "old_logprob", "ref_logprob",
-                     "current_logprob", "advantage"):
+        for name in ("action_mask", "behavior_version"):
             v = getattr(self, name)
-            if v is not None and v.shape != (L,):
+            if v.shape != (L,):
                 raise self._fail(name, f"has shape {v.shape}, token_ids has ({L},)")
         if len(self.roles) != L:
             raise self._fail("roles", f"has length {len(self.roles)}, token_ids has {L}")
-        if not np.isin(self.action_mask, (0, 1)).all():
+        am = self.action_mask
+        if not ((am == 0) | (am == 1)).all():
             raise self._fail("action_mask", "must hold only 0 and 1")
-        is_action = np.array([r is Role.ACTION for r in self.roles])
-        bad = np.flatnonzero(is_action != self.action_mask.astype(bool))
+        is_action = np.fromiter((r is Role.ACTION for r in self.roles), dtype=bool, count=L)
+        act = am.astype(bool)
+        bad = np.flatnonzero(is_action != act)
         if bad.size:
             raise self._fail("action_mask", f"disagrees with roles at token {int(bad[0])} (1 only on action tokens)")
-        act = self.action_mask.astype(bool)
-        for name in ("behavior_logprob", "old_logprob", "ref_logprob", "current_logprob", "advantage"):
+        bv = self.behavior_version
+        if act.any() and (bv[act] < 0).any():
+            raise self._fail("behavior_version", "must be >= 0 on action tokens")
+        if (bv[~act] != -1).any():
+            raise self._fail("behavior_version", "must be -1 on non-action tokens")
+
+    def _validate_arrays(self, names: Sequence[str]) -> None:
+        """The float per-token arrays in ``names``: shape ``(L,)``, finite on action tokens, log-probs
+        ``<= 0`` there (the advantage may have any sign), exactly 0 on every other token."""
+        L = int(self.token_ids.shape[0])
+        act: npt.NDArray[np.bool_] | None = None
+        for name in names:
             v = getattr(self, name)
             if v is None:
                 continue
+            if v.shape != (L,):
+                raise self._fail(name, f"has shape {v.shape}, token_ids has ({L},)")
+            if act is None:
+                act = self.action_mask.astype(bool)
             on = v[act]
             if not np.isfinite(on).all():
                 raise self._fail(name, f"not finite at action token {int(np.flatnonzero(act)[~np.isfinite(on)][0])}")
@@ -149,10 +170,9 @@ class Trajectory:
                 raise self._fail(name, f"log-prob > 0 at action token {int(np.flatnonzero(act)[on > 0][0])}")
             if (v[~act] != 0).any():
                 raise self._fail(name, "must be 0.0 on non-action tokens")
-        if act.any() and (self.behavior_version[act] < 0).any():
-            raise self._fail("behavior_version", "must be >= 0 on action tokens")
-        if (self.behavior_version[~act] != -1).any():
-            raise self._fail("behavior_version", "must be -1 on non-action tokens")
+
+    def _validate_scalars(self) -> None:
+        """Per-trajectory fields: versions beside frozen log-probs, reward vs status, verifier labels."""
         if self.old_logprob is not None and self.old_version is None:
             raise self._fail("old_version", "old_logprob is set without its version")
         if self.ref_logprob is not None and self.ref_version is None:
@@ -192,8 +212,29 @@ class Trajectory:
         return int(v.max() - v.min()) if v.size else 0
 
     def replace(self, **changes: Any) -> Trajectory:
-        """A validated copy with ``changes`` applied (records are immutable)."""
-        return dataclasses.replace(self, **changes)
+        """A validated copy with ``changes`` applied (records are immutable).
+
+        The copy passes the same checks as a new record; what ``changes`` cannot have touched is not
+        checked again: with the token structure (``token_ids``, ``roles``, ``action_mask``,
+        ``behavior_version``) unchanged, only the changed float arrays and the per-trajectory fields
+        are (the loop replaces every record two or three times per step)."""
+        unknown = set(changes) - _FIELD_NAMES
+        if unknown or _STRUCTURE & set(changes):
+            return dataclasses.replace(self, **changes)  # full construction (and its TypeError on a bad name)
+        new = object.__new__(type(self))
+        new.__dict__.update(self.__dict__)
+        set_ = object.__setattr__
+        for name, v in changes.items():
+            if name in _LOGPROB_ARRAYS and v is not None:
+                v = _arr(v, np.float64)
+            elif name in ("status", "hidden_status") and v is not None:
+                v = Status(v)
+            elif name == "finish":
+                v = Finish(v)
+            set_(new, name, v)
+        new._validate_arrays([n for n in _LOGPROB_ARRAYS if n in changes])
+        new._validate_scalars()
+        return new
 
     def __eq__(self, other: object) -> bool:
         if not isinstance(other, Trajectory):
@@ -208,6 +249,11 @@ class Trajectory:
         return True
 
     __hash__ = None  # type: ignore[assignment]
+
+
+_LOGPROB_ARRAYS = ("behavior_logprob", "old_logprob", "ref_logprob", "current_logprob", "advantage")
+_STRUCTURE = frozenset({"token_ids", "roles", "action_mask", "behavior_version"})
+_FIELD_NAMES = frozenset(f.name for f in dataclasses.fields(Trajectory))
 
 
 def make_trajectory(

@@ -92,3 +92,40 @@ def test_equality_compares_arrays():
     assert _traj() == _traj()
     assert _traj() != _traj(action_logprobs=[-0.5, -1.0])
     assert isinstance(_traj(), Trajectory)
+
+
+@pytest.mark.parametrize(
+    "change, field",
+    [
+        (dict(old_logprob=[0, 0, 0, -0.4, 0.2], old_version=1), "old_logprob"),  # a log-prob > 0
+        (dict(current_logprob=[0, 0, 0, -0.4, float("nan")]), "current_logprob"),
+        (dict(ref_logprob=[0, -0.1, 0, -0.4, -1.0], ref_version=0), "ref_logprob"),  # non-zero off the actions
+        (dict(advantage=[0.0, 0.0, 0.5]), "advantage"),  # wrong length
+        (dict(behavior_logprob=[0, 0, 0, -0.4, 0.3]), "behavior_logprob"),
+        (dict(ref_logprob=[0, 0, 0, -0.4, -1.0]), "ref_version"),
+        (dict(status=Status.INFRA_ERROR, reward=Reward({"task": 0.0}, {"task": 1.0}, 0.0)), "reward.total"),
+        (dict(reward=Reward({"task": 1.0}, {"task": 1.0}, float("inf"))), "reward.total"),
+        (dict(verifier="math"), "verifier"),
+        (dict(hidden_status=Status.CORRECT), "hidden_verifier"),
+    ],
+)
+def test_replace_checks_what_it_changes(change, field):
+    """replace() skips re-checking the unchanged token structure, never the changed fields."""
+    with pytest.raises(TrajectoryError, match=rf"'t0'.*'{field}'"):
+        _traj().replace(**change)
+
+
+def test_replace_equals_a_fresh_construction():
+    import dataclasses
+
+    t = _traj(status=Status.CORRECT, verifier="v@1")
+    kw = dict(old_logprob=[0, 0, 0, -0.4, -1.0], old_version=2, advantage=[0, 0, 0, 0.5, 0.5], status="wrong",
+              current_logprob=np.array([0, 0, 0, -0.3, -1.1]), policy_lag=1)
+    fast, full = t.replace(**kw), dataclasses.replace(t, **kw)
+    assert fast == full and type(fast) is Trajectory
+    assert fast.status is Status.WRONG and fast.old_logprob.dtype == np.float64
+    with pytest.raises(ValueError):
+        fast.advantage[3] = 1.0  # converted arrays are read-only too
+    assert t.old_logprob is None and t.status is Status.CORRECT  # the original is untouched
+    with pytest.raises(TypeError):
+        t.replace(no_such_field=1)
