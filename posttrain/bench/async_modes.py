@@ -115,10 +115,10 @@ def run_mode(mode: str, p: dict[str, Any], seed: int, model_dir: Path, work: Pat
     hist = {k: int(sum(m.get(f"lag/count_{k}", 0.0) for m in ms)) for k in ("0", "1", "2", "3plus")}
     return {
         "mode": mode, "config": MODES[mode], "steps": st.step, "torch_threads": torch.get_num_threads(),
-        # The core split: sync runs rollout and update one after the other on one compute thread; the
-        # threaded modes run a rollout thread and a learner thread side by side, each with
-        # ``torch_threads`` intra-op threads.
-        "threads_per_side": {"rollout": threads, "learner": threads, "concurrent": mode != "sync"},
+        # The core split: sync (and partial, which is sync with suspended samples) runs rollout and update one
+        # after the other on one compute thread; one_step_off / async run a rollout thread and a learner
+        # thread side by side, each with ``torch_threads`` intra-op threads.
+        "threads_per_side": {"rollout": threads, "learner": threads, "concurrent": cfg.system.mode != "sync"},
         "wall_s": wall, "total_s": total, "generated_tokens": gen, "tokens_per_s": gen / wall if wall else 0.0,
         "learner_util": learner / wall if wall else 0.0,
         "group_idle_frac": sum(idle) / len(idle) if idle else 0.0,
