@@ -26,6 +26,7 @@ touches the reward.
 
 from __future__ import annotations
 
+import contextvars
 import dataclasses
 import math
 from collections.abc import Mapping, Sequence
@@ -96,8 +97,10 @@ class Trajectory:
 
     def __post_init__(self) -> None:
         set_ = object.__setattr__
+        built = _STRUCTURE_BUILT.get()
         set_(self, "token_ids", _arr(self.token_ids, np.int64))
-        set_(self, "roles", tuple(Role(r) for r in self.roles))
+        if not built:
+            set_(self, "roles", tuple(Role(r) for r in self.roles))
         set_(self, "action_mask", _arr(self.action_mask, np.int8))
         set_(self, "behavior_logprob", _arr(self.behavior_logprob, np.float64))
         set_(self, "behavior_version", _arr(self.behavior_version, np.int64))
@@ -110,7 +113,18 @@ class Trajectory:
             v = getattr(self, name)
             if v is not None:
                 set_(self, name, _arr(v, np.float64))
-        self.validate()
+        if built:  # make_trajectory laid out roles / mask / versions consistently itself
+            if self.token_ids.ndim != 1:
+                raise self._fail("token_ids", f"must be 1-D, got shape {self.token_ids.shape}")
+            if self.token_ids.shape[0] == 0:
+                raise self._fail("token_ids", "is empty")
+            act = self.action_mask.astype(bool)
+            if act.any() and (self.behavior_version[act] < 0).any():
+                raise self._fail("behavior_version", "must be >= 0 on action tokens")
+            self._validate_arrays(_LOGPROB_ARRAYS)
+            self._validate_scalars()
+        else:
+            self.validate()
 
     # ------------------------------------------------------------------ validation
     def _fail(self, field: str, msg: str) -> TrajectoryError:
@@ -251,6 +265,9 @@ class Trajectory:
     __hash__ = None  # type: ignore[assignment]
 
 
+# Set by make_trajectory while it constructs a record whose token structure (roles, action mask, -1
+# versions off the actions) it built itself: __post_init__ then checks only what the caller supplied.
+_STRUCTURE_BUILT: contextvars.ContextVar[bool] = contextvars.ContextVar("posttrain_structure_built", default=False)
 _LOGPROB_ARRAYS = ("behavior_logprob", "old_logprob", "ref_logprob", "current_logprob", "advantage")
 _STRUCTURE = frozenset({"token_ids", "roles", "action_mask", "behavior_version"})
 _FIELD_NAMES = frozenset(f.name for f in dataclasses.fields(Trajectory))
@@ -275,15 +292,25 @@ def make_trajectory(
             f"trajectory {traj_id!r}: field 'behavior_logprob': {len(action_logprobs)} log-probs for {A} actions"
         )
     versions = [action_versions] * A if isinstance(action_versions, int) else list(action_versions)
-    return Trajectory(
-        traj_id=traj_id,
-        prompt_id=prompt_id,
-        group_id=group_id,
-        token_ids=np.asarray([*prompt_ids, *action_ids], dtype=np.int64),
-        roles=(Role.PROMPT,) * P + (Role.ACTION,) * A,
-        action_mask=np.asarray([0] * P + [1] * A, dtype=np.int8),
-        behavior_logprob=np.asarray([0.0] * P + list(action_logprobs), dtype=np.float64),
-        behavior_version=np.asarray([-1] * P + versions, dtype=np.int64),
-        finish=Finish(finish),
-        **rest,
-    )
+    if len(versions) != A:
+        raise TrajectoryError(
+            f"trajectory {traj_id!r}: field 'behavior_version': {len(versions)} versions for {A} actions"
+        )
+    if "roles" in rest or "action_mask" in rest or "behavior_version" in rest or "token_ids" in rest:
+        raise TypeError("make_trajectory lays out token_ids / roles / action_mask / behavior_version itself")
+    token = _STRUCTURE_BUILT.set(True)
+    try:
+        return Trajectory(
+            traj_id=traj_id,
+            prompt_id=prompt_id,
+            group_id=group_id,
+            token_ids=np.asarray([*prompt_ids, *action_ids], dtype=np.int64),
+            roles=(Role.PROMPT,) * P + (Role.ACTION,) * A,
+            action_mask=np.asarray([0] * P + [1] * A, dtype=np.int8),
+            behavior_logprob=np.asarray([0.0] * P + list(action_logprobs), dtype=np.float64),
+            behavior_version=np.asarray([-1] * P + versions, dtype=np.int64),
+            finish=Finish(finish),
+            **rest,
+        )
+    finally:
+        _STRUCTURE_BUILT.reset(token)

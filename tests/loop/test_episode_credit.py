@@ -156,6 +156,9 @@ def _with_head_noise(learner, g, role, gen, batch, adv, old):
             for key, m in obs_next.items():
                 if tuple(row[: len(key)]) == key:
                     sel = torch.tensor(m + [False] * (len(row) - len(m)))
+                    # the learner may keep logits only for the last positions (logits_to_keep):
+                    # the head's output is right-aligned with the row
+                    sel = sel[len(row) - output.shape[1]:]
                     bump[r, sel] = 7.0 * torch.randn(int(sel.sum()), output.shape[-1], generator=gen)
         return output + bump
 

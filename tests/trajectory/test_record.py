@@ -129,3 +129,31 @@ def test_replace_equals_a_fresh_construction():
     assert t.old_logprob is None and t.status is Status.CORRECT  # the original is untouched
     with pytest.raises(TypeError):
         t.replace(no_such_field=1)
+
+
+@pytest.mark.parametrize(
+    "change, field",
+    [
+        (dict(prompt_ids=[], action_ids=[], action_logprobs=[], action_versions=[]), "token_ids"),
+        (dict(prompt_ids=[[5, 6], [7, 8]], action_ids=[], action_logprobs=[], action_versions=[]), "token_ids"),
+        (dict(action_versions=[3]), "behavior_version"),  # one version for two actions
+        (dict(action_versions=-1), "behavior_version"),
+        (dict(old_logprob=[0, 0, 0, -0.4, 0.5], old_version=0), "old_logprob"),
+        (dict(current_logprob=[0, 0.1, 0, -0.4, -0.5]), "current_logprob"),
+        (dict(status=Status.INFRA_ERROR, reward=Reward({"task": 0.0}, {"task": 1.0}, 0.0)), "reward.total"),
+    ],
+)
+def test_make_trajectory_checks_what_the_caller_supplies(change, field):
+    """make_trajectory lays out the token structure itself; every value the caller gives is still checked."""
+    with pytest.raises(TrajectoryError, match=rf"'t0'.*'{field}'"):
+        _traj(**change)
+
+
+def test_make_trajectory_equals_the_checked_construction():
+    import dataclasses
+
+    t = _traj(old_logprob=[0, 0, 0, -0.4, -1.0], old_version=2, status="correct", verifier="v@1")
+    full = dataclasses.replace(t)  # a plain construction: every check, role conversion included
+    assert t == full and all(isinstance(r, Role) for r in t.roles)
+    with pytest.raises(TypeError):
+        _traj(roles=(Role.PROMPT,) * 5)
