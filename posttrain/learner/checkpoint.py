@@ -26,6 +26,7 @@ headers, so a resume can fall back to the previous complete checkpoint.
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import dataclasses
 import json
@@ -33,7 +34,7 @@ import os
 import random
 import re
 import shutil
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -169,13 +170,30 @@ def _remove_stale_temps(parent: Path) -> None:
             shutil.rmtree(p, ignore_errors=True)
 
 
+@contextlib.contextmanager
+def quiet_hf_progress() -> Iterator[None]:
+    """transformers' own progress bars off for the block (restored after): a checkpoint is written every
+    ``checkpoint_every`` steps inside the run's progress display, and a "Writing model shards" bar per
+    save buries it."""
+    from transformers.utils import logging as hf_logging
+
+    was = hf_logging.is_progress_bar_enabled()
+    hf_logging.disable_progress_bar()
+    try:
+        yield
+    finally:
+        if was:
+            hf_logging.enable_progress_bar()
+
+
 def _save_actor(actor: torch.nn.Module, tmp: Path) -> None:
-    if is_peft_model(actor):
-        actor.save_pretrained(tmp / "actor_adapter")  # type: ignore[operator]
-        merged = copy.deepcopy(actor).merge_and_unload()  # type: ignore[operator]
-        merged.save_pretrained(tmp / "actor")
-    else:
-        actor.save_pretrained(tmp / "actor")  # type: ignore[operator]
+    with quiet_hf_progress():
+        if is_peft_model(actor):
+            actor.save_pretrained(tmp / "actor_adapter")  # type: ignore[operator]
+            merged = copy.deepcopy(actor).merge_and_unload()  # type: ignore[operator]
+            merged.save_pretrained(tmp / "actor")
+        else:
+            actor.save_pretrained(tmp / "actor")  # type: ignore[operator]
 
 
 def _write_learner_state(learner_state: Mapping[str, Any], tmp: Path) -> None:
@@ -220,7 +238,8 @@ def save_checkpoint(
         if tokenizer is not None:
             tokenizer.save_pretrained(str(tmp / "actor"))
         if critic is not None:
-            critic.save(tmp / "critic")
+            with quiet_hf_progress():
+                critic.save(tmp / "critic")
         _write_learner_state(learner_state(tmp) if callable(learner_state) else learner_state, tmp)
         torch.save(capture_rng(), tmp / "rng.pt")
         (tmp / "meta.json").write_text(extra_json)
