@@ -521,10 +521,10 @@ class PolicyLearner:
             if self._current is not None:  # rewritten each epoch: the last optimiser step's forward wins
                 self._current[mb["rows"], : lp.shape[1]] = lp.detach().to("cpu", torch.float64)
             if mb["old_logprob"] is None:  # fused: this forward runs under pi_old's weights
-                mb["old_logprob"] = lp.detach() * mask
+                fused_old = lp.detach() * mask
+                mb["old_logprob"] = fused_old
                 assert self._fused_old is not None
-                width = lp.shape[1]
-                self._fused_old[mb["rows"], :width] = mb["old_logprob"].to("cpu", torch.float64)
+                self._fused_old[mb["rows"], : lp.shape[1]] = fused_old.to("cpu", torch.float64)
             out = self._policy_loss(
                 PolicyLossInputs(
                     logprob=lp,

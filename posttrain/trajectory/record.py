@@ -113,14 +113,9 @@ class Trajectory:
             v = getattr(self, name)
             if v is not None:
                 set_(self, name, _arr(v, np.float64))
-        if built:  # make_trajectory laid out roles / mask / versions consistently itself
-            if self.token_ids.ndim != 1:
-                raise self._fail("token_ids", f"must be 1-D, got shape {self.token_ids.shape}")
-            if self.token_ids.shape[0] == 0:
-                raise self._fail("token_ids", "is empty")
-            act = self.action_mask.astype(bool)
-            if act.any() and (self.behavior_version[act] < 0).any():
-                raise self._fail("behavior_version", "must be >= 0 on action tokens")
+        if built:  # make_trajectory laid out roles / mask / -1 versions consistently itself
+            self._validate_token_ids()
+            self._validate_action_versions(self.action_mask.astype(bool))
             self._validate_arrays(_LOGPROB_ARRAYS)
             self._validate_scalars()
         else:
@@ -138,12 +133,7 @@ class Trajectory:
 
     def _validate_structure(self) -> None:
         """token_ids / roles / action_mask / behavior_version and every per-token array's shape."""
-        n = self.token_ids.shape
-        if self.token_ids.ndim != 1:
-            raise self._fail("token_ids", f"must be 1-D, got shape {n}")
-        L = int(n[0])
-        if L == 0:
-            raise self._fail("token_ids", "is empty")
+        L = self._validate_token_ids()
         for name in ("action_mask", "behavior_version"):
             v = getattr(self, name)
             if v.shape != (L,):
@@ -158,11 +148,23 @@ class Trajectory:
         bad = np.flatnonzero(is_action != act)
         if bad.size:
             raise self._fail("action_mask", f"disagrees with roles at token {int(bad[0])} (1 only on action tokens)")
-        bv = self.behavior_version
-        if act.any() and (bv[act] < 0).any():
-            raise self._fail("behavior_version", "must be >= 0 on action tokens")
-        if (bv[~act] != -1).any():
+        self._validate_action_versions(act)
+        if (self.behavior_version[~act] != -1).any():
             raise self._fail("behavior_version", "must be -1 on non-action tokens")
+
+    def _validate_token_ids(self) -> int:
+        """token_ids is 1-D and not empty; returns its length."""
+        if self.token_ids.ndim != 1:
+            raise self._fail("token_ids", f"must be 1-D, got shape {self.token_ids.shape}")
+        L = int(self.token_ids.shape[0])
+        if L == 0:
+            raise self._fail("token_ids", "is empty")
+        return L
+
+    def _validate_action_versions(self, act: npt.NDArray[np.bool_]) -> None:
+        """Every action token (``act``) was sampled by a real policy version (>= 0)."""
+        if act.any() and (self.behavior_version[act] < 0).any():
+            raise self._fail("behavior_version", "must be >= 0 on action tokens")
 
     def _validate_arrays(self, names: Sequence[str]) -> None:
         """The float per-token arrays in ``names``: shape ``(L,)``, finite on action tokens, log-probs
