@@ -166,3 +166,121 @@ def evaluate(
         k=k,
         hidden=hidden,
     )
+
+
+def evaluate_run(run: Any, temperature: float | None = None, samples: int = 1,
+                 env_overrides: dict[str, Any] | None = None) -> EvalResult:
+    """A run's held-out evaluation of its engine's current weights: the one path of training and ``posttrain eval``.
+
+    ``run`` is a :class:`~posttrain.loop.run_state.Run` or a :class:`HeldoutRun` (the same attributes:
+    ``cfg``, ``engine``, ``tokenizer``, ``task``, ``heldout``, ``renderer``, ``verify_batch``,
+    ``hidden_verifier``, ``plain_model``). Single-turn (``env.name`` unset): :func:`evaluate` on
+    ``run.heldout`` rendered by ``run.renderer`` (task.chat_template / task.system_prompt), judged by
+    ``run.task``'s verifier (reward.extract applied by ``build_task``), ``eval.max_new_tokens`` tokens
+    (default ``sampling.max_new_tokens``), seed ``cfg.seed``. Multi-turn: one whole episode per held-out
+    start and sample (:func:`~posttrain.loop.episode_rollout.evaluate_episodes`) under the run's ``env``
+    settings, ``env_overrides`` (e.g. ``{"use_tools": False}``) building the environments.
+    ``temperature`` defaults to ``eval.temperature``; ``samples`` > 1 draws that many responses per
+    prompt for pass@``min(eval.k, samples)``.
+    """
+    cfg = run.cfg
+    e = cfg.eval
+    temp = e.temperature if temperature is None else temperature
+    if cfg.env.name is not None:  # multi-turn: whole held-out episodes
+        from posttrain.loop.episode_rollout import EpisodeRollout, evaluate_episodes
+        from posttrain.loop.rollout_stage import RolloutStage
+
+        ro = EpisodeRollout(cfg, run, RolloutStage.from_config(cfg, run))
+        return evaluate_episodes(ro, run.heldout, temperature=temp, max_new_tokens=e.max_new_tokens,
+                                 env_overrides=env_overrides, samples=samples, k=min(e.k, samples))
+    if env_overrides:
+        raise ValueError(f"evaluate_run: env_overrides {env_overrides} need a multi-turn run (env.name)")
+    return evaluate(run.engine, run.tokenizer, run.task, run.heldout,
+                    max_new_tokens=e.max_new_tokens or cfg.sampling.max_new_tokens, temperature=temp, seed=cfg.seed,
+                    verify_batch=run.verify_batch, samples=samples, k=min(e.k, samples),
+                    renderer=run.renderer, hidden_verifier=run.hidden_verifier)
+
+
+def heldout_metrics(run: Any) -> tuple[EvalResult, dict[str, float]]:
+    """Every held-out figure a run logs at an evaluation: ``(main result, its metrics and the extras)``.
+
+    The main result is at ``eval.temperature`` (greedy by default: it promotes / rejects). The metric
+    dict holds its ``heldout/*`` keys plus, as configured: ``heldout_sampled/*`` at
+    ``eval.sampled_temperature``; pass@k over ``eval.samples`` responses of whichever evaluation
+    samples (``heldout/pass@k``, Chen et al. 2021); ``heldout_notool/*`` (``env.eval_without_tools``).
+    Both :meth:`Run.evaluate_and_judge <posttrain.loop.run_state.Run.evaluate_and_judge>` and
+    ``posttrain eval`` call it, so a checkpoint's evaluation reproduces the run's record.
+    """
+    cfg = run.cfg
+    e = cfg.eval
+    n = e.samples or 1
+    # pass@k needs sampled responses: the main evaluation's when it samples, else the sampled one's.
+    res = evaluate_run(run, samples=n if e.temperature > 0 else 1)
+    extra: dict[str, float] = res.passk_metrics() if n > 1 and e.temperature > 0 else {}
+    if e.sampled_temperature is not None:
+        sres = evaluate_run(run, e.sampled_temperature, samples=n if e.temperature == 0 else 1)
+        extra = {**sres.as_metrics("heldout_sampled"), **extra,
+                 **(sres.passk_metrics() if n > 1 and e.temperature == 0 else {})}
+    if cfg.env.name is not None and cfg.env.eval_without_tools:  # the no-tool baseline beside it
+        extra.update(evaluate_run(run, env_overrides={"use_tools": False}).as_metrics("heldout_notool"))
+    return res, {**res.as_metrics(), **extra}
+
+
+@dataclasses.dataclass
+class HeldoutRun:
+    """The parts of a run its held-out evaluation reads, rebuilt from a config and saved weights
+    (``posttrain eval`` of a checkpoint): what :func:`evaluate_run` / :func:`heldout_metrics` need.
+
+    Built by :meth:`from_config` with the run's own builders (task with ``reward.extract`` and
+    ``reward.functions``, renderer, held-out split of ``eval.size`` at ``seed``, guarded verifier pool of
+    ``reward.*``, ``eval.hidden_verifier``), so nothing of the run's evaluation is re-implemented here.
+    Call :meth:`close` when done (the verifier pool).
+    """
+
+    cfg: Any
+    engine: Any
+    tokenizer: Any
+    task: Any
+    heldout: list[Any]
+    renderer: Any
+    verify_batch: Any
+    hidden_verifier: Any
+    plain_model: Any
+    _pool: Any = None
+
+    @classmethod
+    def from_config(cls, cfg: Any, model: Any, tokenizer: Any) -> HeldoutRun:
+        """The evaluation parts of run config ``cfg`` (a ``RunConfig``) over ``model`` / ``tokenizer``.
+
+        Uses the in-process built-in engine (``rollout.engine`` is not started here). Raises the run's
+        own one-line errors: a task or kwargs that do not build, a prompt that does not fit the context.
+        """
+        from posttrain.envs.task import check_prompts, task_rows
+        from posttrain.loop.builders import build_engine, build_renderer, build_task
+        from posttrain.rewards import VerifierPool
+
+        task = build_task(cfg)
+        renderer = build_renderer(cfg, tokenizer)
+        heldout = list(task.examples("heldout", cfg.eval.size, seed=cfg.seed))
+        check_prompts(task_rows(task) or heldout, tokenizer,
+                      max_context=getattr(getattr(model, "config", None), "max_position_embeddings", None),
+                      max_new_tokens=cfg.sampling.max_new_tokens, renderer=renderer)
+        hidden = None
+        if cfg.eval.hidden_verifier is not None:
+            from posttrain.rewards.hidden import build_hidden_verifier
+
+            hidden = build_hidden_verifier(cfg.eval.hidden_verifier, cfg.eval.hidden_verifier_kwargs)
+        pool = VerifierPool(workers=cfg.reward.workers, timeout_s=cfg.reward.timeout_s, retries=cfg.reward.retries)
+        return cls(cfg=cfg, engine=build_engine(model, tokenizer), tokenizer=tokenizer, task=task, heldout=heldout,
+                   renderer=renderer, verify_batch=pool.verify_batch, hidden_verifier=hidden, plain_model=model,
+                   _pool=pool)
+
+    def next_prompts(self, n: int) -> list[Any]:
+        """The first ``n`` held-out examples (the rollout interface; an evaluation draws no training prompt)."""
+        return self.heldout[:n]
+
+    def close(self) -> None:
+        """Close the verifier pool (idempotent)."""
+        if self._pool is not None:
+            self._pool.close()
+            self._pool = None

@@ -213,43 +213,23 @@ class Run:
     def evaluate(self, temperature: float | None = None, samples: int = 1) -> Any:
         """Held-out evaluation of the engine's current weights (default: ``eval.temperature``);
         ``samples`` > 1 draws that many responses per prompt for pass@``eval.k``."""
-        from posttrain.evaluation.heldout import evaluate
+        from posttrain.evaluation.heldout import evaluate_run  # one path, shared with `posttrain eval`
 
-        if self.cfg.env.name is not None:  # multi-turn: whole held-out episodes
-            return self.evaluate_episodes(temperature, samples=samples)
-        e = self.cfg.eval
-        return evaluate(self.engine, self.tokenizer, self.task, self.heldout,
-                        max_new_tokens=e.max_new_tokens or self.cfg.sampling.max_new_tokens,
-                        temperature=e.temperature if temperature is None else temperature, seed=self.cfg.seed,
-                        verify_batch=self.verify_batch, samples=samples, k=min(e.k, samples),
-                        renderer=self.renderer, hidden_verifier=self.hidden_verifier)
+        return evaluate_run(self, temperature, samples=samples)
 
     def evaluate_episodes(self, temperature: float | None = None, env_overrides: dict[str, Any] | None = None,
                           samples: int = 1) -> Any:
         """Held-out evaluation of an ``env.name`` run: ``samples`` episodes per held-out start (default
         temperature ``eval.temperature``; ``env_overrides`` e.g. ``{"use_tools": False}``)."""
-        from posttrain.loop.episode_rollout import EpisodeRollout, evaluate_episodes
-        from posttrain.loop.rollout_stage import RolloutStage
+        from posttrain.evaluation.heldout import evaluate_run
 
-        e = self.cfg.eval
-        ro = EpisodeRollout(self.cfg, self, RolloutStage.from_config(self.cfg, self))
-        return evaluate_episodes(ro, self.heldout, temperature=e.temperature if temperature is None else temperature,
-                                 max_new_tokens=e.max_new_tokens, env_overrides=env_overrides, samples=samples,
-                                 k=min(e.k, samples))
+        return evaluate_run(self, temperature, samples=samples, env_overrides=env_overrides)
 
     def evaluate_and_judge(self, step: int) -> dict[str, float]:
         """Evaluate; promote if best so far, reject (restore) on a collapse, else retain."""
-        e = self.cfg.eval
-        n = e.samples or 1
-        # pass@k needs sampled responses: the main evaluation's when it samples, else the sampled one's.
-        res = self.evaluate(samples=n if e.temperature > 0 else 1)
-        extra: dict[str, float] = res.passk_metrics() if n > 1 and e.temperature > 0 else {}
-        if e.sampled_temperature is not None:
-            sres = self.evaluate(e.sampled_temperature, samples=n if e.temperature == 0 else 1)
-            extra = {**sres.as_metrics("heldout_sampled"), **extra,
-                     **(sres.passk_metrics() if n > 1 and e.temperature == 0 else {})}
-        if self.cfg.env.name is not None and self.cfg.env.eval_without_tools:  # the no-tool baseline beside it
-            extra.update(self.evaluate_episodes(env_overrides={"use_tools": False}).as_metrics("heldout_notool"))
+        from posttrain.evaluation.heldout import heldout_metrics  # shared with `posttrain eval`
+
+        res, metrics = heldout_metrics(self)
         st = self.state
         acc = res.accuracy
         decision, reason = "retained", ""
@@ -266,7 +246,7 @@ class Run:
             st.decisions.append({"step": step, "decision": decision, "accuracy": acc})
         st.last_heldout_accuracy = acc
         st.heldout_curve.append((step, acc, res.reward_mean))
-        return {**res.as_metrics(), **extra, "revision": decision, "revision_reason": reason}
+        return {**metrics, "revision": decision, "revision_reason": reason}
 
     # ------------------------------------------------------------------ warm-up
     def warmup_and_baseline(self, progress: Any = None) -> None:
