@@ -437,6 +437,9 @@ class GuardsConfig(_Section):
     max_truncation_rate: float = Field(0.9, ge=0, le=1)
     max_zero_adv_fraction: float = Field(1.0, ge=0, le=1)
     min_response_length: float = Field(0.0, ge=0)
+    max_infra_error_fraction: float = Field(
+        1.0, gt=0, le=1, description="warn (stop with action: stop) when this fraction of a step's or an evaluation's "
+        "verifications has no verdict (infra_error / env_failure); 1.0 = when every one failed")
 
 
 class LoggingConfig(_Section):

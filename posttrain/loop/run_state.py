@@ -28,6 +28,7 @@ import torch
 
 from posttrain.config import RunConfig, dump_config
 from posttrain.loop.builders import build_engine, build_learner, build_model, build_renderer, build_task
+from posttrain.loop.guards import VerdictTally, check_guards
 from posttrain.loop.metrics_log import MetricsLog
 from posttrain.trajectory import Ledger, Trajectory
 
@@ -129,6 +130,7 @@ class Run:
                                       retries=cfg.reward.retries)
             self.verify_batch = self._pool.verify_batch
         self._promoted: dict[str, torch.Tensor] | None = None
+        self.verdicts = VerdictTally()  # this invocation's verifications: nothing judged at all -> an error
         self.inflight_count: Any = None  # set by the loop: samples queued / paused in the producer
         self._t_start = time.perf_counter()
         self._wall_before = 0.0
@@ -284,6 +286,8 @@ class Run:
                 self.ref_model.load_state_dict(self.learner.weights_for_rollout())  # plain names (LoRA merged)
             self.sync_weights()
         m = self.evaluate_and_judge(0)
+        check_guards(self.cfg.guards, m)  # step 0: a breach (e.g. every verification failed) warns
+        self.verdicts.add(m)
         self.log.log(0, m)
 
     # ------------------------------------------------------------------ bookkeeping
@@ -294,6 +298,7 @@ class Run:
         if "reward/mean" in metrics:
             self.state.reward_curve.append((step, float(metrics["reward/mean"])))
         scalars = {k: v for k, v in metrics.items() if isinstance(v, (int, float, str, bool)) or v is None}
+        self.verdicts.add(scalars, trajs)
         self.ledger.write_trajectories(step, trajs)
         self.ledger.write_metrics(step, scalars)
         self.log.log(step, scalars)

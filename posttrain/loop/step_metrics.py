@@ -30,6 +30,17 @@ def _pct(x: torch.Tensor, q: float) -> float:
     return float(torch.quantile(x.to(torch.float64), q)) if x.numel() else float("nan")
 
 
+def status_counts(all_trajs: Sequence[Trajectory]) -> dict[str, float]:
+    """``status/<name>`` for every :class:`~posttrain.trajectory.Status`: how many of ``all_trajs`` (every
+    trajectory the step writes to the ledger, ``infra_error`` and ``env_failure`` included) hold it.
+
+    The one count of a step's statuses: a step with no usable trajectory (every verification failed)
+    reports it too, so the metrics always count exactly what the ledger holds.
+    """
+    counts = Counter(t.status.value for t in all_trajs if t.status is not None)
+    return {f"status/{s.value}": float(counts.get(s.value, 0)) for s in Status}
+
+
 def step_metrics(batch: TrajectoryBatch, all_trajs: Sequence[Trajectory], targets: Any, *,
                  learner_version: int | None = None) -> dict[str, float]:
     """Data metrics of one step (see the module docstring for each key); ``learner_version``: the
@@ -45,8 +56,7 @@ def step_metrics(batch: TrajectoryBatch, all_trajs: Sequence[Trajectory], target
             comps.setdefault(k, []).append(v)
     m.update({f"reward/{k}": sum(v) / len(v) for k, v in comps.items()})
     m["train/accuracy"] = sum(t.status is Status.CORRECT for t in usable) / len(usable)
-    counts = Counter(t.status.value for t in all_trajs if t.status is not None)
-    m.update({f"status/{s.value}": float(counts.get(s.value, 0)) for s in Status})
+    m.update(status_counts(all_trajs))
     lengths = torch.tensor([t.num_actions for t in all_trajs], dtype=torch.float64)
     m.update({"length/mean": float(lengths.mean()), "length/p50": _pct(lengths, 0.5),
               "length/p95": _pct(lengths, 0.95), "length/max": float(lengths.max())})

@@ -26,7 +26,7 @@ import torch
 from posttrain.config import RunConfig
 from posttrain.loop.guards import check_guards
 from posttrain.loop.run_state import RunState, open_run
-from posttrain.loop.step_metrics import step_metrics
+from posttrain.loop.step_metrics import status_counts, step_metrics
 from posttrain.loop.targets import build_targets, ref_token_kl, run_baseline
 from posttrain.rewards.hidden import judge_trajectories
 from posttrain.trajectory import Status, collate
@@ -76,6 +76,7 @@ def train(cfg: RunConfig, *, progress: Any = None) -> RunState:
             st.unconsumed_samples = producer.close()
         finally:
             run.close()
+    run.verdicts.check(str(run.dir / "ledger"))  # every verification failed: NothingJudgedError, not "done"
     return st
 
 
@@ -105,10 +106,12 @@ def update_step(run: Any, producer: Any, step: int, produced: Any, t_step: float
     usable = [t for t in trajs if t.status not in (Status.INFRA_ERROR, Status.ENV_FAILURE)]
     metrics: dict[str, Any] = dict(produced.info)
     metrics.update(consumption_metrics(trajs, produced.dropped))
-    if not usable:
+    if not usable:  # nothing judged: counted like any step (status/*, what the ledger holds) and guarded
         metrics["skipped"] = 1.0
+        metrics.update(status_counts(trajs))
+        stop_reason = check_guards(cfg.guards, metrics)
         run.finish_step(step, trajs, metrics, t_step)
-        return metrics, None
+        return metrics, stop_reason
     # 4. collate once; freeze old / ref coordinates, values and targets onto that batch as tensors. First
     #    re-render each recorded prompt: pi_old must be computed on the ids the engine sampled from (a
     #    changed template / system prompt is an error).
