@@ -516,6 +516,9 @@ class RunConfig(_Section):
             raise ValueError(f"learner.precision=bf16 keeps float32 master weights: needs model.dtype=float32, "
                              f"got {self.model.dtype}")
         check_algo_kwargs(self)
+        from posttrain.config_rules import check_dead_settings
+
+        check_dead_settings(self)  # a set key that cannot take effect is refused (warnings: load_config)
         return self
 
     def axes(self) -> dict[str, str]:
@@ -547,9 +550,6 @@ class RunConfig(_Section):
 
 def _check_env(cfg: RunConfig) -> None:
     """A multi-turn recipe: the environment resolves, and the settings episodes do not support are refused."""
-    if "name" in cfg.task.model_fields_set:  # e.g. a single-turn recipe with an env.name override
-        _log.warning("env.name=%s is set: task.name=%s is not used (episodes replace task prompts)",
-                     cfg.env.name, cfg.task.name)
     for bad, why in ((cfg.sampling.dynamic_sampling, "sampling.dynamic_sampling=false"),):
         if bad:
             raise ValueError(f"env.name={cfg.env.name}: multi-turn episodes need {why}")
@@ -558,6 +558,9 @@ def _check_env(cfg: RunConfig) -> None:
     if ":" not in cfg.env.name and cfg.env.name not in ENVS:  # type: ignore[operator]
         raise ValueError(f"env.name: unknown env {cfg.env.name!r}; valid: {', '.join(sorted(ENVS))}, "
                          "or 'package.module:factory'")
+    from posttrain.envs.episodes import check_env_reward_weights
+
+    check_env_reward_weights(str(cfg.env.name), cfg.env.kwargs, cfg.reward.weights)  # like single-turn components
 
 
 def _probe(fn: Any, kwargs: dict[str, Any], key: str, call: Any) -> None:
@@ -721,6 +724,10 @@ def load_config(recipe: str | None = None, overrides: list[str] | None = None) -
         data = loaded
     data = apply_overrides(data, list(overrides or []))
     cfg = validate_config(data, source)
+    from posttrain.config_rules import check_dead_settings
+
+    for line in check_dead_settings(cfg):  # the keys whose rule warns instead of refusing (config_rules.RULES)
+        _log.warning("%s: %s", source, line)
     if cfg.optim.lr == 0 and cfg.steps > 0:
         # Legitimate for determinism checks (weights never change), a silent no-op run otherwise.
         _log.warning("%s: optim.lr=0 with steps=%d: the policy weights will not change", source, cfg.steps)

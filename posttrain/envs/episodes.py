@@ -16,7 +16,7 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from posttrain.algos.registry import Registry
-from posttrain.envs.multiturn import Environment
+from posttrain.envs.multiturn import Environment, declared_components
 from posttrain.envs.task import TaskExample, sample_split
 from posttrain.envs.tool_calling import calculator_tool_env, python_tool_env
 from posttrain.envs.tools import CalculatorEnv, PythonToolEnv
@@ -94,3 +94,18 @@ def build_env_task(name: str, kwargs: Mapping[str, Any] | None = None, heldout_f
 
     factory = import_dotted(name, key="env.name") if ":" in name else ENVS[name]
     return EnvTask(name, factory, dict(kwargs or {}), heldout_fraction)
+
+
+def check_env_reward_weights(name: str, kwargs: Mapping[str, Any] | None, weights: Mapping[str, float]) -> None:
+    """Refuse (``ValueError``, one line naming the key) a ``reward.weights`` key that the environment
+    ``env.name`` does not declare among its ``reward_components`` (the load-time check a single-turn
+    run gets from its verifier's components). Builds one environment of ``env.kwargs`` (a bad keyword
+    is refused here too); an environment that declares no components is not checked."""
+    env = build_env_task(name, kwargs).make_env()
+    declared = declared_components(env)
+    if declared is None:
+        return
+    unknown = [k for k in weights if k not in declared]
+    if unknown:
+        raise ValueError(f"reward.weights.{unknown[0]}: env {name!r} reports no reward part {unknown[0]!r} "
+                         f"(its parts: {', '.join(declared)})")

@@ -55,7 +55,14 @@ class StepResult:
 
 @runtime_checkable
 class Environment(Protocol):
-    """A multi-turn environment (one episode at a time)."""
+    """A multi-turn environment (one episode at a time).
+
+    Optional: ``reward_components``, a tuple of the reward part names its steps may report (e.g.
+    ``("task", "tool_calls", "invalid_actions")``). An environment that declares them has
+    ``reward.weights`` checked against them at config load (:func:`declared_components`), and a
+    declared part an episode never reported counts 0 in its verdict (a count of zero tool calls is a
+    real 0); without a declaration a weighted part missing from a terminal episode is an ``env_failure``.
+    """
 
     name: str
 
@@ -320,8 +327,10 @@ class EpisodeState:
 
         Reward: components = sum of ``reward_parts`` over steps, ``total = sum_k weights[k] *
         components[k]``. A truncated episode scores 0 for weighted components it never produced
-        (no answer within the limits is a real outcome); a terminal one that lacks a weighted
-        component is an ``env_failure`` (a silent 0 would hide a broken environment).
+        (no answer within the limits is a real outcome), and so does any episode for a weighted
+        component the environment declares (``reward_components``: e.g. ``tool_calls`` of an
+        episode that called no tool); a terminal one that lacks an undeclared weighted component is
+        an ``env_failure`` (a silent 0 would hide a broken environment).
         """
         from posttrain.rewards.compose import compose
 
@@ -331,9 +340,10 @@ class EpisodeState:
         reward = Reward(components={}, weights=self.weights, total=None)
         if status not in (Status.ENV_FAILURE, Status.INFRA_ERROR):
             comps = dict(self.comps)
-            if self.finish is Finish.TRUNCATED:
-                for k in self.weights:
-                    comps.setdefault(k, 0.0)
+            declared = declared_components(self.env) or ()
+            for k in self.weights:
+                if self.finish is Finish.TRUNCATED or k in declared:
+                    comps.setdefault(k, 0.0)  # a part the episode never reported (e.g. no tool call) is 0
             try:
                 reward = compose(comps, self.weights)
             except ValueError as e:
@@ -351,6 +361,17 @@ class EpisodeState:
             reward=reward, verifier=f"{self.env.name}@{getattr(self.env, 'version', '0')}", env_seed=self.seed,
             timings={"episode_s": time.perf_counter() - self._t0, **dict(rest.pop("timings", {}))}, meta=meta, **rest,
         )
+
+
+def declared_components(env: Any) -> tuple[str, ...] | None:
+    """The reward part names ``env`` declares (its ``reward_components``), or None when it declares none."""
+    comps = getattr(env, "reward_components", None)
+    if comps is None:
+        return None
+    if isinstance(comps, str) or not all(isinstance(c, str) for c in comps):
+        raise ValueError(f"environment {getattr(env, 'name', env)!r}: reward_components must be a tuple of "
+                         f"names, got {comps!r}")
+    return tuple(comps)
 
 
 def anchor_hash(state: str) -> int:

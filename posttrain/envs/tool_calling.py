@@ -25,7 +25,7 @@ import json
 import random
 import re
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any
+from typing import Any, ClassVar
 
 from posttrain.algos.registry import Registry
 from posttrain.envs.multiturn import StepResult
@@ -130,6 +130,9 @@ class ToolEnv:
     ``max_calls`` bounds calls per episode (more are invalid actions).
     """
 
+    #: the reward parts its steps report (checked against ``reward.weights`` at config load; a part an
+    #: episode never reported is 0 in its verdict, e.g. ``tool_calls`` of an episode that answered directly)
+    reward_components: ClassVar[tuple[str, ...]] = ("task", "tool_calls", "invalid_actions")
     name: str
     tools: list[Tool]
     problem: Callable[[int], tuple[str, int]]

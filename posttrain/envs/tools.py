@@ -5,8 +5,9 @@ policy may call ``<calc>EXPR</calc>`` (evaluated by the safe countdown evaluator
 and ends with ``<answer>N</answer>``. ``python``: the same protocol with ``<python>CODE</python>``
 run in the code sandbox (stdout is the observation).
 
-Reward parts: ``task`` (1 on a correct answer, else 0, on the final step) and ``tool_calls``
-(+1 per call, a raw count a config may weight, e.g. negatively as a cost).
+Reward parts (declared in ``reward_components``): ``task`` (1 on a correct answer, else 0, on the
+final step), ``tool_calls`` (+1 per call, a raw count a config may weight, e.g. negatively as a
+cost; 0 in an episode without a call) and ``format`` (-1 per turn with neither a call nor an answer).
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from __future__ import annotations
 import dataclasses
 import random
 import re
+from typing import ClassVar
 
 from posttrain.envs.multiturn import StepResult
 from posttrain.rewards.countdown import ExpressionError, safe_evaluate
@@ -46,6 +48,8 @@ def _problem(rng: random.Random, digits: int) -> tuple[str, int]:
 class CalculatorEnv:
     """``reset(seed)`` -> ``"37*48+15=? <calc>"``-style statement; see the module docstring."""
 
+    #: the reward parts its steps report (checked against ``reward.weights`` at config load)
+    reward_components: ClassVar[tuple[str, ...]] = ("task", "tool_calls", "format")
     digits: int = 2
     name: str = "calculator"
     version: str = "1"

@@ -130,3 +130,57 @@ def test_wrong_answer_and_bad_generate_fn():
 
     t = run_episode(CalculatorEnv(), bad, TOK, seed=0, traj_id="e", group_id="g")
     assert t.status is Status.ENV_FAILURE and "log-probs" in t.meta["explanation"]
+
+
+# ---------------------------------------------- declared reward parts (issue 22: weighting tool_calls works)
+def _tool_answer(seed: int) -> int:
+    from posttrain.envs.tool_calling import calculator_tool_env
+
+    env = calculator_tool_env(digits=2)
+    env.reset(seed)
+    assert env.target is not None
+    return env.target
+
+
+def test_weighted_tool_calls_in_an_episode_without_a_call_is_zero_not_env_failure():
+    """calculator_tool declares task / tool_calls / invalid_actions: a direct correct answer reports no
+    tool_calls part, which is a count of 0 (before: 'weighted component(s) ['tool_calls'] missing')."""
+    from posttrain.envs.tool_calling import calculator_tool_env
+
+    w = {"task": 1.0, "tool_calls": 0.5}
+    t = run_episode(calculator_tool_env(digits=2), scripted([f"<answer>{_tool_answer(3)}</answer>"]), TOK, seed=3,
+                    traj_id="e", group_id="g", weights=w)
+    assert t.status is Status.CORRECT and t.finish is Finish.TERMINAL
+    assert t.reward.components == {"task": 1.0, "tool_calls": 0.0}
+    assert t.reward.total == 1.0  # 1.0 * 1 + 0.5 * 0
+    # one call, then the answer: 1.0 * 1 + 0.5 * 1 = 1.5 (hand-computed)
+    call = '<tool_call>{"name": "calculator", "arguments": {"expression": "2*3"}}</tool_call>'
+    t = run_episode(calculator_tool_env(digits=2), scripted([call, f"<answer>{_tool_answer(3)}</answer>"]), TOK,
+                    seed=3, traj_id="e", group_id="g", weights=w)
+    assert t.status is Status.CORRECT and t.reward.components["tool_calls"] == 1.0 and t.reward.total == 1.5
+
+
+def test_weighted_format_of_the_tag_calculator_is_zero_when_never_reported():
+    w = {"task": 1.0, "format": 0.25}
+    t = run_episode(CalculatorEnv(), scripted([f"<answer>{_answer(4)}</answer>"]), TOK, seed=4, traj_id="e",
+                    group_id="g", weights=w)
+    assert t.status is Status.CORRECT and t.reward.components == {"task": 1.0, "format": 0.0}
+    assert t.reward.total == 1.0
+    # one turn with neither a call nor an answer (format -1), then the answer: 1 - 0.25 = 0.75
+    t = run_episode(CalculatorEnv(), scripted(["hm", f"<answer>{_answer(4)}</answer>"]), TOK, seed=4, traj_id="e",
+                    group_id="g", weights=w)
+    assert t.reward.components["format"] == -1.0 and t.reward.total == 0.75
+
+
+@dataclasses.dataclass
+class Undeclared(CalculatorEnv):
+    """An environment without its own declaration: a weighted part it never reports stays an env_failure."""
+
+    name: str = "undeclared"
+    reward_components = None  # type: ignore[assignment]
+
+
+def test_an_undeclared_weighted_part_missing_from_a_terminal_episode_is_still_env_failure():
+    t = run_episode(Undeclared(), scripted([f"<answer>{_answer(4)}</answer>"]), TOK, seed=4, traj_id="e",
+                    group_id="g", weights={"task": 1.0, "bonus": 1.0})
+    assert t.status is Status.ENV_FAILURE and "bonus" in t.meta["explanation"] and t.reward.total is None

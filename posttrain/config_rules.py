@@ -1,0 +1,168 @@
+"""Dead settings: a key the user set that cannot take effect in the resolved config is refused at load.
+
+One rule, applied everywhere (issue 22): a key counts as *set* when the recipe or an override gave
+it (pydantic's ``model_fields_set``, recursively through the sections) **and** its value differs
+from the field's default. Defaults never trigger, so a saved ``config.yaml`` (which lists every key)
+loads like the recipe that wrote it. Each such key that the resolved config leaves without effect
+is refused at load with one line naming the key and why (``severity="error"``), or, where refusing
+would break a shipped recipe or a common override pattern (``posttrain train demo sft.steps=0``),
+a one-line warning at load (``severity="warn"``). The choice per key lives in :data:`RULES`, the
+only table of it; docs/configuration.md describes the rule.
+
+Each rule was checked against the code that consumes its key (noted next to it).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable, Iterator
+from typing import TYPE_CHECKING, Any, Literal
+
+from pydantic import BaseModel
+
+if TYPE_CHECKING:
+    from posttrain.config import RunConfig
+
+
+@dataclasses.dataclass(frozen=True)
+class Rule:
+    """``keys`` (dotted; a section name covers every key under it) cannot take effect when
+    ``dead(cfg)`` is true, because ``why``; ``severity`` says whether that is refused or warned."""
+
+    keys: tuple[str, ...]
+    dead: Callable[[RunConfig], bool]
+    why: str
+    severity: Literal["error", "warn"] = "error"
+
+
+def _not_builtin_tiny(c: RunConfig) -> bool:
+    p = c.model.path
+    return not p.startswith("builtin:") or p.split(":", 1)[1].startswith("smollm2")
+
+
+RULES: tuple[Rule, ...] = (
+    # posttrain/loop/builders.py build_kl_coef: the adaptive controller scales loss.kl_coef; with no
+    # estimator there is no KL to measure, with coef 0 it multiplies 0.
+    Rule(("loss.kl_target", "loss.kl_horizon"), lambda c: c.loss.kl_estimator is None,
+         "there is no KL term: loss.kl_estimator is not set"),
+    Rule(("loss.kl_target", "loss.kl_horizon"), lambda c: c.loss.kl_coef == 0,
+         "the adaptive controller scales loss.kl_coef, which is 0 (a 0 coefficient stays 0)"),
+    Rule(("loss.kl_horizon",), lambda c: c.loss.kl_target is None,
+         "loss.kl_target is not set (the coefficient is fixed; the horizon paces the adaptive controller only)"),
+    # posttrain/loop/targets.py: token rewards get -kl_coef * KL(token) from loss.kl_estimator.
+    Rule(("credit.kl_in_reward",), lambda c: c.loss.kl_estimator is None or c.loss.kl_coef == 0,
+         "the KL in the reward needs loss.kl_estimator and loss.kl_coef > 0"),
+    # posttrain/loop/producer.py ThreadedProducer: only async builds a bounded SampleQueue / interrupts /
+    # waits on the queue; sync never queues.
+    Rule(("system.max_queue",), lambda c: c.system.mode != "async",
+         "only system.mode=async has a queue of finished groups to bound"),
+    Rule(("system.interrupt_on_update",), lambda c: c.system.mode != "async",
+         "only system.mode=async generates during an update"),
+    Rule(("system.queue_timeout_s",), lambda c: c.system.mode == "sync",
+         "system.mode=sync waits on no queue (one_step_off and async do)"),
+    # producer.py / episode_rollout.py: spans are checked on carried (paused) samples only; sync without
+    # partial rollout consumes every sample at the version that sampled it (lag 0).
+    Rule(("system.max_version_span",), lambda c: c.system.partial_fraction >= 1.0,
+         "only paused samples of a partial rollout (system.partial_fraction < 1) span versions"),
+    Rule(("system.max_staleness",), lambda c: c.system.mode == "sync" and c.system.partial_fraction >= 1.0,
+         "in system.mode=sync without partial rollout every sample is consumed at the version that sampled it"),
+    # posttrain/loop/run_state.py: Ray actors are built only with system.backend=ray.
+    Rule(("system.ray",), lambda c: c.system.backend != "ray", "system.backend is not ray"),
+    # posttrain/loop/builders.py engine_factory: each engine section is read by its engine only.
+    Rule(("rollout.vllm",), lambda c: c.rollout.engine != "vllm", "rollout.engine is not vllm"),
+    Rule(("rollout.http",), lambda c: c.rollout.engine != "http", "rollout.engine is not http"),
+    # posttrain/loop/builders.py build_learner_ranks: rank settings exist only when ranks run.
+    Rule(("learner.rank_timeout_s", "learner.startup_timeout_s", "learner.weight_bucket_mb"),
+         lambda c: c.learner.strategy == "single", "learner.strategy=single runs no rank processes"),
+    # posttrain/learner (peft): no adapters at rank 0.
+    Rule(("lora.alpha", "lora.target_modules", "lora.dropout"), lambda c: c.lora.rank == 0,
+         "lora.rank=0 means full fine-tuning (no adapters)"),
+    # posttrain/learner/critic.py is built only with critic.enabled.
+    Rule(("critic.lr", "critic.shared_backbone", "critic.value_clip"), lambda c: not c.critic.enabled,
+         "critic.enabled is false (no critic is built)"),
+    # posttrain/loop/producer.py run_dynamic: rounds exist only with dynamic sampling.
+    Rule(("sampling.max_sampling_rounds",), lambda c: not c.sampling.dynamic_sampling,
+         "sampling.dynamic_sampling is false (no oversampling rounds)"),
+    # posttrain/loop/builders.py _replayed_truncation: only a truncating, non-greedy sampler is replayed.
+    Rule(("sampling.replay_truncation",),
+         lambda c: c.sampling.temperature == 0 or (c.sampling.top_k == 0 and c.sampling.top_p >= 1.0),
+         "the sampler does not truncate (top_k=0, top_p=1, or greedy temperature 0)"),
+    # posttrain/loop/scoring.py overlong_shaping: no L_max, no penalty.
+    Rule(("reward.overlong_cache_len",), lambda c: c.reward.overlong_max_len is None,
+         "reward.overlong_max_len is not set (overlong shaping is off)"),
+    # posttrain/loop/builders.py build_task: with env.name the EnvTask replaces the task; the environment
+    # scores its episodes itself (no verifier, no extraction, no reward functions, no length shaping).
+    Rule(("reward.extract", "reward.functions", "reward.overlong_max_len", "reward.overlong_cache_len"),
+         lambda c: c.env.name is not None,
+         "env.name is set: the environment scores its own episodes (no task verifier to extend)"),
+    Rule(("task",), lambda c: c.env.name is not None,
+         "env.name is set: episodes replace the single-turn task prompts", "warn"),
+    # posttrain/loop/builders.py build_task / episode_rollout.py: env.* is read only with env.name.
+    Rule(("env",), lambda c: c.env.name is None, "env.name is not set (single-turn task prompts)"),
+    # posttrain/commands/train.py: the SFT warm-up runs only with sft.steps > 0. A warning: shipped
+    # recipes with a warm-up (demo, tool_calc) are commonly run with sft.steps=0.
+    Rule(("sft.batch_size", "sft.lr", "sft.examples"), lambda c: c.sft.steps == 0,
+         "sft.steps=0 (no SFT warm-up)", "warn"),
+    # posttrain/loop/builders.py build_model: init_seed seeds the random init of builtin tiny presets.
+    Rule(("model.init_seed",), _not_builtin_tiny,
+         "model.path is not a randomly initialised builtin preset (its weights are loaded)"),
+    # posttrain/loop/sync.py: pi_old is fused only with exactly one optimizer step per update.
+    Rule(("optim.fuse_old_logprob",), lambda c: c.optim.ppo_epochs > 1 or c.optim.num_minibatches > 1
+         or c.correction.name is not None or c.credit.kl_in_reward or c.learner.world_size > 1,
+         "the update takes more than one optimizer step (or has a correction, KL in the reward or several "
+         "ranks): pi_old is always a separate forward", "warn"),
+)
+"""The table: every key that can be without effect, when, why, and whether it is refused or warned."""
+
+
+def _default(field: Any) -> Any:
+    if field.default_factory is not None:
+        return field.default_factory()
+    return field.default
+
+
+def set_keys(model: BaseModel, prefix: str = "") -> Iterator[tuple[str, Any]]:
+    """``(dotted key, value)`` of every leaf key the user set to a non-default value (sections
+    recursively through ``model_fields_set``; dicts and lists are leaves)."""
+    fields = type(model).model_fields
+    for name in sorted(model.model_fields_set):
+        if name not in fields:
+            continue
+        value = getattr(model, name)
+        key = f"{prefix}{name}"
+        if isinstance(value, BaseModel):
+            yield from set_keys(value, key + ".")
+        elif value != _default(fields[name]):
+            yield key, value
+
+
+def dead_settings(cfg: RunConfig) -> list[tuple[str, Any, str, str]]:
+    """``(key, value, why, severity)`` for each set key of ``cfg`` that a rule of :data:`RULES` finds
+    without effect (a key's first matching rule; in key order)."""
+    out: list[tuple[str, Any, str, str]] = []
+    for key, value in set_keys(cfg):
+        for rule in RULES:
+            if any(key == k or key.startswith(k + ".") for k in rule.keys) and rule.dead(cfg):
+                out.append((key, value, rule.why, rule.severity))
+                break
+    return out
+
+
+def describe(key: str, value: Any, why: str) -> str:
+    """The one-line message of a dead key."""
+    return f"{key}={value!r} cannot take effect: {why}"
+
+
+def check_dead_settings(cfg: RunConfig) -> list[str]:
+    """Raise ``ValueError`` (one line per refused key, joined by ``; ``) when a set key cannot take
+    effect and its rule refuses it; return the warning lines of the keys whose rule only warns."""
+    found = dead_settings(cfg)
+    errors = [describe(k, v, w) for k, v, w, sev in found if sev == "error"]
+    if errors:
+        raise ValueError("; ".join(errors))
+    warns = [describe(k, v, w) for k, v, w, sev in found if sev == "warn"]
+    if "weights" in cfg.reward.model_fields_set and "task" not in cfg.reward.weights:
+        # An override reward.weights.K=V replaces the default {task: 1.0}: the verdict would not pay.
+        warns.append(f"reward.weights={cfg.reward.weights} has no 'task' weight: the task's verdict does not "
+                     "enter the reward (add reward.weights.task=1.0 to keep it)")
+    return warns
