@@ -7,7 +7,9 @@ mapping: ``prompt_field`` (a non-empty string) or ``messages_field`` (a chat: a 
 ``meta_fields`` (JSON scalars, passed to reward functions as ``meta``). Dotted names
 reach into nested records (``"extra.answer"``). Every row is validated on load; a missing or
 malformed field, a row that is not UTF-8, a prompt id seen before (naming both rows) or a prompt
-over ``max_prompt_chars`` is a ``ValueError`` naming the file, the row (0-based) and the field.
+over ``max_prompt_chars`` is a ``ValueError`` naming the file, the row (0-based) and the field; so is a
+reference the task's verifier cannot read (e.g. malformed LaTeX for ``math``; every distinct reference,
+or a sample of a large file, :func:`~posttrain.envs.task.check_references`).
 A JSONL row longer than ``max_row_bytes`` is refused without reading it whole (a 50 MB row must
 not reach the tokenizer, nor memory).
 
@@ -25,7 +27,7 @@ from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from posttrain.envs.task import TASKS, TaskExample, check_split, resolve_verifier, split_of
+from posttrain.envs.task import TASKS, TaskExample, check_references, check_split, resolve_verifier, split_of
 from posttrain.rewards.verifier import Verifier
 
 _MISSING = object()
@@ -250,6 +252,8 @@ def file_task(
                                     reference_field=reference_field, id_field=id_field,
                                     meta_fields=meta_fields, reader_kwargs=reader_kwargs,
                                     max_prompt_chars=max_prompt_chars, messages_field=messages_field)
+    # Every reference the verifier can read, now (a sample of a large file): a malformed one names its row.
+    check_references([ex for exs in loaded.values() for ex in exs], v, what=f"field {reference_field!r}")
     if id_field is not None:  # ids from a field must be unique across split files too (row ids are per file)
         first: dict[str, str] = {}  # prompt id -> source
         for exs in loaded.values():

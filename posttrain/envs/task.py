@@ -191,6 +191,42 @@ def _unknown_chars(text: str, tokenizer: Any) -> str:
     return ", ".join(f"{c!r} (U+{ord(c):04X})" for c in bad[:5]) or "some characters"
 
 
+REFERENCE_CHECK_LIMIT = 256
+""":func:`check_references` checks every distinct reference up to this many, else a seeded sample of
+this many (a math reference costs up to ~0.1 s of sympy parsing; integers are checked for free)."""
+
+
+def check_references(examples: Iterable[TaskExample], verifier: Any, *, what: str = "reference",
+                     limit: int = REFERENCE_CHECK_LIMIT, seed: int = 0) -> int:
+    """Raise ``ValueError`` naming the row (``ex.source``, else the prompt id) of the first example whose
+    reference ``verifier`` can never read; returns how many distinct references were checked.
+
+    Asks the verifier's optional ``check_reference(reference) -> str | None`` (the reason it cannot
+    be read, e.g. malformed LaTeX for ``math``; verifiers without it are not checked): a reference the
+    verifier cannot read would make every verification of that prompt an ``infra_error`` (or a silent
+    ``wrong``) at run time. Distinct references are checked once each, all of them when there are at most
+    ``limit``, else a sample of ``limit`` drawn with ``seed`` (in file order). ``what`` names the
+    reference in the message (e.g. ``"field 'answer'"``).
+    """
+    check = getattr(verifier, "check_reference", None)
+    if check is None:
+        return 0
+    first: dict[str, TaskExample] = {}
+    for ex in examples:
+        first.setdefault(repr(ex.reference), ex)
+    todo = list(first.values())
+    if len(todo) > limit:
+        keep = set(random.Random(seed).sample(range(len(todo)), limit))
+        todo = [ex for i, ex in enumerate(todo) if i in keep]
+    for ex in todo:
+        why = check(ex.reference)
+        if why:
+            where = ex.source or f"prompt {ex.prompt_id!r}"
+            raise ValueError(f"{where}: {what} {str(ex.reference)[:80]!r} cannot be read by the "
+                             f"{getattr(verifier, 'name', 'task')!r} verifier: {why}")
+    return len(todo)
+
+
 def task_rows(task: Any) -> list[TaskExample] | None:
     """Every example of a finite task (one with a ``rows`` mapping, e.g. a file task), else None."""
     rows = getattr(task, "rows", None)

@@ -46,6 +46,14 @@ class IntegerVerifier:
         want = int(reference)
         return _ok(got == want, f"got {got}, expected {want}")
 
+    def check_reference(self, reference: Any) -> str | None:
+        """Why ``int(reference)`` fails (None when it works): checked at load, see ``envs.task.check_references``."""
+        try:
+            int(reference)
+        except (TypeError, ValueError):
+            return "not an integer"
+        return None
+
 
 @VERIFIERS.register("exact")
 @dataclasses.dataclass(frozen=True)

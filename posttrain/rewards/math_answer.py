@@ -52,6 +52,29 @@ class MathVerifier:
         base = self.version.split("+extract=")[0]
         object.__setattr__(self, "version", base if self.extract == "auto" else f"{base}+extract={self.extract}")
 
+    def check_reference(self, reference: Any) -> str | None:
+        """Why ``reference`` can never be compared (None when it can): math-verify finds no answer in
+        it, or only its text and no mathematical object (malformed LaTeX such as ``\\frac{1}{``, which
+        would make every verification an ``infra_error`` or a string comparison). Integers pass at once.
+        """
+        if parse_integer(str(reference)) is not None:
+            return None
+        gold = self._parse(str(reference))
+        if not gold:
+            return "math-verify finds no answer in it"
+        if isinstance(gold[0], str):
+            return "math-verify cannot parse it as math (malformed LaTeX?)"
+        return None
+
+    @staticmethod
+    def _parse(text: str) -> list[Any]:
+        try:
+            import math_verify
+        except ImportError as e:
+            raise ImportError("the 'math' verifier needs math-verify: pip install 'posttrain[math]'") from e
+        logging.getLogger("math_verify").setLevel(logging.ERROR)  # its "timeout disabled" warning is expected
+        return list(math_verify.parse(_wrap(text), parsing_timeout=None))
+
     def verify(self, response: str, reference: Any, **context: Any) -> Verdict:
         """See the class docstring."""
         if self.extract == "auto":

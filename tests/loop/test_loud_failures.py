@@ -23,7 +23,7 @@ from posttrain.trajectory import Ledger, Status
 
 REWARDS = Path(__file__).parent.parent / "rewards"  # _reward_fns_for_tests: `boom` raises on every call
 SMALL = ["model.path=builtin:micro", "task.name=chain_sum", "task.kwargs={terms: 2}", "sampling.prompts_per_step=2",
-         "sampling.group_size=2", "sampling.max_new_tokens=3", "eval.size=4", "eval.every=100",
+         "sampling.group_size=2", "sampling.max_new_tokens=3", "eval.size=4", "eval.every=100", "eval.samples=null",
          "eval.sampled_temperature=1.0", "logging.progress=false", "reward.retries=0"]
 BOOM = 'reward.functions=[{path: "_reward_fns_for_tests:boom"}]'
 
@@ -40,7 +40,7 @@ def boom_on_path():
 def test_a_step_where_every_verification_failed_counts_them_like_the_ledger(tmp_path, boom_on_path):
     """Every verification raises: each step is skipped (nothing to train on), yet its metrics count its
     infra errors, exactly the ledger's (before: no status/* key at all on such a step, i.e. 0 vs 4)."""
-    cfg = load_config("grpo", [*SMALL, BOOM, f"run_dir={tmp_path}", "steps=2"])
+    cfg = load_config(None, [*SMALL, BOOM, f"run_dir={tmp_path}", "steps=2"])
     with pytest.raises(NothingJudgedError):
         train(cfg)
     led = Ledger(tmp_path / "ledger")
@@ -55,12 +55,14 @@ def test_a_step_where_every_verification_failed_counts_them_like_the_ledger(tmp_
 def test_nothing_judged_warns_every_step_and_exits_nonzero_naming_why(tmp_path, boom_on_path, caplog, capsys):
     """On the command line: one warning line per evaluation and per step, then exit code 2 with a last
     line saying nothing could be judged, the first failure's reason and where to look (before: exit 0, 'done')."""
+    recipe = tmp_path / "loud.yaml"
+    recipe.write_text("name: loud\n")  # the defaults: no SFT warm-up, one minibatch
     with caplog.at_level(logging.WARNING, logger="posttrain"):
-        rc = main(["train", "grpo", *SMALL, BOOM, f"run_dir={tmp_path}", "steps=3", "--no-progress"])
+        rc = main(["train", str(recipe), *SMALL, BOOM, f"run_dir={tmp_path / 'run'}", "steps=3", "--no-progress"])
     assert rc == 2
     last = capsys.readouterr().err.strip().splitlines()[-1]
     assert last.startswith("posttrain train: error: nothing could be judged")
-    assert "reward service down" in last and str(tmp_path / "ledger") in last
+    assert "reward service down" in last and str(tmp_path / "run" / "ledger") in last
     # step-0 evaluation, greedy and sampled (4 held-out prompts each) + 3 steps x 4 samples
     assert "all 20 verifications" in last
     warned = [r.getMessage() for r in caplog.records if "every verification failed" in r.getMessage()]
