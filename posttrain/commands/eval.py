@@ -1,50 +1,65 @@
-"""``posttrain eval CHECKPOINT --task NAME`` (or ``--env NAME``): held-out accuracy of a saved policy.
+"""``posttrain eval CHECKPOINT`` (or ``--task NAME`` / ``--env NAME``): held-out accuracy of a saved policy.
 
-``--task``: single-turn prompts of a task, rendered as ``--chat-template`` / ``--system-prompt`` say.
-``--env``: whole multi-turn episodes of an environment (``env.name``), one per held-out start, played
-as training plays them (:func:`~posttrain.loop.episode_rollout.evaluate_episodes`), with its tools
-unless ``--no-tools``; a checkpoint inside a run directory brings the run's ``env`` settings
-(``config.yaml``), so the episodes render exactly as in training."""
+A checkpoint inside a run directory (``RUN/checkpoints/step_N`` or its ``actor/``) is evaluated
+**as the run evaluated it**: the run's ``config.yaml`` is loaded and its held-out evaluation runs
+through the run's own code (:func:`~posttrain.evaluation.heldout.heldout_metrics` over a
+:class:`~posttrain.evaluation.heldout.HeldoutRun`): task and kwargs (``reward.extract``,
+``reward.functions``), ``task.chat_template`` / ``task.system_prompt``, the token budget
+(``eval.max_new_tokens``, default ``sampling.max_new_tokens``), ``eval.size`` / ``seed`` (the same
+held-out split), ``eval.temperature`` / ``sampled_temperature`` / ``samples`` / ``k``, the
+environment's ``env.*`` settings and ``reward.weights``. One line on stderr says so; the flags
+given override their keys and the line names them. The greedy figures then equal the run's
+``heldout/*`` record at that step (``metrics.jsonl``) unless that step's revision was rejected (the
+checkpoint then holds the restored promoted weights).
+
+A bare Hugging Face model directory (no run around it) needs ``--task`` or ``--env``; the flags'
+defaults apply (raw-text prompts, 16 new tokens, 200 prompts, greedy, seed 0).
+"""
 
 from __future__ import annotations
 
 import argparse
 import json
+import sys
 from pathlib import Path
 from typing import Any
 
+# The flags' values for a bare model dir (no run config); with a run they default to the run's keys.
+_BARE = {"n": 200, "max_new_tokens": 16, "temperature": 0.0, "seed": 0, "max_turns": 4,
+         "max_episode_tokens": 256, "chat_template": "false"}
+
 
 def register(sub: Any) -> None:
-    p = sub.add_parser("eval", help="evaluate a checkpoint (or HF model dir) on a task's held-out split")
-    p.add_argument("checkpoint", help="a checkpoint dir (runs/NAME/checkpoints/step_N), its actor/ dir, or a HF model dir")
-    what = p.add_mutually_exclusive_group(required=True)
-    what.add_argument("--task", help="task name (e.g. arithmetic) or module:factory")
+    p = sub.add_parser("eval", help="evaluate a checkpoint (as its run did) or a HF model dir on held-out prompts")
+    p.add_argument("checkpoint", help="a checkpoint dir (runs/NAME/checkpoints/step_N), its actor/ dir, or a HF model "
+                   "dir; inside a run dir the run's config.yaml sets every default below")
+    what = p.add_mutually_exclusive_group()
+    what.add_argument("--task", help="task name (e.g. arithmetic) or module:factory (needed without a run config)")
     what.add_argument("--env", help="multi-turn environment (an env.name: calculator_tool, ... or module:factory)")
-    p.add_argument("--task-kwargs", default="{}",
+    p.add_argument("--task-kwargs", default=None,
                    help='JSON kwargs of the task (or of the environment with --env), e.g. \'{"digits": 2}\'')
-    p.add_argument("--max-turns", type=int, default=4, help="--env: policy turns per episode (the run's env.max_turns)")
-    p.add_argument("--max-episode-tokens", type=int, default=256,
-                   help="--env: tokens per episode (the run's env.max_tokens)")
+    p.add_argument("--max-turns", type=int, default=None, help="--env: policy turns per episode (env.max_turns; "
+                   f"bare dir: {_BARE['max_turns']})")
+    p.add_argument("--max-episode-tokens", type=int, default=None,
+                   help=f"--env: tokens per episode (env.max_tokens; bare dir: {_BARE['max_episode_tokens']})")
     p.add_argument("--no-tools", action="store_true", help="--env: the same episodes without tools")
-    p.add_argument("--n", type=int, default=200, help="held-out prompts")
-    p.add_argument("--max-new-tokens", type=int, default=16)
-    p.add_argument("--temperature", type=float, default=0.0)
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--chat-template", choices=("true", "false"), default="false",
-                   help="render prompts with the tokenizer's chat template, as the run did with "
-                   "task.chat_template (default: raw text)")
-    p.add_argument("--system-prompt", default=None, help="the run's task.system_prompt, if any")
+    p.add_argument("--n", type=int, default=None, help=f"held-out prompts (eval.size; bare dir: {_BARE['n']})")
+    p.add_argument("--max-new-tokens", type=int, default=None,
+                   help=f"tokens per response / turn (eval.max_new_tokens; bare dir: {_BARE['max_new_tokens']})")
+    p.add_argument("--temperature", type=float, default=None, help="eval.temperature (0 = greedy; bare dir: 0)")
+    p.add_argument("--seed", type=int, default=None, help="seed: held-out split and sampling (bare dir: 0)")
+    p.add_argument("--chat-template", choices=("true", "false", "auto"), default=None,
+                   help="task.chat_template: render prompts with the tokenizer's chat template (bare dir: false)")
+    p.add_argument("--system-prompt", default=None, help="task.system_prompt")
+    p.add_argument("--extract", default=None,
+                   help="reward.extract: none|auto|last_number|boxed|answer_tag|answer_line")
     p.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from posttrain.config import validate_config
-    from posttrain.envs.prompt_render import PromptRenderer
-    from posttrain.envs.task import check_prompts, task_rows
-    from posttrain.evaluation.heldout import evaluate
-    from posttrain.loop.builders import build_engine, build_task
+    from posttrain.evaluation.heldout import HeldoutRun, evaluate_run, heldout_metrics
 
     path = Path(args.checkpoint)
     if not path.exists():
@@ -52,69 +67,194 @@ def run(args: argparse.Namespace) -> int:
     model_dir = path / "actor" if (path / "actor").is_dir() else path
     if not (model_dir / "config.json").is_file():
         raise FileNotFoundError(f"{model_dir}: no config.json (not a checkpoint, actor/ or Hugging Face model directory)")
-    tok = AutoTokenizer.from_pretrained(model_dir)
-    model = AutoModelForCausalLM.from_pretrained(model_dir).eval()
-    try:
-        kwargs = json.loads(args.task_kwargs)
-    except json.JSONDecodeError as e:
-        raise ValueError(f"--task-kwargs is not JSON: {e}") from None
-    if args.env is not None:
-        return _eval_episodes(args, path, tok, model, kwargs)
-    if args.no_tools:
-        raise ValueError("--no-tools is an --env option (single-turn tasks have no tools)")
-    cfg = validate_config({"task": {"name": args.task, "kwargs": kwargs}}, "posttrain eval")
-    task = build_task(cfg)
-    examples = task.examples("heldout", args.n, seed=args.seed)
-    renderer = PromptRenderer(tok, chat=args.chat_template == "true", system_prompt=args.system_prompt)
-    check_prompts(task_rows(task) or examples, tok, max_context=getattr(model.config, "max_position_embeddings", None),
-                  max_new_tokens=args.max_new_tokens, renderer=renderer)
-    res = evaluate(build_engine(model, tok), tok, task, examples, max_new_tokens=args.max_new_tokens,
-                   temperature=args.temperature, seed=args.seed, renderer=renderer)
-    print(json.dumps({"checkpoint": str(path), "task": args.task, **res.as_metrics(), "n": res.n}, indent=2))
-    return 0
-
-
-def _eval_episodes(args: argparse.Namespace, path: Path, tok: Any, model: Any, kwargs: dict[str, Any]) -> int:
-    """``--env``: one episode per held-out start, greedy unless ``--temperature``."""
-    import types
-
-    from posttrain.config import validate_config
-    from posttrain.loop.builders import build_engine, build_task
-    from posttrain.loop.episode_rollout import EpisodeRollout, evaluate_episodes
-    from posttrain.loop.rollout_stage import RolloutStage
-
-    env: dict[str, Any] = {"name": args.env, "kwargs": kwargs, "max_turns": args.max_turns,
-                           "max_tokens": args.max_episode_tokens}
-    source = "command line"
-    run_cfg = _run_config(path)
-    if run_cfg is not None and run_cfg.get("env", {}).get("name") == args.env:
-        # The run's own episode settings (tool prompt, stop strings, limits, system message), so the
-        # episodes are rendered as the policy was trained; explicit --task-kwargs still win.
-        env = {**run_cfg["env"], **({"kwargs": kwargs} if kwargs else {})}
-        source = str(path.parent.parent / "config.yaml")
-    cfg = validate_config({"env": env, "sampling": {"max_new_tokens": args.max_new_tokens}, "seed": args.seed},
-                          f"posttrain eval (env settings from {source})")
-    task = build_task(cfg)
-    if args.no_tools:
+    kwargs: dict[str, Any] | None = None
+    if args.task_kwargs is not None:
         try:
-            task.make_env(use_tools=False)
-        except TypeError:
-            raise ValueError(f"--no-tools: environment {args.env!r} has no use_tools switch") from None
-    examples = task.examples("heldout", args.n, seed=args.seed)
-    run = types.SimpleNamespace(cfg=cfg, engine=build_engine(model, tok), tokenizer=tok, task=task, plain_model=model,
-                                next_prompts=lambda n: examples[:n])
-    rollout = EpisodeRollout(cfg, run, RolloutStage.from_config(cfg, run))
-    res = evaluate_episodes(rollout, examples, temperature=args.temperature,
-                            env_overrides={"use_tools": False} if args.no_tools else None)
-    print(json.dumps({"checkpoint": str(path), "env": args.env, "tools": not args.no_tools,
-                      "env_settings_from": source, **res.as_metrics(), "n": res.n}, indent=2))
+            kwargs = json.loads(args.task_kwargs)
+        except json.JSONDecodeError as e:
+            raise ValueError(f"--task-kwargs is not JSON: {e}") from None
+        if not isinstance(kwargs, dict):
+            raise ValueError(f"--task-kwargs must be a JSON object, got {args.task_kwargs!r}")
+    cfg_path = run_config_path(path)
+    if cfg_path is not None:
+        cfg, overridden = _as_the_run(cfg_path, args, kwargs, model_dir)
+        print(_as_the_run_line(cfg_path, cfg, overridden, args.no_tools), file=sys.stderr)
+    else:
+        cfg, overridden = _bare(args, kwargs, model_dir), []
+    if args.no_tools and cfg.env.name is None:
+        raise ValueError("--no-tools is an --env option (single-turn tasks have no tools)")
+    from posttrain.learner.checkpoint import load_pretrained_weights, quiet_hf_progress
+    from posttrain.loop.builders import _DTYPES, build_model
+
+    with quiet_hf_progress():  # the one line above stays the command's only line on stderr
+        if cfg_path is not None and cfg.model.path.startswith("builtin:"):
+            # The run's own model (a builtin preset's attention implementation, dtype and tokenizer: a
+            # from_pretrained of actor/ would pick another attention kernel, and greedy near-ties can flip)
+            # with the checkpoint's weights.
+            tok, model = build_model(cfg)
+            try:
+                load_pretrained_weights(model, model_dir)
+            except RuntimeError as e:  # shapes of another preset
+                why = str(e).splitlines()[1].strip() if len(str(e).splitlines()) > 1 else str(e)
+                raise ValueError(f"{model_dir}: the weights do not fit the run's model.path={cfg.model.path} "
+                                 f"({cfg_path}): {why[:200]}") from None
+            model.eval()
+        else:  # a run from a local model dir loaded it like this too (model.dtype); a bare dir: as saved
+            dtype: dict[str, Any] = {"dtype": _DTYPES[cfg.model.dtype]} if cfg_path is not None else {}
+            tok = AutoTokenizer.from_pretrained(model_dir)
+            model = AutoModelForCausalLM.from_pretrained(model_dir, **dtype).eval()
+    hr = HeldoutRun.from_config(cfg, model, tok)
+    try:
+        if args.no_tools:
+            try:
+                hr.task.make_env(use_tools=False)
+            except TypeError:
+                raise ValueError(f"--no-tools: environment {cfg.env.name!r} has no use_tools switch") from None
+            res = evaluate_run(hr, env_overrides={"use_tools": False})
+            metrics = res.as_metrics()
+        else:
+            res, metrics = heldout_metrics(hr)
+    finally:
+        hr.close()
+    out: dict[str, Any] = {"checkpoint": str(path)}
+    if cfg.env.name is not None:
+        out.update({"env": cfg.env.name, "tools": not args.no_tools,
+                    "env_settings_from": str(cfg_path) if cfg_path is not None else "command line"})
+    else:
+        out["task"] = cfg.task.name
+    out.update({"config_from": None if cfg_path is None else str(cfg_path), "overridden": overridden,
+                **metrics, "n": res.n})
+    print(json.dumps(out, indent=2))
     return 0
 
 
-def _run_config(checkpoint: Path) -> dict[str, Any] | None:
-    """The ``config.yaml`` of the run holding ``checkpoint`` (``RUN/checkpoints/step_N``), else None."""
+def run_config_path(checkpoint: Path) -> Path | None:
+    """The ``config.yaml`` of the run holding ``checkpoint`` (``RUN/checkpoints/step_N`` or its ``actor/``),
+    None for a directory outside a run (or a run without one)."""
+    ckpt = checkpoint.parent if checkpoint.name == "actor" else checkpoint
+    if ckpt.parent.name != "checkpoints":
+        return None
+    p = ckpt.parent.parent / "config.yaml"
+    return p if p.is_file() else None
+
+
+def _as_the_run(cfg_path: Path, args: argparse.Namespace, kwargs: dict[str, Any] | None,
+                model_dir: Path) -> tuple[Any, list[str]]:
+    """The run's config with the given flags applied: ``(RunConfig, ["--flag (key a -> b)", ...])``."""
+    from posttrain.config import validate_config
     from posttrain.loop.run_dir import read_config_yaml
 
-    if checkpoint.parent.name != "checkpoints":
-        return None
-    return read_config_yaml(checkpoint.parent.parent / "config.yaml")
+    data = read_config_yaml(cfg_path)
+    if data is None:
+        raise ValueError(f"{cfg_path}: unreadable (not a YAML mapping); cannot evaluate as the run did")
+    data = {k: (dict(v) if isinstance(v, dict) else v) for k, v in data.items()}
+    for sec in ("task", "env", "eval", "reward", "model"):
+        data.setdefault(sec, {})
+    was = {"task": dict(data["task"]), "env": dict(data["env"]), "eval": dict(data["eval"]),
+           "reward": dict(data["reward"]), "seed": data.get("seed")}
+    overridden: list[str] = []
+
+    def put(flag: str, section: str | None, key: str, value: Any) -> None:
+        old = (data.get(key) if section is None else data[section].get(key))
+        if section is None:
+            data[key] = value
+        else:
+            data[section][key] = value
+        name = key if section is None else f"{section}.{key}"
+        overridden.append(f"{flag} ({name} {old!r} -> {value!r})")
+
+    if args.task is not None:
+        if data["env"].get("name") is not None:  # a single-turn task instead of the run's episodes
+            put("--task", "env", "name", None)
+        if args.task != was["task"].get("name"):
+            put("--task", "task", "name", args.task)
+            data["task"]["kwargs"] = {}  # the run's kwargs belong to its own task
+    if args.env is not None and args.env != was["env"].get("name"):
+        # Another environment: its settings come from the flags, not from the run's environment.
+        data["env"] = {"name": args.env, "kwargs": {}, "max_turns": _BARE["max_turns"],
+                       "max_tokens": _BARE["max_episode_tokens"]}
+        overridden.append(f"--env (env.name {was['env'].get('name')!r} -> {args.env!r}; env.* from the flags)")
+    env_mode = data["env"].get("name") is not None
+    if kwargs is not None:
+        put("--task-kwargs", "env" if env_mode else "task", "kwargs", kwargs)
+    if args.max_turns is not None:
+        put("--max-turns", "env", "max_turns", args.max_turns)
+    if args.max_episode_tokens is not None:
+        put("--max-episode-tokens", "env", "max_tokens", args.max_episode_tokens)
+    if args.n is not None:
+        put("--n", "eval", "size", args.n)
+    if args.max_new_tokens is not None:
+        put("--max-new-tokens", "eval", "max_new_tokens", args.max_new_tokens)
+    if args.temperature is not None:
+        put("--temperature", "eval", "temperature", args.temperature)
+    if args.seed is not None:
+        put("--seed", None, "seed", args.seed)
+    if args.chat_template is not None:
+        put("--chat-template", "task", "chat_template", _chat(args.chat_template))
+    if args.system_prompt is not None:
+        put("--system-prompt", "task", "system_prompt", args.system_prompt)
+    if args.extract is not None:
+        put("--extract", "reward", "extract", args.extract)
+    # The weights are the checkpoint's. A builtin model is rebuilt as the run built it (then loaded with
+    # them); a local model dir is replaced by the checkpoint's actor/ (the run's may be gone; the
+    # renderer's char-preset rule reads the same answer off the saved tokenizer).
+    if not str(data["model"].get("path", "builtin:")).startswith("builtin:"):
+        data["model"]["path"] = str(model_dir)
+    data["resume"] = False  # nothing of the run is written by an evaluation
+    return validate_config(data, f"{cfg_path} (posttrain eval)"), overridden
+
+
+def _bare(args: argparse.Namespace, kwargs: dict[str, Any] | None, model_dir: Path) -> Any:
+    """The evaluation config of a model dir outside a run: the flags, else their bare defaults."""
+    from posttrain.config import validate_config
+
+    if args.task is None and args.env is None:
+        raise ValueError(f"{args.checkpoint} is not inside a run directory with a config.yaml: give --task NAME "
+                         "or --env NAME")
+
+    def val(name: str) -> Any:
+        v = getattr(args, name)
+        return _BARE[name] if v is None else v
+
+    mnt = val("max_new_tokens")
+    data: dict[str, Any] = {
+        "model": {"path": str(model_dir)}, "seed": val("seed"),
+        "sampling": {"max_new_tokens": mnt},
+        "eval": {"size": val("n"), "temperature": val("temperature"), "max_new_tokens": mnt},
+    }
+    if args.env is not None:
+        data["env"] = {"name": args.env, "kwargs": kwargs or {}, "max_turns": val("max_turns"),
+                       "max_tokens": val("max_episode_tokens")}
+        source = "posttrain eval (env settings from the command line)"
+    else:
+        data["task"] = {"name": args.task, "kwargs": kwargs or {}, "chat_template": _chat(val("chat_template")),
+                        "system_prompt": args.system_prompt}
+        if args.extract is not None:
+            data["reward"] = {"extract": args.extract}
+        source = "posttrain eval"
+    return validate_config(data, source)
+
+
+def _chat(v: str) -> bool | str:
+    return v if v == "auto" else v == "true"
+
+
+def _as_the_run_line(cfg_path: Path, cfg: Any, overridden: list[str], no_tools: bool) -> str:
+    """``evaluating as the run RUN did (config.yaml): ...; overridden: ...`` (one line)."""
+    e = cfg.eval
+    budget = e.max_new_tokens or cfg.sampling.max_new_tokens
+    if cfg.env.name is not None:
+        v = cfg.env
+        what = (f"env {v.name} {json.dumps(v.kwargs)} (max_turns {v.max_turns}, max_tokens {v.max_tokens}, "
+                f"tool_prompt {v.tool_prompt!r}, stop_strings {list(v.stop_strings)}"
+                f"{', without tools' if no_tools else ''})")
+    else:
+        t = cfg.task
+        what = (f"task {t.name} {json.dumps(t.kwargs)}, chat_template {t.chat_template}, "
+                f"system_prompt {t.system_prompt!r}, extract {cfg.reward.extract}")
+    sampled = f", sampled at {e.sampled_temperature}" if e.sampled_temperature is not None else ""
+    line = (f"evaluating as the run {cfg_path.parent} did ({cfg_path.name}): {what}, max_new_tokens {budget}, "
+            f"eval.size {e.size}, temperature {e.temperature}{sampled}, samples {e.samples} (k {e.k}), seed {cfg.seed}")
+    if cfg.rollout.engine != "builtin":
+        line += f", engine builtin (the run used rollout.engine={cfg.rollout.engine})"
+    return line + ("; overridden: " + ", ".join(overridden) if overridden else "; no flag overrides")

@@ -47,7 +47,7 @@ def test_eval_on_episodes_with_and_without_tools(model_dir, capsys):
 
 def test_eval_on_episodes_takes_the_runs_env_settings(model_dir, capsys):
     run_cfg = model_dir.parent.parent / "config.yaml"
-    run_cfg.write_text(yaml.safe_dump({"env": {"name": "calculator_tool", "kwargs": {"digits": 2}, "max_turns": 2,
+    run_cfg.write_text(yaml.safe_dump({"model": {"path": "builtin:micro"}, "env": {"name": "calculator_tool", "kwargs": {"digits": 2}, "max_turns": 2,
                                                "max_tokens": 200, "tool_prompt": "none",
                                                "stop_strings": ["</answer>"]}}))
     try:
@@ -58,8 +58,9 @@ def test_eval_on_episodes_takes_the_runs_env_settings(model_dir, capsys):
 
 
 def test_eval_needs_a_task_or_an_env_not_both(model_dir, capsys):
-    with pytest.raises(SystemExit):
-        main(["eval", str(model_dir)])
+    # Outside a run (no config.yaml around the checkpoint) nothing names the task: a one-line error.
+    assert main(["eval", str(model_dir)]) == 2
+    assert "is not inside a run directory with a config.yaml: give --task NAME or --env NAME" in capsys.readouterr().err
     with pytest.raises(SystemExit):
         main(["eval", str(model_dir), "--task", "chain_sum", "--env", "calculator_tool"])
 
@@ -75,3 +76,15 @@ def test_eval_errors_are_one_line(model_dir, capsys, argv, needle):
     assert main(["eval", str(model_dir), *argv, "--n", "2"]) == 2
     err = capsys.readouterr().err.strip().splitlines()[-1]
     assert needle in err and "Traceback" not in err and "pydantic" not in err
+
+
+def test_eval_weights_that_do_not_fit_the_runs_model_are_one_line(model_dir, capsys):
+    run_cfg = model_dir.parent.parent / "config.yaml"
+    run_cfg.write_text(yaml.safe_dump({"model": {"path": "builtin:tiny"}, "task": {"name": "chain_sum"}}))
+    try:
+        assert main(["eval", str(model_dir), "--n", "2"]) == 2
+        err = capsys.readouterr().err.strip().splitlines()[-1]
+        assert f"{model_dir}: the weights do not fit the run's model.path=builtin:tiny ({run_cfg})" in err
+        assert "size mismatch" in err
+    finally:
+        run_cfg.unlink()
