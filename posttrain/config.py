@@ -442,10 +442,44 @@ class GuardsConfig(_Section):
         "verifications has no verdict (infra_error / env_failure); 1.0 = when every one failed")
 
 
+# Experiment trackers beside metrics.jsonl: config key -> the module it imports. All three come
+# with one extra (docs/diagnostics.md, "Tracking").
+TRACKER_MODULES = {"tensorboard": "tensorboard", "wandb": "wandb", "mlflow": "mlflow"}
+TRACKING_EXTRA = "pip install 'posttrain[tracking]'"
+
+
 class LoggingConfig(_Section):
-    tensorboard: bool = False
-    wandb: bool = False
+    """Where each step's metrics go: ``metrics.jsonl`` always, and the trackers switched on here
+    (each receives the resolved config once and every step's numeric metrics; docs/diagnostics.md)."""
+
+    tensorboard: bool = Field(False, description="TensorBoard event files in RUN_DIR/tensorboard")
+    wandb: bool = Field(False, description="a Weights & Biases run (files under RUN_DIR/wandb); WANDB_MODE=offline "
+                        "works without an account")
+    wandb_project: str | None = Field(None, description="W&B project (default 'posttrain'); needs logging.wandb")
+    wandb_mode: Literal["online", "offline", "disabled"] | None = Field(
+        None, description="W&B mode (default: the WANDB_MODE environment variable, else W&B's own default); "
+        "needs logging.wandb")
+    mlflow: bool = Field(False, description="an MLflow run (params = the resolved config, metrics by step)")
+    mlflow_tracking_uri: str | None = Field(None, description="MLflow tracking URI (default: a file store in "
+                                            "RUN_DIR/mlruns); needs logging.mlflow")
+    mlflow_experiment: str | None = Field(None, description="MLflow experiment (default 'posttrain'); needs "
+                                          "logging.mlflow")
     progress: bool = True
+
+    @model_validator(mode="after")
+    def _check_trackers(self) -> LoggingConfig:
+        # A tracker key whose tracker is off would do nothing: refused, as every dead setting.
+        for key, owner in (("wandb_project", "wandb"), ("wandb_mode", "wandb"),
+                           ("mlflow_tracking_uri", "mlflow"), ("mlflow_experiment", "mlflow")):
+            if getattr(self, key) is not None and not getattr(self, owner):
+                raise ValueError(f"logging.{key} has no effect without logging.{owner}=true")
+        # A missing package is refused here, before the run directory is written.
+        import importlib.util
+
+        for key, module in TRACKER_MODULES.items():
+            if getattr(self, key) and importlib.util.find_spec(module) is None:
+                raise ValueError(f"logging.{key}=true needs the {module} package: {TRACKING_EXTRA}")
+        return self
 
 
 class RunConfig(_Section):

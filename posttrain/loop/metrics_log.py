@@ -1,50 +1,46 @@
-"""Step metrics sinks: JSONL always, TensorBoard / W&B when configured."""
+"""Step metrics sinks: JSONL always, TensorBoard / W&B / MLflow when configured (loop/trackers.py)."""
 
 from __future__ import annotations
 
 import json
 import math
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from posttrain.loop.trackers import Tracker, TrackerError, build_trackers, scalars_of
+
+__all__ = ["MetricsLog", "TrackerError"]
+
 
 class MetricsLog:
-    """Append one JSON object per step to ``metrics.jsonl`` (flushed each line, crash-safe).
+    """Append one JSON object per step to ``metrics.jsonl`` (flushed each line, crash-safe), and
+    hand each step's numeric metrics to the trackers (TensorBoard, W&B, MLflow: loop/trackers.py).
 
-    TensorBoard (``torch.utils.tensorboard``) and W&B are optional sinks; each is imported only
-    when enabled and a missing package is a clear error naming the extra to install.
+    :meth:`for_run` builds the trackers ``cfg.logging`` switches on; a tracker package that cannot
+    be imported is one error line naming the extra, ``pip install 'posttrain[tracking]'``.
     """
 
-    def __init__(self, run_dir: Path, *, tensorboard: bool = False, wandb: bool = False, run_name: str = "run") -> None:
+    def __init__(self, run_dir: Path, *, trackers: Sequence[Tracker] = ()) -> None:
         self.path = Path(run_dir) / "metrics.jsonl"
         self.path.parent.mkdir(parents=True, exist_ok=True)
+        self.trackers: list[Tracker] = list(trackers)
         self._fh = open(self.path, "a", buffering=1)
-        self._tb: Any = None
-        self._wandb: Any = None
-        if tensorboard:
-            try:
-                from torch.utils.tensorboard import SummaryWriter
-            except ImportError as e:
-                raise ImportError("logging.tensorboard=true needs `pip install posttrain[tensorboard]`") from e
-            self._tb = SummaryWriter(str(Path(run_dir) / "tensorboard"))
-        if wandb:
-            try:
-                import wandb as wb
-            except ImportError as e:
-                raise ImportError("logging.wandb=true needs `pip install posttrain[wandb]`") from e
-            self._wandb = wb.init(project="posttrain", name=run_name, dir=str(run_dir))
+
+    @classmethod
+    def for_run(cls, run_dir: Path, cfg: Any) -> MetricsLog:
+        """The log of a run: ``metrics.jsonl`` in ``run_dir`` plus the trackers of ``cfg.logging``
+        (each given the resolved config ``cfg``); raises :class:`TrackerError` before metrics.jsonl is opened."""
+        return cls(run_dir, trackers=build_trackers(Path(run_dir), cfg))
 
     def log(self, step: int, metrics: Mapping[str, Any]) -> None:
         """Write ``metrics`` of ``step`` to every sink (non-finite floats become null in JSON)."""
         clean = {k: (None if isinstance(v, float) and not math.isfinite(v) else v) for k, v in metrics.items()}
         self._fh.write(json.dumps({"step": step, **clean}) + "\n")
-        if self._tb is not None:
-            for k, v in metrics.items():
-                if isinstance(v, (int, float)) and not isinstance(v, bool):
-                    self._tb.add_scalar(k, v, step)
-        if self._wandb is not None:
-            self._wandb.log(dict(metrics), step=step)
+        if self.trackers:
+            scalars = scalars_of(metrics)
+            for t in self.trackers:
+                t.log(step, scalars)
 
     def truncate_after(self, step: int) -> int:
         """Drop the lines of steps after ``step`` (a resume from checkpoint ``step`` redoes them).
@@ -77,7 +73,6 @@ class MetricsLog:
     def close(self) -> None:
         """Close every sink (the JSONL file first: it is the one that must survive)."""
         self._fh.close()
-        if self._tb is not None:
-            self._tb.close()
-        if self._wandb is not None:
-            self._wandb.finish()
+        trackers, self.trackers = self.trackers, []
+        for t in trackers:
+            t.close()

@@ -118,7 +118,7 @@ class Run:
                       max_new_tokens=cfg.sampling.max_new_tokens, renderer=self.renderer)
         self.step_examples: dict[str, Any] = {}  # prompt_id -> TaskExample drawn this step (see next_prompts)
         self.ledger = Ledger(self.dir / "ledger")
-        self.log = MetricsLog(self.dir, tensorboard=cfg.logging.tensorboard, wandb=cfg.logging.wandb, run_name=cfg.name)
+        self.log = MetricsLog.for_run(self.dir, cfg)  # metrics.jsonl + the trackers of cfg.logging
         self.state = RunState()
         self._pool = None
         if self.verify_batch is None:

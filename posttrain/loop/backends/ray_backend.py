@@ -322,6 +322,7 @@ class RayRolloutWorkers:
         self.last_error: dict[int, str] = {}
         self._latest: tuple[int, str, list[Any]] | None = None
         self.counts: collections.Counter[str] = collections.Counter()
+        self._control: list[Any] = []  # pause calls not yet answered (see pause / close)
 
     # ------------------------------------------------------------------ helpers
     def _get(self, refs: list[Any], timeout_s: float, what: str) -> list[Any]:
@@ -456,9 +457,24 @@ class RayRolloutWorkers:
         return res.completions
 
     def pause(self) -> None:
-        """Ask every live worker's running generate to return unfinished samples as paused."""
+        """Ask every live worker's running generate to return unfinished samples as paused.
+
+        The calls are kept until they answer (:meth:`close` waits for them before killing the
+        actors: a pause still queued when its actor is killed is reported by Ray as a failed task).
+        """
+        if self._control:
+            done, self._control = self._ray.wait(self._control, num_returns=len(self._control), timeout=0)
+            self._settle(done)
         for i in self._alive():
-            self.actors[i].pause.options(concurrency_group="control").remote()
+            self._control.append(self.actors[i].pause.options(concurrency_group="control").remote())
+
+    def _settle(self, refs: list[Any]) -> None:
+        """Fetch the results of finished control calls (errors included) so none is left unhandled."""
+        for ref in refs:
+            try:
+                self._ray.get(ref, timeout=0)
+            except Exception:  # noqa: BLE001,S110 - a pause on a dead worker: nothing to pause
+                pass
 
     # ------------------------------------------------------------------ weights
     def broadcast_weights(self, state_dict: Mapping[str, torch.Tensor], version: int) -> dict[str, float]:
@@ -514,13 +530,24 @@ class RayRolloutWorkers:
         return {k: float(v) for k, v in sorted(self.counts.items())}
 
     def close(self) -> None:
-        """Kill the worker actors (no restart)."""
+        """Kill the worker actors (no restart), once their pending pause calls have answered
+        (a flag set on the worker: at most 30 s, or ``generate_timeout_s`` if shorter; one still pending
+        then is fetched, as the error it is, after the kill)."""
+        pending, self._control = self._control, []
+        if pending:
+            done, pending = self._ray.wait(pending, num_returns=len(pending), timeout=min(30.0, self.cfg.generate_timeout_s))
+            self._settle(done)
         for a in self.actors:
             try:
                 self._ray.kill(a, no_restart=True)
             except Exception:  # noqa: BLE001,S110 - already gone
                 pass
         self.actors = []
+        for ref in pending:  # killed with the actor: fetched so that Ray does not print it as unhandled
+            try:
+                self._ray.get(ref, timeout=5)
+            except Exception:  # noqa: BLE001,S110 - the expected ActorDiedError
+                pass
 
 
 # ---------------------------------------------------------------------------- reward
