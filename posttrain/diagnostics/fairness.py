@@ -20,7 +20,8 @@ from posttrain.diagnostics.load import open_ledger
 REQUIRED = ("base checkpoint", "tokenizer/template", "verifier version", "held-out set")
 # Keys that differ between any two runs by construction and say nothing about the recipe.
 IGNORED_KEYS = ("name", "run_dir", "seed", "resume", "resume_force", "checkpoint_every",
-                "logging.progress", "logging.tensorboard", "logging.wandb")
+                "logging.progress", "logging.tensorboard", "logging.wandb", "logging.wandb_project",
+                "logging.wandb_mode", "logging.mlflow", "logging.mlflow_tracking_uri", "logging.mlflow_experiment")
 
 
 def read_config(run_dir: str | Path) -> dict[str, Any]:
