@@ -79,6 +79,9 @@ def run(args: argparse.Namespace) -> int:
     if cfg_path is not None:
         cfg, overridden = _as_the_run(cfg_path, args, kwargs, model_dir)
         print(_as_the_run_line(cfg_path, cfg, overridden, args.no_tools), file=sys.stderr)
+        note = _rejected_note(model_dir.parent if model_dir.name == "actor" else model_dir)
+        if note:
+            print(note, file=sys.stderr)
     else:
         cfg, overridden = _bare(args, kwargs, model_dir), []
     if args.no_tools and cfg.env.name is None:
@@ -87,6 +90,7 @@ def run(args: argparse.Namespace) -> int:
     from posttrain.loop.builders import _DTYPES, build_model
 
     with quiet_hf_progress():  # the one line above stays the command's only line on stderr
+        model: Any
         if cfg_path is not None and cfg.model.path.startswith("builtin:"):
             # The run's own model (a builtin preset's attention implementation, dtype and tokenizer: a
             # from_pretrained of actor/ would pick another attention kernel, and greedy near-ties can flip)
@@ -102,7 +106,8 @@ def run(args: argparse.Namespace) -> int:
         else:  # a run from a local model dir loaded it like this too (model.dtype); a bare dir: as saved
             dtype: dict[str, Any] = {"dtype": _DTYPES[cfg.model.dtype]} if cfg_path is not None else {}
             tok = AutoTokenizer.from_pretrained(model_dir)
-            model = AutoModelForCausalLM.from_pretrained(model_dir, **dtype).eval()
+            model = AutoModelForCausalLM.from_pretrained(model_dir, **dtype)
+            model.eval()
     hr = HeldoutRun.from_config(cfg, model, tok)
     try:
         if args.no_tools:
@@ -150,7 +155,7 @@ def _as_the_run(cfg_path: Path, args: argparse.Namespace, kwargs: dict[str, Any]
     data = {k: (dict(v) if isinstance(v, dict) else v) for k, v in data.items()}
     for sec in ("task", "env", "eval", "reward", "model"):
         data.setdefault(sec, {})
-    was = {"task": dict(data["task"]), "env": dict(data["env"]), "eval": dict(data["eval"]),
+    was: dict[str, Any] = {"task": dict(data["task"]), "env": dict(data["env"]), "eval": dict(data["eval"]),
            "reward": dict(data["reward"]), "seed": data.get("seed")}
     overridden: list[str] = []
 
@@ -258,3 +263,19 @@ def _as_the_run_line(cfg_path: Path, cfg: Any, overridden: list[str], no_tools: 
     if cfg.rollout.engine != "builtin":
         line += f", engine builtin (the run used rollout.engine={cfg.rollout.engine})"
     return line + ("; overridden: " + ", ".join(overridden) if overridden else "; no flag overrides")
+
+
+def _rejected_note(ckpt: Path) -> str | None:
+    """A line when the run rejected the revision of the checkpoint's step (``meta.json``): the weights
+    saved are then the restored promoted ones, not those the run's evaluation at that step judged."""
+    try:
+        meta = json.loads((ckpt / "meta.json").read_text())
+        rs = meta["extra"]["run_state"]
+        step = int(meta["step"])
+        rejected = any(d.get("step") == step and d.get("decision") == "rejected" for d in rs.get("decisions", []))
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        return None
+    if not rejected:
+        return None
+    return (f"note: the run rejected its revision at step {step}: {ckpt.name} holds the restored promoted weights "
+            f"(step {rs.get('promoted_step')}), so these figures can differ from the record of step {step}")

@@ -88,3 +88,21 @@ def test_eval_weights_that_do_not_fit_the_runs_model_are_one_line(model_dir, cap
         assert "size mismatch" in err
     finally:
         run_cfg.unlink()
+
+
+def test_eval_says_when_the_runs_revision_at_that_step_was_rejected(model_dir, capsys):
+    """The run evaluated the rejected weights, then restored the promoted ones and saved those."""
+    run_cfg, meta = model_dir.parent.parent / "config.yaml", model_dir / "meta.json"
+    run_cfg.write_text(yaml.safe_dump({"model": {"path": "builtin:micro"}, "task": {"name": "chain_sum"}}))
+    decisions = [{"step": 0, "decision": "promoted", "accuracy": 0.5},
+                 {"step": 1, "decision": "rejected", "reason": "held-out accuracy collapsed"}]
+    meta.write_text(json.dumps({"format": 1, "step": 1,
+                                "extra": {"run_state": {"promoted_step": 0, "decisions": decisions}}}))
+    try:
+        assert main(["eval", str(model_dir), "--n", "2", "--max-new-tokens", "2"]) == 0
+        err = capsys.readouterr().err
+        assert ("note: the run rejected its revision at step 1: step_000001 holds the restored promoted weights "
+                "(step 0)") in err
+    finally:
+        run_cfg.unlink()
+        meta.unlink()
