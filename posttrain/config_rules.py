@@ -95,6 +95,17 @@ RULES: tuple[Rule, ...] = (
     Rule(("reward.extract", "reward.functions", "reward.overlong_max_len", "reward.overlong_cache_len"),
          lambda c: c.env.name is not None,
          "env.name is set: the environment scores its own episodes (no task verifier to extend)"),
+    # posttrain/loop/run_state.py: verification goes through a VerifierPool of reward.* unless the Ray reward
+    # actors verify (system.ray.verify_*); an environment's episodes are never verified.
+    Rule(("reward.workers", "reward.timeout_s", "reward.retries"), lambda c: c.env.name is not None,
+         "env.name is set: the environment scores its own episodes (no verifier runs)"),
+    Rule(("reward.workers", "reward.timeout_s", "reward.retries"),
+         lambda c: c.system.backend == "ray" and c.system.ray.num_reward_workers > 0,
+         "the Ray reward actors verify (system.ray.num_reward_workers, verify_timeout_s, verify_retries)"),
+    # posttrain/rewards/hidden.py judge_trajectories re-judges single-turn responses (meta response/reference)
+    # only; episodes carry neither and evaluate_episodes takes no hidden verifier.
+    Rule(("eval.hidden_verifier", "eval.hidden_verifier_kwargs"), lambda c: c.env.name is not None,
+         "env.name is set: episodes have no single response and reference for a hidden verifier to re-judge"),
     Rule(("task",), lambda c: c.env.name is not None,
          "env.name is set: episodes replace the single-turn task prompts", "warn"),
     # posttrain/loop/builders.py build_task / episode_rollout.py: env.* is read only with env.name.

@@ -49,6 +49,9 @@ REFUSED = [
     (["env.name=calculator_tool", "reward.extract=boxed"], "reward.extract"),  # episodes have no verifier
     (["env.name=calculator_tool", "reward.overlong_max_len=4"], "reward.overlong_max_len"),
     (["model.path=builtin:smollm2-135m-instruct", "model.init_seed=3"], "model.init_seed"),  # loaded weights
+    (["env.name=calculator_tool", "reward.timeout_s=5"], "reward.timeout_s"),  # no verifier runs
+    (["system.backend=ray", "reward.retries=0"], "reward.retries"),  # the Ray reward actors verify
+    (["env.name=calculator_tool", "eval.hidden_verifier=integer"], "eval.hidden_verifier"),
 ]
 
 # (overrides, the key the warning must name): refusing these would break shipped recipes or common overrides.
@@ -68,6 +71,8 @@ LIVE = [
     ["system.mode=one_step_off", "system.queue_timeout_s=30"],
     ["system.partial_fraction=0.5", "system.max_version_span=2", "system.max_staleness=1"],
     ["system.backend=ray", "system.ray.num_rollout_workers=3"],
+    ["system.backend=ray", "system.ray.num_reward_workers=0", "reward.retries=0", "reward.timeout_s=5"],
+    ["eval.hidden_verifier=integer"],
     ["rollout.engine=http", "rollout.http.url=http://127.0.0.1:9", "rollout.http.timeout_s=5"],
     ["learner.strategy=ddp", "learner.world_size=2", "learner.rank_timeout_s=5", "learner.weight_bucket_mb=1"],
     ["lora.rank=4", "lora.alpha=16", "lora.target_modules=all-linear", "lora.dropout=0.1"],
