@@ -19,7 +19,8 @@ to disk, then renamed onto the final name (``os.replace`` of a directory is atom
 A crash at any point leaves either the complete new checkpoint or none, and never touches
 earlier checkpoints; hidden temp dirs are ignored by :func:`latest_checkpoint` and removed by the
 next save once their writer process is gone. An error while writing (disk full, Ctrl-C) removes
-the temp dir before it propagates. A checkpoint damaged after it was written (a truncated file)
+the temp dir before it propagates, as a :class:`CheckpointWriteError` (an ``OSError``) naming the file
+that was being written under the checkpoint's final path. A checkpoint damaged after it was written (a truncated file)
 is caught at load time: :func:`load_checkpoint` reads the state files and checks the weight files'
 headers, so a resume can fall back to the previous complete checkpoint.
 """
@@ -219,7 +220,8 @@ def save_checkpoint(
     and returns that dict;
     ``extra``: JSON-serialisable run state (data cursor, versions, KL controller, ...). The current
     global RNG states are captured. An existing checkpoint at ``path`` is replaced only after the
-    new one is complete. On any error the temp dir is removed and the error re-raised.
+    new one is complete. On any error the temp dir is removed and the error re-raised; a write failure
+    (``OSError``, ``SafetensorError``, torch's write error) as :class:`CheckpointWriteError` naming the file.
     """
     final = Path(path)
     if _NAME.match(final.name) is None:
@@ -232,17 +234,25 @@ def save_checkpoint(
     tmp = final.parent / f".{final.name}.tmp-{os.getpid()}"
     if tmp.exists():
         shutil.rmtree(tmp)
-    tmp.mkdir()
+    writing = tmp  # what is being written, for the error (its name under the final path)
     try:
+        tmp.mkdir()
+        writing = tmp / "actor"
         _save_actor(actor, tmp)
         if tokenizer is not None:
             tokenizer.save_pretrained(str(tmp / "actor"))
         if critic is not None:
+            writing = tmp / "critic"
             with quiet_hf_progress():
                 critic.save(tmp / "critic")
-        _write_learner_state(learner_state(tmp) if callable(learner_state) else learner_state, tmp)
+        writing = tmp / "learner_state.pt"
+        state = learner_state(tmp) if callable(learner_state) else learner_state  # learner_dcp/ shards
+        _write_learner_state(state, tmp)
+        writing = tmp / "rng.pt"
         torch.save(capture_rng(), tmp / "rng.pt")
+        writing = tmp / "meta.json"
         (tmp / "meta.json").write_text(extra_json)
+        writing = tmp
         _fsync_tree(tmp)
         if final.exists():
             old = final.parent / f".{final.name}.old-{os.getpid()}"
@@ -252,10 +262,52 @@ def save_checkpoint(
         else:
             os.replace(tmp, final)
         _fsync_dir(final.parent)
-    except BaseException:
+    except BaseException as e:
+        # The file being written: the newest one under the current part (e.g. actor/model.safetensors).
+        try:
+            failed = final / _newest_file(writing).relative_to(tmp)
+        except (OSError, ValueError):  # naming the file must not hide the error
+            failed = final
         shutil.rmtree(tmp, ignore_errors=True)
+        err = write_error(e, failed) if isinstance(e, Exception) else None
+        if err is not None:
+            raise err from e
         raise
     return final
+
+
+class CheckpointWriteError(OSError):
+    """A checkpoint file could not be written (disk full, I/O error): ``filename`` names it (under the
+    checkpoint's final path), ``errno`` is the OS error when known (``ENOSPC``: disk full)."""
+
+    def __str__(self) -> str:
+        return f"cannot write checkpoint file {self.filename}: {self.strerror}"
+
+
+def _newest_file(d: Path) -> Path:
+    """The most recently modified file under ``d`` (``d`` itself when it holds none or is a file)."""
+    if not d.is_dir():
+        return d
+    files = [p for p in d.rglob("*") if p.is_file()]
+    return max(files, key=lambda p: p.stat().st_mtime_ns) if files else d
+
+
+def write_error(e: Exception, path: Path) -> CheckpointWriteError | None:
+    """``e`` as a :class:`CheckpointWriteError` naming ``path`` when it is a write failure: an ``OSError``,
+    a ``SafetensorError`` (its Rust I/O error's ``code: N`` becomes the errno) or torch's "file write
+    failed" ``RuntimeError``; None for any other error (a bug keeps its own type)."""
+    code: int | None
+    if isinstance(e, OSError):
+        code, why = e.errno, e.strerror or str(e)
+    elif isinstance(e, safetensors.SafetensorError):
+        m = re.search(r"code: (\d+)", str(e))
+        code = int(m.group(1)) if m else None
+        why = os.strerror(code) if code else str(e).splitlines()[0]
+    elif isinstance(e, RuntimeError) and "write" in str(e).lower():
+        code, why = None, str(e).strip().splitlines()[-1][:200]
+    else:
+        return None
+    return CheckpointWriteError(code, why, str(path))
 
 
 def _check_safetensors(path: Path) -> None:

@@ -157,21 +157,47 @@ def _atomic_write(table: pa.Table, path: Path) -> None:
     write_parquet_atomic(table, path)
 
 
+def naming(e: OSError, path: str | os.PathLike[str]) -> OSError:
+    """An ``OSError`` like ``e`` (same errno, hence the same subclass) whose ``filename`` is ``path``.
+
+    A failed ``write`` (disk full) carries no file name; the error a user sees must name the file
+    being written (``cannot write <path>: disk full``), not a temp file or nothing.
+    """
+    if e.errno is not None:
+        return OSError(e.errno, e.strerror or str(e), os.fspath(path))
+    err = OSError(f"{os.fspath(path)}: {e}")
+    err.filename = os.fspath(path)
+    return err
+
+
 def write_parquet_atomic(table: pa.Table, path: Path) -> None:
     """Write ``table`` to ``path`` so a reader sees the whole file or none of it.
 
     Temp file in the same directory (``<name>.tmp-<pid>``, which readers ignore), fsync, rename
     over ``path``, fsync of the directory: a writer killed at any point leaves at most a temp file.
+    Any error while writing (disk full, I/O error, Ctrl-C) removes the temp file before it propagates;
+    an ``OSError`` is re-raised naming ``path`` (:func:`naming`).
     """
     tmp = path.with_name(f"{path.name}.tmp-{os.getpid()}")
-    with open(tmp, "wb") as fh:
-        pq.write_table(table, fh, compression="zstd")
-        fh.flush()
-        os.fsync(fh.fileno())
-    os.replace(tmp, path)
+    try:
+        with open(tmp, "wb") as fh:
+            pq.write_table(table, fh, compression="zstd")
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, path)
+    except BaseException as e:
+        try:
+            tmp.unlink(missing_ok=True)
+        except OSError:
+            pass  # the original error is the one to report
+        if isinstance(e, OSError) and not isinstance(e, FileExistsError):
+            raise naming(e, path) from e
+        raise
     dir_fd = os.open(path.parent, os.O_RDONLY)
     try:
         os.fsync(dir_fd)
+    except OSError as e:
+        raise naming(e, path.parent) from e
     finally:
         os.close(dir_fd)
 
