@@ -1,5 +1,9 @@
 """``posttrain train RECIPE [key=value ...]``: run a recipe (``--print-recipe`` shows its axes).
 
+Before anything is written, :func:`~posttrain.loop.preflight.preflight` dry-builds one step's
+parts (task, verifier, reward weights, advantages with the recipe's KL placement): a config error
+the first step would meet is one line at load.
+
 Interrupting a run (Ctrl-C) leaves its last complete checkpoint intact, prints one line saying
 how to resume, and exits with code 130. A full disk or an unwritable file in the run directory is
 one error line naming the path (exit code 2); the checkpoint being written is discarded, not
@@ -71,6 +75,9 @@ def print_rise(cfg: Any) -> None:
 def run(args: argparse.Namespace) -> int:
     """Train; returns the exit code (0, or 130 after Ctrl-C). Storage errors become ``UserError``."""
     cfg = load_config(args.recipe, args.overrides)
+    from posttrain.loop.preflight import preflight
+
+    preflight(cfg)  # what would fail at step 1 for a config reason fails now, before the run dir exists
     if args.print_recipe:
         print_recipe(cfg)
         return 0

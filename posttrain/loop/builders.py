@@ -72,15 +72,40 @@ def build_renderer(cfg: RunConfig, tokenizer: Any) -> Any:
     return PromptRenderer(tokenizer, chat=chat, system_prompt=cfg.task.system_prompt)
 
 
+# A single-turn task already built for this config (by the preflight, posttrain/loop/preflight.py):
+# the run's build_task takes it instead of building (loading a dataset) a second time.
+_KEPT_TASK: dict[str, Any] = {}
+
+
+def _task_key(cfg: RunConfig) -> str:
+    """What a single-turn task is built from: ``task.*``, ``reward.extract``, ``reward.functions``."""
+    import json
+
+    return json.dumps([cfg.task.model_dump(mode="json"), cfg.reward.extract,
+                       [f.model_dump(mode="json") for f in cfg.reward.functions]], sort_keys=True, default=str)
+
+
+def keep_task(cfg: RunConfig, task: Any) -> None:
+    """Hand ``task`` (built by :func:`build_task` for ``cfg``) to the next :func:`build_task` of an equal
+    task config, once; a newer kept task replaces an older one."""
+    _KEPT_TASK.clear()
+    _KEPT_TASK[_task_key(cfg)] = task
+
+
 def build_task(cfg: RunConfig) -> Any:
     """The task named by ``cfg.task.name`` (registry name or ``module:factory``); with ``env.name``
-    set, the environment's :class:`~posttrain.envs.episodes.EnvTask` (multi-turn episodes)."""
+    set, the environment's :class:`~posttrain.envs.episodes.EnvTask` (multi-turn episodes).
+
+    A task kept by :func:`keep_task` for the same task config is returned (once) instead of a new one."""
     from posttrain.envs import TASKS
 
     if cfg.env.name is not None:
         from posttrain.envs.episodes import build_env_task
 
         return build_env_task(cfg.env.name, cfg.env.kwargs, cfg.env.heldout_fraction)
+    kept = _KEPT_TASK.pop(_task_key(cfg), None)
+    if kept is not None:
+        return kept
 
     name = cfg.task.name
     factory = load_callable(name) if ":" in name else TASKS[name]

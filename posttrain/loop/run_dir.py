@@ -6,8 +6,12 @@
   lifetime, so a second run into the same directory fails at once instead of interleaving its
   checkpoints, ledger and metrics with the first (the kernel drops the lock when the process
   dies, so a crash never leaves a stale lock behind);
+- :func:`refuse_to_overwrite` keeps a fresh run out of another run's history: a directory with a
+  complete checkpoint is refused (resume it, or choose another run_dir); a run that stopped before
+  its first checkpoint is moved aside into ``failed_<UTC time>/`` and the new run starts there;
 - :func:`recipe_diff` lists what a ``resume=true`` would change against the run's ``config.yaml``
-  (run controls such as ``steps`` may change; see :data:`RESUME_MAY_CHANGE`);
+  (run controls such as ``steps`` and the keys of :data:`PLACEMENT_ONLY`, which change no
+  arithmetic, may change; see :data:`RESUME_MAY_CHANGE`);
 - :func:`write_text_atomic` writes a small file through a temp file and a rename, never leaving a
   ``.tmp`` behind (disk full included).
 """
@@ -16,7 +20,10 @@ from __future__ import annotations
 
 import errno
 import fcntl
+import json
+import logging
 import os
+import time
 from pathlib import Path
 from typing import Any
 
@@ -25,6 +32,14 @@ import yaml
 from posttrain.cli import UserError
 
 LOCK_NAME = ".lock"
+FAILED_PREFIX = "failed_"
+# What a run writes into its directory: moved together into failed_<time>/ when the run stopped before
+# its first checkpoint (anything else in the directory is not the run's and stays where it is).
+RUN_FILES = ("config.yaml", "config.step_*.yaml", "metrics.jsonl", "ledger", "checkpoints", "sft_losses.json",
+             "tensorboard", "wandb", "mlruns", "mlflow", "engine_model", "engine_server*.log", "report.json",
+             "report.png")
+
+log = logging.getLogger("posttrain")
 
 
 class RunDirError(UserError, ValueError):
@@ -34,13 +49,28 @@ class RunDirError(UserError, ValueError):
     a second copy whose ``UserError`` is another class, but it prints ``ValueError`` s as one line too.
     """
 
-# Keys a resume may change without resume_force: they control how long / where / how visibly the
-# run goes on, not what it trains (``steps``: extending a finished run is the usual resume).
-RESUME_MAY_CHANGE = ("resume", "resume_force", "steps", "run_dir", "logging")
-# Where the learner runs, not what it computes: a checkpoint resumes on any of these (learner ranks'
-# DCP shards reshard on load; strategies agree within the documented tolerance). Not precision.
-PLACEMENT_ONLY = ("learner.strategy", "learner.world_size", "learner.device", "learner.rank_timeout_s",
-                  "learner.startup_timeout_s", "learner.weight_bucket_mb")
+# Run controls a resume may change without resume_force: how long and where the run goes on
+# (``steps``: extending a finished run is the usual resume).
+RESUME_MAY_CHANGE = ("resume", "resume_force", "steps", "run_dir")
+# The one set of keys that change no arithmetic of a step (what is sampled, rewarded, trained): a
+# resume may change them without resume_force, and config.yaml then records the new values. A key
+# matches itself and every key below it (``logging`` = ``logging.*``).
+PLACEMENT_ONLY = (
+    # where the learner runs, not what it computes: a checkpoint resumes on any of these (learner ranks'
+    # DCP shards reshard on load; strategies agree within the documented tolerance). Not precision.
+    "learner.strategy", "learner.world_size", "learner.device", "learner.rank_timeout_s",
+    "learner.startup_timeout_s", "learner.weight_bucket_mb",
+    # how often the state is saved and how visibly the run goes on
+    "checkpoint_every", "logging",
+    # when the held-out evaluation runs (it reads the weights, draws from its own seeded generator and
+    # leaves the training RNG alone; revisions are then judged at the new cadence)
+    "eval.every",
+    # monitors: they warn or stop the run, never change a step
+    "guards",
+    # bounds that only turn a hang into a loud failure
+    "rollout.vllm.startup_timeout_s", "rollout.http.connect_timeout_s", "system.queue_timeout_s",
+    "system.ray.startup_timeout_s", "system.ray.transfer_timeout_s", "system.ray.learner_timeout_s",
+)
 
 
 def _user_error(msg: str) -> RunDirError:
@@ -76,25 +106,62 @@ def prepare_run_dir(run_dir: str | Path) -> Path:
     return d
 
 
-def refuse_to_overwrite(run_dir: Path) -> None:
-    """A fresh run (``resume=false``) never writes into a directory that holds another run's history.
+def _last_logged_step(run_dir: Path) -> int | None:
+    """The step of the last line of ``metrics.jsonl`` (0 = the step-0 evaluation), or None."""
+    try:
+        lines = [ln for ln in (run_dir / "metrics.jsonl").read_text().splitlines() if ln.strip()]
+        return int(json.loads(lines[-1])["step"]) if lines else None
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
 
-    History = a checkpoint, a ledger step file or a non-empty ``metrics.jsonl``; raises
-    ``RunDirError`` naming the directory and the two ways on (resume it, or another run_dir).
+
+def _run_files(run_dir: Path) -> list[Path]:
+    """The entries of :data:`RUN_FILES` present in ``run_dir`` (sorted, no duplicates)."""
+    return sorted({p for pattern in RUN_FILES for p in run_dir.glob(pattern)})
+
+
+def refuse_to_overwrite(run_dir: Path) -> Path | None:
+    """A fresh run (``resume=false``) never writes into another run's history, and never loses it.
+
+    - A complete checkpoint under ``checkpoints/`` (see
+      :func:`~posttrain.learner.checkpoint.complete_checkpoints`): ``RunDirError`` naming the
+      directory and the two ways on (``resume=true``, or another run_dir); nothing is touched.
+    - The files of a run that stopped before its first checkpoint (:data:`RUN_FILES`: config.yaml,
+      metrics.jsonl, ledger/, a half-written checkpoint...): moved, all together, into
+      ``<run_dir>/failed_<UTC YYYYmmdd-HHMMSS>/``, with one warning naming the last logged step
+      and the folder; returns that folder. The new run then starts in the emptied directory.
+    - Nothing of a run: returns None.
+
+    Called under the directory's :class:`RunDirLock`, so a live run's files are never moved.
     """
-    held = []
-    if any((run_dir / "checkpoints").glob("step_*")):
-        held.append("checkpoints")
-    if any((run_dir / "ledger").rglob("*.parquet")):
-        held.append("ledger")
-    metrics = run_dir / "metrics.jsonl"
-    if metrics.is_file() and metrics.stat().st_size > 0:
-        held.append("metrics.jsonl")
-    if held:
+    from posttrain.learner.checkpoint import complete_checkpoints
+
+    if complete_checkpoints(run_dir / "checkpoints"):
         raise _user_error(
-            f"run_dir {run_dir} already holds a run ({', '.join(held)}); continue it with resume=true, "
+            f"run_dir {run_dir} already holds a run (checkpoints); continue it with resume=true, "
             f"or choose another run_dir (nothing was written)"
         )
+    files = _run_files(run_dir)
+    if not files:
+        return None
+    step = _last_logged_step(run_dir)
+    stamp = time.strftime("%Y%m%d-%H%M%S", time.gmtime())
+    dest = run_dir / f"{FAILED_PREFIX}{stamp}"
+    n = 1
+    while dest.exists():
+        dest = run_dir / f"{FAILED_PREFIX}{stamp}-{n}"
+        n += 1
+    try:
+        dest.mkdir()
+        for p in files:
+            os.replace(p, dest / p.name)
+    except OSError as e:
+        raise _user_error(f"run_dir {run_dir}: cannot move the previous run's files to {dest}: "
+                          f"{describe_os_error(e)}") from None
+    where = "nothing was logged" if step is None else f"last step logged: {step}"
+    log.warning("run_dir %s: the previous run stopped before its first checkpoint (%s); starting again, its "
+                "files moved to %s/", run_dir, where, dest)
+    return dest
 
 
 class RunDirLock:
@@ -158,22 +225,36 @@ def _flatten(d: Any, prefix: str = "") -> dict[str, Any]:
     return out
 
 
-def recipe_diff(old: dict[str, Any], new: dict[str, Any]) -> list[str]:
-    """``["key: old -> new", ...]`` for the dotted keys that differ, except :data:`RESUME_MAY_CHANGE`
-    and :data:`PLACEMENT_ONLY`.
+def _matches(key: str, prefixes: tuple[str, ...]) -> bool:
+    return any(key == p or key.startswith(p + ".") for p in prefixes)
 
-    ``old`` is the run's ``config.yaml``, ``new`` the resolved config (``model_dump(mode="json")``);
-    a key one side lacks shows as ``<absent>``.
-    """
+
+def _changes(old: dict[str, Any], new: dict[str, Any], keep: Any) -> list[str]:
     fo, fn = _flatten(old), _flatten(new)
     out = []
     for k in sorted(set(fo) | set(fn)):
-        if k.split(".")[0] in RESUME_MAY_CHANGE or k in PLACEMENT_ONLY:
+        if not keep(k):
             continue
         a, b = fo.get(k, "<absent>"), fn.get(k, "<absent>")
         if a != b:
             out.append(f"{k}: {a!r} -> {b!r}")
     return out
+
+
+def recipe_diff(old: dict[str, Any], new: dict[str, Any]) -> list[str]:
+    """``["key: old -> new", ...]`` for the dotted keys that differ, except :data:`RESUME_MAY_CHANGE`
+    and :data:`PLACEMENT_ONLY` (a listed key covers the keys below it).
+
+    ``old`` is the run's ``config.yaml``, ``new`` the resolved config (``model_dump(mode="json")``);
+    a key one side lacks shows as ``<absent>``.
+    """
+    return _changes(old, new, lambda k: not _matches(k, RESUME_MAY_CHANGE + PLACEMENT_ONLY))
+
+
+def placement_changes(old: dict[str, Any], new: dict[str, Any]) -> list[str]:
+    """``["key: old -> new", ...]`` for the :data:`PLACEMENT_ONLY` keys that differ: what a resume
+    changes without ``resume_force`` (the new values are recorded in ``config.yaml``)."""
+    return _changes(old, new, lambda k: _matches(k, PLACEMENT_ONLY))
 
 
 def read_config_yaml(path: Path) -> dict[str, Any] | None:

@@ -448,7 +448,7 @@ def check_resumable(cfg: RunConfig, run_dir: Path) -> str | None:
     of the differences a forced resume accepts, else None.
     """
     from posttrain.learner.checkpoint import complete_checkpoints
-    from posttrain.loop.run_dir import RunDirError, read_config_yaml, recipe_diff
+    from posttrain.loop.run_dir import RunDirError, placement_changes, read_config_yaml, recipe_diff
 
     if not complete_checkpoints(run_dir / "checkpoints"):
         raise RunDirError(f"resume=true but {run_dir / 'checkpoints'} holds no complete checkpoint; "
@@ -457,13 +457,15 @@ def check_resumable(cfg: RunConfig, run_dir: Path) -> str | None:
     if old is None:
         log.warning("resume: %s is missing or unreadable; the recipe cannot be compared", run_dir / "config.yaml")
         return None
-    diff = recipe_diff(old, cfg.model_dump(mode="json"))
-    if not diff:
-        return None
-    if not cfg.resume_force:
+    new = cfg.model_dump(mode="json")
+    diff = recipe_diff(old, new)
+    if diff and not cfg.resume_force:
         raise RunDirError(f"resume=true with a recipe that differs from {run_dir / 'config.yaml'}: "
                         f"{'; '.join(diff)} (set resume_force=true to resume anyway)")
-    return "; ".join(diff)
+    moved = placement_changes(old, new)  # change no arithmetic: resumed as is, config.yaml gets the new values
+    if moved:
+        log.warning("resume: placement-only keys changed (%s); config.yaml records the new values", "; ".join(moved))
+    return "; ".join(diff) if diff else None
 
 
 def open_run(cfg: RunConfig) -> Run:

@@ -1,0 +1,202 @@
+"""Preflight: the config errors a run would otherwise meet only at step 1, found before anything is written.
+
+``posttrain train`` calls :func:`preflight` after loading the config and before the run directory
+exists. It builds the parts of one training step that need no model and runs them on a tiny fake
+batch:
+
+- the **task** (``task.name`` / ``task.kwargs`` / ``reward.extract`` / ``reward.functions``) and its
+  verifier, which judges one training example's reference answer and an empty response: every
+  ``reward.weights`` key must be a component of those verdicts (else the first step's scoring fails
+  with "weighted component(s) ... missing from the verdict"), the DAPO overlong shaping must accept
+  ``reward.overlong_max_len`` / ``overlong_cache_len``, and an SFT warm-up needs the example's
+  reference answer (``meta['answer']``);
+- the **targets** of one step: :func:`posttrain.loop.targets.build_targets` with the recipe's
+  ``credit.estimator`` (built-in or plug-in) and ``credit.kwargs``, the KL placement
+  (``credit.kl_in_reward`` with ``loss.kl_estimator`` / ``loss.kl_coef``), critic values, the ReMax
+  baseline and multi-turn step records exactly as the loop passes them, on 2 groups of
+  ``sampling.group_size`` fake rows; the advantages (and returns) must come back ``[B, T]`` and finite.
+
+Each failure is a :class:`~posttrain.config.ConfigError`: one line naming the key(s). The task built
+here is handed to the run (:func:`posttrain.loop.builders.keep_task`), so a file or Hugging Face
+dataset is not loaded twice. Multi-turn recipes (``env.name``) skip the task part: their reward parts
+are checked against the environment's declaration at config load.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import torch
+
+from posttrain.config import ConfigError, RunConfig
+
+_GROUPS = 2  # fake prompts of the dry targets batch
+_PROMPT_LEN = 2
+
+
+def preflight(cfg: RunConfig) -> None:
+    """Raise :class:`~posttrain.config.ConfigError` (one line naming the key) when ``cfg`` would fail at
+    step 1 for a config reason; return None when the dry build of the step's parts passes.
+
+    Needs no model, engine or run directory and writes nothing. The single-turn task it builds is kept
+    for the run's own :func:`~posttrain.loop.builders.build_task` (same config: same task object).
+    """
+    if cfg.env.name is None:
+        task = _build_task(cfg)
+        check_scoring(cfg, task)
+        from posttrain.loop.builders import keep_task
+
+        keep_task(cfg, task)
+    check_targets(cfg)
+
+
+def _build_task(cfg: RunConfig) -> Any:
+    from posttrain.loop.builders import build_task
+
+    try:
+        return build_task(cfg)
+    except KeyError as e:  # an unknown registry name: the registry's message lists the valid ones
+        raise ConfigError(f"task.name: {e.args[0] if e.args else e}") from None
+    except (ValueError, TypeError, ImportError) as e:
+        if isinstance(e, ConfigError):
+            raise
+        raise ConfigError(f"task {cfg.task.name!r}: {_first_line(e)}") from None
+
+
+def _first_line(e: BaseException) -> str:
+    text = str(e).strip().splitlines()
+    return text[0] if text else type(e).__name__
+
+
+def check_scoring(cfg: RunConfig, task: Any) -> None:
+    """One training example of ``task`` through the run's scoring: its verifier judges the reference
+    answer and an empty response (in-process, ``reward.timeout_s``); each verdict that is not an
+    infra error must carry every ``reward.weights`` component; the overlong shaping is applied to
+    1 and ``sampling.max_new_tokens`` action tokens; with ``sft.steps > 0`` the example must have a
+    reference answer. Raises :class:`~posttrain.config.ConfigError` naming the key.
+
+    A verifier that raises or times out on these probes cannot be judged here (the run counts such
+    verdicts as infra errors): nothing is raised for it.
+    """
+    from posttrain.loop.scoring import ScoringSpec, _shaping_components, verify_context
+    from posttrain.rewards import VerifierPool, compose
+    from posttrain.trajectory import Status
+
+    spec = ScoringSpec(cfg.reward.weights, cfg.reward.overlong_max_len, cfg.reward.overlong_cache_len)
+    try:
+        shaping = _shaping_components(spec, [1, cfg.sampling.max_new_tokens])
+    except ValueError as e:
+        raise ConfigError(f"reward.overlong_max_len={cfg.reward.overlong_max_len}, reward.overlong_cache_len="
+                          f"{cfg.reward.overlong_cache_len}: {_first_line(e)}") from None
+    try:
+        examples = list(task.examples("train", 1, seed=cfg.seed))
+    except Exception as e:  # noqa: BLE001 - the task cannot hand out an example: say which, before the run
+        raise ConfigError(f"task {cfg.task.name!r}: cannot draw a training example: {_first_line(e)}") from None
+    if not examples:
+        return
+    ex = examples[0]
+    if cfg.sft.steps > 0:
+        from posttrain.loop.run_state import reference_answer
+
+        try:
+            reference_answer(task, ex)
+        except ValueError as e:
+            raise ConfigError(f"sft.steps={cfg.sft.steps}: {_first_line(e)} (set sft.steps=0)") from None
+    answer = ex.meta.get("answer") if ex.meta else None
+    responses = [str(answer if answer is not None else ex.reference), ""]
+    pool = VerifierPool(workers=0, timeout_s=cfg.reward.timeout_s, retries=0)
+    try:
+        verdicts = pool.verify_batch([(task.verifier, r, ex.reference, verify_context(task.verifier, ex))
+                                      for r in responses])
+    finally:
+        pool.close()
+    for v, extra in zip(verdicts, shaping, strict=True):
+        if v.status is Status.INFRA_ERROR:
+            continue
+        comps = {**v.components, **extra}
+        missing = sorted(k for k in cfg.reward.weights if k not in comps)
+        if missing:
+            raise ConfigError(
+                f"reward.weights.{missing[0]}: the verdicts of task {cfg.task.name!r} carry no component "
+                f"{missing[0]!r} (they have {sorted(comps)}); weight only those, or add a reward.functions "
+                f"entry named {missing[0]!r}")
+        try:
+            compose(comps, cfg.reward.weights)
+        except ValueError as e:
+            raise ConfigError(f"reward.weights: {_first_line(e)}") from None
+
+
+def fake_batch(cfg: RunConfig) -> Any:
+    """A collated :class:`~posttrain.trajectory.TrajectoryBatch` of 2 groups of ``sampling.group_size``
+    rows shaped like a step's: 2 prompt tokens, 2-3 action tokens, rewards 1 / 0 alternating within a
+    group, the last row truncated, and the one-step record multi-turn episodes carry in ``meta``."""
+    from posttrain.trajectory import Finish, Reward, Status, collate
+    from posttrain.trajectory.record import make_trajectory
+
+    trajs = []
+    g_size = cfg.sampling.group_size
+    for g in range(_GROUPS):
+        for j in range(g_size):
+            i = g * g_size + j
+            n_act = 2 + (j % 2)
+            r = 1.0 if (j + g) % 2 == 0 else 0.0
+            last = g == _GROUPS - 1 and j == g_size - 1
+            trajs.append(make_trajectory(
+                traj_id=f"preflight-{i}", prompt_id=f"p{g}", group_id=f"g{g}",
+                prompt_ids=[1] * _PROMPT_LEN, action_ids=[2] * n_act, action_logprobs=[-0.5] * n_act,
+                action_versions=0, finish=Finish.TRUNCATED if last else Finish.TERMINAL,
+                status=Status.CORRECT if r else Status.WRONG,
+                reward=Reward(components={"task": r}, weights={"task": 1.0}, total=r),
+                meta={"step_anchors": json.dumps([g]), "step_rewards": json.dumps([r]),
+                      "turn_tokens": json.dumps([n_act])},
+            ))
+    return collate(trajs, pad_token_id=0)
+
+
+def check_targets(cfg: RunConfig) -> None:
+    """Build one step's advantages (and returns) on :func:`fake_batch` exactly as the loop does
+    (:func:`posttrain.loop.targets.build_targets`, same estimator, kwargs, KL placement, critic values
+    and ReMax baseline) and check they are ``[B, T]`` and finite on action tokens.
+
+    Raises :class:`~posttrain.config.ConfigError` naming ``credit.estimator`` and the reason (e.g.
+    ``credit.kl_in_reward`` with a sequence-level estimator, or a plug-in estimator that fails on
+    the inputs the loop gives it).
+    """
+    import posttrain.algos as A
+    from posttrain.loop.targets import build_targets
+
+    batch = fake_batch(cfg)
+    b, t = batch.action_mask.shape
+    mask = batch.action_mask.to(torch.float64)
+    old = -0.5 * mask
+    ref = (old - 0.1) * mask if cfg.loss.kl_estimator is not None else None
+    critic = cfg.critic.enabled
+    needs = A.ADVANTAGES.needs(cfg.credit.estimator)
+    est = cfg.credit.estimator
+    where = f"credit.estimator={est}" + (f" with credit.kl_in_reward=true (loss.kl_estimator="
+                                         f"{cfg.loss.kl_estimator})" if cfg.credit.kl_in_reward else "")
+    try:
+        tg = build_targets(
+            batch, old_logprob=old, ref_logprob=ref,
+            values=torch.zeros(b, t, dtype=torch.float64) if critic else None,
+            final_values=torch.zeros(b, dtype=torch.float64) if critic else None,
+            estimator=est, estimator_kwargs=cfg.credit.kwargs, kl_in_reward=cfg.credit.kl_in_reward,
+            kl_estimator=cfg.loss.kl_estimator, kl_coef=float(cfg.loss.kl_coef),
+            baseline=torch.full((b,), 0.5, dtype=torch.float64) if "baseline" in needs else None,
+        )
+    except Exception as e:  # noqa: BLE001 - whatever step 1 would raise here is the recipe's error
+        raise ConfigError(f"{where}: one step's advantages cannot be built: {type(e).__name__}: "
+                          f"{_first_line(e)}") from None
+    adv = tg.advantages
+    if not isinstance(adv, torch.Tensor) or tuple(adv.shape) not in ((b, t), (b,)):
+        shape = tuple(adv.shape) if isinstance(adv, torch.Tensor) else type(adv).__name__
+        raise ConfigError(f"{where}: the estimator returned advantages of shape {shape} for a batch of "
+                          f"{(b, t)} (expected [B, T] or [B])")
+    on_actions = adv if adv.dim() == 1 else adv[mask > 0]
+    if not bool(torch.isfinite(on_actions).all()):
+        raise ConfigError(f"{where}: the estimator returned non-finite advantages on a fake batch of "
+                          f"{_GROUPS} groups x {cfg.sampling.group_size}")
+
+
+__all__ = ["check_scoring", "check_targets", "fake_batch", "preflight"]
