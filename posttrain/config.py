@@ -187,8 +187,12 @@ class LossConfig(_Section):
     reduction: str = Field("token_mean", description="a name in posttrain.algos.REDUCTIONS")
     kl_estimator: str | None = Field(None, description="a name in KL_ESTIMATORS; None = no reference model")
     kl_coef: float = Field(0.0, ge=0.0)
-    kl_target: float | None = Field(None, gt=0, description="adaptive KL controller target (None = fixed coef)")
-    kl_horizon: int = Field(10000, ge=1)
+    kl_target: float | None = Field(None, gt=0, description="adaptive KL controller target, in the logged KL's "
+                                    "unit (mean per-token estimate: `kl`, or `kl/ref_mean` with credit.kl_in_reward); "
+                                    "kl_coef is its starting beta (None = fixed coef; Ziegler et al. 2019)")
+    kl_horizon: int = Field(10000, ge=1, description="adaptive KL controller horizon in samples (sequences, as in "
+                            "Ziegler et al. 2019's code): each step beta *= 1 + min(n/kl_horizon, 1) * "
+                            "clip(kl/kl_target - 1, -0.2, 0.2), n = prompts_per_step * group_size")
     entropy_coef: float = Field(0.0)
 
 

@@ -19,11 +19,15 @@ with a 0 mask or a 0 coefficient is NaN and poisons the whole update). Beyond th
 gradient is 0: such a token stops being pushed by the KL term, which is the price of staying finite
 (veRL clamps its low-variance KL at the same bound). Within the clamp every estimator is exact.
 
-The controllers are small stateful objects kept outside the pure functions: the learner asks
-``.value`` for the coefficient beta and calls ``.update(observed_kl, n_steps)`` once per step.
+The controllers are small stateful objects kept outside the pure functions: the learner (KL in the
+loss) or the loop (KL in the reward) reads ``.value`` for the coefficient beta, and the loop calls
+``.update(observed_kl, n_steps)`` once per step with the KL it observed and the step's sample count.
 """
 
 from __future__ import annotations
+
+import math
+import sys
 
 from torch import Tensor
 
@@ -108,37 +112,52 @@ class FixedKLController:
 
 
 class AdaptiveKLController:
-    """Proportional KL coefficient controller (Ziegler et al. 2019, arXiv:1909.08593, sec. 2.2).
+    """Proportional KL coefficient controller (Ziegler et al. 2019, arXiv:1909.08593, sec. 2.2), bounded.
 
-    With e = clip(observed_kl / target_kl - 1, -0.2, 0.2) the update is
-    ``beta <- beta * (1 + e * n_steps / horizon)``, i.e. the paper's
-    ``beta_{t+1} = beta_t (1 + K_beta e_t)`` with ``K_beta = n_steps / horizon`` (the form of the
-    paper's reference code, where ``n_steps`` is the number of samples/steps since the last update).
-    ``observed_kl`` is the mean per-sequence KL the learner measured (same units as ``target_kl``).
+    The paper: ``e_t = clip((KL_t - KL_target) / KL_target, -0.2, 0.2)`` and
+    ``beta_{t+1} = beta_t (1 + K_beta e_t)``; its reference code sets ``K_beta = n_steps / horizon``
+    with ``n_steps`` the number of samples (sequences) consumed since the last update and ``horizon``
+    in samples too (10000 there). Here the gain is capped at 1::
+
+        e      = clip(observed_kl / target_kl - 1, -0.2, 0.2)
+        K      = min(n_steps / horizon, 1)
+        beta  <- beta * (1 + K * e)          # the factor lies in [0.8, 1.2]
+
+    so beta changes by at most 20% per update and can never reach 0 or change sign (the uncapped
+    form multiplies by ``1 - 0.2 * n_steps / horizon``, negative once a step's samples exceed
+    5 x horizon: the penalty turns into a bonus). With ``n_steps <= horizon`` (the paper's regime)
+    the update is the reference code's exactly. ``observed_kl`` and ``target_kl`` are in the same
+    unit (the loop feeds the mean per-token KL estimate it logs). ``init_coef`` must be > 0: a
+    multiplicative controller started at 0 stays at 0.
     """
 
+    MAX_ERROR = 0.2
+
     def __init__(self, init_coef: float, target_kl: float, horizon: float) -> None:
-        if init_coef < 0:
-            raise ValueError(f"AdaptiveKLController: init_coef must be >= 0, got {init_coef}")
-        if target_kl <= 0:
-            raise ValueError(f"AdaptiveKLController: target_kl must be > 0, got {target_kl}")
-        if horizon <= 0:
-            raise ValueError(f"AdaptiveKLController: horizon must be > 0, got {horizon}")
+        if not (init_coef > 0 and math.isfinite(init_coef)):
+            raise ValueError(f"AdaptiveKLController: init_coef must be finite and > 0 (a multiplicative "
+                             f"controller started at 0 stays at 0), got {init_coef}")
+        if not (target_kl > 0 and math.isfinite(target_kl)):
+            raise ValueError(f"AdaptiveKLController: target_kl must be finite and > 0, got {target_kl}")
+        if not (horizon > 0 and math.isfinite(horizon)):
+            raise ValueError(f"AdaptiveKLController: horizon must be finite and > 0, got {horizon}")
         self.value = float(init_coef)
         self.target_kl = float(target_kl)
         self.horizon = float(horizon)
 
     def update(self, observed_kl: float, n_steps: int) -> float:
-        """Apply one proportional update and return the new coefficient.
+        """Apply one bounded proportional update (class doc) and return the new coefficient (> 0).
 
-        ``observed_kl`` must be finite; ``n_steps`` >= 0 (0 leaves the coefficient unchanged).
+        ``observed_kl`` must be finite; ``n_steps`` >= 0 samples (0 leaves the coefficient unchanged).
         """
-        if observed_kl != observed_kl or observed_kl in (float("inf"), float("-inf")):
+        if not math.isfinite(observed_kl):
             raise ValueError(f"AdaptiveKLController.update: observed_kl must be finite, got {observed_kl}")
         if n_steps < 0:
             raise ValueError(f"AdaptiveKLController.update: n_steps must be >= 0, got {n_steps}")
-        error = min(max(observed_kl / self.target_kl - 1.0, -0.2), 0.2)
-        self.value *= 1.0 + error * n_steps / self.horizon
+        error = min(max(observed_kl / self.target_kl - 1.0, -self.MAX_ERROR), self.MAX_ERROR)
+        gain = min(n_steps / self.horizon, 1.0)
+        # 0.8 ** ~3300 updates would underflow to 0.0: keep beta a positive float whatever happens.
+        self.value = max(self.value * (1.0 + gain * error), sys.float_info.min)
         return self.value
 
     def state_dict(self) -> dict[str, float]:
@@ -146,10 +165,12 @@ class AdaptiveKLController:
         return {"value": self.value, "target_kl": self.target_kl, "horizon": self.horizon}
 
     def load_state_dict(self, state: dict[str, float]) -> None:
-        """Restore from ``state_dict()``; a missing key is a ``ValueError``."""
+        """Restore from ``state_dict()``; a missing key or a value <= 0 is a ``ValueError``."""
         missing = {"value", "target_kl", "horizon"} - set(state)
         if missing:
             raise ValueError(f"AdaptiveKLController.load_state_dict: missing {sorted(missing)}")
+        if not (float(state["value"]) > 0 and math.isfinite(float(state["value"]))):
+            raise ValueError(f"AdaptiveKLController.load_state_dict: value must be finite and > 0, got {state['value']}")
         self.value = float(state["value"])
         self.target_kl = float(state["target_kl"])
         self.horizon = float(state["horizon"])

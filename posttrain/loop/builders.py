@@ -239,6 +239,22 @@ def _replayed_truncation(cfg: RunConfig) -> dict[str, Any]:
     return {"top_k": s.top_k, "top_p": s.top_p}
 
 
+def build_kl_coef(cfg: RunConfig) -> Any:
+    """The run's KL coefficient beta: ``loss.kl_coef`` as a float, or with ``loss.kl_target`` an
+    :class:`~posttrain.algos.kl.AdaptiveKLController` (Ziegler et al. 2019, arXiv:1909.08593; bounded
+    update, ``loss.kl_horizon`` in samples) starting at ``loss.kl_coef``.
+
+    One object serves both placements: the learner holds it (and checkpoints its state) whether the KL
+    enters the loss or, with ``credit.kl_in_reward``, the token rewards (then the learner has no KL
+    estimator and the loop reads ``learner.kl_coef`` for :func:`~posttrain.loop.targets.build_targets`);
+    the loop updates it once per step from the KL it observed (``RunState.observe_kl``)."""
+    from posttrain.algos.kl import AdaptiveKLController
+
+    if cfg.loss.kl_target is None:
+        return float(cfg.loss.kl_coef)
+    return AdaptiveKLController(cfg.loss.kl_coef, cfg.loss.kl_target, cfg.loss.kl_horizon)
+
+
 def build_learner(cfg: RunConfig, model: torch.nn.Module, *, grad_sync: Any = None,
                   autocast_dtype: str | None = None) -> Any:
     """The policy learner with the recipe's loss, reduction, KL and correction.
@@ -246,15 +262,11 @@ def build_learner(cfg: RunConfig, model: torch.nn.Module, *, grad_sync: Any = No
     ``learner.strategy`` ddp / fsdp2 (or a CUDA learner): a :class:`~posttrain.learner.ranks.LearnerRanks`
     whose rank processes each build this same learner with their ``grad_sync`` hook
     (:class:`RankLearnerFactory`); ``model`` stays the driver's full CPU copy."""
-    from posttrain.algos.kl import AdaptiveKLController
     from posttrain.learner import PolicyLearner
 
     if grad_sync is None and cfg.learner.strategy != "single":
         return build_learner_ranks(cfg, model)
 
-    kl_coef: Any = cfg.loss.kl_coef
-    if cfg.loss.kl_target is not None:
-        kl_coef = AdaptiveKLController(cfg.loss.kl_coef, cfg.loss.kl_target, cfg.loss.kl_horizon)
     reduction_kwargs = {"max_len": cfg.sampling.max_new_tokens} if cfg.loss.reduction == "seq_mean_token_sum_norm" else {}
     return PolicyLearner(
         model,
@@ -274,7 +286,7 @@ def build_learner(cfg: RunConfig, model: torch.nn.Module, *, grad_sync: Any = No
         reduction=cfg.loss.reduction,
         reduction_kwargs=reduction_kwargs,
         kl_estimator=None if cfg.credit.kl_in_reward else cfg.loss.kl_estimator,
-        kl_coef=0.0 if cfg.credit.kl_in_reward else kl_coef,
+        kl_coef=build_kl_coef(cfg),  # held in both placements (checkpointed); applied in the loss only without kl_in_reward
         entropy_coef=cfg.loss.entropy_coef,
         temperature=max(cfg.sampling.temperature, 1e-6) if cfg.sampling.temperature > 0 else 1.0,
         **_replayed_truncation(cfg),
@@ -305,17 +317,13 @@ def build_learner_ranks(cfg: RunConfig, model: torch.nn.Module, **overrides: Any
 
     ``model`` is the driver's copy; each rank starts from a pickled copy of it. ``overrides`` go to
     :class:`~posttrain.learner.ranks.LearnerRanks` (tests: ``grad_divide_factor``)."""
-    from posttrain.algos.kl import AdaptiveKLController
     from posttrain.learner.ranks import LearnerRanks
 
     lc = cfg.learner
-    kl_coef: Any = cfg.loss.kl_coef
-    if cfg.loss.kl_target is not None:
-        kl_coef = AdaptiveKLController(cfg.loss.kl_coef, cfg.loss.kl_target, cfg.loss.kl_horizon)
     kw: dict[str, Any] = dict(
         strategy=lc.strategy, world_size=lc.world_size, device=lc.resolved_device(), precision=lc.precision,
         temperature=max(cfg.sampling.temperature, 1e-6) if cfg.sampling.temperature > 0 else 1.0,
-        kl_coef=0.0 if cfg.credit.kl_in_reward else kl_coef,
+        kl_coef=build_kl_coef(cfg),
         rank_timeout_s=lc.rank_timeout_s, startup_timeout_s=lc.startup_timeout_s,
         weight_bucket_bytes=max(1, int(lc.weight_bucket_mb * 2**20)), **_replayed_truncation(cfg),
     )

@@ -174,16 +174,27 @@ class Run:
         return lp * batch.action_mask.to(lp.dtype)
 
     def kl_coef_value(self) -> float:
-        """Current KL coefficient (fixed or from the adaptive controller)."""
-        c = self.learner.kl_coef if not self.cfg.credit.kl_in_reward else self.cfg.loss.kl_coef
+        """beta for this step: ``loss.kl_coef`` or the adaptive controller's current value. The learner
+        holds the coefficient in both placements (``builders.build_kl_coef``): this step's loss reads it,
+        or with ``credit.kl_in_reward`` the token rewards (``build_targets(kl_coef=...)``) do."""
+        c = self.learner.kl_coef
         return float(getattr(c, "value", c))
 
     def observe_kl(self, metrics: dict[str, Any]) -> None:
-        """Feed the observed KL to an adaptive controller."""
+        """Feed this step's observed KL to an adaptive controller (Ziegler et al. 2019; bounded update,
+        :class:`~posttrain.algos.kl.AdaptiveKLController`) with the step's sample count
+        (``prompts_per_step * group_size``, the unit of ``loss.kl_horizon``).
+
+        The observed KL is the one the coefficient multiplied: the mean token KL to the reference
+        in the reward (``kl/ref_mean``, pi_old vs pi_ref) with ``credit.kl_in_reward``, else the
+        loss's ``kl``. ``metrics["kl_coef"]`` is set to the beta this step applied (read before the
+        update); the updated one, which the next step applies, goes to ``kl_coef_next``."""
         ctl = self.learner.kl_coef
-        if hasattr(ctl, "update") and metrics.get("kl") is not None:
-            ctl.update(float(metrics["kl"]), self.cfg.sampling.prompts_per_step * self.cfg.sampling.group_size)
-            metrics["kl_coef"] = float(ctl.value)
+        metrics["kl_coef"] = float(getattr(ctl, "value", ctl))  # what this step applied (the learner's too)
+        key = "kl/ref_mean" if self.cfg.credit.kl_in_reward else "kl"
+        if hasattr(ctl, "update") and metrics.get(key) is not None:
+            ctl.update(float(metrics[key]), self.cfg.sampling.prompts_per_step * self.cfg.sampling.group_size)
+            metrics["kl_coef_next"] = float(ctl.value)
 
     def release_engine(self) -> bool:
         """``system.engine_sleep``: the engine's ``sleep()`` before an update (colocation); True when it

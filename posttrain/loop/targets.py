@@ -8,6 +8,7 @@ token-level ones); it is never copied to every token and then summed.
 from __future__ import annotations
 
 import dataclasses
+import math
 from collections.abc import Mapping
 from typing import Any
 
@@ -207,6 +208,10 @@ def build_targets(
     """Compute advantages (and returns) with the registered ``estimator``; ``baseline`` [B] is
     ReMax's greedy-rollout reward per row (:func:`greedy_baseline`).
 
+    ``kl_in_reward``: each action token's reward gets ``-kl_coef * token_kl`` (Ouyang et al. 2022,
+    arXiv:2203.02155); ``kl_coef`` is this step's beta, in a run the learner's fixed coefficient or its
+    adaptive controller's current value (``RunState.kl_coef_value``), finite and >= 0.
+
     ``old_logprob`` / ``ref_logprob`` / ``values`` / ``final_values`` default to the ones frozen on
     ``batch`` (:meth:`TrajectoryBatch.freeze`, ``with_targets``). ``token_kl`` (pi_old vs pi_ref,
     :func:`ref_token_kl`) is ``None`` while either is missing — the fused pi_old path builds its
@@ -225,6 +230,8 @@ def build_targets(
     if kl_in_reward and token_kl is None and ref_logprob is not None and kl_estimator is not None:
         raise ValueError("credit.kl_in_reward needs pi_old frozen before the targets (batch.freeze('old', ...))")
     if kl_in_reward and token_kl is not None:
+        if not (math.isfinite(kl_coef) and kl_coef >= 0):
+            raise ValueError(f"credit.kl_in_reward: the KL coefficient must be finite and >= 0, got {kl_coef}")
         if estimator not in TOKEN_LEVEL_ESTIMATORS:
             raise ValueError(f"credit.kl_in_reward needs a token-level estimator ({', '.join(sorted(TOKEN_LEVEL_ESTIMATORS))})")
         token_rewards = -kl_coef * token_kl

@@ -79,6 +79,58 @@ def test_adaptive_controller_hand_values_and_state() -> None:
         d.load_state_dict({"value": 1.0})
 
 
+def test_adaptive_controller_gain_is_capped_hand_trajectory() -> None:
+    """Issue 22: K = min(n_steps / horizon, 1), so each factor lies in [0.8, 1.2].
+
+    The repro's settings: beta0 = 0.05, target 0.01, horizon 10 samples, n = 256 samples per step
+    (n / horizon = 25.6, capped to K = 1). The uncapped update gave 0.05 * (1 - 0.2 * 25.6) = -0.206."""
+    c = AdaptiveKLController(init_coef=0.05, target_kl=0.01, horizon=10)
+    # KL 0: e = 0/0.01 - 1 = -1 -> -0.2; K = 1; beta = 0.05 * 0.8 = 0.04
+    assert c.update(0.0, n_steps=256) == pytest.approx(0.04, rel=1e-12)
+    # KL 0.5: e = 49 -> 0.2; beta = 0.04 * 1.2 = 0.048
+    assert c.update(0.5, n_steps=256) == pytest.approx(0.048, rel=1e-12)
+    # KL 0.011: e = 0.1 (inside the clip); beta = 0.048 * 1.1 = 0.0528
+    assert c.update(0.011, n_steps=256) == pytest.approx(0.0528, rel=1e-12)
+    # KL 0.0095: e = -0.05; beta = 0.0528 * 0.95 = 0.05016
+    assert c.update(0.0095, n_steps=256) == pytest.approx(0.05016, rel=1e-12)
+    # n = 5 < horizon: K = 0.5 (the paper's reference form); KL 0.012: e = 0.2; beta = 0.05016 * 1.1 = 0.055176
+    assert c.update(0.012, n_steps=5) == pytest.approx(0.055176, rel=1e-12)
+    # n = 10 = horizon: K = 1 exactly; KL 0.02: e = 1 -> 0.2; beta = 0.055176 * 1.2 = 0.0662112
+    assert c.update(0.02, n_steps=10) == pytest.approx(0.0662112, rel=1e-12)
+
+
+@pytest.mark.parametrize("n_steps", [256, 512, 10_000])
+def test_adaptive_controller_with_the_repro_settings_never_reaches_zero(n_steps: int) -> None:
+    """beta0 = 0.05, target 0.01, horizon 10: KL far below (0) and far above (100x) target, many updates."""
+    below = AdaptiveKLController(0.05, 0.01, 10)
+    for _ in range(100):
+        assert below.update(0.0, n_steps) > 0
+    # each update is the smallest factor, 0.8 (K = 1, e = -0.2): 0.05 * 0.8**100 ~ 1.0e-11
+    assert below.value == pytest.approx(0.05 * 0.8**100, rel=1e-9)
+    for _ in range(4900):
+        assert below.update(0.0, n_steps) > 0
+    # 0.05 * 0.8**5000 underflows a float; the controller keeps beta at the smallest positive one
+    assert 0 < below.value < 1e-300
+    above = AdaptiveKLController(0.05, 0.01, 10)
+    for _ in range(200):
+        assert above.update(1.0, n_steps) > 0
+    # 200 factors of 1.2: 0.05 * 1.2**200 (log10 = log10(0.05) + 200 log10(1.2) = -1.301 + 15.836 = 14.535)
+    assert math.log10(above.value) == pytest.approx(math.log10(0.05) + 200 * math.log10(1.2), rel=1e-9)
+    swing = AdaptiveKLController(0.05, 0.01, 10)
+    for i in range(1000):  # alternating far above / far below: 1.2 * 0.8 = 0.96 per pair, always > 0
+        assert swing.update(1.0 if i % 2 else 0.0, n_steps) > 0
+    assert swing.value == pytest.approx(0.05 * 0.96**500, rel=1e-9)
+
+
+def test_adaptive_controller_refuses_a_zero_start_and_a_bad_state() -> None:
+    with pytest.raises(ValueError, match="init_coef"):
+        AdaptiveKLController(0.0, 0.01, 10)  # a multiplicative controller at 0 stays at 0
+    c = AdaptiveKLController(0.05, 0.01, 10)
+    with pytest.raises(ValueError, match="value must be finite and > 0"):
+        c.load_state_dict({"value": -0.206, "target_kl": 0.01, "horizon": 10.0})
+    assert c.value == 0.05
+
+
 def test_fixed_controller() -> None:
     c = FixedKLController(0.05)
     assert c.update(100.0, 10) == 0.05 and c.value == 0.05
