@@ -1,0 +1,176 @@
+"""Issue 22, deliverable 3: whatever would fail at step 1 for a config reason fails at load.
+
+Each case below used to pass ``--print-recipe``, create the run directory (config.yaml, and
+metrics.jsonl from the step-0 evaluation) and fail at the first step or the warm-up. Now
+``posttrain train`` refuses it before the run directory exists, in one line naming the key(s):
+the preflight (posttrain/loop/preflight.py) dry-builds the task, its verdicts, the reward shaping
+and one step's advantages on a fake batch.
+"""
+
+from __future__ import annotations
+
+import textwrap
+from collections.abc import Iterator
+
+import pytest
+import torch
+
+import posttrain.algos as A
+from posttrain.cli import main
+from posttrain.config import ConfigError, load_config
+from posttrain.loop.preflight import fake_batch, preflight
+from tests._cli_errors import one_error_line
+
+TINY = ["model.path=builtin:micro", "task.name=chain_sum", "task.kwargs={terms: 2}", "sampling.prompts_per_step=2",
+        "sampling.group_size=2", "sampling.max_new_tokens=2", "eval.size=4", "eval.every=100", "optim.lr=0.001",
+        "steps=2"]
+KL = ["loss.kl_estimator=k1", "loss.kl_coef=0.05"]
+
+PLUGINS = '''
+import dataclasses
+
+from posttrain.algos.advantages import AdvantageInputs, AdvantageOutputs
+
+
+def reads_token_rewards(inputs: AdvantageInputs, scale: float = 1.0) -> AdvantageOutputs:
+    """A user estimator adding the per-token rewards, which are None unless the KL is in the reward."""
+    adv = inputs.rewards[:, None] * inputs.action_mask + inputs.token_rewards
+    return AdvantageOutputs(advantages=scale * adv, returns=None)
+
+
+class NoAnswerTask:
+    """chain_sum's prompts and verifier without the reference answer an SFT warm-up trains on."""
+
+    name = "no_answer"
+
+    def __init__(self):
+        from posttrain.envs import TASKS
+
+        self.base = TASKS["chain_sum"](terms=2)
+        self.verifier = self.base.verifier
+
+    def examples(self, split, n, seed):
+        return [dataclasses.replace(e, meta={}) for e in self.base.examples(split, n, seed)]
+
+
+BUILT = []
+
+
+def counted_task(terms=2):
+    """chain_sum, counting how often the factory runs."""
+    from posttrain.envs import TASKS
+
+    BUILT.append(terms)
+    return TASKS["chain_sum"](terms=terms)
+'''
+
+
+@pytest.fixture
+def plugins(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
+    d = tmp_path_factory.mktemp("plugins")
+    (d / "_pf_plugins.py").write_text(textwrap.dedent(PLUGINS))
+    monkeypatch.syspath_prepend(str(d))
+    yield "_pf_plugins"
+    for name in [n for n in A.ADVANTAGES if n.startswith("_pf_plugins:")]:  # registration is process-wide
+        A.ADVANTAGES.unregister(name)
+
+
+# (overrides, what the one error line must name); {m} is the plug-in module.
+STEP1_FAILURES = {
+    # the issue's repro: KL in the reward with GRPO's sequence-level advantages
+    "kl_in_reward_grpo": (["credit.kl_in_reward=true", *KL], ["credit.kl_in_reward", "credit.estimator=grpo",
+                                                                  "token-level estimator"]),
+    "kl_in_reward_remax": (["credit.estimator=remax", "credit.kwargs={}", "credit.kl_in_reward=true", *KL],
+                           ["credit.kl_in_reward", "credit.estimator=remax"]),
+    # a weighted reward part the task's verdicts do not carry (compose failed at the first scoring)
+    "unknown_reward_part": (["reward.weights={task: 1.0, foo: 0.5}"], ["reward.weights.foo", "'format', 'task'"]),
+    # DAPO overlong shaping without its cache window (the penalty function refused it at scoring)
+    "overlong_without_cache": (["reward.overlong_max_len=4"], ["reward.overlong_max_len=4",
+                                                               "reward.overlong_cache_len=0"]),
+    # a plug-in estimator that fails on the inputs the loop gives it (token_rewards is None)
+    "plugin_estimator": (["credit.estimator={m}:reads_token_rewards", "credit.kwargs={}"],
+                         ["credit.estimator={m}:reads_token_rewards", "NoneType"]),
+    # an SFT warm-up on a task without reference answers (failed in the warm-up, after config.yaml)
+    "sft_without_answers": (["task.name={m}:NoAnswerTask", "task.kwargs={}", "sft.steps=2", "sft.examples=4",
+                             "sft.batch_size=2"], ["sft.steps=2", "meta['answer']"]),
+    # an unknown task (failed while building the run, after the run directory was created)
+    "unknown_task": (["task.name=no_such_task"], ["task.name", "unknown task 'no_such_task'"]),
+}
+
+
+@pytest.mark.parametrize("case", sorted(STEP1_FAILURES))
+def test_a_step1_config_error_fails_at_load_before_the_run_dir_exists(case, plugins, tmp_path, capsys):
+    overrides, names = STEP1_FAILURES[case]
+    overrides = [o.replace("{m}", plugins) for o in overrides]
+    run_dir = tmp_path / "run"
+    # --print-recipe is a load: it refuses too (it used to print the recipe and exit 0)
+    assert main(["train", "grpo", *TINY, *overrides, f"run_dir={run_dir}", "--print-recipe"]) == 2
+    line = one_error_line(capsys)
+    for name in names:
+        assert name.replace("{m}", plugins) in line, line
+    assert main(["train", "grpo", *TINY, *overrides, f"run_dir={run_dir}", "--no-progress"]) == 2
+    assert one_error_line(capsys) == line
+    assert not run_dir.exists()  # nothing was written: the same command, fixed, starts cleanly
+
+
+@pytest.mark.parametrize("overrides", [
+    [],
+    ["credit.estimator=reinforce_pp", "credit.kwargs={}", "credit.kl_in_reward=true", *KL],
+    ["credit.estimator=reinforce_pp_baseline", "credit.kwargs={}", "credit.kl_in_reward=true", *KL],
+    ["credit.estimator=gae", "credit.kwargs={}", "critic.enabled=true", "credit.kl_in_reward=true", *KL],
+    ["credit.estimator=remax", "credit.kwargs={}", *KL],  # KL in the loss: any estimator
+    ["credit.estimator=reinforce", "credit.kwargs={}", "sampling.group_size=1"],
+    ["reward.weights={task: 1.0, format: 0.5}", "reward.overlong_max_len=2", "reward.overlong_cache_len=1"],
+    ["reward.extract=boxed", "sft.steps=2"],
+], ids=["grpo", "reinforce_pp_kl_reward", "reinforce_pp_baseline_kl_reward", "gae_kl_reward", "remax_kl_loss",
+        "reinforce_g1", "format_weight_overlong", "extract_sft"])
+def test_valid_recipes_pass_the_preflight(overrides):
+    assert preflight(load_config("grpo", [*TINY, *overrides])) is None
+
+
+@pytest.mark.parametrize("recipe", ["cispo", "dapo", "demo", "dr_grpo", "grpo", "gspo", "ppo", "reinforce_pp", "rloo",
+                                    "tool_calc"])
+def test_every_shipped_recipe_passes_the_preflight(recipe):
+    assert preflight(load_config(recipe, [])) is None
+
+
+def test_multi_turn_gigpo_passes_the_preflight():
+    """GiGPO's step records are built in the fake batch as multi-turn episodes carry them."""
+    assert preflight(load_config("tool_calc", ["credit.estimator=gigpo", "credit.kwargs={}"])) is None
+
+
+def test_the_error_is_a_config_error_naming_the_keys():
+    with pytest.raises(ConfigError, match=r"^credit\.estimator=rloo with credit\.kl_in_reward=true"):
+        preflight(load_config("grpo", [*TINY, "credit.estimator=rloo", "credit.kwargs={}", "credit.kl_in_reward=true",
+                                       *KL]))
+
+
+def test_fake_batch_is_two_groups_shaped_like_a_step():
+    """group_size 3: rows g0 = 0,1,2 and g1 = 3,4,5; actions 2 + (j % 2) tokens after 2 prompt tokens, so
+    [2, 3, 2, 2, 3, 2] and T = 2 + 3 = 5; rewards 1 when (j + g) is even: [1, 0, 1, 0, 1, 0]."""
+    b = fake_batch(load_config("grpo", [*TINY, "sampling.group_size=3"]))
+    assert tuple(b.action_mask.shape) == (6, 5)
+    assert b.action_mask.sum(dim=1).tolist() == [2, 3, 2, 2, 3, 2]
+    assert [t.reward.total for t in b.trajectories] == [1.0, 0.0, 1.0, 0.0, 1.0, 0.0]
+    assert [t.group_id for t in b.trajectories] == ["g0"] * 3 + ["g1"] * 3
+    assert [t.finish.value for t in b.trajectories] == ["terminal"] * 5 + ["truncated"]
+    assert torch.equal(b.action_mask[:, :2], torch.zeros(6, 2))  # the prompt tokens
+
+
+def test_the_task_built_by_the_preflight_is_the_runs(plugins):
+    """The preflight's task goes to the run's build_task once (a dataset is not loaded twice)."""
+    import importlib
+
+    from posttrain.loop.builders import build_task
+
+    built = importlib.import_module(plugins).BUILT
+    cfg = load_config("grpo", [*TINY, f"task.name={plugins}:counted_task", "task.kwargs={terms: 2}"])
+    preflight(cfg)
+    assert built == [2]
+    kept = build_task(cfg)
+    assert built == [2]  # the run's build took the preflight's task
+    assert build_task(cfg) is not kept and built == [2, 2]  # handed over once, then built as before
+    other = load_config("grpo", [*TINY, f"task.name={plugins}:counted_task", "task.kwargs={terms: 3}"])
+    preflight(cfg)
+    build_task(other)
+    assert built == [2, 2, 2, 3]  # a kept task serves only an equal task config
