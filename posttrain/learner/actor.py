@@ -91,7 +91,9 @@ class PolicyLearner:
     ``policy_loss`` / ``reduction`` / ``kl_estimator`` / ``correction`` are registry names with
     their keyword arguments (``seq_mean_token_sum_norm`` needs ``reduction_kwargs={"max_len":
     L_max}``, the generation budget). ``kl_coef`` is a float or a controller with ``.value`` (the loop
-    calls ``controller.update`` with the reported ``kl``). ``temperature`` must equal the
+    calls ``controller.update`` with the reported ``kl``); with ``kl_estimator=None`` it is only held
+    (checkpointed, logged as ``kl_coef``) for a loop that applies it in the reward
+    (``credit.kl_in_reward``). ``temperature`` must equal the
     sampler's. ``autocast_dtype`` (``"bfloat16"``) turns on mixed precision where the device
     supports it; ``None`` (the CPU default) computes in the model's dtype. ``lora_rank > 0``
     wraps the model with peft LoRA adapters (then :attr:`model` is the peft model).
