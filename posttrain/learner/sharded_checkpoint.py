@@ -55,6 +55,25 @@ def _state_template(model: torch.nn.Module, optimizer: torch.optim.Optimizer,
     return {"model": msd, "optim": osd}
 
 
+def os_error_in(e: BaseException) -> OSError | None:
+    """The first ``OSError`` in ``e``, its causes and contexts, and the per-rank failures of a DCP
+    ``CheckpointException`` (``failures``: rank -> exception or (exception, traceback)); None if none."""
+    todo: list[Any] = [e]
+    seen: set[int] = set()
+    while todo:
+        x = todo.pop(0)
+        if isinstance(x, tuple) and x:
+            x = x[0]
+        if not isinstance(x, BaseException) or id(x) in seen:
+            continue
+        seen.add(id(x))
+        if isinstance(x, OSError):
+            return x
+        failures = getattr(x, "failures", None)
+        todo += [x.__cause__, x.__context__, *(failures.values() if isinstance(failures, Mapping) else ())]
+    return None
+
+
 def save_sharded(model: torch.nn.Module, optimizer: torch.optim.Optimizer, directory: str | Path,
                  rank: int) -> dict[str, list[Any]]:
     """Write this rank's shards of ``model`` + ``optimizer`` into ``directory``; a collective.
@@ -69,8 +88,17 @@ def save_sharded(model: torch.nn.Module, optimizer: torch.optim.Optimizer, direc
     from torch.distributed.checkpoint.state_dict_saver import save as dcp_save
 
     d = Path(directory)
-    d.mkdir(parents=True, exist_ok=True)
-    dcp_save(_state_template(model, optimizer, bool(optimizer.state)), checkpoint_id=str(d))
+    try:
+        d.mkdir(parents=True, exist_ok=True)
+        dcp_save(_state_template(model, optimizer, bool(optimizer.state)), checkpoint_id=str(d))
+    except BaseException as e:  # DCP's CheckpointException is a BaseException
+        # A full disk surfaces inside DCP's CheckpointException (per-rank failures) with no file name:
+        # re-raised as that OSError naming the shard directory (the checkpoint's temp dir is removed by
+        # save_checkpoint, which names the file).
+        os_err = None if isinstance(e, KeyboardInterrupt | SystemExit) else os_error_in(e)
+        if os_err is None:
+            raise
+        raise OSError(os_err.errno, f"cannot write sharded checkpoint: {os_err.strerror or os_err}", str(d)) from e
     mine = sorted(p for p in d.glob(f"__{rank}_*") if p.is_file())
     if rank == 0 and (d / ".metadata").is_file():
         mine.append(d / ".metadata")

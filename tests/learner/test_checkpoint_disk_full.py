@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import errno
 import os
+from pathlib import Path
 
 import pytest
 import safetensors
@@ -85,3 +86,28 @@ def test_train_on_a_full_disk_is_one_line_naming_the_checkpoint_file(tmp_path, m
                               f"{run / 'checkpoints' / 'step_000001' / 'actor' / 'model.safetensors'}: disk full")
     assert "--traceback" not in err[-1]
     assert list((run / "checkpoints").iterdir()) == []
+
+
+def test_sharded_save_on_a_full_disk_names_the_shard_directory(tmp_path, monkeypatch, make_model):
+    """Learner ranks write DCP shards; a full disk comes back inside DCP's CheckpointException (per-rank
+    failures, no file name): re-raised as the OSError naming the shard directory (before: the
+    CheckpointException, naming nothing)."""
+    import traceback
+
+    import torch.distributed.checkpoint.state_dict_saver as saver
+    from torch.distributed.checkpoint.api import CheckpointException
+
+    from posttrain.learner.sharded_checkpoint import save_sharded
+
+    def full(state, checkpoint_id):
+        (Path(checkpoint_id) / "__0_0.distcp").write_bytes(b"\x00" * 8)
+        raise CheckpointException("CheckpointException ranks:dict_keys([0])",
+                                  {0: (OSError(errno.ENOSPC, "No space left on device"), traceback.StackSummary())})
+
+    monkeypatch.setattr(saver, "save", full)
+    model = make_model(dtype=torch.float32)
+    d = tmp_path / "learner_dcp"
+    with pytest.raises(OSError) as e:
+        save_sharded(model, torch.optim.AdamW(model.parameters()), d, rank=0)
+    assert e.value.errno == errno.ENOSPC and e.value.filename == str(d)
+    assert "cannot write sharded checkpoint" in str(e.value)
