@@ -72,6 +72,29 @@ def test_nothing_judged_warns_every_step_and_exits_nonzero_naming_why(tmp_path, 
     assert sum(w.startswith("guard: evaluation heldout_sampled:") for w in warned) == 1
 
 
+def test_a_run_warns_once_per_step_whose_failed_fraction_reaches_the_threshold(tmp_path, caplog):
+    """flaky_task's verifier raises on responses holding a '7': with the threshold at 1%, each step whose
+    ledger holds an infra error warns exactly once, with that step's counts; the other steps do not."""
+    here = str(Path(__file__).parent)
+    sys.path.insert(0, here)
+    try:
+        cfg = load_config(None, [*SMALL, "task.name=flaky_task:flaky", "sampling.prompts_per_step=8",
+                                 "sampling.max_new_tokens=2", f"run_dir={tmp_path}", "steps=3",
+                                 "guards.max_infra_error_fraction=0.01"])
+        with caplog.at_level(logging.WARNING, logger="posttrain"):
+            train(cfg)
+    finally:
+        sys.path.remove(here)
+    led = Ledger(tmp_path / "ledger")
+    per_step = Counter(step for step, t in led.iter_trajectories() if t.status is Status.INFRA_ERROR)
+    assert per_step, "the crashing verifier should have failed on some responses"
+    warned = [r.getMessage() for r in caplog.records if r.getMessage().startswith("guard: training step")]
+    expected = [f"guard: training step: failed verifications {n / 16:.2f} >= 0.01 ({n} of 16 samples"
+                if n < 16 else "guard: training step: every verification failed (16 of 16 samples"
+                for _, n in sorted(per_step.items())]
+    assert [w.split(" infra_error/")[0] for w in warned] == expected
+
+
 def _guards(*overrides: str):
     return load_config(None, list(overrides)).guards
 
