@@ -191,8 +191,9 @@ def evaluate_run(run: Any, temperature: float | None = None, samples: int = 1,
         from posttrain.loop.rollout_stage import RolloutStage
 
         ro = EpisodeRollout(cfg, run, RolloutStage.from_config(cfg, run))
-        return evaluate_episodes(ro, run.heldout, temperature=temp, max_new_tokens=e.max_new_tokens,
-                                 env_overrides=env_overrides, samples=samples, k=min(e.k, samples))
+        res: EvalResult = evaluate_episodes(ro, run.heldout, temperature=temp, max_new_tokens=e.max_new_tokens,
+                                            env_overrides=env_overrides, samples=samples, k=min(e.k, samples))
+        return res
     if env_overrides:
         raise ValueError(f"evaluate_run: env_overrides {env_overrides} need a multi-turn run (env.name)")
     return evaluate(run.engine, run.tokenizer, run.task, run.heldout,
