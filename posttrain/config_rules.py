@@ -72,7 +72,7 @@ RULES: tuple[Rule, ...] = (
     Rule(("rollout.vllm",), lambda c: c.rollout.engine != "vllm", "rollout.engine is not vllm"),
     Rule(("rollout.http",), lambda c: c.rollout.engine != "http", "rollout.engine is not http"),
     # posttrain/loop/builders.py build_learner_ranks: rank settings exist only when ranks run.
-    Rule(("learner.rank_timeout_s", "learner.startup_timeout_s", "learner.weight_bucket_mb"),
+    Rule(("learner.device", "learner.rank_timeout_s", "learner.startup_timeout_s", "learner.weight_bucket_mb"),
          lambda c: c.learner.strategy == "single", "learner.strategy=single runs no rank processes"),
     # posttrain/learner (peft): no adapters at rank 0.
     Rule(("lora.alpha", "lora.target_modules", "lora.dropout"), lambda c: c.lora.rank == 0,

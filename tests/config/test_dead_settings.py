@@ -34,6 +34,7 @@ REFUSED = [
     (["rollout.http.timeout_s=5"], "rollout.http.timeout_s"),
     (["learner.rank_timeout_s=5"], "learner.rank_timeout_s"),  # strategy single
     (["learner.weight_bucket_mb=1"], "learner.weight_bucket_mb"),
+    (["learner.device=cpu"], "learner.device"),  # the embedded learner runs in the driver (cpu)
     (["lora.alpha=16"], "lora.alpha"),  # rank 0
     (["lora.target_modules=all-linear"], "lora.target_modules"),
     (["lora.dropout=0.1"], "lora.dropout"),
