@@ -60,10 +60,13 @@ RULES: tuple[Rule, ...] = (
          "only system.mode=async generates during an update"),
     Rule(("system.queue_timeout_s",), lambda c: c.system.mode == "sync",
          "system.mode=sync waits on no queue (one_step_off and async do)"),
-    # producer.py / episode_rollout.py: spans are checked on carried (paused) samples only; sync without
-    # partial rollout consumes every sample at the version that sampled it (lag 0).
-    Rule(("system.max_version_span",), lambda c: c.system.partial_fraction >= 1.0,
-         "only paused samples of a partial rollout (system.partial_fraction < 1) span versions"),
+    # producer.py / episode_rollout.py: spans are checked on carried (paused) samples only: those of a
+    # partial rollout, or of an async generation paused by an update (engine.pause, interrupt_on_update);
+    # sync without partial rollout consumes every sample at the version that sampled it (lag 0).
+    Rule(("system.max_version_span",), lambda c: c.system.partial_fraction >= 1.0
+         and not (c.system.mode == "async" and c.system.interrupt_on_update),
+         "no sample is paused and resumed (needs system.partial_fraction < 1, or system.mode=async with "
+         "interrupt_on_update)"),
     Rule(("system.max_staleness",), lambda c: c.system.mode == "sync" and c.system.partial_fraction >= 1.0,
          "in system.mode=sync without partial rollout every sample is consumed at the version that sampled it"),
     # posttrain/loop/run_state.py: Ray actors are built only with system.backend=ray.

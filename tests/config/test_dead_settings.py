@@ -28,6 +28,8 @@ REFUSED = [
     (["system.mode=one_step_off", "system.interrupt_on_update=false"], "system.interrupt_on_update"),
     (["system.queue_timeout_s=30"], "system.queue_timeout_s"),  # sync waits on no queue
     (["system.max_version_span=2"], "system.max_version_span"),  # no partial rollout
+    (["system.mode=async", "system.interrupt_on_update=false", "system.max_version_span=2"],
+     "system.max_version_span"),  # async without interruption pauses nothing
     (["system.max_staleness=2"], "system.max_staleness"),  # sync, no partial rollout: lag 0
     (["system.ray.num_rollout_workers=3"], "system.ray.num_rollout_workers"),  # backend local
     (["rollout.vllm.kv_cache_gib=2"], "rollout.vllm.kv_cache_gib"),  # engine builtin
@@ -71,6 +73,7 @@ LIVE = [
     ["system.mode=async", "system.max_queue=16", "system.interrupt_on_update=false", "system.queue_timeout_s=30"],
     ["system.mode=one_step_off", "system.queue_timeout_s=30"],
     ["system.partial_fraction=0.5", "system.max_version_span=2", "system.max_staleness=1"],
+    ["system.mode=async", "system.max_version_span=2"],  # an update pauses the running generation
     ["system.backend=ray", "system.ray.num_rollout_workers=3"],
     ["system.backend=ray", "system.ray.num_reward_workers=0", "reward.retries=0", "reward.timeout_s=5"],
     ["eval.hidden_verifier=integer"],
