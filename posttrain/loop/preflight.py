@@ -16,10 +16,13 @@ batch:
   baseline and multi-turn step records exactly as the loop passes them, on 2 groups of
   ``sampling.group_size`` fake rows; the advantages (and returns) must come back ``[B, T]`` and finite.
 
+- for multi-turn recipes (``env.name``; their reward parts are checked against the environment's
+  declaration at config load) one **episode** is started with the run's tokenizer, so an
+  ``env.max_tokens`` without room for a turn, or an SFT warm-up without demonstrations, fails now.
+
 Each failure is a :class:`~posttrain.config.ConfigError`: one line naming the key(s). The task built
 here is handed to the run (:func:`posttrain.loop.builders.keep_task`), so a file or Hugging Face
-dataset is not loaded twice. Multi-turn recipes (``env.name``) skip the task part: their reward parts
-are checked against the environment's declaration at config load.
+dataset is not loaded twice.
 """
 
 from __future__ import annotations
@@ -48,6 +51,8 @@ def preflight(cfg: RunConfig) -> None:
         from posttrain.loop.builders import keep_task
 
         keep_task(cfg, task)
+    else:
+        check_episodes(cfg)
     check_targets(cfg)
 
 
@@ -127,6 +132,58 @@ def check_scoring(cfg: RunConfig, task: Any) -> None:
             raise ConfigError(f"reward.weights: {_first_line(e)}") from None
 
 
+def _tokenizer_and_context(cfg: RunConfig) -> tuple[Any, int | None] | None:
+    """The run's tokenizer and model context without building the model: a builtin char preset's, or a
+    local Hugging Face directory's (``AutoTokenizer`` / ``AutoConfig``); None for other models."""
+    path = cfg.model.path
+    if path.startswith("builtin:"):
+        if path.split(":", 1)[1].startswith("smollm2"):
+            return None
+        import inspect
+
+        from posttrain.models import build_char_tokenizer, build_tiny_model
+
+        ctx = inspect.signature(build_tiny_model).parameters["max_position_embeddings"].default
+        return build_char_tokenizer(), int(ctx)
+    from transformers import AutoConfig, AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(path), getattr(AutoConfig.from_pretrained(path), "max_position_embeddings",
+                                                        None)
+
+
+def check_episodes(cfg: RunConfig) -> None:
+    """Multi-turn (``env.name``): one training episode of the environment is started as the rollout
+    starts it (``env.*`` settings, chat template, tool prompt) with the run's tokenizer, so an
+    ``env.max_tokens`` that leaves no room for a first turn fails now; with ``sft.steps > 0`` the
+    environment's demonstration is played through it (:func:`~posttrain.loop.episode_rollout.sft_pairs`).
+    Skipped for a model whose tokenizer cannot be had without loading it (``builtin:smollm2-*``).
+    Raises :class:`~posttrain.config.ConfigError` naming the key."""
+    import types
+
+    from posttrain.loop.builders import build_task
+    from posttrain.loop.episode_rollout import EpisodeRollout, sft_pairs
+
+    tc = _tokenizer_and_context(cfg)
+    if tc is None:
+        return
+    tok, ctx = tc
+    try:
+        task = build_task(cfg)
+        ex = task.examples("train", 1, seed=cfg.seed)[0]
+    except Exception as e:  # noqa: BLE001 - the environment cannot hand out an episode: say so before the run
+        raise ConfigError(f"env.name={cfg.env.name}: cannot start an episode: {_first_line(e)}") from None
+    run = types.SimpleNamespace(task=task, tokenizer=tok, state=None,
+                                plain_model=types.SimpleNamespace(config=types.SimpleNamespace(
+                                    max_position_embeddings=ctx)))
+    rollout = EpisodeRollout(cfg, run, None)
+    try:
+        rollout.new_episode(ex, traj_id="preflight", group_id="preflight")
+        if cfg.sft.steps > 0:
+            sft_pairs(rollout, [ex])
+    except ValueError as e:
+        raise ConfigError(_first_line(e)) from None
+
+
 def fake_batch(cfg: RunConfig) -> Any:
     """A collated :class:`~posttrain.trajectory.TrajectoryBatch` of 2 groups of ``sampling.group_size``
     rows shaped like a step's: 2 prompt tokens, 2-3 action tokens, rewards 1 / 0 alternating within a
@@ -199,4 +256,4 @@ def check_targets(cfg: RunConfig) -> None:
                           f"{_GROUPS} groups x {cfg.sampling.group_size}")
 
 
-__all__ = ["check_scoring", "check_targets", "fake_batch", "preflight"]
+__all__ = ["check_episodes", "check_scoring", "check_targets", "fake_batch", "preflight"]

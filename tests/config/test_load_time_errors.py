@@ -113,6 +113,28 @@ def test_a_step1_config_error_fails_at_load_before_the_run_dir_exists(case, plug
     assert not run_dir.exists()  # nothing was written: the same command, fixed, starts cleanly
 
 
+# Multi-turn: one episode started as the rollout starts it (what used to fail in the warm-up or the
+# step-0 evaluation, after config.yaml was written).
+EPISODE_FAILURES = {
+    "env_max_tokens_without_room": (["env.max_tokens=8"], ["env.max_tokens=8", "no room for a turn"]),
+    "sft_without_demonstrations": (["env.name=calculator_tags", "env.kwargs={}", "sft.steps=2"],
+                                   ["env.name=calculator_tags", "no demonstration"]),
+}
+
+
+@pytest.mark.parametrize("case", sorted(EPISODE_FAILURES))
+def test_a_multi_turn_config_error_fails_at_load_before_the_run_dir_exists(case, tmp_path, capsys):
+    overrides, names = EPISODE_FAILURES[case]
+    run_dir = tmp_path / "run"
+    base = ["train", "tool_calc", *overrides, "steps=1", "eval.size=4", f"run_dir={run_dir}"]
+    assert main([*base, "--print-recipe"]) == 2
+    line = one_error_line(capsys)
+    assert all(n in line for n in names), line
+    assert main([*base, "--no-progress"]) == 2
+    assert one_error_line(capsys) == line
+    assert not run_dir.exists()
+
+
 @pytest.mark.parametrize("overrides", [
     [],
     ["credit.estimator=reinforce_pp", "credit.kwargs={}", "credit.kl_in_reward=true", *KL],
@@ -134,9 +156,12 @@ def test_every_shipped_recipe_passes_the_preflight(recipe):
     assert preflight(load_config(recipe, [])) is None
 
 
-def test_multi_turn_gigpo_passes_the_preflight():
-    """GiGPO's step records are built in the fake batch as multi-turn episodes carry them."""
-    assert preflight(load_config("tool_calc", ["credit.estimator=gigpo", "credit.kwargs={}"])) is None
+@pytest.mark.parametrize("overrides", [
+    ["credit.estimator=gigpo", "credit.kwargs={}"],  # GiGPO's step records: built in the fake batch
+    ["env.name=calculator_tags", "env.kwargs={}", "sft.steps=0", "env.max_tokens=64"],
+], ids=["gigpo", "tags_no_sft"])
+def test_multi_turn_recipes_pass_the_preflight(overrides):
+    assert preflight(load_config("tool_calc", overrides)) is None
 
 
 def test_the_error_is_a_config_error_naming_the_keys():
