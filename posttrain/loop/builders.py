@@ -147,7 +147,30 @@ def build_engine(model: torch.nn.Module, tokenizer: Any, cfg: RunConfig | None =
                              pad_token_id=tokenizer.pad_token_id or 0)
     if workdir is None:
         raise ValueError(f"rollout.engine={cfg.rollout.engine} needs a run directory for its engine files")
-    return engine_factory(cfg, model, tokenizer, workdir)()
+    engine = engine_factory(cfg, model, tokenizer, workdir)()
+    probe_engine(engine, tokenizer, f"rollout.engine={cfg.rollout.engine}")
+    return engine
+
+
+def probe_engine(engine: Any, tokenizer: Any, key: str) -> None:
+    """One greedy 1-token request, so an engine that cannot serve this model with these settings (e.g.
+    vLLM's CPU attention without a kernel for the model's head size) fails while the run is built, as
+    one ``ValueError`` naming ``key``, instead of at the step-0 evaluation. The engine is closed first."""
+    from posttrain.rollout.sampling import SamplingParams
+    from posttrain.rollout.types import GenerationRequest
+
+    ids = list(tokenizer("1").input_ids) or [int(tokenizer.eos_token_id or 0)]
+    req = GenerationRequest(request_id="engine-probe", prompt_ids=ids,
+                            params=SamplingParams(temperature=0.0, max_new_tokens=1, n=1, seed=0))
+    try:
+        engine.generate([req])
+    except Exception as e:  # noqa: BLE001 - whatever the first request would raise is a settings error
+        close = getattr(engine, "close", None)
+        if close is not None:
+            close()
+        why = (str(e).strip().splitlines() or [type(e).__name__])[0]
+        raise ValueError(f"{key}: the engine cannot serve this model with these settings (a first 1-token "
+                         f"request failed: {why})") from None
 
 
 def engine_factory(cfg: RunConfig, model: torch.nn.Module, tokenizer: Any, workdir: Path) -> Callable[[], Any]:
