@@ -86,6 +86,9 @@ RULES: tuple[Rule, ...] = (
     # posttrain/loop/producer.py run_dynamic: rounds exist only with dynamic sampling.
     Rule(("sampling.max_sampling_rounds",), lambda c: not c.sampling.dynamic_sampling,
          "sampling.dynamic_sampling is false (no oversampling rounds)"),
+    # posttrain/rollout/sampling.py: temperature 0 is argmax decoding (a point mass), whatever the truncation.
+    Rule(("sampling.top_k", "sampling.top_p"), lambda c: c.sampling.temperature == 0,
+         "sampling.temperature=0 decodes greedily (the argmax is in every top-k / top-p set)"),
     # posttrain/loop/builders.py _replayed_truncation: only a truncating, non-greedy sampler is replayed.
     Rule(("sampling.replay_truncation",),
          lambda c: c.sampling.temperature == 0 or (c.sampling.top_k == 0 and c.sampling.top_p >= 1.0),

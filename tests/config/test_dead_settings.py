@@ -46,6 +46,7 @@ REFUSED = [
     (["sampling.max_sampling_rounds=2"], "sampling.max_sampling_rounds"),  # no dynamic sampling
     (["sampling.replay_truncation=false"], "sampling.replay_truncation"),  # the sampler does not truncate
     (["sampling.top_k=8", "sampling.temperature=0", "sampling.replay_truncation=false"], "sampling.replay_truncation"),
+    (["sampling.temperature=0", "sampling.top_p=0.9"], "sampling.top_p"),  # greedy decoding
     (["reward.overlong_cache_len=2"], "reward.overlong_cache_len"),  # no overlong_max_len
     (["env.max_turns=2"], "env.max_turns"),  # env.name unset
     (["env.kwargs={digits: 2}"], "env.kwargs"),
@@ -83,6 +84,7 @@ LIVE = [
     ["critic.enabled=true", "credit.estimator=gae", "critic.lr=0.01", "critic.value_clip=0.5"],
     ["sampling.dynamic_sampling=true", "sampling.max_sampling_rounds=2"],
     ["sampling.top_k=8", "sampling.replay_truncation=false"],
+    ["sampling.temperature=0.7", "sampling.top_p=0.9"],
     ["reward.overlong_max_len=8", "reward.overlong_cache_len=2", "reward.weights={task: 1.0, overlong: 1.0}"],
     ["env.name=calculator_tool", "env.max_turns=2", "env.kwargs={digits: 2}"],
     ["sft.steps=5", "sft.lr=0.01", "sft.examples=100"],
