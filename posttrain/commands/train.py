@@ -27,8 +27,11 @@ EXIT_INTERRUPTED = 130  # the shell's code for SIGINT (128 + 2)
 
 
 def register(sub: Any) -> None:
-    p = sub.add_parser("train", help="train with a recipe (YAML path or shipped name) and key=value overrides")
-    p.add_argument("recipe", help="recipe YAML path or shipped name (grpo, dapo, dr_grpo, rloo, reinforce_pp, gspo, cispo, ppo)")
+    from posttrain.cli import shipped_recipes_help
+
+    p = sub.add_parser("train", help="train with a recipe (YAML path or shipped name) and key=value overrides",
+                       epilog=shipped_recipes_help(), formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("recipe", help="recipe YAML path or shipped name (listed below)")
     p.add_argument("overrides", nargs="*", help="dotted key=value overrides, e.g. optim.lr=3e-4 steps=10; "
                    "resume=true continues the run in run_dir (resume_force=true if the recipe changed)")
     p.add_argument("--print-recipe", action="store_true", help="print the resolved composition and config, then exit")
