@@ -17,7 +17,7 @@ import torch
 
 import posttrain.algos as A
 from posttrain.cli import main
-from posttrain.config import ConfigError, load_config
+from posttrain.config import RECIPES_DIR, ConfigError, load_config
 from posttrain.loop.preflight import fake_batch, preflight
 from tests._cli_errors import one_error_line
 
@@ -98,17 +98,29 @@ STEP1_FAILURES = {
 }
 
 
+def test_the_issue_repro_fails_at_load_with_no_run_dir(tmp_path, capsys):
+    """`posttrain train grpo credit.kl_in_reward=true loss.kl_estimator=k1 loss.kl_coef=0.05 steps=2`: it
+    passed --print-recipe, wrote config.yaml and metrics.jsonl, then failed at step 1."""
+    run_dir = tmp_path / "grpo"
+    assert main(["train", "grpo", "credit.kl_in_reward=true", *KL, "steps=2", f"run_dir={run_dir}"]) == 2
+    line = one_error_line(capsys)
+    assert "credit.estimator=grpo with credit.kl_in_reward=true" in line and "token-level estimator" in line
+    assert not run_dir.exists()
+
+
 @pytest.mark.parametrize("case", sorted(STEP1_FAILURES))
 def test_a_step1_config_error_fails_at_load_before_the_run_dir_exists(case, plugins, tmp_path, capsys):
     overrides, names = STEP1_FAILURES[case]
     overrides = [o.replace("{m}", plugins) for o in overrides]
     run_dir = tmp_path / "run"
+    recipe = tmp_path / "t.yaml"
+    recipe.write_text("name: t\n")  # the defaults (estimator grpo, no warm-up), whatever the shipped recipes hold
     # --print-recipe is a load: it refuses too (it used to print the recipe and exit 0)
-    assert main(["train", "grpo", *TINY, *overrides, f"run_dir={run_dir}", "--print-recipe"]) == 2
+    assert main(["train", str(recipe), *TINY, *overrides, f"run_dir={run_dir}", "--print-recipe"]) == 2
     line = one_error_line(capsys)
     for name in names:
         assert name.replace("{m}", plugins) in line, line
-    assert main(["train", "grpo", *TINY, *overrides, f"run_dir={run_dir}", "--no-progress"]) == 2
+    assert main(["train", str(recipe), *TINY, *overrides, f"run_dir={run_dir}", "--no-progress"]) == 2
     assert one_error_line(capsys) == line
     assert not run_dir.exists()  # nothing was written: the same command, fixed, starts cleanly
 
@@ -147,11 +159,10 @@ def test_a_multi_turn_config_error_fails_at_load_before_the_run_dir_exists(case,
 ], ids=["grpo", "reinforce_pp_kl_reward", "reinforce_pp_baseline_kl_reward", "gae_kl_reward", "remax_kl_loss",
         "reinforce_g1", "format_weight_overlong", "extract_sft"])
 def test_valid_recipes_pass_the_preflight(overrides):
-    assert preflight(load_config("grpo", [*TINY, *overrides])) is None
+    assert preflight(load_config(None, [*TINY, *overrides])) is None
 
 
-@pytest.mark.parametrize("recipe", ["cispo", "dapo", "demo", "dr_grpo", "grpo", "gspo", "ppo", "reinforce_pp", "rloo",
-                                    "tool_calc"])
+@pytest.mark.parametrize("recipe", sorted(p.stem for p in RECIPES_DIR.glob("*.yaml")))
 def test_every_shipped_recipe_passes_the_preflight(recipe):
     assert preflight(load_config(recipe, [])) is None
 
@@ -166,14 +177,14 @@ def test_multi_turn_recipes_pass_the_preflight(overrides):
 
 def test_the_error_is_a_config_error_naming_the_keys():
     with pytest.raises(ConfigError, match=r"^credit\.estimator=rloo with credit\.kl_in_reward=true"):
-        preflight(load_config("grpo", [*TINY, "credit.estimator=rloo", "credit.kwargs={}", "credit.kl_in_reward=true",
+        preflight(load_config(None, [*TINY, "credit.estimator=rloo", "credit.kwargs={}", "credit.kl_in_reward=true",
                                        *KL]))
 
 
 def test_fake_batch_is_two_groups_shaped_like_a_step():
     """group_size 3: rows g0 = 0,1,2 and g1 = 3,4,5; actions 2 + (j % 2) tokens after 2 prompt tokens, so
     [2, 3, 2, 2, 3, 2] and T = 2 + 3 = 5; rewards 1 when (j + g) is even: [1, 0, 1, 0, 1, 0]."""
-    b = fake_batch(load_config("grpo", [*TINY, "sampling.group_size=3"]))
+    b = fake_batch(load_config(None, [*TINY, "sampling.group_size=3"]))
     assert tuple(b.action_mask.shape) == (6, 5)
     assert b.action_mask.sum(dim=1).tolist() == [2, 3, 2, 2, 3, 2]
     assert [t.reward.total for t in b.trajectories] == [1.0, 0.0, 1.0, 0.0, 1.0, 0.0]
@@ -189,13 +200,13 @@ def test_the_task_built_by_the_preflight_is_the_runs(plugins):
     from posttrain.loop.builders import build_task
 
     built = importlib.import_module(plugins).BUILT
-    cfg = load_config("grpo", [*TINY, f"task.name={plugins}:counted_task", "task.kwargs={terms: 2}"])
+    cfg = load_config(None, [*TINY, f"task.name={plugins}:counted_task", "task.kwargs={terms: 2}"])
     preflight(cfg)
     assert built == [2]
     kept = build_task(cfg)
     assert built == [2]  # the run's build took the preflight's task
     assert build_task(cfg) is not kept and built == [2, 2]  # handed over once, then built as before
-    other = load_config("grpo", [*TINY, f"task.name={plugins}:counted_task", "task.kwargs={terms: 3}"])
+    other = load_config(None, [*TINY, f"task.name={plugins}:counted_task", "task.kwargs={terms: 3}"])
     preflight(cfg)
     build_task(other)
     assert built == [2, 2, 2, 3]  # a kept task serves only an equal task config

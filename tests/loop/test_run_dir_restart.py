@@ -32,7 +32,7 @@ TINY = ["model.path=builtin:micro", "task.name=chain_sum", "task.kwargs={terms: 
 
 
 def _cfg(run_dir: Path, *extra: str):
-    return load_config("grpo", [*TINY, f"run_dir={run_dir}", *extra])
+    return load_config(None, [*TINY, f"run_dir={run_dir}", *extra])  # the defaults, whatever the recipes hold
 
 
 def _crash_at(monkeypatch: pytest.MonkeyPatch, step_k: int) -> None:
@@ -59,7 +59,9 @@ def test_the_same_command_restarts_a_run_that_stopped_before_its_first_checkpoin
     """The issue's trap: step 2 fails (no checkpoint: checkpoint_every=0), leaving config.yaml,
     metrics.jsonl (steps 0, 1) and the step-1 ledger; the same command used to say "already holds a
     run ... resume=true" and resume=true "holds no complete checkpoint"."""
-    args = ["train", "grpo", *TINY, f"run_dir={tmp_path}", "steps=3", "checkpoint_every=0", "--no-progress"]
+    recipe = tmp_path.parent / f"{tmp_path.name}.yaml"
+    recipe.write_text("name: t\n")
+    args = ["train", str(recipe), *TINY, f"run_dir={tmp_path}", "steps=3", "checkpoint_every=0", "--no-progress"]
     _crash_at(monkeypatch, 2)
     assert main(args) == 1
     monkeypatch.undo()
