@@ -10,6 +10,8 @@ batch:
   with "weighted component(s) ... missing from the verdict"), the DAPO overlong shaping must accept
   ``reward.overlong_max_len`` / ``overlong_cache_len``, and an SFT warm-up needs the example's
   reference answer (``meta['answer']``);
+- the **batch**: ``optim.num_minibatches`` cannot exceed the rows of a step
+  (``sampling.prompts_per_step x group_size``);
 - the **targets** of one step: :func:`posttrain.loop.targets.build_targets` with the recipe's
   ``credit.estimator`` (built-in or plug-in) and ``credit.kwargs``, the KL placement
   (``credit.kl_in_reward`` with ``loss.kl_estimator`` / ``loss.kl_coef``), critic values, the ReMax
@@ -53,7 +55,21 @@ def preflight(cfg: RunConfig) -> None:
         keep_task(cfg, task)
     else:
         check_episodes(cfg)
+    check_batch(cfg)
     check_targets(cfg)
+
+
+def check_batch(cfg: RunConfig) -> None:
+    """A step's batch holds at most ``sampling.prompts_per_step x group_size`` rows, and each of the
+    ``optim.num_minibatches`` minibatches needs one (the actor's and the critic's update cut the batch
+    into that many parts): more minibatches than rows fails at the first update. Raises
+    :class:`~posttrain.config.ConfigError` naming the key."""
+    s, n = cfg.sampling, cfg.optim.num_minibatches
+    rows = s.prompts_per_step * s.group_size
+    if n > rows:
+        raise ConfigError(f"optim.num_minibatches={n}: a step's batch has at most {rows} rows (sampling."
+                          f"prompts_per_step={s.prompts_per_step} x sampling.group_size={s.group_size}) and each "
+                          "minibatch needs one")
 
 
 def _build_task(cfg: RunConfig) -> Any:
@@ -256,4 +272,4 @@ def check_targets(cfg: RunConfig) -> None:
                           f"{_GROUPS} groups x {cfg.sampling.group_size}")
 
 
-__all__ = ["check_episodes", "check_scoring", "check_targets", "fake_batch", "preflight"]
+__all__ = ["check_batch", "check_episodes", "check_scoring", "check_targets", "fake_batch", "preflight"]

@@ -93,6 +93,8 @@ STEP1_FAILURES = {
     # an SFT warm-up on a task without reference answers (failed in the warm-up, after config.yaml)
     "sft_without_answers": (["task.name={m}:NoAnswerTask", "task.kwargs={}", "sft.steps=2", "sft.examples=4",
                              "sft.batch_size=2"], ["sft.steps=2", "meta['answer']"]),
+    # more minibatches than a step's rows (2 prompts x 2 samples): the first update's split refused it
+    "minibatches_over_rows": (["optim.num_minibatches=5"], ["optim.num_minibatches=5", "at most 4 rows"]),
     # an unknown task (failed while building the run, after the run directory was created)
     "unknown_task": (["task.name=no_such_task"], ["task.name", "unknown task 'no_such_task'"]),
 }
@@ -156,8 +158,9 @@ def test_a_multi_turn_config_error_fails_at_load_before_the_run_dir_exists(case,
     ["credit.estimator=reinforce", "credit.kwargs={}", "sampling.group_size=1"],
     ["reward.weights={task: 1.0, format: 0.5}", "reward.overlong_max_len=2", "reward.overlong_cache_len=1"],
     ["reward.extract=boxed", "sft.steps=2"],
+    ["optim.num_minibatches=4"],  # = the rows of a step
 ], ids=["grpo", "reinforce_pp_kl_reward", "reinforce_pp_baseline_kl_reward", "gae_kl_reward", "remax_kl_loss",
-        "reinforce_g1", "format_weight_overlong", "extract_sft"])
+        "reinforce_g1", "format_weight_overlong", "extract_sft", "minibatches_eq_rows"])
 def test_valid_recipes_pass_the_preflight(overrides):
     assert preflight(load_config(None, [*TINY, *overrides])) is None
 
