@@ -19,7 +19,8 @@ def test_help_lists_commands(capsys):
         (["train", "no_such_recipe"], "recipe 'no_such_recipe' not found"),
         (["train", "grpo", "optim.lrr=1"], "optim.lrr: unknown key"),
         (["train", "grpo", "sampling.temperature=-1"], "sampling.temperature"),
-        (["train", "grpo", "task.kwargs={terms: 3}", "run_dir={tmp}"], "do not fit task 'arithmetic'"),
+        (["train", "grpo", "task.name=arithmetic", "task.kwargs={terms: 3}", "run_dir={tmp}"],
+         "do not fit task 'arithmetic'"),
         (["inspect", "ledger", "/nonexistent/run"], "no ledger steps"),
     ],
 )

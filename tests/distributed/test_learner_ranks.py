@@ -48,7 +48,8 @@ BASE = ["model.path=builtin:micro", "model.dtype=float64", "task.name=flaky_task
         "task.kwargs={terms: 2}", "sampling.prompts_per_step=2", "sampling.group_size=4",
         "sampling.max_new_tokens=2", "eval.size=1", "eval.every=100", "logging.progress=false",
         "guards.max_truncation_rate=1.0", "optim.microbatch_tokens=24", "steps=5",
-        "learner.startup_timeout_s=240", "learner.rank_timeout_s=120"]
+        "learner.startup_timeout_s=240", "learner.rank_timeout_s=120",
+        "sft.steps=0", "optim.num_minibatches=1"]  # from the random init, one optimizer step (not the shipped grpo's)
 # The sharded-checkpoint runs leave out the KL term: their steps 1-3 have zero advantages, so the
 # gradient is exactly zero and AdamW takes no step before step 4 (the stateless-optimizer checkpoint at
 # step 2) -- with a KL term that would hinge on pi_ref and pi_theta agreeing bit for bit, and they are

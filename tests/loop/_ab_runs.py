@@ -20,7 +20,10 @@ def train_each(tmp_path: Path, base: Sequence[str], key: str, values: Sequence[b
     runs = {}
     for v in values:
         d = tmp_path / str(v)
-        train(load_config("grpo", [*base, f"run_dir={d}", f"{key}={str(v).lower()}"]))
+        # from the micro model's own init (no SFT warm-up) and one optimizer step per update, whatever
+        # the shipped grpo recipe says: update_diff_at measures from that init; base may override
+        train(load_config("grpo", ["sft.steps=0", "optim.num_minibatches=1", *base, f"run_dir={d}",
+                                   f"{key}={str(v).lower()}"]))
         runs[v] = d
     return runs
 

@@ -32,6 +32,8 @@ LORA = [
     "lora.target_modules=[q_proj, v_proj, o_proj, gate_proj, up_proj, down_proj]",
     "optim.lr=3e-3",
     "checkpoint_every=1",
+    "sft.steps=0",  # from the random micro model, one optimizer step per update (not the shipped grpo's)
+    "optim.num_minibatches=1",
 ]
 
 
