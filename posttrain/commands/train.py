@@ -62,7 +62,8 @@ def _where_to_go_on(cfg: Any, args: argparse.Namespace) -> str:
     ck = latest_checkpoint(run_dir_of(cfg) / "checkpoints")
     if ck is None:
         keep = [o for o in args.overrides if not o.startswith("resume=")]
-        return f"no checkpoint was written yet; start again with: {shlex.join(['posttrain', 'train', args.recipe, *keep])}"
+        return (f"no checkpoint was written yet; start again with: {shlex.join(['posttrain', 'train', args.recipe, *keep])}"
+                f" (this run's files are then kept in {run_dir_of(cfg)}/failed_<time>/)")
     return f"the last checkpoint {ck} is intact; continue with: {resume_command(args)}"
 
 

@@ -148,3 +148,27 @@ def test_recipe_diff_and_placement_changes_split_the_keys():
                                            "guards.action: 'warn' -> 'stop'", "learner.strategy: 'single' -> 'ddp'",
                                            "logging.progress: True -> False"]
     assert "optim.lr" not in PLACEMENT_ONLY and "eval.size" not in PLACEMENT_ONLY
+
+
+def test_after_ctrl_c_before_the_first_checkpoint_the_printed_command_starts_again(tmp_path, monkeypatch, capsys):
+    """Ctrl-C in step 1 (no checkpoint yet) prints how to start again; that very command now works."""
+    import shlex
+
+    recipe = tmp_path.parent / f"{tmp_path.name}.yaml"
+    recipe.write_text("name: t\n")
+    real = sync.update_step
+
+    def interrupt(run, producer, step, produced, t_step):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(sync, "update_step", interrupt)
+    assert main(["train", str(recipe), *TINY, f"run_dir={tmp_path}", "steps=2", "--no-progress"]) == 130
+    monkeypatch.setattr(sync, "update_step", real)
+    (line,) = [ln for ln in capsys.readouterr().err.splitlines() if ln.startswith("posttrain train:")]
+    assert "no checkpoint was written yet; start again with: posttrain train" in line
+    assert f"{tmp_path}/failed_<time>/" in line
+    command = shlex.split(line.split("start again with: ")[1].split(" (this run's files")[0])
+    assert main([*command[1:], "--no-progress"]) == 0
+    assert _metric_steps(tmp_path) == [0, 1, 2]
+    (moved,) = tmp_path.glob("failed_*")
+    assert _metric_steps(moved) == [0]  # the interrupted run's step-0 evaluation, kept
