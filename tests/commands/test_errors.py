@@ -21,7 +21,8 @@ from _cli_errors import one_error_line  # noqa: E402
 
 # A micro model and a run that ends at once: a case that slipped through would cost seconds, not minutes.
 QUICK = ["model.path=builtin:micro", "sampling.group_size=2", "sampling.prompts_per_step=1",
-         "sampling.max_new_tokens=3", "steps=0", "eval.size=1", "sft.steps=0", "--no-progress"]
+         "sampling.max_new_tokens=3", "steps=0", "eval.size=1", "sft.steps=0", "optim.num_minibatches=1",
+         "--no-progress"]
 CHECK = ["model.path=builtin:micro", "sampling.group_size=2", "sampling.max_new_tokens=3"]
 
 
