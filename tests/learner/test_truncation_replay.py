@@ -86,7 +86,7 @@ def test_a_token_outside_the_recomputed_set_stays_finite(make_model, make_batch)
 _RUN = ["model.path=builtin:micro", "task.name=chain_sum", "task.kwargs={terms: 2}", "sampling.prompts_per_step=4",
         "sampling.group_size=4", "sampling.max_new_tokens=4", "eval.size=8", "eval.every=100", "steps=1",
         "logging.progress=false", "guards.max_truncation_rate=1.0", "checkpoint_every=0", "optim.fuse_old_logprob=false",
-        "sampling.top_p=0.7", "sampling.top_k=8", "guards.action=warn"]
+        "sampling.top_p=0.7", "sampling.top_k=8", "guards.action=warn", "sft.steps=0"]
 
 
 def test_run_with_top_p_keeps_kappa_at_rounding_only_with_replay(tmp_path):

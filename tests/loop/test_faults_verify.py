@@ -21,7 +21,7 @@ from posttrain.trajectory import Ledger, Status
 
 HERE = Path(__file__).parent
 SMALL = ["model.path=builtin:micro", "task.kwargs={terms: 2}", "sampling.prompts_per_step=4",
-         "sampling.group_size=4", "sampling.max_new_tokens=3", "eval.size=16", "logging.progress=false"]
+         "sampling.group_size=4", "sampling.max_new_tokens=3", "eval.size=16", "logging.progress=false", "sft.steps=0"]
 
 
 @pytest.fixture

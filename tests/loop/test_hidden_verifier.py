@@ -20,7 +20,7 @@ from posttrain.trajectory import Ledger, Status, make_trajectory
 SMALL = ["model.path=builtin:micro", "task.name=_lenient_task:lenient", "task.kwargs={terms: 2}",
          "sampling.prompts_per_step=2", "sampling.group_size=2", "sampling.max_new_tokens=2", "optim.lr=1e-2",
          "eval.size=4", "eval.every=1", "eval.temperature=1.0", "logging.progress=false", "steps=1",
-         "checkpoint_every=100"]
+         "checkpoint_every=100", "sft.steps=0"]
 
 
 def _run(tmp_path: Path, name: str, extra: list[str]) -> Path:

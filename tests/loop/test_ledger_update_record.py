@@ -19,7 +19,7 @@ from _tolerance import shape_rtol  # noqa: E402
 
 SMALL = ["model.path=builtin:micro", "task.name=flaky_task:digit_first", "task.kwargs={terms: 2}",
          "sampling.prompts_per_step=2", "sampling.group_size=4", "sampling.max_new_tokens=2", "optim.lr=1e-2",
-         "eval.size=4", "eval.every=100", "logging.progress=false", "steps=2", "checkpoint_every=100"]
+         "eval.size=4", "eval.every=100", "logging.progress=false", "steps=2", "checkpoint_every=100", "sft.steps=0"]
 
 
 def test_ledger_holds_current_logprobs_and_the_advantages_used(tmp_path, monkeypatch):

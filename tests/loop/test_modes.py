@@ -39,6 +39,8 @@ SMALL = [
     "eval.every=2",
     "logging.progress=false",
     "guards.max_truncation_rate=1.0",
+    "sft.steps=0",  # from the random micro model, one optimizer step per update (not the shipped recipes')
+    "optim.num_minibatches=1",
 ]
 
 

@@ -24,7 +24,7 @@ from posttrain.trajectory import Reward, Status
 
 SMALL = ["model.path=builtin:micro", "task.name=chain_sum", "task.kwargs={terms: 2}", "sampling.prompts_per_step=2",
          "sampling.group_size=2", "sampling.max_new_tokens=2", "eval.size=4", "eval.every=100",
-         "logging.progress=false"]
+         "logging.progress=false", "sft.steps=0"]
 
 
 def test_estimators_declare_their_needs() -> None:

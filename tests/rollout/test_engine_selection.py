@@ -22,7 +22,7 @@ pytestmark = pytest.mark.timeout(180)
 
 SMALL = ["model.path=builtin:micro", "task.name=chain_sum", "task.kwargs={terms: 2}", "sampling.prompts_per_step=2",
          "sampling.group_size=2", "sampling.max_new_tokens=3", "eval.size=4", "eval.every=100",
-         "logging.progress=false", "guards.max_truncation_rate=1.0", "checkpoint_every=0"]
+         "logging.progress=false", "guards.max_truncation_rate=1.0", "checkpoint_every=0", "sft.steps=0"]
 
 
 @pytest.mark.parametrize(("overrides", "message"), [

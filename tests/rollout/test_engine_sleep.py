@@ -124,7 +124,7 @@ def test_engine_sleep_is_refused_outside_sync_mode() -> None:
 BASE = ["model.path=builtin:micro", "model.dtype=float64", "task.name=flaky_task:digit_first",
         "task.kwargs={terms: 2}", "sampling.prompts_per_step=2", "sampling.group_size=4",
         "sampling.max_new_tokens=2", "eval.size=1", "eval.every=100", "logging.progress=false",
-        "guards.max_truncation_rate=1.0", "steps=4", "system.mode=sync"]
+        "guards.max_truncation_rate=1.0", "steps=4", "system.mode=sync", "sft.steps=0"]
 
 
 def _train(run_dir: Path, extra: list[str]) -> dict[str, torch.Tensor]:
