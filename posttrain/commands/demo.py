@@ -39,6 +39,9 @@ def run(args: argparse.Namespace) -> int:
     from posttrain.loop.sync import train
 
     cfg = load_config("demo", [f"run_dir={args.run_dir}", *args.overrides])
+    from posttrain.loop.preflight import preflight
+
+    preflight(cfg)  # config errors of step 1 fail here, before anything is moved or written
     run_dir = Path(cfg.run_dir or args.run_dir)
     if (run_dir / "checkpoints").exists() and not cfg.resume:
         # A fresh demo each time: keep old runs auditable by moving them aside, never deleting.

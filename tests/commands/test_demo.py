@@ -26,3 +26,14 @@ def test_short_demo_raises_heldout_accuracy_and_writes_the_report(tmp_path):
     assert greedy[-1] >= greedy[0] - 0.05, rep["heldout_series"]  # sharpening the samples does not cost the mode
     assert [p["step"] for p in rep["heldout_curve"]] == [0, 30, 60]
     assert (run_dir / "ledger" / "trajectories").is_dir()
+
+
+def test_demo_refuses_a_step1_config_error_before_writing(tmp_path, capsys):
+    # KL in the reward with GRPO's sequence-level estimator fails in build_targets: before the preflight
+    # the demo ran the SFT warm-up and the step-0 evaluation into run_dir first.
+    run_dir = tmp_path / "demo"
+    rc = main(["demo", "--run-dir", str(run_dir), "--no-progress", "credit.kl_in_reward=true",
+               "loss.kl_estimator=k1", "loss.kl_coef=0.05"])
+    assert rc == 2
+    assert "kl_in_reward" in capsys.readouterr().err
+    assert not run_dir.exists()
