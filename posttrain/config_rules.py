@@ -7,7 +7,7 @@ loads like the recipe that wrote it. Each such key that the resolved config leav
 is refused at load with one line naming the key and why (``severity="error"``), or, where refusing
 would break a shipped recipe or a common override pattern (``posttrain train demo sft.steps=0``),
 a one-line warning at load (``severity="warn"``). The choice per key lives in :data:`RULES`, the
-only table of it; docs/configuration.md describes the rule.
+only table of it; docs/architecture.md ("Config") describes the rule.
 
 Each rule was checked against the code that consumes its key (noted next to it).
 """
