@@ -29,11 +29,15 @@ _BASE = ["model.path=builtin:micro", "task.name=flaky_task:digit_first", "task.k
 _GRPO = ["sampling.prompts_per_step=8", "sampling.group_size=4", "loss.kl_estimator=k3", "loss.kl_coef=0.05"]
 # name -> (recipe, overrides): fused / unfused pi_old, PPO with a critic (GAE, KL in the reward,
 # 2 epochs x 2 mini-batches) and a behaviour correction (TIS, which turns fusing off).
+# The recipes as they were when the golden arrays were recorded (the shipped ones have since gained an
+# SFT warm-up and several mini-batches per step, issue 22): this test is about the update, not the recipes.
+_GRPO_RECIPE = str(HERE / "golden" / "grpo_pre22.yaml")
+_PPO_RECIPE = str(HERE / "golden" / "ppo_pre22.yaml")
 CASES: dict[str, tuple[str, list[str]]] = {
-    "grpo_fused": ("grpo", [*_GRPO, "optim.fuse_old_logprob=true"]),
-    "grpo_unfused": ("grpo", [*_GRPO, "optim.fuse_old_logprob=false"]),
-    "ppo_critic": ("ppo", ["sampling.prompts_per_step=8", "sampling.group_size=1", "critic.lr=1e-2"]),
-    "grpo_tis": ("grpo", [*_GRPO, "correction.name=tis", "correction.kwargs={cap: 1.5}"]),
+    "grpo_fused": (_GRPO_RECIPE, [*_GRPO, "optim.fuse_old_logprob=true"]),
+    "grpo_unfused": (_GRPO_RECIPE, [*_GRPO, "optim.fuse_old_logprob=false"]),
+    "ppo_critic": (_PPO_RECIPE, ["sampling.prompts_per_step=8", "sampling.group_size=1", "critic.lr=1e-2"]),
+    "grpo_tis": (_GRPO_RECIPE, [*_GRPO, "correction.name=tis", "correction.kwargs={cap: 1.5}"]),
 }
 
 

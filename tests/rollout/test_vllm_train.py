@@ -29,7 +29,9 @@ KAPPA_MAX = 1e-4
 
 RUN = ["model.path=builtin:tiny", "task.name=chain_sum", "task.kwargs={terms: 2}", "sampling.prompts_per_step=4",
        "sampling.group_size=4", "sampling.max_new_tokens=6", "eval.size=8", "eval.every=100",
-       "guards.max_truncation_rate=1.0", "checkpoint_every=0"]
+       "guards.max_truncation_rate=1.0", "checkpoint_every=0",
+       # from the random init (no SFT warm-up: a warmed-up policy samples tokens whose fp32 log-prob rounds to 0)
+       "sft.steps=0", "optim.num_minibatches=1"]
 
 MODES = {
     "sync": ["steps=2"],
