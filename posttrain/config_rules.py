@@ -74,9 +74,13 @@ RULES: tuple[Rule, ...] = (
     # posttrain/loop/builders.py engine_factory: each engine section is read by its engine only.
     Rule(("rollout.vllm",), lambda c: c.rollout.engine != "vllm", "rollout.engine is not vllm"),
     Rule(("rollout.http",), lambda c: c.rollout.engine != "http", "rollout.engine is not http"),
-    # posttrain/loop/builders.py build_learner_ranks: rank settings exist only when ranks run.
-    Rule(("learner.device", "learner.rank_timeout_s", "learner.startup_timeout_s", "learner.weight_bucket_mb"),
-         lambda c: c.learner.strategy == "single", "learner.strategy=single runs no rank processes"),
+    # posttrain/loop/builders.py build_learner_ranks: rank settings exist only when ranks run. The bounds
+    # and the bucket size change no arithmetic and are commonly kept in a base recipe whose strategy an
+    # override switches: a warning.
+    Rule(("learner.device",), lambda c: c.learner.strategy == "single",
+         "learner.strategy=single runs no rank processes"),
+    Rule(("learner.rank_timeout_s", "learner.startup_timeout_s", "learner.weight_bucket_mb"),
+         lambda c: c.learner.strategy == "single", "learner.strategy=single runs no rank processes", "warn"),
     # posttrain/learner (peft): no adapters at rank 0.
     Rule(("lora.alpha", "lora.target_modules", "lora.dropout"), lambda c: c.lora.rank == 0,
          "lora.rank=0 means full fine-tuning (no adapters)"),

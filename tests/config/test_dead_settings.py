@@ -34,8 +34,6 @@ REFUSED = [
     (["system.ray.num_rollout_workers=3"], "system.ray.num_rollout_workers"),  # backend local
     (["rollout.vllm.kv_cache_gib=2"], "rollout.vllm.kv_cache_gib"),  # engine builtin
     (["rollout.http.timeout_s=5"], "rollout.http.timeout_s"),
-    (["learner.rank_timeout_s=5"], "learner.rank_timeout_s"),  # strategy single
-    (["learner.weight_bucket_mb=1"], "learner.weight_bucket_mb"),
     (["learner.device=cpu"], "learner.device"),  # the embedded learner runs in the driver (cpu)
     (["lora.alpha=16"], "lora.alpha"),  # rank 0
     (["lora.target_modules=all-linear"], "lora.target_modules"),
@@ -62,6 +60,8 @@ REFUSED = [
 WARNED = [
     (["sft.lr=0.01"], "sft.lr"),  # e.g. `posttrain train demo sft.steps=0`
     (["sft.examples=100"], "sft.examples"),
+    (["learner.rank_timeout_s=5"], "learner.rank_timeout_s"),  # strategy single: a base recipe's rank bounds
+    (["learner.weight_bucket_mb=1"], "learner.weight_bucket_mb"),
     (["env.name=calculator_tool", "task.name=chain_sum"], "task.name"),  # a single-turn recipe + env.name
     (["optim.ppo_epochs=2", "optim.fuse_old_logprob=false"], "optim.fuse_old_logprob"),
     (["reward.weights.format=1.0"], "reward.weights"),  # the override replaced the default {task: 1.0}
