@@ -19,8 +19,10 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
-# A failure as a user reads it: Ray's "Task ... failed", a traceback, any "...Error" name.
-FAILURE = re.compile(r"[Ff]ailed|FAILED|Traceback|Error")
+# A failure as a user reads it: Ray's "Task ... failed", a traceback, any "...Error" name, and Ray's own
+# error-level log lines ("[date time E pid tid] file.cc:line: ...", e.g. the warning that a restartable
+# actor's constructor arguments live in the object store and "the actor restart will fail").
+FAILURE = re.compile(r"[Ff]ailed|FAILED|Traceback|Error|\[[^\]]* E \d+ \d+\]|will fail")
 
 
 def _failure_lines(text: str) -> list[str]:

@@ -138,9 +138,14 @@ def wait_alive(actor: Any, timeout_s: float) -> str | None:
 class RolloutActor:
     """Actor body around :class:`RolloutWorker` (decorated with ``ray.remote`` at build time)."""
 
-    def __init__(self, engine_factory: Callable[[], RolloutEngine], name: str, crash_marker: str | None,
-                 torch_threads: int) -> None:
+    def __init__(self, holder_name: str, name: str, crash_marker: str | None, torch_threads: int) -> None:
+        import ray
+
         torch.set_num_threads(max(1, torch_threads))
+        # The factory (it carries the model's weights) comes from the named holder actor, not as a
+        # constructor argument: Ray cannot re-read an object-store argument on a restart (ray#53727), and
+        # a handle argument counts as one; the name is a plain string.
+        engine_factory: Callable[[], RolloutEngine] = ray.get(ray.get_actor(holder_name).get.remote())
         self.worker = RolloutWorker(engine_factory, name, crash_marker)
 
     def info(self) -> dict[str, Any]:
@@ -169,6 +174,17 @@ class RolloutActor:
     def pause(self) -> None:
         """Pause the running generate (runs in the ``control`` concurrency group)."""
         self.worker.pause()
+
+
+class FactoryHolder:
+    """Actor body holding the rollout workers' engine factory for their lifetime (and restarts)."""
+
+    def __init__(self, engine_factory: Callable[[], RolloutEngine]) -> None:
+        self.engine_factory = engine_factory
+
+    def get(self) -> Callable[[], RolloutEngine]:
+        """The factory (each rollout actor fetches it in its constructor, again after a restart)."""
+        return self.engine_factory
 
 
 class RewardActor:
@@ -296,8 +312,11 @@ class RayRolloutWorkers:
         self._errors = _infra_errors()
         markers = list(crash_markers or [None] * cfg.num_rollout_workers)
         cls = ray.remote(concurrency_groups={"control": 1})(RolloutActor)
-        # Held for the backend's lifetime: a restarted actor re-reads its constructor arguments.
-        self._factory_ref = ray.put(engine_factory)
+        # Held for the backend's lifetime by an actor that never restarts: a restarted rollout actor fetches
+        # the factory from it again (an object-store constructor argument would not survive, ray#53727).
+        holder_name = f"posttrain-engine-factory-{uuid.uuid4().hex[:12]}"
+        self._holder = ray.remote(FactoryHolder).options(name=holder_name, num_cpus=0, max_restarts=0).remote(
+            engine_factory)
         self.names = [f"rollout-{i}" for i in range(cfg.num_rollout_workers)]
         self.actors: list[Any] = []
         for i, name in enumerate(self.names):
@@ -312,7 +331,7 @@ class RayRolloutWorkers:
             if placement is not None:
                 opts["scheduling_strategy"] = placement.strategy("rollout", i)
             threads = max(1, math.floor(cfg.cpus_per_rollout_worker))
-            self.actors.append(cls.options(**opts).remote(self._factory_ref, name, markers[i], threads))
+            self.actors.append(cls.options(**opts).remote(holder_name, name, markers[i], threads))
         infos = self._get([a.info.remote() for a in self.actors], cfg.startup_timeout_s, "start")
         versions = {int(x["version"]) for x in infos}
         if len(versions) != 1:
@@ -543,6 +562,10 @@ class RayRolloutWorkers:
             except Exception:  # noqa: BLE001,S110 - already gone
                 pass
         self.actors = []
+        try:
+            self._ray.kill(self._holder, no_restart=True)
+        except Exception:  # noqa: BLE001,S110 - already gone
+            pass
         for ref in pending:  # killed with the actor: fetched so that Ray does not print it as unhandled
             try:
                 self._ray.get(ref, timeout=5)
