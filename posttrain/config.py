@@ -724,12 +724,13 @@ def resolve_recipe_path(recipe: str) -> Path:
 def _format_validation(e: ValidationError, source: str) -> str:
     lines = []
     for err in e.errors():
-        loc = ".".join(str(x) for x in err["loc"]) or "(root)"
+        loc = ".".join(str(x) for x in err["loc"])
         msg = err["msg"]
         if err["type"] == "extra_forbidden":
             msg = "unknown key"
         msg = msg.removeprefix("Value error, ")  # pydantic's prefix on a validator's ValueError
-        lines.append(f"{source}: {loc}: {msg}")
+        # A whole-config check (no location) names its keys in the message itself.
+        lines.append(f"{source}: {loc}: {msg}" if loc else f"{source}: {msg}")
     return "; ".join(lines)
 
 
