@@ -238,7 +238,7 @@ class Run:
 
         return evaluate_run(self, temperature, samples=samples, env_overrides=env_overrides)
 
-    def evaluate_and_judge(self, step: int) -> dict[str, float]:
+    def evaluate_and_judge(self, step: int) -> dict[str, float | str]:
         """Evaluate; promote if best so far, reject (restore) on a collapse, else retain."""
         from posttrain.evaluation.heldout import heldout_metrics  # shared with `posttrain eval`
 

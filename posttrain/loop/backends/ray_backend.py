@@ -145,8 +145,8 @@ class RolloutActor:
         # The factory (it carries the model's weights) comes from the named holder actor, not as a
         # constructor argument: Ray cannot re-read an object-store argument on a restart (ray#53727), and
         # a handle argument counts as one; the name is a plain string.
-        engine_factory: Callable[[], RolloutEngine] = ray.get(ray.get_actor(holder_name).get.remote())
-        self.worker = RolloutWorker(engine_factory, name, crash_marker)
+        engine_factory: Any = ray.get(ray.get_actor(holder_name).get.remote())  # Callable[[], RolloutEngine]
+        self.worker: RolloutWorker = RolloutWorker(engine_factory, name, crash_marker)
 
     def info(self) -> dict[str, Any]:
         """Name, pid, version, loads."""
