@@ -109,6 +109,9 @@ def update_step(run: Any, producer: Any, step: int, produced: Any, t_step: float
     if not usable:  # nothing judged: counted like any step (status/*, what the ledger holds) and guarded
         metrics["skipped"] = 1.0
         metrics.update(status_counts(trajs))
+        if eval_due(cfg, step):  # the schedule holds: the held-out figure of these (unchanged) weights
+            with producer.quiesce():
+                metrics.update(run.evaluate_and_judge(step))
         stop_reason = check_guards(cfg.guards, metrics)
         run.finish_step(step, trajs, metrics, t_step)
         return metrics, stop_reason
@@ -171,7 +174,7 @@ def update_step(run: Any, producer: Any, step: int, produced: Any, t_step: float
         metrics["time/weight_sync_s"] = time.perf_counter() - t1
         run.observe_kl(metrics)
         # 7. held-out eval every N steps -> promote / retain / reject
-        if step % cfg.eval.every == 0 or step == cfg.steps:
+        if eval_due(cfg, step):
             t2 = time.perf_counter()
             metrics.update(run.evaluate_and_judge(step))
             metrics["time/eval_s"] = time.perf_counter() - t2
@@ -185,6 +188,11 @@ def update_step(run: Any, producer: Any, step: int, produced: Any, t_step: float
                                       getattr(run, "verify_batch", None))
     run.finish_step(step, ledger_trajs, metrics, t_step)
     return metrics, stop_reason
+
+
+def eval_due(cfg: RunConfig, step: int) -> bool:
+    """Held-out evaluation after ``step``: every ``eval.every`` steps and at the last step."""
+    return step % cfg.eval.every == 0 or step == cfg.steps
 
 
 def consumption_metrics(trajs: list[Any], dropped: list[Any]) -> dict[str, float]:
@@ -221,4 +229,4 @@ def consumption_metrics(trajs: list[Any], dropped: list[Any]) -> dict[str, float
     return m
 
 
-__all__ = ["consumption_metrics", "train", "torch", "update_step"]
+__all__ = ["consumption_metrics", "eval_due", "train", "torch", "update_step"]

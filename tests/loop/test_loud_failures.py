@@ -8,6 +8,7 @@ ends with a non-zero exit naming why.
 
 from __future__ import annotations
 
+import json
 import logging
 import sys
 from collections import Counter
@@ -63,13 +64,17 @@ def test_nothing_judged_warns_every_step_and_exits_nonzero_naming_why(tmp_path, 
     last = capsys.readouterr().err.strip().splitlines()[-1]
     assert last.startswith("posttrain train: error: nothing could be judged")
     assert "reward service down" in last and str(tmp_path / "run" / "ledger") in last
-    # step-0 evaluation, greedy and sampled (4 held-out prompts each) + 3 steps x 4 samples
-    assert "all 20 verifications" in last
+    # the step-0 and the final (step 3, held on a skipped step too) evaluations, greedy and sampled (4 held-out
+    # prompts each) + 3 steps x 4 samples
+    assert "all 28 verifications" in last
     warned = [r.getMessage() for r in caplog.records if "every verification failed" in r.getMessage()]
-    assert len(warned) == 5  # each of the step-0 evaluations and each of the 3 steps, one line each
+    assert len(warned) == 7  # each of the two evaluations' two passes and each of the 3 steps, one line each
     assert sum(w.startswith("guard: training step") for w in warned) == 3
-    assert sum(w.startswith("guard: evaluation heldout:") for w in warned) == 1
-    assert sum(w.startswith("guard: evaluation heldout_sampled:") for w in warned) == 1
+    assert sum(w.startswith("guard: evaluation heldout:") for w in warned) == 2
+    assert sum(w.startswith("guard: evaluation heldout_sampled:") for w in warned) == 2
+    # the evaluation schedule holds on skipped steps: the final step's held-out figure is in the metrics
+    final = [json.loads(x) for x in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()][-1]
+    assert final["step"] == 3 and final["skipped"] == 1.0 and "heldout/accuracy" in final
 
 
 def test_a_run_warns_once_per_step_whose_failed_fraction_reaches_the_threshold(tmp_path, caplog):
