@@ -130,7 +130,22 @@ def run(args: argparse.Namespace) -> int:
     out.update({"config_from": None if cfg_path is None else str(cfg_path), "overridden": overridden,
                 **metrics, "n": res.n})
     print(json.dumps(out, indent=2))
+    _check_judged(cfg, metrics, path)
     return 0
+
+
+def _check_judged(cfg: Any, metrics: dict[str, Any], path: Path) -> None:
+    """As a run does: a pass whose failed verifications reach ``guards.max_infra_error_fraction`` warns in
+    one line; when none of them could be judged, :class:`NothingJudgedError` (exit 2), since the printed
+    figures are then no accuracies."""
+    from posttrain.loop.guards import NothingJudgedError, check_guards, verification_counts
+
+    check_guards(cfg.guards, metrics)
+    counts = verification_counts(metrics).values()
+    n, bad = sum(c[0] for c in counts), sum(c[1] for c in counts)
+    if n and bad == n:
+        raise NothingJudgedError(f"nothing could be judged: all {n} held-out verifications of {path} failed "
+                                 "(infra_error / env_failure: no verdict), so the figures above are not accuracies")
 
 
 def run_config_path(checkpoint: Path) -> Path | None:

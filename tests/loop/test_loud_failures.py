@@ -136,3 +136,23 @@ def test_failed_fraction_key_is_a_bounded_fraction():
     for bad in ("0", "1.5", "-0.1"):
         with pytest.raises(ValueError, match="max_infra_error_fraction"):
             _guards(f"guards.max_infra_error_fraction={bad}")
+
+
+def test_eval_of_a_checkpoint_whose_verifications_all_fail_warns_and_exits_nonzero(tmp_path, boom_on_path, caplog,
+                                                                                     capsys):
+    """`posttrain eval` judges like the run (its config.yaml, the same failing reward): one warning line per
+    evaluation pass and exit 2 naming the checkpoint (before: exit 0 with accuracy 0.0 printed as a result)."""
+    run_dir = tmp_path / "run"
+    with pytest.raises(NothingJudgedError):
+        train(load_config(None, [*SMALL, BOOM, f"run_dir={run_dir}", "steps=1"]))
+    ckpt = run_dir / "checkpoints" / "step_000001"
+    assert ckpt.is_dir()  # the final checkpoint is written before the run says nothing was judged
+    capsys.readouterr()
+    caplog.clear()  # the training run's own warnings
+    with caplog.at_level(logging.WARNING, logger="posttrain"):
+        rc = main(["eval", str(ckpt)])
+    assert rc == 2
+    last = capsys.readouterr().err.strip().splitlines()[-1]
+    assert "nothing could be judged: all 8 held-out verifications" in last and str(ckpt) in last
+    warned = [r.getMessage() for r in caplog.records if "every verification failed" in r.getMessage()]
+    assert sorted(w.split(":")[1].strip() for w in warned) == ["evaluation heldout", "evaluation heldout_sampled"]
