@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import math
 import sys
+from collections.abc import Mapping
 
 from torch import Tensor
 
@@ -104,7 +105,7 @@ class FixedKLController:
         """The controller state as plain floats (checkpointable as JSON)."""
         return {"value": self.value}
 
-    def load_state_dict(self, state: dict[str, float]) -> None:
+    def load_state_dict(self, state: Mapping[str, float]) -> None:
         """Restore from ``state_dict()``; a missing key is a ``ValueError``."""
         if "value" not in state:
             raise ValueError(f"FixedKLController.load_state_dict: missing 'value' in {sorted(state)}")
@@ -164,7 +165,7 @@ class AdaptiveKLController:
         """The controller state as plain floats (checkpointable as JSON)."""
         return {"value": self.value, "target_kl": self.target_kl, "horizon": self.horizon}
 
-    def load_state_dict(self, state: dict[str, float]) -> None:
+    def load_state_dict(self, state: Mapping[str, float]) -> None:
         """Restore from ``state_dict()``; a missing key or a value <= 0 is a ``ValueError``."""
         missing = {"value", "target_kl", "horizon"} - set(state)
         if missing:

@@ -22,7 +22,10 @@ import argparse
 import json
 import sys
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from posttrain.config import RunConfig
 
 # The flags' values for a bare model dir (no run config); with a run they default to the run's keys.
 _BARE = {"n": 200, "max_new_tokens": 16, "temperature": 0.0, "seed": 0, "max_turns": 4,
@@ -111,6 +114,9 @@ def run(args: argparse.Namespace) -> int:
     hr = HeldoutRun.from_config(cfg, model, tok)
     try:
         if args.no_tools:
+            from posttrain.envs.episodes import EnvTask
+
+            assert isinstance(hr.task, EnvTask)  # --no-tools without an environment is refused above
             try:
                 hr.task.make_env(use_tools=False)
             except TypeError:
@@ -134,7 +140,7 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def _check_judged(cfg: Any, metrics: dict[str, Any], path: Path) -> None:
+def _check_judged(cfg: RunConfig, metrics: dict[str, Any], path: Path) -> None:
     """As a run does: a pass whose failed verifications reach ``guards.max_infra_error_fraction`` warns in
     one line; when none of them could be judged, :class:`NothingJudgedError` (exit 2), since the printed
     figures are then no accuracies."""
@@ -159,7 +165,7 @@ def run_config_path(checkpoint: Path) -> Path | None:
 
 
 def _as_the_run(cfg_path: Path, args: argparse.Namespace, kwargs: dict[str, Any] | None,
-                model_dir: Path) -> tuple[Any, list[str]]:
+                model_dir: Path) -> tuple[RunConfig, list[str]]:
     """The run's config with the given flags applied: ``(RunConfig, ["--flag (key a -> b)", ...])``."""
     from posttrain.config import validate_config
     from posttrain.loop.run_dir import read_config_yaml
@@ -224,7 +230,7 @@ def _as_the_run(cfg_path: Path, args: argparse.Namespace, kwargs: dict[str, Any]
     return validate_config(data, f"{cfg_path} (posttrain eval)"), overridden
 
 
-def _bare(args: argparse.Namespace, kwargs: dict[str, Any] | None, model_dir: Path) -> Any:
+def _bare(args: argparse.Namespace, kwargs: dict[str, Any] | None, model_dir: Path) -> RunConfig:
     """The evaluation config of a model dir outside a run: the flags, else their bare defaults."""
     from posttrain.config import validate_config
 
@@ -259,7 +265,7 @@ def _chat(v: str) -> bool | str:
     return v if v == "auto" else v == "true"
 
 
-def _as_the_run_line(cfg_path: Path, cfg: Any, overridden: list[str], no_tools: bool) -> str:
+def _as_the_run_line(cfg_path: Path, cfg: RunConfig, overridden: list[str], no_tools: bool) -> str:
     """``evaluating as the run RUN did (config.yaml): ...; overridden: ...`` (one line)."""
     e = cfg.eval
     budget = e.max_new_tokens or cfg.sampling.max_new_tokens

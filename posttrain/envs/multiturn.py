@@ -363,7 +363,7 @@ class EpisodeState:
         )
 
 
-def declared_components(env: Any) -> tuple[str, ...] | None:
+def declared_components(env: Environment) -> tuple[str, ...] | None:
     """The reward part names ``env`` declares (its ``reward_components``), or None when it declares none."""
     comps = getattr(env, "reward_components", None)
     if comps is None:

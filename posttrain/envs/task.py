@@ -196,7 +196,7 @@ REFERENCE_CHECK_LIMIT = 256
 this many (a math reference costs up to ~0.1 s of sympy parsing; integers are checked for free)."""
 
 
-def check_references(examples: Iterable[TaskExample], verifier: Any, *, what: str = "reference",
+def check_references(examples: Iterable[TaskExample], verifier: Verifier, *, what: str = "reference",
                      limit: int = REFERENCE_CHECK_LIMIT, seed: int = 0) -> int:
     """Raise ``ValueError`` naming the row (``ex.source``, else the prompt id) of the first example whose
     reference ``verifier`` can never read; returns how many distinct references were checked.

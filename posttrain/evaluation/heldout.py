@@ -15,10 +15,17 @@ from __future__ import annotations
 import dataclasses
 import math
 from collections import Counter
-from collections.abc import Sequence
-from typing import Any
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Any, Protocol
 
 from posttrain.trajectory import Status
+
+if TYPE_CHECKING:
+    import torch
+
+    from posttrain.config import RunConfig
+    from posttrain.envs.task import Task, TaskExample
+    from posttrain.rollout.engine import RolloutEngine
 
 
 def pass_at_k(n: int, c: int, k: int) -> float:
@@ -168,7 +175,36 @@ def evaluate(
     )
 
 
-def evaluate_run(run: Any, temperature: float | None = None, samples: int = 1,
+class EvaluatedRun(Protocol):
+    """What a held-out evaluation reads of a run: met by :class:`~posttrain.loop.run_state.Run` (training)
+    and :class:`HeldoutRun` (``posttrain eval`` of a checkpoint)."""
+
+    @property
+    def cfg(self) -> RunConfig: ...
+
+    @property
+    def engine(self) -> RolloutEngine: ...
+
+    @property
+    def tokenizer(self) -> Any: ...  # a Hugging Face or posttrain char tokenizer
+
+    @property
+    def task(self) -> Task: ...
+
+    @property
+    def heldout(self) -> list[TaskExample]: ...
+
+    @property
+    def renderer(self) -> Any: ...  # posttrain.envs.prompt_render renderer (chat template / raw text)
+
+    @property
+    def verify_batch(self) -> Callable[..., Any]: ...
+
+    @property
+    def hidden_verifier(self) -> Any: ...  # eval.hidden_verifier's verifier, or None
+
+
+def evaluate_run(run: EvaluatedRun, temperature: float | None = None, samples: int = 1,
                  env_overrides: dict[str, Any] | None = None) -> EvalResult:
     """A run's held-out evaluation of its engine's current weights: the one path of training and ``posttrain eval``.
 
@@ -202,7 +238,7 @@ def evaluate_run(run: Any, temperature: float | None = None, samples: int = 1,
                     renderer=run.renderer, hidden_verifier=run.hidden_verifier)
 
 
-def heldout_metrics(run: Any) -> tuple[EvalResult, dict[str, float]]:
+def heldout_metrics(run: EvaluatedRun) -> tuple[EvalResult, dict[str, float]]:
     """Every held-out figure a run logs at an evaluation: ``(main result, its metrics and the extras)``.
 
     The main result is at ``eval.temperature`` (greedy by default: it promotes / rejects). The metric
@@ -238,19 +274,19 @@ class HeldoutRun:
     Call :meth:`close` when done (the verifier pool).
     """
 
-    cfg: Any
-    engine: Any
+    cfg: RunConfig
+    engine: RolloutEngine
     tokenizer: Any
-    task: Any
-    heldout: list[Any]
+    task: Task
+    heldout: list[TaskExample]
     renderer: Any
-    verify_batch: Any
+    verify_batch: Callable[..., Any]
     hidden_verifier: Any
-    plain_model: Any
+    plain_model: torch.nn.Module
     _pool: Any = None
 
     @classmethod
-    def from_config(cls, cfg: Any, model: Any, tokenizer: Any) -> HeldoutRun:
+    def from_config(cls, cfg: RunConfig, model: torch.nn.Module, tokenizer: Any) -> HeldoutRun:
         """The evaluation parts of run config ``cfg`` (a ``RunConfig``) over ``model`` / ``tokenizer``.
 
         Uses the in-process built-in engine (``rollout.engine`` is not started here). Raises the run's
@@ -276,7 +312,7 @@ class HeldoutRun:
                    renderer=renderer, verify_batch=pool.verify_batch, hidden_verifier=hidden, plain_model=model,
                    _pool=pool)
 
-    def next_prompts(self, n: int) -> list[Any]:
+    def next_prompts(self, n: int) -> list[TaskExample]:
         """The first ``n`` held-out examples (the rollout interface; an evaluation draws no training prompt)."""
         return self.heldout[:n]
 

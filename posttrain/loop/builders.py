@@ -15,6 +15,7 @@ from typing import Any
 
 import torch
 
+from posttrain.algos.kl import AdaptiveKLController
 from posttrain.config import RunConfig
 
 _DTYPES = {"float32": torch.float32, "float64": torch.float64, "bfloat16": torch.bfloat16}
@@ -262,7 +263,7 @@ def _replayed_truncation(cfg: RunConfig) -> dict[str, Any]:
     return {"top_k": s.top_k, "top_p": s.top_p}
 
 
-def build_kl_coef(cfg: RunConfig) -> Any:
+def build_kl_coef(cfg: RunConfig) -> float | AdaptiveKLController:
     """The run's KL coefficient beta: ``loss.kl_coef`` as a float, or with ``loss.kl_target`` an
     :class:`~posttrain.algos.kl.AdaptiveKLController` (Ziegler et al. 2019, arXiv:1909.08593; bounded
     update, ``loss.kl_horizon`` in samples) starting at ``loss.kl_coef``.
@@ -271,8 +272,6 @@ def build_kl_coef(cfg: RunConfig) -> Any:
     enters the loss or, with ``credit.kl_in_reward``, the token rewards (then the learner has no KL
     estimator and the loop reads ``learner.kl_coef`` for :func:`~posttrain.loop.targets.build_targets`);
     the loop updates it once per step from the KL it observed (``RunState.observe_kl``)."""
-    from posttrain.algos.kl import AdaptiveKLController
-
     if cfg.loss.kl_target is None:
         return float(cfg.loss.kl_coef)
     return AdaptiveKLController(cfg.loss.kl_coef, cfg.loss.kl_target, cfg.loss.kl_horizon)

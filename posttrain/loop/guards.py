@@ -15,7 +15,10 @@ from __future__ import annotations
 import logging
 import math
 from collections.abc import Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from posttrain.config import GuardsConfig
 
 from posttrain.cli import UserError
 from posttrain.trajectory import Status
@@ -48,7 +51,7 @@ def verification_counts(m: Mapping[str, Any]) -> dict[str, tuple[int, int]]:
     return out
 
 
-def _verification_breaches(g: Any, m: Mapping[str, Any]) -> list[str]:
+def _verification_breaches(g: GuardsConfig, m: Mapping[str, Any]) -> list[str]:
     out: list[str] = []
     limit = float(g.max_infra_error_fraction)
     for prefix, (n, bad) in sorted(verification_counts(m).items()):
@@ -60,7 +63,7 @@ def _verification_breaches(g: Any, m: Mapping[str, Any]) -> list[str]:
     return out
 
 
-def breaches(g: Any, m: Mapping[str, Any]) -> list[str]:
+def breaches(g: GuardsConfig, m: Mapping[str, Any]) -> list[str]:
     """Human-readable breaches of the guard thresholds ``g`` (a GuardsConfig) in metrics ``m``."""
     out: list[str] = []
     for k, v in m.items():
@@ -86,7 +89,7 @@ def breaches(g: Any, m: Mapping[str, Any]) -> list[str]:
     return out
 
 
-def check_guards(g: Any, m: dict[str, Any]) -> str | None:
+def check_guards(g: GuardsConfig, m: dict[str, Any]) -> str | None:
     """Log breaches into ``m['guards']``; return a stop reason when ``g.action == 'stop'``."""
     found = breaches(g, m)
     if not found:

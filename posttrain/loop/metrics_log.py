@@ -6,7 +6,10 @@ import json
 import math
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from posttrain.config import RunConfig
 
 from posttrain.loop.trackers import Tracker, TrackerError, build_trackers, scalars_of
 
@@ -28,7 +31,7 @@ class MetricsLog:
         self._fh = open(self.path, "a", buffering=1)
 
     @classmethod
-    def for_run(cls, run_dir: Path, cfg: Any) -> MetricsLog:
+    def for_run(cls, run_dir: Path, cfg: RunConfig) -> MetricsLog:
         """The log of a run: ``metrics.jsonl`` in ``run_dir`` plus the trackers of ``cfg.logging``
         (each given the resolved config ``cfg``); raises :class:`TrackerError` before metrics.jsonl is opened."""
         return cls(run_dir, trackers=build_trackers(Path(run_dir), cfg))

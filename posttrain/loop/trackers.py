@@ -15,7 +15,10 @@ import re
 import time
 from collections.abc import Iterator, Mapping
 from pathlib import Path
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
+
+if TYPE_CHECKING:
+    from posttrain.config import RunConfig
 
 TRACKING_EXTRA = "pip install 'posttrain[tracking]'"
 
@@ -146,7 +149,7 @@ class MlflowTracker:
         self.client.set_terminated(self.run_id, "FINISHED")
 
 
-def build_trackers(run_dir: Path, cfg: Any) -> list[Tracker]:
+def build_trackers(run_dir: Path, cfg: RunConfig) -> list[Tracker]:
     """The trackers ``cfg.logging`` switches on, each given the resolved config ``cfg.model_dump``.
 
     Raises :class:`TrackerError` (one line naming the key and ``posttrain[tracking]``) when a

@@ -13,18 +13,13 @@ from posttrain.loop.sync import train
 from posttrain.trajectory import Ledger
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from _micro_run import MICRO_RUN  # noqa: E402
 from _tolerance import shape_rtol  # noqa: E402
 
 SMALL = [
-    "model.path=builtin:micro",
-    "task.name=chain_sum",
-    "task.kwargs={terms: 2}",
-    "sampling.prompts_per_step=4",
-    "sampling.group_size=4",
-    "sampling.max_new_tokens=3",
+    *MICRO_RUN,
     "eval.size=8",
     "eval.every=100",
-    "logging.progress=false",
     "steps=2",
 ]
 # Joins the session's cluster (ray_env); small reservations so both fit into its 2 logical CPUs.

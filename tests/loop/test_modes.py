@@ -28,16 +28,14 @@ from posttrain.trajectory import Finish, Ledger, Status, make_trajectory
 
 pytestmark = pytest.mark.timeout(120)
 
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from _micro_run import MICRO_RUN  # noqa: E402
+
 SMALL = [
-    "model.path=builtin:micro",
-    "task.name=chain_sum",
-    "task.kwargs={terms: 2}",
-    "sampling.prompts_per_step=4",
-    "sampling.group_size=4",
-    "sampling.max_new_tokens=3",
+    *MICRO_RUN,
     "eval.size=16",
     "eval.every=2",
-    "logging.progress=false",
     "guards.max_truncation_rate=1.0",
     "sft.steps=0",  # from the random micro model, one optimizer step per update (not the shipped recipes')
     "optim.num_minibatches=1",

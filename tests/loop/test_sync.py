@@ -18,16 +18,13 @@ from posttrain.loop.sync import train
 from posttrain.trajectory import Ledger, Status
 
 HERE = Path(__file__).parent
+sys.path.insert(0, str(HERE.parent))
+from _micro_run import MICRO_RUN  # noqa: E402
+
 SMALL = [
-    "model.path=builtin:micro",
-    "task.name=chain_sum",
-    "task.kwargs={terms: 2}",
-    "sampling.prompts_per_step=4",
-    "sampling.group_size=4",
-    "sampling.max_new_tokens=3",
+    *MICRO_RUN,
     "eval.size=16",
     "eval.every=2",
-    "logging.progress=false",
     "sft.steps=0",  # from the random micro model (the shipped recipes warm up with SFT)
 ]
 

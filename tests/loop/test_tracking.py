@@ -22,18 +22,13 @@ from posttrain.loop.sync import train
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from _cli_errors import one_error_line  # noqa: E402
+from _micro_run import MICRO_RUN  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[2]
 SMALL = [
-    "model.path=builtin:micro",
-    "task.name=chain_sum",
-    "task.kwargs={terms: 2}",
-    "sampling.prompts_per_step=4",
-    "sampling.group_size=4",
-    "sampling.max_new_tokens=3",
+    *MICRO_RUN,
     "eval.size=8",
     "eval.every=100",
-    "logging.progress=false",
     "steps=2",
 ]
 TRACKED = ("loss", "reward/mean")  # metrics every step logs (numbers)
