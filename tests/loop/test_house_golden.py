@@ -1,0 +1,124 @@
+"""Issue 23 ("One house"): the rebuilt loop floor changes no number.
+
+The golden files (``golden/house_pre23/``) were written by ``_house_golden.py`` from the code before
+the first structural change of issue 23 (commit ef037eb). Each case here runs the same command line
+with the current code and compares what the run left on disk:
+
+- exactly: which trajectories were trained at which step (ids, groups, prompts), their tokens, action
+  masks, behaviour versions, statuses, finish reasons, policy lags, old versions and rewards — one
+  flipped token or one reordered group fails;
+- within the float tolerance of ``tests/_tolerance.py``: behaviour / old / reference log-probs, the
+  per-token advantages, every numeric metric the golden run logged (none may go missing), and the
+  actor's final weights as a whole update (``update_rel_diff``).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE.parent))
+sys.path.insert(0, str(HERE))
+from _house_golden import CASES, GOLDEN_DIR, VARIED_CASES, capture, final_actor, run_case, timing_dependent  # noqa: E402
+from _tolerance import shape_rtol, update_rel_diff  # noqa: E402
+
+pytestmark = pytest.mark.timeout(300)
+
+# Longest reduction of a forward pass = the hidden size (micro 32, tiny 128; 128 bounds both) in float32;
+# |log-prob| <= ~10 on these vocabularies, so log-probs agree to shape_rtol(128) * 10 ~ 6e-4 absolute.
+LOGPROB_ATOL = shape_rtol(128) * 10
+# Losses, norms and advantages: relative to their scale, the same bound (measured: ~1e-7 between machines).
+VALUE_RTOL = 10 * shape_rtol(128)
+EXACT = ("step", "traj_id", "group_id", "prompt_id", "status", "finish", "length", "policy_lag", "old_version",
+         "token_ids", "action_mask", "behavior_version")
+
+
+def _golden(case: str) -> tuple[dict[str, np.ndarray], list[dict[str, float]]]:
+    with np.load(GOLDEN_DIR / f"{case}.npz") as z:
+        arrays = {k: z[k] for k in z.files}
+    return arrays, json.loads((GOLDEN_DIR / f"{case}.metrics.json").read_text())
+
+
+def _start_weights(case: str, tmp_path: Path) -> dict[str, torch.Tensor] | None:
+    """The actor's weights before RL (micro cases only: the demo's start is its own SFT result)."""
+    from safetensors.torch import load_file
+
+    from posttrain.models import build_char_tokenizer, build_tiny_model
+
+    if case == "demo5":
+        return None
+    if case in VARIED_CASES:
+        sd = load_file(str(tmp_path / "varied_micro" / "model.safetensors"))
+    else:
+        sd = build_tiny_model("micro", vocab_size=len(build_char_tokenizer()), seed=0,
+                              dtype=torch.float32).state_dict()
+    return {f"model.safetensors:{k}": v for k, v in sd.items()}
+
+
+def compare_arrays(new: dict[str, np.ndarray], old: dict[str, np.ndarray]) -> None:
+    """The ledger of a run against its golden (see the module docstring for what is exact)."""
+    for k in EXACT:
+        np.testing.assert_array_equal(new[k], old[k], err_msg=k)
+    np.testing.assert_array_equal(np.isnan(new["reward_total"]), np.isnan(old["reward_total"]))
+    np.testing.assert_allclose(new["reward_total"], old["reward_total"], rtol=0, atol=1e-12, equal_nan=True)
+    for k in ("behavior_logprob", "old_logprob", "ref_logprob"):
+        assert (k in new) == (k in old), f"{k}: present in one run only"
+        if k in old:
+            np.testing.assert_allclose(new[k], old[k], rtol=0, atol=LOGPROB_ATOL, err_msg=k)
+    assert ("advantage" in new) == ("advantage" in old)
+    if "advantage" in old and np.abs(old["advantage"]).max() > 0:
+        d = np.abs(new["advantage"] - old["advantage"]).max() / np.abs(old["advantage"]).max()
+        assert d <= VALUE_RTOL, f"advantage: max|a-b|/max|b| = {d:.3e} > {VALUE_RTOL:.3e}"
+
+
+def compare_metrics(new: list[dict[str, float]], old: list[dict[str, float]], case: str = "sync") -> None:
+    """Every numeric metric of every golden step is logged again, equal within VALUE_RTOL (scale >= 1);
+    counters a worker thread's timing decides are only required to be logged."""
+    assert len(new) == len(old), f"{len(new)} steps logged, golden has {len(old)}"
+    for i, (m, g) in enumerate(zip(new, old, strict=True)):
+        missing = sorted(set(g) - set(m))
+        assert not missing, f"step {i + 1} lost metrics {missing[:8]}"
+        bad = [(k, m[k], v) for k, v in g.items() if not timing_dependent(case, k)
+               and not math.isclose(m[k], v, rel_tol=VALUE_RTOL, abs_tol=VALUE_RTOL)]
+        assert not bad, f"step {i + 1}: {len(bad)} metrics moved, e.g. {bad[:6]}"
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_short_run_matches_the_pre_redesign_golden(case, tmp_path):
+    run_case(case, tmp_path / case)
+    arrays, metrics = capture(tmp_path / case)
+    old_arrays, old_metrics = _golden(case)
+    compare_arrays(arrays, old_arrays)
+    compare_metrics(metrics, old_metrics, case)
+    start = _start_weights(case, tmp_path)
+    if start is not None:
+        w = {k: torch.from_numpy(v) for k, v in final_actor(tmp_path / case).items()}
+        ref = {k[len("actor/"):]: torch.from_numpy(v) for k, v in old_arrays.items() if k.startswith("actor/")}
+        assert set(w) == set(ref)
+        assert update_rel_diff(w, ref, {k: v for k, v in start.items() if k in ref}) <= VALUE_RTOL
+
+
+def test_the_comparison_catches_a_one_token_change_and_a_moved_metric():
+    """The tolerances are not vacuous: one flipped token, a log-prob moved by 1e-3 or a loss moved by
+    0.2% fails the comparison against the golden it was copied from."""
+    arrays, metrics = _golden("sync")
+    flipped = dict(arrays, token_ids=arrays["token_ids"].copy())
+    flipped["token_ids"][len(flipped["token_ids"]) // 2] += 1
+    with pytest.raises(AssertionError, match="token_ids"):
+        compare_arrays(flipped, arrays)
+    moved = dict(arrays, old_logprob=arrays["old_logprob"] - 1e-3 * arrays["action_mask"])
+    with pytest.raises(AssertionError, match="old_logprob"):
+        compare_arrays(moved, arrays)
+    off = [dict(m) for m in metrics]
+    off[1]["loss"] = metrics[1]["loss"] * 1.002 + 2e-3
+    with pytest.raises(AssertionError, match="metrics moved"):
+        compare_metrics(off, metrics)
+    compare_arrays(arrays, arrays)
+    compare_metrics(metrics, metrics)
