@@ -457,8 +457,7 @@ def rloo(inputs: AdvantageInputs) -> AdvantageOutputs:
 def reinforce(inputs: AdvantageInputs) -> AdvantageOutputs:
     """REINFORCE with a batch-mean baseline (Williams 1992): A_i = R_i - mean_{valid j}(R_j).
 
-    The baseline is the mean reward over all valid rows of the batch (seed compendium,
-    REINFORCE section). Needs ``rewards``.
+    The baseline is the mean reward over all valid rows of the batch. Needs ``rewards``.
     """
     mask = _mask(inputs)
     b = mask.shape[0]
@@ -506,7 +505,7 @@ def _batch_whiten(x: Tensor, live: Tensor, eps: float, min_std: float) -> Tensor
 def reinforce_pp(
     inputs: AdvantageInputs, gamma: float = 1.0, eps: float = 1e-8, min_std: float = 1e-6
 ) -> AdvantageOutputs:
-    """REINFORCE++ (Hu 2025, arXiv:2501.03262; seed compendium "REINFORCE++").
+    """REINFORCE++ (Hu 2025, arXiv:2501.03262).
 
     Token return  A_t = R - beta * sum_{i>=t} KL_i  generalised to  G_t = sum_{k>=t} gamma^{k-t} r_k
     over the row's action tokens, where the reward stream r_k = ``token_rewards`` (pass
@@ -545,12 +544,12 @@ def _reinforce_pp_core(
 def reinforce_pp_baseline(
     inputs: AdvantageInputs, gamma: float = 1.0, eps: float = 1e-8, min_std: float = 1e-6
 ) -> AdvantageOutputs:
-    """REINFORCE++-baseline (Hu 2025, arXiv:2501.03262; seed compendium): group mean, batch std.
+    """REINFORCE++-baseline (Hu 2025, arXiv:2501.03262): group mean, batch std.
 
     R'_i = R_i - mean_g(R) over the valid members of row i's group (a 1-member group gives 0),
     then the REINFORCE++ token return of the stream ``token_rewards`` + R'_i at the last action
     token, then batch normalisation over every valid action token:
-    A_norm = (A' - mean_batch(A')) / (std_batch(A') + eps), as in the seed's formula.
+    A_norm = (A' - mean_batch(A')) / (std_batch(A') + eps) (the batch mean is subtracted again).
     Needs ``rewards``, ``group_index``.
     """
     _check_discount(gamma)
@@ -573,7 +572,7 @@ def gigpo(
     min_std: float = 1e-6,
 ) -> AdvantageOutputs:
     """GiGPO (Feng et al. 2025, "Group-in-Group Policy Optimization for LLM Agent Training",
-    arXiv:2505.10978; seed compendium "GiGPO").
+    arXiv:2505.10978).
 
     Episode level: A^E_i = (R_i - mean_g(R)) / F_norm over row i's rollout group (F_norm = std,
     or 1 if ``norm_std`` is False) — exactly ``grpo``, same safe rule.

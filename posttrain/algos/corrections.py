@@ -6,8 +6,9 @@ per-token policy loss and ``keep`` into the action mask.
 
 The token log-ratio is ``log kappa_t = old_logprob_t - behavior_logprob_t``, i.e.
 kappa = pi_old / mu: the learner's recomputed probability of the sampled token over the
-sampler's (the "behavior -> reference" shift alpha_1 of seed 002, section "train-inference
-mismatch"). It is a separate factor from the pi_theta / pi_old ratio that the policy loss clips.
+sampler's: the train-inference mismatch between the behavior policy and the proximal one. It is a
+separate factor from the pi_theta / pi_old ratio that the policy loss clips, as in decoupled PPO
+(Hilton, Cobbe, Schulman 2022, "Batch size-invariance for policy optimization", arXiv:2110.00641).
 
 Masking: positions with ``action_mask == 0`` are ignored entirely (their values may be
 ``inf`` / ``nan``): they never drop or veto a row, never enter a sequence ratio, always get
@@ -83,7 +84,7 @@ def tis(
     behavior_logprob: Tensor, old_logprob: Tensor, action_mask: Tensor, *, cap: float = 2.0
 ) -> CorrectionOutputs:
     """Token-level truncated importance sampling (Yao et al. 2025, "Your Efficient RL Framework
-    Secretly Brings You Off-Policy RL Training", fengyao.notion.site blog; seed 002 TIS).
+    Secretly Brings You Off-Policy RL Training", fengyao.notion.site blog).
 
     ``w_t = min(kappa_t, C)``, ``kappa_t = pi_old(a_t) / mu(a_t)``; keep = action mask. Only large
     ratios are truncated, small ones are kept as they are. ``min`` is taken in log space so huge
@@ -107,7 +108,8 @@ def icepop(
     alpha: float = 0.5,
     beta: float = 5.0,
 ) -> CorrectionOutputs:
-    """IcePop two-sided token mask (Ling Team, Ant Group 2025, Ring-1T, arXiv:2510.18855; seed 002).
+    """IcePop two-sided token mask (Ling Team, Ant Group 2025, "Every Step Evolves: Scaling
+    Reinforcement Learning for Trillion-Scale Thinking Model" (Ring-1T), arXiv:2510.18855).
 
     ``keep_t = 1[alpha <= kappa_t <= beta]``, weight 1: tokens whose train/inference probability
     ratio is extreme on either side are removed from the gradient instead of reweighted.
@@ -136,11 +138,11 @@ def mis(
     aggregation: str = "sum",
     lower: float | None = None,
 ) -> CorrectionOutputs:
-    """Sequence-level masked importance sampling (seed 002 "MIS"; Liu, Li, Yao et al. 2025,
-    "When Speed Kills Stability: Demystifying RL Collapse from the Training-Inference Mismatch").
+    """Sequence-level masked importance sampling, MIS (Liu, Li, Fu, Wang, Liu, Shen 2025, "When Speed
+    Kills Stability: Demystifying RL Collapse from the Training-Inference Mismatch", blog).
 
     ``rho(y|x) = prod_{t in y} kappa_t = exp(sum_t log kappa_t)`` — the ratio of SEQUENCE
-    probabilities, as in the seed's ``rho(y|x) <- rho(y|x) * 1{rho(y|x) <= C}``;
+    probabilities, masked as ``rho(y|x) <- rho(y|x) * 1{rho(y|x) <= C}``;
     ``aggregation="mean"`` gives the geometric mean ``exp(mean_t log kappa_t)`` instead.
     Rows with ``rho > threshold`` (or ``rho < lower`` when given) are dropped whole (keep = 0);
     kept rows get ``weight = rho`` on every action token (the sequence IS correction is kept).
@@ -173,9 +175,10 @@ def token_veto(
 ) -> CorrectionOutputs:
     """Token veto: drop a whole sequence if any action token has ``kappa_t < threshold``.
 
-    ``keep(y) = 1[min_{t in y} kappa_t >= threshold]`` (seed 002 "WTRS / token veto"; verl's
-    rollout-correction veto). Weight 1. Only action tokens are inspected, so a padding or prompt
-    position can never veto. Default 1e-4 is this project's choice.
+    ``keep(y) = 1[min_{t in y} kappa_t >= threshold]``: token-level detection, sequence-level
+    rejection (the token veto of verl's rollout-correction module; the same rule masks rollouts in
+    Prime Intellect's INTELLECT-3 technical report, 2025). Weight 1. Only action tokens are
+    inspected, so a padding or prompt position can never veto. Default 1e-4 is this project's choice.
     Diagnostics: ``log_ratio``, ``vetoed`` (row vetoed, broadcast), ``veto_token`` (the token(s)
     below the threshold).
     """
@@ -203,8 +206,8 @@ def staleness(
 
     ``lag_i = current_version - min_{t in action tokens of row i} behavior_version_{i,t}``;
     ``keep`` = action mask of rows with ``lag_i <= max_staleness``; weight 1. Because versions are
-    per token, a paused-and-resumed trajectory is judged by its OLDEST part (seed 003, staleness
-    control; AReaL's max-staleness bound, Fu et al. 2025, arXiv:2505.24298).
+    per token, a paused-and-resumed trajectory is judged by its OLDEST part (AReaL's
+    max-staleness bound, Fu et al. 2025, arXiv:2505.24298).
     ``max_staleness = 0`` keeps only fully on-policy rows. A row without action tokens has lag 0.
     A token version newer than ``current_version`` is a ValueError (versions are out of order).
     Diagnostics: ``lag`` (row lag, broadcast), ``dropped``.

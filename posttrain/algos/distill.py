@@ -24,7 +24,7 @@ def reverse_kl_distill(student_logprob: Tensor, teacher_logprob: Tensor, action_
     """Sampled-token reverse-KL distillation loss ``[B, T]`` (on-policy: tokens sampled by the student).
 
     Per action token ``t`` of a student sample, ``adv_t = -sg(log s_t - log p^T_t)`` (the per-token
-    "reward" ``log p^T - log s`` of seed 002's RKL objective) and ``loss_t = -adv_t * log s_t``.
+    "reward" ``log p^T - log s`` of the reverse-KL objective) and ``loss_t = -adv_t * log s_t``.
     Its gradient ``(log s_t - log p^T_t) grad log s_t`` is the score-function (REINFORCE) estimator
     of the gradient of KL(s || p^T) = E_{y ~ s}[log s(y) - log p^T(y)], with each token's own log
     ratio as its reward (no future-token credit, as in Thinking Machines' "On-Policy

@@ -22,7 +22,7 @@ def entropy_from_logits(logits: Tensor, chunk_size: int = 1024) -> Tensor:
 
     ``H = logsumexp(z) - sum_v softmax(z)_v z_v``, which equals ``-sum_v p_v log p_v`` but never
     takes the log of an underflowed probability (the entropy bonus of PPO, Schulman et al. 2017,
-    arXiv:1707.06347; the entropy diagnostic of the seed compendium).
+    arXiv:1707.06347; also the learner's per-step ``entropy`` metric).
 
     Memory: the leading axes are flattened to N rows and processed ``chunk_size`` rows at a time,
     so at most ``chunk_size * V`` softmax values exist at once. When a gradient is needed, each

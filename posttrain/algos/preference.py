@@ -176,8 +176,8 @@ def orpo(
     ``L_OR = -log sigma(log odds(y_c) - log odds(y_r))``, ``L_SFT = -logp(y_c) / |y_c|`` (mean token
     NLL of the chosen response), ``loss = L_SFT + lam * L_OR``.
     ``log odds = a - log(1 - exp(a))`` with ``a`` the average log-prob, computed with a stable
-    log1mexp; ``a`` is clamped to <= -1e-6 so a response of probability 1 stays finite. (Seed 002
-    writes L_OR as a plain log-likelihood ratio; the paper's odds-ratio form is used here.)
+    log1mexp; ``a`` is clamped to <= -1e-6 so a response of probability 1 stays finite. (The paper's
+    odds-ratio form is used, not a plain log-likelihood ratio.)
     Diagnostics: ``nll`` (L_SFT), ``or_loss`` (L_OR), ``log_odds_ratio``, ``reward_accuracy``.
     """
     _check_1d("orpo", pc=policy_chosen_logp, pr=policy_rejected_logp)

@@ -3,7 +3,7 @@
 Both return a *separate* reward component per sequence ``[B]`` (a raw, unweighted value). They
 are never folded into the correctness reward here: the reward layer stores each component with
 its weight and reports them separately, so a model cannot "optimise cost" by being short and
-wrong without it showing (seed 000, "Effort and length constraints").
+wrong without it showing.
 """
 
 from __future__ import annotations
@@ -47,7 +47,7 @@ def dapo_overlong_penalty(lengths: Tensor, max_len: int, cache_len: int) -> Tens
 
 
 def effort_penalty(lengths: Tensor, budget: Tensor, tau: float) -> Tensor:
-    """Effort/budget penalty (seed 000, "Effort and length constraints"), per sequence.
+    """Effort/budget penalty per sequence: -1 beyond a per-prompt token budget, 0 within it.
 
     ``r_budget(x, y) = -1 if T(y) > tau * b0(x) else 0`` with T(y) = ``lengths`` (the counted
     tokens of the response — which tokens count is the caller's declared choice), b0(x) =

@@ -20,8 +20,7 @@ def value_loss(
     Unclipped (``clip_eps=None``):  L = 0.5 * (V - R)^2.
     Clipped:  V_clip = V_old + clip(V - V_old, -eps, eps),
               L = 0.5 * max((V - R)^2, (V_clip - R)^2)
-    (the value clipping of the OpenAI baselines PPO2 implementation; also in the seed compendium's
-    PPO section). ``values`` V are the current critic outputs, ``old_values`` V_old the critic
+    (the value clipping of the OpenAI baselines PPO2 implementation). ``values`` V are the current critic outputs, ``old_values`` V_old the critic
     outputs frozen before the update, ``returns`` R the value targets (e.g. GAE returns), all
     ``[B, T]`` at action positions; everything is 0 off ``action_mask``. The three inputs are
     zeroed off the mask *before* any arithmetic: selecting only the output with ``torch.where`` is

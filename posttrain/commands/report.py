@@ -65,7 +65,7 @@ def run(args: argparse.Namespace) -> int:
                 tab.add_row(str(i["step"]), i["traj_id"], _fmt(i["reward"]), repr(i["response"]), repr(i["reference"]),
                             i["second_status"])
             con.print(tab)
-        sym = Table(title="failure symptoms (seed 004)", show_lines=True)
+        sym = Table(title="failure symptoms", show_lines=True)
         for col in ("symptom", "flagged", "evidence", "check first"):
             sym.add_column(col)
         for s in doc["symptoms"]:

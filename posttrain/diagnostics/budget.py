@@ -1,7 +1,7 @@
 """Budget-matched comparison: held-out accuracy at an equal number of generated tokens.
 
-Seed 004 ("how to compare fairly"): fixing "1000 learner steps" is not fair, because recipes
-spend different numbers of rollout tokens per step. A run's accuracy at a budget of ``T``
+Comparing recipes at "1000 learner steps" each is not fair, because recipes spend different
+numbers of rollout tokens per step. A run's accuracy at a budget of ``T``
 generated tokens is the accuracy of its last held-out evaluation taken when it had generated at
 most ``T`` tokens: the policy you would actually hold had you stopped there (no interpolation,
 which would invent evaluations that never happened).

@@ -1,7 +1,7 @@
 """Is a comparison fair? The identities that must match and every other config difference.
 
-Seed 004 lists what a cross-recipe comparison must fix or report. Four of them change what
-"accuracy" means, so ``posttrain compare`` refuses to compare runs that differ in them unless
+A cross-recipe comparison must hold some things fixed and report the rest. Four of them change
+what "accuracy" means, so ``posttrain compare`` refuses to compare runs that differ in them unless
 forced: the base checkpoint, the tokenizer / chat template, the verifier version and the
 held-out set. Everything else that differs is listed (that is the point of a comparison).
 """

@@ -1,7 +1,7 @@
 """An evaluation-only second verifier: re-check responses the training verifier passed.
 
-Seed 000's verification item 7: audit first the trajectories with a high reward that a human or
-a hidden verifier fails. The ledger stores each response's text and reference in ``meta``
+Reward hacking shows first where the training verifier and an independent judge disagree: audit
+first the trajectories with a high reward that a human or a hidden verifier fails. The ledger stores each response's text and reference in ``meta``
 (``response``, ``reference``), so any verifier can re-judge them without a model.
 """
 

@@ -1,7 +1,7 @@
 """Stratified tables: the trajectories of a run split by one feature, summarised per stratum.
 
-Strata follow seed 000's verification item 5 (policy lag, ratio, length, group success rate,
-verifier status) plus |log kappa|. Bin edges are fixed (not fitted) so two runs' tables line up,
+The strata are the features along which an off-policy or reward problem concentrates (policy
+lag, ratio, length, group success rate, verifier status) plus |log kappa|. Bin edges are fixed (not fitted) so two runs' tables line up,
 except response length, whose range depends on the task: quartile edges of the run's own lengths.
 """
 

@@ -1,9 +1,10 @@
-"""The failure-symptom table (seed 004, "infer the interface from the failure"): rules + evidence.
+"""The failure-symptom table: from a symptom of the run to the part to inspect first; rules + evidence.
 
 Each rule reads step metrics (and the ledger summaries where the metrics cannot say) and returns
 a :class:`Symptom` whose ``evidence`` holds the numbers that flagged it (or why it did not), and
-whose ``check`` is what seed 004 says to inspect first. Series are compared by their first and
-last thirds ("early" / "late"), so one noisy step cannot flag a symptom on its own.
+whose ``check`` lists the parts to inspect first (verifier, advantage groups, clip, denominator,
+...). Series are compared by their first and last thirds ("early" / "late"), so one noisy step
+cannot flag a symptom on its own.
 """
 
 from __future__ import annotations
@@ -148,6 +149,7 @@ def async_inefficiency(metrics: Sequence[dict[str, Any]]) -> Symptom:
 
 
 def all_symptoms(metrics: Sequence[dict[str, Any]], rows: Sequence[dict[str, Any]]) -> list[Symptom]:
-    """The six rows of seed 004's table, in its order."""
+    """The six rules, in the table's order: reward up / held-out down, entropy collapse, loss often
+    zero, length drift, late collapse, async inefficiency."""
     return [reward_up_heldout_down(metrics), entropy_collapse(metrics), loss_often_zero(metrics, rows),
             length_drift(metrics, rows), late_collapse(metrics), async_inefficiency(metrics)]

@@ -1,7 +1,7 @@
 """An evaluation-only ("hidden") verifier: a second judge that never touches the reward.
 
-Seed 000's verification item 7 asks to audit first the trajectories with a high reward that a
-hidden verifier fails. ``eval.hidden_verifier`` names one (a registered verifier or
+A policy that games its verifier shows first in the trajectories with a high reward that an
+independent judge fails: audit those first. ``eval.hidden_verifier`` names one (a registered verifier or
 ``module.path:factory``, with ``eval.hidden_verifier_kwargs``); the run re-judges every training
 response and every held-out response with it, through the same guarded verification path as the
 training verifier (a crash or a hang is ``infra_error``, never a failure of the response), and

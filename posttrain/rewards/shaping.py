@@ -1,7 +1,7 @@
 """Shaping components from :mod:`posttrain.algos.shaping`, each reported as its own component.
 
 ``overlong`` = DAPO soft overlong punishment (Yu et al. 2025, arXiv:2503.14476, eq. 13) and
-``effort`` = the effort/budget penalty (seed 000, "Effort and length constraints"); both are raw
+``effort`` = the effort/budget penalty (-1 beyond ``tau`` times the prompt's base budget); both are raw
 values in [-1, 0] merged into a verdict's components, never folded into ``task``.
 """
 
