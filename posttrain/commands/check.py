@@ -64,10 +64,10 @@ def run_checks(cfg: Any, prompts: int = 4) -> list[tuple[str, bool, str]]:
     from posttrain.envs.task import check_prompts, task_rows
     from posttrain.learner.checkpoint import load_checkpoint, restore_actor, save_checkpoint
     from posttrain.loop.builders import build_engine, build_learner, build_model, build_renderer, build_task
-    from posttrain.loop.scoring import ScoringSpec, score
+    from posttrain.loop.rollout import play_once
     from posttrain.loop.targets import build_targets
+    from posttrain.rewards.scoring import ScoringSpec
     from posttrain.rollout.sampling import SamplingParams
-    from posttrain.rollout.types import GenerationRequest
     from posttrain.trajectory import Status, collate
 
     torch.manual_seed(cfg.seed)
@@ -88,11 +88,10 @@ def run_checks(cfg: Any, prompts: int = 4) -> list[tuple[str, bool, str]]:
         check_prompts(task_rows(task) or examples, tok,
                       max_context=getattr(model.config, "max_position_embeddings", None),
                       max_new_tokens=s.max_new_tokens, renderer=renderer)
-        reqs = [GenerationRequest(f"check{i}", renderer.ids(ex), params) for i, ex in enumerate(examples)]
-        comps = engine.generate(reqs)
-        exs = [examples[int(c.request_id[5:])] for c in comps]
-        trajs, _ = score(comps, exs, task=task, tokenizer=tok, group_ids=[c.request_id for c in comps], step=0,
-                         spec=ScoringSpec(cfg.reward.weights, cfg.reward.overlong_max_len, cfg.reward.overlong_cache_len))
+        played = play_once(engine, examples, params, request_ids=[f"check{i}" for i in range(len(examples))],
+                           renderer=renderer, verifier=task.verifier, tokenizer=tok)
+        trajs = played.trajectories(verifier=task.verifier, spec=ScoringSpec(
+            cfg.reward.weights, cfg.reward.overlong_max_len, cfg.reward.overlong_cache_len))
     trajs = [t for t in trajs if t.status not in (Status.INFRA_ERROR, Status.ENV_FAILURE)]
     if not trajs:
         raise ValueError(f"check: none of the {prompts} sampled prompts gave a usable trajectory (all infra_error / "

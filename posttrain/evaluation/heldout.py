@@ -117,50 +117,38 @@ def evaluate(
     prompt ids; default: raw text.
     """
     from posttrain.envs.prompt_render import PromptRenderer
-    from posttrain.loop.scoring import decode_response, verify_context
+    from posttrain.loop.rollout import play_once
     from posttrain.rewards import VerifierPool
+    from posttrain.rewards.scoring import judge
     from posttrain.rollout.sampling import SamplingParams
-    from posttrain.rollout.types import GenerationRequest
 
     if not 1 <= k <= samples:
         raise ValueError(f"evaluate: need 1 <= k <= samples, got k={k}, samples={samples}")
-    params = SamplingParams(temperature=temperature, max_new_tokens=max_new_tokens, n=samples, seed=seed)
-    render = renderer if renderer is not None else PromptRenderer(tokenizer)
-    reqs = [
-        GenerationRequest(request_id=f"eval{i}-{ex.prompt_id}", prompt_ids=render.ids(ex), params=params)
-        for i, ex in enumerate(examples)
-    ]
-    comps = engine.generate(reqs)
-    # Which prompt each completion answers (engines may return the n samples of a request in any order).
-    row_of = {r.request_id: i for i, r in enumerate(reqs)}
-    rows = [row_of[c.request_id] for c in comps]
-    if len(comps) != samples * len(reqs):
-        raise RuntimeError(f"evaluate: engine returned {len(comps)} completions for {len(reqs)} x {samples} samples")
-    ex_of = [examples[i] for i in rows]
-    statuses: Counter[str] = Counter()
-    rewards: list[float] = []
-    lengths: list[int] = []
     if verify_batch is None:
         verify_batch = VerifierPool(workers=0).verify_batch
-    texts = [decode_response(tokenizer, c) for c in comps]
-    verdicts = verify_batch([(task.verifier, t, ex.reference, verify_context(task.verifier, ex))
-                             for t, ex in zip(texts, ex_of, strict=True)])
+    played = play_once(engine, examples, SamplingParams(temperature=temperature, max_new_tokens=max_new_tokens,
+                                                        n=samples, seed=seed),
+                       request_ids=[f"eval{i}-{ex.prompt_id}" for i, ex in enumerate(examples)],
+                       renderer=renderer if renderer is not None else PromptRenderer(tokenizer),
+                       verifier=task.verifier, tokenizer=tokenizer, verify_batch=verify_batch)
+    verdicts = played.verdicts
     hidden: dict[str, float] = {}
     if hidden_verifier is not None:
         from posttrain.rewards.hidden import heldout_metrics
 
-        hv = verify_batch([(hidden_verifier, t, ex.reference, verify_context(hidden_verifier, ex))
-                           for t, ex in zip(texts, ex_of, strict=True)])
+        _, hv = judge(played.completions, played.examples, verifier=hidden_verifier, tokenizer=tokenizer,
+                      verify_batch=verify_batch)
         hidden = heldout_metrics([v.status for v in verdicts], [v.status for v in hv])
+    statuses: Counter[str] = Counter()
+    rewards: list[float] = []
+    lengths: list[int] = []
     n_valid, n_correct = [0] * len(examples), [0] * len(examples)
-    for row, v in zip(rows, verdicts, strict=True):
+    for row, c, v in zip(played.rows, played.completions, verdicts, strict=True):
+        statuses[v.status.value] += 1
+        lengths.append(len(c.token_ids))
         if v.status is not Status.INFRA_ERROR:  # an infra error says nothing about the policy: not in n
             n_valid[row] += 1
             n_correct[row] += v.status is Status.CORRECT
-    for c, v in zip(comps, verdicts, strict=True):
-        statuses[v.status.value] += 1
-        lengths.append(len(c.token_ids))
-        if v.status is not Status.INFRA_ERROR:
             rewards.append(float(v.components.get("task", 0.0)))
     valid = sum(n for s, n in statuses.items() if s != Status.INFRA_ERROR.value)
     return EvalResult(

@@ -100,7 +100,7 @@ def check_scoring(cfg: RunConfig, task: Any) -> None:
     A verifier that raises or times out on these probes cannot be judged here (the run counts such
     verdicts as infra errors): nothing is raised for it.
     """
-    from posttrain.loop.scoring import ScoringSpec, _shaping_components, verify_context
+    from posttrain.rewards.scoring import ScoringSpec, _shaping_components, verify_context
     from posttrain.rewards import VerifierPool, compose
     from posttrain.trajectory import Status
 

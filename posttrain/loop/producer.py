@@ -46,7 +46,7 @@ from typing import Any, Protocol
 from posttrain.config import RunConfig
 from posttrain.loop.backends.base import generate_detailed
 from posttrain.loop.rollout_stage import RolloutStage
-from posttrain.loop.scoring import score
+from posttrain.rewards.scoring import score
 from posttrain.trajectory import Trajectory
 
 _WAIT_S = 0.05  # granularity of every bounded wait (stop flags are checked at least this often)

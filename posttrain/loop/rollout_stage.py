@@ -11,7 +11,7 @@ import dataclasses
 from typing import Any
 
 from posttrain.config import RunConfig
-from posttrain.loop.scoring import ScoringSpec
+from posttrain.rewards.scoring import ScoringSpec
 
 
 @dataclasses.dataclass

@@ -74,7 +74,7 @@ def greedy_baseline(
 ) -> tuple[torch.Tensor, dict[str, float]]:
     """ReMax's baseline (Li et al. 2023, arXiv:2310.10505): per row, the reward of one greedy
     (temperature 0) response of its prompt under the engine's current (behaviour) weights, scored
-    exactly like the samples (:func:`posttrain.loop.scoring.score`, same weights and shaping).
+    exactly like the samples (:func:`posttrain.loop.rollout.play_once`, same weights and shaping).
 
     ``examples`` maps ``prompt_id`` -> the ``TaskExample``; ``renderer`` is the run's
     :class:`~posttrain.envs.prompt_render.PromptRenderer` (default raw text), so the greedy response
@@ -83,24 +83,19 @@ def greedy_baseline(
     signal), counted in ``remax/baseline_infra_errors``. Returns ``([B] float64, metrics)``.
     """
     from posttrain.envs.prompt_render import PromptRenderer
-    from posttrain.loop.scoring import score
+    from posttrain.loop.rollout import play_once
     from posttrain.rollout.sampling import SamplingParams
-    from posttrain.rollout.types import GenerationRequest
 
-    render = renderer if renderer is not None else PromptRenderer(tokenizer)
     pids = list(dict.fromkeys(t.prompt_id for t in batch.trajectories))
     missing = [p for p in pids if p not in examples]
     if missing:
         raise RuntimeError(f"greedy_baseline: no example for prompt(s) {missing[:3]}")
     exs = [examples[p] for p in pids]
-    params = SamplingParams(temperature=0.0, max_new_tokens=max_new_tokens, n=1, seed=0)
-    reqs = [GenerationRequest(request_id=f"remax{step}-{i}", prompt_ids=render.ids(ex), params=params)
-            for i, ex in enumerate(exs)]
-    comps = engine.generate(reqs)
-    order = {r.request_id: i for i, r in enumerate(reqs)}
-    comps = sorted(comps, key=lambda c: order[c.request_id])
-    trajs, _ = score(comps, exs, task=task, tokenizer=tokenizer, spec=spec, group_ids=[r.request_id for r in reqs],
-                     step=step, verify_batch=verify_batch, traj_ids=[r.request_id for r in reqs])
+    played = play_once(engine, exs, SamplingParams(temperature=0.0, max_new_tokens=max_new_tokens, n=1, seed=0),
+                       request_ids=[f"remax{step}-{i}" for i in range(len(exs))],
+                       renderer=renderer if renderer is not None else PromptRenderer(tokenizer),
+                       verifier=task.verifier, tokenizer=tokenizer, verify_batch=verify_batch)
+    trajs = played.trajectories(verifier=task.verifier, spec=spec)
     base_of = {p: t.reward.total for p, t in zip(pids, trajs, strict=True)}
     own = [float(t.reward.total) for t in batch.trajectories]  # type: ignore[arg-type]
     base = [own[i] if base_of[t.prompt_id] is None else float(base_of[t.prompt_id])  # type: ignore[arg-type]
@@ -122,7 +117,7 @@ def run_baseline(run: Any, batch: TrajectoryBatch, step: int) -> tuple[torch.Ten
     cfg = run.cfg
     if "baseline" not in A.ADVANTAGES.needs(cfg.credit.estimator):
         return None, {}
-    from posttrain.loop.scoring import ScoringSpec
+    from posttrain.rewards.scoring import ScoringSpec
 
     spec = ScoringSpec(cfg.reward.weights, cfg.reward.overlong_max_len, cfg.reward.overlong_cache_len)
     try:
