@@ -23,7 +23,7 @@ import dataclasses
 import inspect
 import math
 from collections.abc import Iterator, Mapping, Sequence
-from typing import Any, Protocol
+from typing import Any, Protocol, Unpack
 
 import torch
 
@@ -32,9 +32,19 @@ from posttrain.algos.registry import CORRECTIONS, KL_ESTIMATORS, POLICY_LOSSES, 
 from posttrain.learner.grad_sync import GradientSync, LocalSync
 from posttrain.learner.logprobs import first_scored_position, forward_logprobs, token_logprobs
 from posttrain.learner.lora import is_peft_model, merged_state_dict, wrap_lora
-from posttrain.learner.microbatch import minibatch_rows, split_by_token_budget, take_rows
-from posttrain.learner.optim_step import OptimizerStepper, StepTally
-from posttrain.learner.schedule import build_optimizer, build_scheduler
+from posttrain.learner.microbatch import RowTensors, microbatches
+from posttrain.learner.settings import (
+    BatchingSettings,
+    ComputeSettings,
+    FlatPolicyArgs,
+    LoraSettings,
+    OptimizerSettings,
+    PolicyLossSettings,
+    PolicySettings,
+    SamplerReplay,
+    policy_settings,
+)
+from posttrain.learner.trainer import Trainer, TrainTally
 from posttrain.trajectory.collate import TrajectoryBatch
 
 
@@ -72,10 +82,7 @@ class _Acc:
     ratio_min: float = math.inf
     ratio_max: float = -math.inf
     diag_sums: dict[str, float] = dataclasses.field(default_factory=dict)
-    minibatches: int = 0
-    empty: int = 0
     no_signal_rows: int = 0  # rows forwarded without a backward (see PolicyLearner.skip_no_signal_rows)
-    tally: StepTally = dataclasses.field(default_factory=StepTally)
 
     # Token / loss sums that a data-parallel GradientSync adds over processes (ratio extrema apart).
     SUMMED = ("loss", "pg_loss", "kl_loss", "entropy_loss", "tokens", "kl_sum", "entropy_sum", "ratio_sum")
@@ -120,93 +127,64 @@ class PolicyLearner:
         self,
         model: torch.nn.Module,
         *,
-        lr: float = 1e-6,
-        betas: tuple[float, float] = (0.9, 0.999),
-        weight_decay: float = 0.0,
-        adam_eps: float = 1e-8,
-        warmup_steps: int = 0,
-        total_steps: int | None = None,
-        lr_schedule: str = "constant",
-        min_lr_ratio: float = 0.0,
-        max_grad_norm: float | None = 1.0,
-        microbatch_tokens: int | None = None,
-        ppo_epochs: int = 1,
-        num_minibatches: int = 1,
-        policy_loss: str = "ppo_clip",
-        policy_loss_kwargs: Mapping[str, Any] | None = None,
-        reduction: str = "token_mean",
-        reduction_kwargs: Mapping[str, Any] | None = None,
-        kl_estimator: str | None = None,
+        optim: OptimizerSettings | None = None,
+        batching: BatchingSettings | None = None,
+        loss: PolicyLossSettings | None = None,
+        sampler: SamplerReplay | None = None,
+        compute: ComputeSettings | None = None,
+        lora: LoraSettings | None = None,
         kl_coef: float | KLCoefficient = 0.0,
-        entropy_coef: float = 0.0,
-        temperature: float = 1.0,
-        top_k: int = 0,
-        top_p: float = 1.0,
-        correction: str | None = None,
-        correction_kwargs: Mapping[str, Any] | None = None,
-        autocast_dtype: str | None = None,
-        entropy_chunk_size: int | None = None,
-        compute_entropy: bool = True,
-        gradient_checkpointing: bool = False,
-        lora_rank: int = 0,
-        lora_alpha: float | None = None,
-        lora_target_modules: Sequence[str] | str | None = None,
-        lora_dropout: float = 0.0,
-        seed: int = 0,
         grad_sync: GradientSync | None = None,
-        skip_no_signal_rows: bool = True,
+        **flat: Unpack[FlatPolicyArgs],
     ) -> None:
-        if ppo_epochs < 1:
-            raise ValueError(f"ppo_epochs must be >= 1, got {ppo_epochs}")
-        if num_minibatches < 1:
-            raise ValueError(f"num_minibatches must be >= 1, got {num_minibatches}")
-        if microbatch_tokens is not None and microbatch_tokens < 1:
-            raise ValueError(f"microbatch_tokens must be >= 1 or None, got {microbatch_tokens}")
-        if max_grad_norm is not None and not max_grad_norm > 0:
-            raise ValueError(f"max_grad_norm must be > 0 or None, got {max_grad_norm}")
-        if not temperature > 0:
-            raise ValueError(f"temperature must be > 0, got {temperature}")
-        if autocast_dtype is not None and autocast_dtype not in _AUTOCAST:
+        s = policy_settings(
+            PolicySettings(
+                optim=optim or OptimizerSettings(), batching=batching or BatchingSettings(),
+                loss=loss or PolicyLossSettings(), sampler=sampler or SamplerReplay(),
+                compute=compute or ComputeSettings(), lora=lora or LoraSettings(),
+            ),
+            flat,
+        )
+        self.settings = s
+        ls, cs = s.loss, s.compute
+        if cs.autocast_dtype is not None and cs.autocast_dtype not in _AUTOCAST:
             raise ValueError(
-                f"unknown autocast_dtype {autocast_dtype!r}; valid: {', '.join(_AUTOCAST)} or None"
+                f"unknown autocast_dtype {cs.autocast_dtype!r}; valid: {', '.join(_AUTOCAST)} or None"
             )
         # Resolve names once: an unknown name fails here, listing the valid ones.
-        self._policy_loss = POLICY_LOSSES[policy_loss]
-        self._reduction = REDUCTIONS[reduction]
-        self._kl = KL_ESTIMATORS[kl_estimator] if kl_estimator is not None else None
-        self._correction = CORRECTIONS[correction] if correction is not None else None
+        self._policy_loss = POLICY_LOSSES[ls.policy_loss]
+        self._reduction = REDUCTIONS[ls.reduction]
+        self._kl = KL_ESTIMATORS[ls.kl_estimator] if ls.kl_estimator is not None else None
+        self._correction = CORRECTIONS[ls.correction] if ls.correction is not None else None
         # Fail at construction, not mid-update, on bad reduction kwargs (e.g. a missing max_len).
-        self._reduction(torch.ones(1, 1), num_sequences=1, num_tokens=1.0, **dict(reduction_kwargs or {}))
-        self.policy_loss_name, self.reduction_name = policy_loss, reduction
-        self.kl_estimator_name, self.correction_name = kl_estimator, correction
-        self.policy_loss_kwargs = dict(policy_loss_kwargs or {})
-        self.reduction_kwargs = dict(reduction_kwargs or {})
-        self.correction_kwargs = dict(correction_kwargs or {})
+        self._reduction(torch.ones(1, 1), num_sequences=1, num_tokens=1.0, **dict(ls.reduction_kwargs))
+        self.kl_estimator_name = ls.kl_estimator
+        self.policy_loss_kwargs = dict(ls.policy_loss_kwargs)
+        self.reduction_kwargs = dict(ls.reduction_kwargs)
+        self.correction_kwargs = dict(ls.correction_kwargs)
         self.kl_coef = kl_coef
-        self.entropy_coef = float(entropy_coef)
-        self.temperature = float(temperature)
+        self.entropy_coef = float(ls.entropy_coef)
+        self.temperature = float(s.sampler.temperature)
         # Truncated sampling replayed on the learner side (posttrain.learner.logprobs.kept_set_mask):
         # pi_theta / pi_old are the sampler's renormalised distribution, so kappa = pi_old / mu ~ 1.
-        self.top_k, self.top_p = int(top_k), float(top_p)
-        self.max_grad_norm = max_grad_norm
-        self.microbatch_tokens = microbatch_tokens
-        self.ppo_epochs, self.num_minibatches = ppo_epochs, num_minibatches
-        self.autocast_dtype = _AUTOCAST[autocast_dtype] if autocast_dtype is not None else None
-        self.entropy_chunk_size = entropy_chunk_size
-        self.compute_entropy = compute_entropy
-        self.skip_no_signal_rows = bool(skip_no_signal_rows)
+        self.top_k, self.top_p = int(s.sampler.top_k), float(s.sampler.top_p)
+        self.microbatch_tokens = s.batching.microbatch_tokens
+        self.autocast_dtype = _AUTOCAST[cs.autocast_dtype] if cs.autocast_dtype is not None else None
+        self.entropy_chunk_size = cs.entropy_chunk_size
+        self.compute_entropy = ls.compute_entropy
+        self.skip_no_signal_rows = bool(ls.skip_no_signal_rows)
         self._zero_at_zero_adv: bool | None = None  # probed lazily (no_signal_rows_skippable)
 
-        if lora_rank > 0:
+        if s.lora.rank > 0:
             model = wrap_lora(
                 model,
-                rank=lora_rank,
-                alpha=lora_alpha,
-                target_modules=lora_target_modules,
-                dropout=lora_dropout,
+                rank=s.lora.rank,
+                alpha=s.lora.alpha,
+                target_modules=s.lora.target_modules,
+                dropout=s.lora.dropout,
             )
-        self.gradient_checkpointing = gradient_checkpointing
-        if gradient_checkpointing:
+        self.gradient_checkpointing = cs.gradient_checkpointing
+        if cs.gradient_checkpointing:
             # transformers checkpoints layers only in train mode; the learner enters train mode
             # for the gradient forward, which is only exact when the model has no dropout.
             dropout = _dropout_rates(model)
@@ -217,26 +195,39 @@ class PolicyLearner:
                 )
             model.gradient_checkpointing_enable()  # type: ignore[operator]
         self.model = model.eval()
-        self.params = [p for p in model.parameters() if p.requires_grad]
-        self.optimizer = build_optimizer(
-            self.params, lr=lr, betas=betas, weight_decay=weight_decay, eps=adam_eps
-        )
-        self.scheduler = build_scheduler(
-            self.optimizer,
-            lr_schedule,
-            warmup_steps=warmup_steps,
-            total_steps=total_steps,
-            min_lr_ratio=min_lr_ratio,
-        )
-        self.stepper = OptimizerStepper(self.params, self.optimizer, self.scheduler, max_grad_norm)
+        self.trainer = Trainer(list(model.parameters()), s.optim, s.batching)
+        self.params = self.trainer.params
         self.grad_sync: GradientSync = grad_sync if grad_sync is not None else LocalSync()
-        self.generator = torch.Generator().manual_seed(seed)
         self.version = 0
-        self.optimizer_steps = 0
         self.last_old_logprob: torch.Tensor | None = None  # pi_old of the last fused update (see update)
         self._fused_old: torch.Tensor | None = None
         self.last_current_logprob: torch.Tensor | None = None  # pi_theta the last update saw (see update)
         self._current: torch.Tensor | None = None
+
+    # ------------------------------------------------------------------ trainer state
+    @property
+    def optimizer(self) -> torch.optim.Optimizer:
+        """The trainer's AdamW (the learner ranks save and restore it directly)."""
+        return self.trainer.optimizer
+
+    @property
+    def scheduler(self) -> torch.optim.lr_scheduler.LambdaLR:
+        """The trainer's learning-rate schedule."""
+        return self.trainer.scheduler
+
+    @property
+    def generator(self) -> torch.Generator:
+        """The trainer's mini-batch shuffle generator."""
+        return self.trainer.generator
+
+    @property
+    def optimizer_steps(self) -> int:
+        """Optimiser steps taken so far (checkpointed; the learner ranks restore it)."""
+        return self.trainer.optimizer_steps
+
+    @optimizer_steps.setter
+    def optimizer_steps(self, steps: int) -> None:
+        self.trainer.optimizer_steps = steps
 
     # ------------------------------------------------------------------ helpers
     @property
@@ -272,7 +263,7 @@ class PolicyLearner:
 
     def current_lr(self) -> float:
         """Learning rate the next optimizer step will use."""
-        return self.stepper.current_lr()
+        return self.trainer.current_lr()
 
     def can_fuse_old_logprob(self) -> bool:
         """True when ``update(..., fuse_old=True)`` may take pi_old from the update's own forward.
@@ -281,7 +272,8 @@ class PolicyLearner:
         its forward runs under the weights pi_old is defined by, so ``lp.detach()`` *is* pi_old and a
         separate no-grad forward is redundant. Not with a behaviour correction (its kept-token mask
         enters the reduction counts before the forward) nor across processes (one process here)."""
-        return (self.ppo_epochs == 1 and self.num_minibatches == 1 and self._correction is None
+        b = self.settings.batching
+        return (b.epochs == 1 and b.num_minibatches == 1 and self._correction is None
                 and self.grad_sync.world_size == 1)
 
     # ------------------------------------------------------------------ log-probs
@@ -413,36 +405,12 @@ class PolicyLearner:
         )
         return w
 
-    def _microbatches(
-        self, t: Mapping[str, torch.Tensor | None], rows: Sequence[int]
-    ) -> Iterator[dict[str, Any]]:
-        am = t["attention_mask"]
-        assert am is not None
-        lengths = am.sum(dim=1)
-        sub = [int(lengths[r]) for r in rows]
-        groups = (
-            [list(range(len(rows)))]
-            if self.microbatch_tokens is None
-            else split_by_token_budget(sub, self.microbatch_tokens)
-        )
-        for g in groups:
-            idx = [rows[i] for i in g]
-            mb = take_rows(t, idx, max(1, max(sub[i] for i in g)))
-            mb["rows"] = torch.as_tensor(idx, dtype=torch.long)
-            yield mb
-
-    def _accumulate(self, t: Mapping[str, torch.Tensor | None], rows: Sequence[int], acc: _Acc) -> float:
-        """Forward + backward of mini-batch ``rows`` in micro-batches; returns its loss tokens.
+    def _accumulate(self, t: RowTensors, rows: Sequence[int], acc: _Acc, num_tokens: float) -> None:
+        """Forward + backward of mini-batch ``rows`` (``num_tokens`` loss tokens) in micro-batches.
 
         Counts come from the whole mini-batch (the batch is replicated on every process); only the
         ``grad_sync.shard`` of the rows is computed here, then gradients and metric sums are reduced
         over processes by the hook (identities for one process)."""
-        mask_all = t["loss_mask"]
-        assert mask_all is not None
-        sel = mask_all[list(rows)]
-        num_tokens = float(sel.sum())
-        if num_tokens == 0:
-            return 0.0
         # Every row of the mini-batch counts in B, even one with no loss token (reductions contract).
         num_sequences = len(rows)
         sync = self.grad_sync
@@ -459,7 +427,6 @@ class PolicyLearner:
         if before is not None:
             sync.reduce_gradients(self.params)
             self._reduce_acc(acc, before, diag_before)
-        return num_tokens
 
     def _reduce_acc(self, acc: _Acc, before: list[float], diag_before: dict[str, float]) -> None:
         """Make this mini-batch's metric sums global (SUM over processes; ratio extrema MIN/MAX)."""
@@ -496,8 +463,8 @@ class PolicyLearner:
             quiet = [r for r, s in zip(rows, signal, strict=True) if not s]
             rows = [r for r, s in zip(rows, signal, strict=True) if s]
             acc.no_signal_rows += len(quiet)
-        mbs = [(mb, True) for mb in self._microbatches(t, rows)] if rows else []
-        mbs += [(mb, False) for mb in self._microbatches(t, quiet)] if quiet else []
+        mbs = [(mb, True) for mb in microbatches(t, rows, self.microbatch_tokens)]
+        mbs += [(mb, False) for mb in microbatches(t, quiet, self.microbatch_tokens)]
         if filler is not None:
             n_max = -int(self.grad_sync.reduce_min(torch.tensor([-float(len(mbs))], dtype=torch.float64))[0])
             for _ in range(n_max - len(mbs)):
@@ -521,12 +488,12 @@ class PolicyLearner:
                 )
             lp = lp.to(self.compute_dtype)
             if self._current is not None:  # rewritten each epoch: the last optimiser step's forward wins
-                self._current[mb["rows"], : lp.shape[1]] = lp.detach().to("cpu", torch.float64)
-            if mb["old_logprob"] is None:  # fused: this forward runs under pi_old's weights
+                self._current[mb.row_index, : lp.shape[1]] = lp.detach().to("cpu", torch.float64)
+            if mb.optional("old_logprob") is None:  # fused: this forward runs under pi_old's weights
                 fused_old = lp.detach() * mask
                 mb["old_logprob"] = fused_old
                 assert self._fused_old is not None
-                self._fused_old[mb["rows"], : lp.shape[1]] = fused_old.to("cpu", torch.float64)
+                self._fused_old[mb.row_index, : lp.shape[1]] = fused_old.to("cpu", torch.float64)
             out = self._policy_loss(
                 PolicyLossInputs(
                     logprob=lp,
@@ -616,7 +583,7 @@ class PolicyLearner:
     def _idle_pass(self, t: Mapping[str, torch.Tensor | None], rows: Sequence[int]) -> None:
         """A forward/backward whose loss is 0 * (log-probs): no gradient, but every collective a
         sharded model runs inside its passes (FSDP2's all-gather / reduce-scatter) runs here too."""
-        mb = next(iter(self._microbatches(t, rows)))
+        mb = microbatches(t, rows, self.microbatch_tokens)[0]
         with self._autocast(), self._grad_mode():
             lp, _ = forward_logprobs(self.model, mb["input_ids"], mb["attention_mask"], temperature=self.temperature,
                                      with_entropy=False, entropy_grad=False,
@@ -636,9 +603,8 @@ class PolicyLearner:
         the split-invariance test and ``posttrain check``.
         """
         t, _ = self._prepare(batch, advantages, old_logprob)
-        self.optimizer.zero_grad(set_to_none=True)
         acc = _Acc()
-        self._accumulate(t, list(range(batch.size)), acc)
+        self.trainer.accumulate(list(range(batch.size)), _PolicyObjective(self, t, acc))
         grads = {
             n: (p.grad.detach().clone() if p.grad is not None else torch.zeros_like(p))
             for n, p in self.model.named_parameters()
@@ -687,16 +653,7 @@ class PolicyLearner:
         self._current = torch.full(tuple(batch.input_ids.shape), float("nan"), dtype=torch.float64)
         t, info = self._prepare(batch, advantages, old_logprob, fuse_old=fuse_old)
         acc = _Acc()
-        for _ in range(self.ppo_epochs):
-            for rows in minibatch_rows(batch.size, self.num_minibatches, self.generator):
-                acc.minibatches += 1
-                self.optimizer.zero_grad(set_to_none=True)
-                if self._accumulate(t, rows, acc) == 0.0:
-                    acc.empty += 1
-                    continue
-                if self.stepper.step(acc.tally):
-                    self.optimizer_steps += 1
-        self.optimizer.zero_grad(set_to_none=True)
+        tally = self.trainer.train(batch.size, _PolicyObjective(self, t, acc))
         cur_mask = batch.action_mask.to(torch.float64) > 0
         self.last_current_logprob = torch.where(cur_mask, self._current, torch.zeros_like(self._current))
         self._current = None
@@ -709,10 +666,10 @@ class PolicyLearner:
             info.update(_logkappa_metrics(batch.behavior_logprob.to(self.device, dt) * am, old.to(self.device, dt), am,
                                           batch.behavior_version.to(self.device), self.version))
         self.version += 1
-        return {**self._metrics(acc), **info}
+        return {**self._metrics(acc, tally), **info}
 
-    def _metrics(self, acc: _Acc) -> dict[str, float]:
-        n_mb = max(1, acc.minibatches - acc.empty)
+    def _metrics(self, acc: _Acc, tally: TrainTally) -> dict[str, float]:
+        n_mb = max(1, tally.trained)
         n_tok = max(1.0, acc.tokens)
         m: dict[str, float] = {
             "loss": acc.loss / n_mb,
@@ -724,10 +681,10 @@ class PolicyLearner:
             "ratio_mean": acc.ratio_sum / n_tok if acc.tokens else 1.0,
             "ratio_min": acc.ratio_min if acc.tokens else 1.0,
             "ratio_max": acc.ratio_max if acc.tokens else 1.0,
-            **acc.tally.metrics(),
-            "lr": acc.tally.lr if acc.tally.lr is not None else self.current_lr(),
+            **tally.steps.metrics(),
+            "lr": tally.steps.lr if tally.steps.lr is not None else self.current_lr(),
             "tokens_trained": acc.tokens,
-            "empty_minibatches": float(acc.empty),
+            "empty_minibatches": float(tally.empty),
             "no_signal_rows": float(acc.no_signal_rows),
             "kl_coef": self.current_kl_coef(),
             "version": float(self.version),
@@ -751,33 +708,24 @@ class PolicyLearner:
             return merged_state_dict(self.model)
         return self.model.state_dict()
 
-    def state_dict(self) -> dict[str, Any]:
-        """Optimizer, scheduler, shuffle generator, counters and the KL controller (if any)."""
-        s: dict[str, Any] = {
-            "optimizer": self.optimizer.state_dict(),
-            "scheduler": self.scheduler.state_dict(),
-            "generator": self.generator.get_state(),
-            "version": self.version,
-            "optimizer_steps": self.optimizer_steps,
-        }
+    def state_dict(self) -> dict[str, object]:
+        """The trainer's state (:data:`~posttrain.learner.trainer.TRAINER_STATE_KEYS`), the weight
+        ``version`` and the KL controller's state (``kl_controller``, if any)."""
+        s = {**self.trainer.state_dict(), "version": self.version}
         if not isinstance(self.kl_coef, (int, float)):
             s["kl_controller"] = self.kl_coef.state_dict()
         return s
 
-    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+    def load_state_dict(self, state: Mapping[str, object]) -> None:
         """Inverse of :meth:`state_dict` (model weights are loaded separately)."""
-        missing = {"optimizer", "scheduler", "generator", "version", "optimizer_steps"} - set(state)
-        if missing:
-            raise ValueError(f"policy learner state is missing {sorted(missing)}")
-        self.optimizer.load_state_dict(state["optimizer"])
-        self.scheduler.load_state_dict(state["scheduler"])
-        self.generator.set_state(state["generator"])
-        self.version = int(state["version"])
-        self.optimizer_steps = int(state["optimizer_steps"])
+        self.trainer.load_state_dict(state, owner="policy learner", also_needs=("version",))
+        self.version = int(state["version"])  # type: ignore[call-overload]
         if "kl_controller" in state:
             if isinstance(self.kl_coef, (int, float)):
                 raise ValueError("state holds a KL controller but this learner has a fixed kl_coef")
-            self.kl_coef.load_state_dict(state["kl_controller"])
+            controller_state = state["kl_controller"]
+            assert isinstance(controller_state, Mapping)
+            self.kl_coef.load_state_dict(controller_state)
 
 
 def _logkappa_metrics(behavior: torch.Tensor, old: torch.Tensor, action_mask: torch.Tensor,
@@ -813,3 +761,22 @@ def _dropout_rates(model: torch.nn.Module) -> list[str]:
             if "dropout" in k and isinstance(v, (int, float)) and v > 0:
                 found.append(f"config.{k}={v}")
     return found
+
+
+
+class _PolicyObjective:
+    """The policy learner's :class:`~posttrain.learner.trainer.MinibatchLoss` over one update's prepared
+    tensors ``t`` (:meth:`PolicyLearner._prepare`), summing its metrics into ``acc``."""
+
+    def __init__(self, learner: PolicyLearner, t: RowTensors, acc: _Acc) -> None:
+        self.learner, self.t, self.acc = learner, t, acc
+
+    def normaliser(self, rows: Sequence[int]) -> float:
+        """Loss tokens of the mini-batch (the loss mask: action tokens kept by the correction)."""
+        mask = self.t["loss_mask"]
+        assert mask is not None
+        return float(mask[list(rows)].sum())
+
+    def backward(self, rows: Sequence[int], normaliser: float) -> None:
+        """The mini-batch loss of the module docstring, accumulated (:meth:`PolicyLearner._accumulate`)."""
+        self.learner._accumulate(self.t, rows, self.acc, normaliser)

@@ -21,7 +21,7 @@ import json
 import math
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Unpack
 
 import safetensors.torch
 import torch
@@ -30,9 +30,15 @@ from posttrain.algos.registry import REDUCTIONS
 from posttrain.algos.value import value_loss
 from posttrain.learner.checkpoint import load_pretrained_weights
 from posttrain.learner.lora import is_peft_model
-from posttrain.learner.microbatch import minibatch_rows, split_by_token_budget, take_rows
-from posttrain.learner.optim_step import OptimizerStepper, StepTally
-from posttrain.learner.schedule import build_optimizer, build_scheduler
+from posttrain.learner.microbatch import microbatches
+from posttrain.learner.settings import (
+    BatchingSettings,
+    FlatCriticArgs,
+    OptimizerSettings,
+    RegistryKwargs,
+    critic_settings,
+)
+from posttrain.learner.trainer import Trainer
 from posttrain.trajectory.collate import TrajectoryBatch
 
 HEAD_FILE = "value_head.safetensors"
@@ -131,53 +137,29 @@ class CriticLearner:
 
     Loss of a mini-batch ``M``: ``sum_{b,t} w[b,t] * value_loss(V, V_old, R, clip_eps)[b,t]`` with
     ``w = REDUCTIONS[reduction]`` over the loss mask using mini-batch counts (split-invariant, as in
-    the policy learner). Own AdamW + schedule; ``epochs`` x ``num_minibatches`` steps per update.
+    the policy learner). Trained by its own :class:`~posttrain.learner.trainer.Trainer` (AdamW +
+    schedule from ``optim``; ``batching.epochs`` x ``batching.num_minibatches`` steps per update).
+    The flat keyword arguments of :class:`~posttrain.learner.settings.FlatCriticArgs` (``lr=``,
+    ``epochs=`` ...) override fields of ``optim`` / ``batching``; ``optim`` defaults to lr 1e-5.
     """
 
     def __init__(
         self,
         value_model: ValueModel,
         *,
-        lr: float = 1e-5,
-        betas: tuple[float, float] = (0.9, 0.999),
-        weight_decay: float = 0.0,
-        adam_eps: float = 1e-8,
-        warmup_steps: int = 0,
-        total_steps: int | None = None,
-        lr_schedule: str = "constant",
-        min_lr_ratio: float = 0.0,
-        max_grad_norm: float | None = 1.0,
-        microbatch_tokens: int | None = None,
-        epochs: int = 1,
-        num_minibatches: int = 1,
+        optim: OptimizerSettings | None = None,
+        batching: BatchingSettings | None = None,
         clip_eps: float | None = None,
         reduction: str = "token_mean",
-        reduction_kwargs: Mapping[str, Any] | None = None,
-        seed: int = 0,
+        reduction_kwargs: RegistryKwargs | None = None,
+        **flat: Unpack[FlatCriticArgs],
     ) -> None:
-        if epochs < 1 or num_minibatches < 1:
-            raise ValueError(f"epochs and num_minibatches must be >= 1, got {epochs}, {num_minibatches}")
+        optim, batching = critic_settings(optim or OptimizerSettings(lr=1e-5), batching or BatchingSettings(), flat)
         self.model = value_model
         self._reduction = REDUCTIONS[reduction]
         self.reduction_kwargs = dict(reduction_kwargs or {})
         self.clip_eps = clip_eps
-        self.max_grad_norm = max_grad_norm
-        self.microbatch_tokens = microbatch_tokens
-        self.epochs, self.num_minibatches = epochs, num_minibatches
-        self.params = [p for p in value_model.parameters() if p.requires_grad]
-        self.optimizer = build_optimizer(
-            self.params, lr=lr, betas=betas, weight_decay=weight_decay, eps=adam_eps
-        )
-        self.scheduler = build_scheduler(
-            self.optimizer,
-            lr_schedule,
-            warmup_steps=warmup_steps,
-            total_steps=total_steps,
-            min_lr_ratio=min_lr_ratio,
-        )
-        self.stepper = OptimizerStepper(self.params, self.optimizer, self.scheduler, max_grad_norm)
-        self.generator = torch.Generator().manual_seed(seed)
-        self.optimizer_steps = 0
+        self.trainer = Trainer(list(value_model.parameters()), optim, batching)
 
     @property
     def device(self) -> torch.device:
@@ -198,19 +180,13 @@ class CriticLearner:
         """
         dev = self.device
         ids, am = batch.input_ids.to(dev), batch.attention_mask.to(dev)
-        lengths = am.sum(dim=1).tolist()
-        groups = (
-            [list(range(batch.size))]
-            if self.microbatch_tokens is None
-            else split_by_token_budget(lengths, self.microbatch_tokens)
-        )
         values = torch.zeros(batch.input_ids.shape, dtype=torch.float64)
         final = torch.zeros(batch.size, dtype=torch.float64)
-        for rows in groups:
-            width = max(1, int(max(lengths[r] for r in rows)))
-            idx = torch.tensor(rows, dtype=torch.long)
-            v, f = self.model(ids[idx.to(dev), :width], am[idx.to(dev), :width])
-            values[idx, :width] = v.to("cpu", torch.float64)
+        tensors = {"input_ids": ids, "attention_mask": am}
+        for mb in microbatches(tensors, range(batch.size), self.trainer.microbatch_tokens):
+            v, f = self.model(mb["input_ids"], mb["attention_mask"])
+            idx = mb.row_index
+            values[idx, : v.shape[1]] = v.to("cpu", torch.float64)
             final[idx] = f.to("cpu", torch.float64)
         return values * batch.action_mask.to(torch.float64), final
 
@@ -247,64 +223,27 @@ class CriticLearner:
         mask = batch.action_mask.to(dev, dt)
         if loss_mask is not None:
             mask = mask * loss_mask.to(dev, dt)
-        t: dict[str, torch.Tensor | None] = {
+        regression = _ValueRegression(self, {
             "input_ids": batch.input_ids.to(dev),
             "attention_mask": batch.attention_mask.to(dev),
             "returns": returns.to(dev, dt) * mask,
             "old_values": old_values.to(dev, dt) * mask,
             "mask": mask,
-        }
+        })
         on = mask > 0
-        r_on, v_on = t["returns"][on], t["old_values"][on]  # type: ignore[index]
+        r_on, v_on = regression.tensors["returns"][on], regression.tensors["old_values"][on]
         var_r = float(r_on.var()) if r_on.numel() > 1 else 0.0
         ev = 1.0 - float((r_on - v_on).var()) / var_r if var_r > 0 else 0.0
-        loss_sum, clip_sum, err_sum, tokens, n_mb = 0.0, 0.0, 0.0, 0.0, 0
-        tally = StepTally()
-        for _ in range(self.epochs):
-            for rows in minibatch_rows(B, self.num_minibatches, self.generator):
-                sel = mask[rows]
-                num_tokens = float(sel.sum())
-                if num_tokens == 0:
-                    continue
-                n_mb += 1
-                self.optimizer.zero_grad(set_to_none=True)
-                for mb in self._microbatches(t, rows):
-                    v, _ = self.model(mb["input_ids"], mb["attention_mask"])
-                    v = v.to(dt)
-                    per_tok, diag = value_loss(v, mb["old_values"], mb["returns"], mb["mask"], self.clip_eps)
-                    w = self._reduction(
-                        mb["mask"], num_sequences=len(rows), num_tokens=num_tokens, **self.reduction_kwargs
-                    )
-                    loss = (per_tok * w).sum()
-                    loss.backward()
-                    loss_sum += float(loss.detach())
-                    clip_sum += float((diag["clipped"] * mb["mask"]).sum())
-                    err_sum += float((diag["value_error"].abs() * mb["mask"]).sum())
-                    tokens += float(mb["mask"].sum())
-                if self.stepper.step(tally):
-                    self.optimizer_steps += 1
-        self.optimizer.zero_grad(set_to_none=True)
+        tally = self.trainer.train(B, regression)
+        tokens = max(1.0, regression.tokens)
         return {
-            "value_loss": loss_sum / max(1, n_mb),
-            "value_clip_frac": clip_sum / max(1.0, tokens),
-            "value_error_abs": err_sum / max(1.0, tokens),
+            "value_loss": regression.loss_sum / max(1, tally.trained),
+            "value_clip_frac": regression.clip_sum / tokens,
+            "value_error_abs": regression.err_sum / tokens,
             "explained_variance": ev,
-            **tally.metrics(),
-            "lr": tally.lr if tally.lr is not None else self.stepper.current_lr(),
+            **tally.steps.metrics(),
+            "lr": tally.steps.lr if tally.steps.lr is not None else self.trainer.current_lr(),
         }
-
-    def _microbatches(
-        self, t: Mapping[str, torch.Tensor | None], rows: Sequence[int]
-    ) -> list[dict[str, Any]]:
-        am = t["attention_mask"]
-        assert am is not None
-        sub = [int(am[r].sum()) for r in rows]
-        groups = (
-            [list(range(len(rows)))]
-            if self.microbatch_tokens is None
-            else split_by_token_budget(sub, self.microbatch_tokens)
-        )
-        return [take_rows(t, [rows[i] for i in g], max(1, max(sub[i] for i in g))) for g in groups]
 
     def save(self, directory: str | Path) -> None:
         """Write the value model's weights (:meth:`ValueModel.save`); lets ``save_checkpoint``
@@ -315,21 +254,38 @@ class CriticLearner:
         """Load weights written by :meth:`save` (``CheckpointState.critic_dir``)."""
         self.model.load(directory)
 
-    def state_dict(self) -> dict[str, Any]:
-        """Optimizer, scheduler, shuffle generator and step counter (weights: :meth:`save`)."""
-        return {
-            "optimizer": self.optimizer.state_dict(),
-            "scheduler": self.scheduler.state_dict(),
-            "generator": self.generator.get_state(),
-            "optimizer_steps": self.optimizer_steps,
-        }
+    def state_dict(self) -> dict[str, object]:
+        """The trainer's state: optimizer, scheduler, shuffle generator, step counter (weights: :meth:`save`)."""
+        return self.trainer.state_dict()
 
-    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+    def load_state_dict(self, state: Mapping[str, object]) -> None:
         """Inverse of :meth:`state_dict`."""
-        missing = {"optimizer", "scheduler", "generator", "optimizer_steps"} - set(state)
-        if missing:
-            raise ValueError(f"critic learner state is missing {sorted(missing)}")
-        self.optimizer.load_state_dict(state["optimizer"])
-        self.scheduler.load_state_dict(state["scheduler"])
-        self.generator.set_state(state["generator"])
-        self.optimizer_steps = int(state["optimizer_steps"])
+        self.trainer.load_state_dict(state, owner="critic learner")
+
+
+class _ValueRegression:
+    """The critic's :class:`~posttrain.learner.trainer.MinibatchLoss` over one update's device tensors
+    (``input_ids``, ``attention_mask``, ``returns``, ``old_values``, ``mask``), with its metric sums."""
+
+    def __init__(self, critic: CriticLearner, tensors: dict[str, torch.Tensor]) -> None:
+        self.critic, self.tensors = critic, tensors
+        self.loss_sum = self.clip_sum = self.err_sum = self.tokens = 0.0
+
+    def normaliser(self, rows: Sequence[int]) -> float:
+        """Loss tokens of the mini-batch."""
+        return float(self.tensors["mask"][list(rows)].sum())
+
+    def backward(self, rows: Sequence[int], normaliser: float) -> None:
+        """Clipped value loss of each micro-batch, reduced with the mini-batch counts; backward."""
+        c = self.critic
+        for mb in microbatches(self.tensors, rows, c.trainer.microbatch_tokens):
+            v, _ = c.model(mb["input_ids"], mb["attention_mask"])
+            v = v.to(c.compute_dtype)
+            per_tok, diag = value_loss(v, mb["old_values"], mb["returns"], mb["mask"], c.clip_eps)
+            w = c._reduction(mb["mask"], num_sequences=len(rows), num_tokens=normaliser, **c.reduction_kwargs)
+            loss = (per_tok * w).sum()
+            loss.backward()
+            self.loss_sum += float(loss.detach())
+            self.clip_sum += float((diag["clipped"] * mb["mask"]).sum())
+            self.err_sum += float((diag["value_error"].abs() * mb["mask"]).sum())
+            self.tokens += float(mb["mask"].sum())

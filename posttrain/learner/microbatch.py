@@ -13,6 +13,9 @@ from collections.abc import Mapping, Sequence
 
 import torch
 
+#: Per-row tensors of a batch by name (``[B, T, ...]`` or ``[B]``); ``None`` for an absent optional one.
+RowTensors = Mapping[str, torch.Tensor | None]
+
 
 def split_by_token_budget(
     lengths: Sequence[int], budget: int, *, max_rows: int | None = None
@@ -71,6 +74,54 @@ def take_rows(
         idx = torch.as_tensor(list(rows), dtype=torch.long, device=t.device)
         sel = t.index_select(0, idx)
         out[name] = sel[:, :width] if (width is not None and sel.dim() >= 2) else sel
+    return out
+
+
+class Microbatch:
+    """One forward/backward pass: the batch rows it holds (``rows``, positions in the batch) and their
+    tensors trimmed to the pass's longest row. ``mb[name]`` is a present tensor (``KeyError`` when it is
+    absent or ``None``); :meth:`optional` reads one that may be ``None``."""
+
+    def __init__(self, rows: Sequence[int], tensors: dict[str, torch.Tensor | None]) -> None:
+        self.rows = list(rows)
+        self._tensors = tensors
+
+    def __getitem__(self, name: str) -> torch.Tensor:
+        t = self._tensors[name]
+        if t is None:
+            raise KeyError(f"micro-batch tensor {name!r} is None")
+        return t
+
+    def __setitem__(self, name: str, value: torch.Tensor) -> None:
+        self._tensors[name] = value
+
+    def optional(self, name: str) -> torch.Tensor | None:
+        """The tensor ``name``, or ``None`` when the batch has none."""
+        return self._tensors[name]
+
+    @property
+    def row_index(self) -> torch.Tensor:
+        """``rows`` as a CPU ``long`` tensor (to scatter per-row results into ``[B, ...]`` buffers)."""
+        return torch.as_tensor(self.rows, dtype=torch.long)
+
+
+def microbatches(tensors: RowTensors, rows: Sequence[int], budget: int | None) -> list[Microbatch]:
+    """The micro-batches of mini-batch ``rows``: :func:`split_by_token_budget` over the rows' lengths
+    (``tensors["attention_mask"]`` row sums) with ``budget`` (``None``: one micro-batch of every row),
+    each trimmed by :func:`take_rows` to its longest row. Rows keep their order inside a group; no rows,
+    no micro-batch."""
+    if not rows:
+        return []
+    am = tensors["attention_mask"]
+    if am is None:
+        raise ValueError("micro-batching needs an attention_mask")
+    lengths = am.sum(dim=1)
+    sub = [int(lengths[r]) for r in rows]
+    groups = [list(range(len(rows)))] if budget is None else split_by_token_budget(sub, budget)
+    out = []
+    for g in groups:
+        idx = [rows[i] for i in g]
+        out.append(Microbatch(idx, take_rows(tensors, idx, max(1, max(sub[i] for i in g)))))
     return out
 
 

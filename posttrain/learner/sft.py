@@ -2,6 +2,9 @@
 
 Loss: mean negative log-likelihood of the answer tokens (and the closing eos) given the prompt,
 token-mean over the batch: ``L = -sum_{i,t} m_it log pi(y_it | x_i, y_i,<t) / sum m_it``.
+Each step is one :class:`~posttrain.learner.trainer.Trainer` update of one mini-batch (the step's
+pairs, one micro-batch): the same AdamW, schedule and step rules as the RL learners, with the
+warm-up's settings of :func:`sft_optimizer_settings`.
 """
 
 from __future__ import annotations
@@ -10,47 +13,72 @@ from collections.abc import Callable, Sequence
 
 import torch
 
+from posttrain.learner.settings import BatchingSettings, OptimizerSettings
+from posttrain.learner.trainer import Trainer
 from posttrain.trajectory import collate, make_trajectory
 
+#: ``(prompt_ids, answer_ids_with_eos)``: one demonstration.
+SFTPair = tuple[list[int], list[int]]
 
-def sft_batch_loss(model: torch.nn.Module, pairs: Sequence[tuple[list[int], list[int]]], pad_token_id: int) -> torch.Tensor:
-    """Token-mean NLL of the answer ids of ``pairs`` = [(prompt_ids, answer_ids_with_eos)]."""
-    trajs = [
-        make_trajectory(
-            traj_id=str(i), prompt_id=str(i), group_id=str(i), prompt_ids=p, action_ids=a,
-            action_logprobs=[0.0] * len(a), action_versions=0, finish="terminal",
-        )
-        for i, (p, a) in enumerate(pairs)
-    ]
-    b = collate(trajs, pad_token_id=pad_token_id)
-    logits = model(input_ids=b.input_ids, attention_mask=b.attention_mask).logits[:, :-1].float()
-    lp = torch.log_softmax(logits, -1).gather(-1, b.input_ids[:, 1:, None]).squeeze(-1)
-    mask = b.action_mask[:, 1:].to(lp.dtype)
-    return -(lp * mask).sum() / mask.sum().clamp(min=1)
+
+def sft_optimizer_settings(steps: int, lr: float) -> OptimizerSettings:
+    """The warm-up's optimiser: AdamW(``lr``, weight decay 0.01), the learning rate decaying linearly to
+    10% over ``steps`` optimiser steps, the gradient norm clipped to 1."""
+    return OptimizerSettings(lr=lr, weight_decay=0.01, lr_schedule="linear", total_steps=max(steps, 1),
+                             min_lr_ratio=0.1, max_grad_norm=1.0)
+
+
+class AnswerNLL:
+    """The SFT :class:`~posttrain.learner.trainer.MinibatchLoss` of one batch of ``pairs``: the answer
+    tokens' summed negative log-likelihood over the mini-batch's answer-token count. ``last_loss`` holds
+    the value of the last backward."""
+
+    def __init__(self, model: torch.nn.Module, pairs: Sequence[SFTPair], pad_token_id: int) -> None:
+        trajs = [
+            make_trajectory(
+                traj_id=str(i), prompt_id=str(i), group_id=str(i), prompt_ids=p, action_ids=a,
+                action_logprobs=[0.0] * len(a), action_versions=0, finish="terminal",
+            )
+            for i, (p, a) in enumerate(pairs)
+        ]
+        self.model, self.batch = model, collate(trajs, pad_token_id=pad_token_id)
+        self.last_loss = 0.0
+
+    def normaliser(self, rows: Sequence[int]) -> float:
+        """Answer tokens (with their eos) of the rows."""
+        return float(self.batch.action_mask[list(rows), 1:].sum())
+
+    def backward(self, rows: Sequence[int], normaliser: float) -> None:
+        """Token-mean NLL of the rows' answers (one forward), backward."""
+        idx = torch.as_tensor(list(rows), dtype=torch.long)
+        ids = self.batch.input_ids[idx]
+        logits = self.model(input_ids=ids, attention_mask=self.batch.attention_mask[idx]).logits[:, :-1].float()
+        lp = torch.log_softmax(logits, -1).gather(-1, ids[:, 1:, None]).squeeze(-1)
+        mask = self.batch.action_mask[idx, 1:].to(lp.dtype)
+        loss = -(lp * mask).sum() / torch.tensor(normaliser, dtype=lp.dtype)
+        loss.backward()  # type: ignore[no-untyped-call]
+        self.last_loss = float(loss.detach())
 
 
 def run_sft(
     model: torch.nn.Module,
-    batches: Callable[[int], Sequence[tuple[list[int], list[int]]]],
+    batches: Callable[[int], Sequence[SFTPair]],
     *,
     steps: int,
     lr: float,
     pad_token_id: int,
     on_step: Callable[[int, float], None] | None = None,
 ) -> list[float]:
-    """``steps`` AdamW steps on ``batches(step)``; returns the loss curve (one float per step)."""
-    opt = torch.optim.AdamW(model.parameters(), lr=lr)
-    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: 1.0 - s / max(steps, 1) * 0.9)
+    """``steps`` optimiser steps (:func:`sft_optimizer_settings`) on ``batches(step)``, the model in train
+    mode (eval mode after); returns the loss curve (one float per step) and calls ``on_step(step, loss)``."""
+    trainer = Trainer(list(model.parameters()), sft_optimizer_settings(steps, lr), BatchingSettings())
     model.train()
     losses: list[float] = []
     for s in range(steps):
-        loss = sft_batch_loss(model, batches(s), pad_token_id)
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-        opt.step()
-        sched.step()
-        losses.append(float(loss.detach()))
+        pairs = batches(s)
+        nll = AnswerNLL(model, pairs, pad_token_id)
+        trainer.train(len(pairs), nll)
+        losses.append(nll.last_loss)
         if on_step is not None:
             on_step(s, losses[-1])
     model.eval()
