@@ -11,7 +11,8 @@ import argparse
 import importlib
 import sys
 from collections.abc import Sequence
-from pathlib import Path
+
+from posttrain.errors import UserError
 
 # name -> module that implements it (each has register(subparsers)).
 COMMANDS: dict[str, str] = {
@@ -25,39 +26,6 @@ COMMANDS: dict[str, str] = {
     "compare": "posttrain.commands.compare",
     "view": "posttrain.commands.view",
 }
-
-
-class UserError(Exception):
-    """An error caused by the user's input: printed as one line, exit code 2."""
-
-
-def recipe_headline(path: Path, width: int = 120) -> str:
-    """The first sentence of a recipe's header comment, on one line (at most ``width`` characters).
-
-    Contract: the leading ``#`` lines of the YAML file are joined up to and including the first one
-    that ends with ``.`` (or up to an empty comment line); the result is cut with ``...`` beyond
-    ``width``; ``""`` when the file has no header comment.
-    """
-    words: list[str] = []
-    for line in path.read_text(encoding="utf-8").splitlines():
-        text = line.lstrip("#").strip()
-        if not line.startswith("#") or not text:
-            break
-        words.append(text)
-        if text.endswith("."):
-            break
-    text = " ".join(words)
-    return text if len(text) <= width else text[: width - 3].rstrip() + "..."
-
-
-def shipped_recipes_help() -> str:
-    """``posttrain train --help``'s epilog: every shipped recipe, one line each, with its headline."""
-    from posttrain.config import RECIPES_DIR
-
-    paths = sorted(RECIPES_DIR.glob("*.yaml"))
-    width = max((len(p.stem) for p in paths), default=0)
-    lines = [f"  {p.stem:<{width}}  {recipe_headline(p)}" for p in paths]
-    return "shipped recipes (posttrain/recipes/; measured as shipped: docs/algorithms.md):\n" + "\n".join(lines)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -119,8 +87,4 @@ def one_line(msg: object) -> str:
 
 
 if __name__ == "__main__":
-    # `python -m posttrain.cli` runs this file as __main__, a second copy of the module whose
-    # UserError is another class than the one the commands import: run the package's own main.
-    from posttrain.cli import main as _package_main
-
-    sys.exit(_package_main())
+    sys.exit(main())

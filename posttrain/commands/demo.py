@@ -14,7 +14,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from posttrain.config import load_config
+from posttrain.loop.validate import load_run_config
 
 
 def register(sub: Any) -> None:
@@ -38,7 +38,7 @@ def run(args: argparse.Namespace) -> int:
     from posttrain.loop.console import progress_bars
     from posttrain.loop.sync import train
 
-    cfg = load_config("demo", [f"run_dir={args.run_dir}", *args.overrides])
+    cfg = load_run_config("demo", [f"run_dir={args.run_dir}", *args.overrides])
     from posttrain.loop.preflight import preflight
 
     preflight(cfg)  # config errors of step 1 fail here, before anything is moved or written

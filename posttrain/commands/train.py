@@ -17,18 +17,45 @@ import errno
 import logging
 import shlex
 import sys
+from pathlib import Path
 from typing import Any
 
-from posttrain.config import dump_config, load_config
+from posttrain.config import RECIPES_DIR, dump_config
+from posttrain.loop.validate import load_run_config
 
 # Errors of the run directory's storage that the user can fix (free space, permissions).
 _STORAGE_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EACCES, errno.EPERM})
 EXIT_INTERRUPTED = 130  # the shell's code for SIGINT (128 + 2)
 
 
-def register(sub: Any) -> None:
-    from posttrain.cli import shipped_recipes_help
+def recipe_headline(path: Path, width: int = 120) -> str:
+    """The first sentence of a recipe's header comment, on one line (at most ``width`` characters).
 
+    Contract: the leading ``#`` lines of the YAML file are joined up to and including the first one
+    that ends with ``.`` (or up to an empty comment line); the result is cut with ``...`` beyond
+    ``width``; ``""`` when the file has no header comment.
+    """
+    words: list[str] = []
+    for line in path.read_text(encoding="utf-8").splitlines():
+        text = line.lstrip("#").strip()
+        if not line.startswith("#") or not text:
+            break
+        words.append(text)
+        if text.endswith("."):
+            break
+    text = " ".join(words)
+    return text if len(text) <= width else text[: width - 3].rstrip() + "..."
+
+
+def shipped_recipes_help() -> str:
+    """``posttrain train --help``'s epilog: every shipped recipe, one line each, with its headline."""
+    paths = sorted(RECIPES_DIR.glob("*.yaml"))
+    width = max((len(p.stem) for p in paths), default=0)
+    lines = [f"  {p.stem:<{width}}  {recipe_headline(p)}" for p in paths]
+    return "shipped recipes (posttrain/recipes/; measured as shipped: docs/algorithms.md):\n" + "\n".join(lines)
+
+
+def register(sub: Any) -> None:
     p = sub.add_parser("train", help="train with a recipe (YAML path or shipped name) and key=value overrides",
                        epilog=shipped_recipes_help(), formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("recipe", help="recipe YAML path or shipped name (listed below)")
@@ -78,7 +105,7 @@ def print_rise(cfg: Any) -> None:
 
 def run(args: argparse.Namespace) -> int:
     """Train; returns the exit code (0, or 130 after Ctrl-C). Storage errors become ``UserError``."""
-    cfg = load_config(args.recipe, args.overrides)
+    cfg = load_run_config(args.recipe, args.overrides)
     from posttrain.loop.preflight import preflight
 
     preflight(cfg)  # what would fail at step 1 for a config reason fails now, before the run dir exists

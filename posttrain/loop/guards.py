@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from posttrain.config import GuardsConfig
 
-from posttrain.cli import UserError
+from posttrain.errors import UserError
 from posttrain.trajectory import Status
 
 log = logging.getLogger("posttrain")

@@ -1,7 +1,7 @@
 """The run directory's guards: usable and writable, locked by one run, its recipe protected on resume.
 
 - :func:`prepare_run_dir` creates ``run_dir`` and turns "is a file", "read-only" and the like
-  into one-line :class:`~posttrain.cli.UserError` s naming the path;
+  into one-line :class:`~posttrain.errors.UserError` s naming the path;
 - :class:`RunDirLock` holds an exclusive ``fcntl.flock`` on ``<run_dir>/.lock`` for the run's
   lifetime, so a second run into the same directory fails at once instead of interleaving its
   checkpoints, ledger and metrics with the first (the kernel drops the lock when the process
@@ -29,7 +29,7 @@ from typing import Any
 
 import yaml
 
-from posttrain.cli import UserError
+from posttrain.errors import UserError
 
 LOCK_NAME = ".lock"
 FAILED_PREFIX = "failed_"
@@ -43,11 +43,8 @@ log = logging.getLogger("posttrain")
 
 
 class RunDirError(UserError, ValueError):
-    """A user-fixable problem of the run directory or of a resume: one line, exit code 2.
-
-    Also a ``ValueError``: under ``python -m posttrain.cli`` the CLI module runs as ``__main__``,
-    a second copy whose ``UserError`` is another class, but it prints ``ValueError`` s as one line too.
-    """
+    """A user-fixable problem of the run directory or of a resume: one line, exit code 2 (also a
+    ``ValueError``, which callers outside the command line may catch as such)."""
 
 # Run controls a resume may change without resume_force: how long and where the run goes on
 # (``steps``: extending a finished run is the usual resume).

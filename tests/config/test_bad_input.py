@@ -12,7 +12,8 @@ import pytest
 
 import posttrain.algos as A
 from posttrain.cli import main
-from posttrain.config import RECIPES_DIR, ConfigError, check_algo_kwargs, load_config, resolve_recipe_path
+from posttrain.config import RECIPES_DIR, ConfigError, load_config, resolve_recipe_path
+from posttrain.loop.algo_kwargs import check_algo_kwargs
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from _cli_errors import one_error_line  # noqa: E402

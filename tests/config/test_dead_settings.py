@@ -1,5 +1,5 @@
 """No dead settings (issue 22): a key set to a non-default value that cannot take effect in the resolved
-config is refused at load with one line naming the key and why, or warned where posttrain/config_rules.py
+config is refused at load with one line naming the key and why, or warned where posttrain/config/dead_settings.py
 RULES says so; the same key where it acts loads silently. Environment reward weights are checked at load
 against the parts the environment declares."""
 

@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any, Literal
 from pydantic import BaseModel
 
 if TYPE_CHECKING:
-    from posttrain.config import RunConfig
+    from posttrain.config.run import RunConfig
 
 
 @dataclasses.dataclass(frozen=True)

@@ -1,0 +1,65 @@
+"""``RayBackendConfig``: the keys of ``system.ray`` (validated by pydantic, ``extra="forbid"``).
+
+Scaling rule: a laptop run and a multi-node run differ only in ``address`` (``None`` starts a
+local cluster; ``"auto"`` or ``"host:port"`` joins a running one) and the worker counts. Placement
+is expressed in resources (CPUs/GPUs per worker, optional custom resources that pin a role to
+labelled nodes) and placement groups, never in host names.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+
+class RayBackendConfig(BaseModel):
+    """Ray backend settings (see ``docs/distributed.md`` for each key)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    address: str | None = Field(
+        None, description="None: start a local cluster; 'auto' or 'host:port': join that cluster"
+    )
+    num_rollout_workers: int = Field(2, ge=1, description="rollout worker actors (one engine each)")
+    num_reward_workers: int = Field(1, ge=0, description="verifier actors (0: verify in the driver process)")
+    placement: Literal["colocated", "disaggregated"] = Field(
+        "colocated",
+        description="colocated: one placement group (PACK) for every worker; "
+        "disaggregated: one group per role, rollout workers SPREAD over nodes",
+    )
+    cpus_per_rollout_worker: float = Field(0.5, gt=0, description="logical CPUs reserved per rollout worker")
+    cpus_per_reward_worker: float = Field(0.25, gt=0, description="logical CPUs reserved per reward worker")
+    cpus_per_learner: float = Field(0.5, gt=0, description="logical CPUs reserved for a remote learner")
+    gpus_per_rollout_worker: float = Field(0.0, ge=0)
+    gpus_per_learner: float = Field(0.0, ge=0)
+    rollout_resources: dict[str, float] = Field(
+        default_factory=dict, description="custom resources per rollout worker, e.g. {'rollout_node': 1}"
+    )
+    learner_resources: dict[str, float] = Field(default_factory=dict)
+    transfer_timeout_s: float = Field(60.0, gt=0, description="bound on one weight broadcast (fails loudly)")
+    generate_timeout_s: float = Field(600.0, gt=0, description="bound on one worker's generate call")
+    verify_timeout_s: float = Field(10.0, gt=0, description="per-item verifier time limit")
+    learner_timeout_s: float = Field(1800.0, gt=0, description="bound on one remote learner call")
+    startup_timeout_s: float = Field(120.0, gt=0, description="bound on placement + actor start-up")
+    max_restarts: int = Field(3, ge=0, description="Ray restarts of a dead worker actor")
+    max_task_retries: int = Field(
+        1, ge=0, description="Ray re-runs of a call whose actor died mid-call (on the restarted actor)"
+    )
+    request_retries: int = Field(
+        1, ge=0, description="driver re-queues of a request whose worker failed, before it is an infra_error"
+    )
+    verify_retries: int = Field(1, ge=0, description="retries of a verifier that raised or timed out")
+    weight_transport: Literal["object_store"] = Field(
+        "object_store",
+        description="object_store (CPU, tested). A NCCL broadcast is the GPU path; see docs/distributed.md",
+    )
+    local_num_cpus: int | None = Field(
+        None, ge=1, description="CPUs of a locally started cluster (None: Ray's default, all cores)"
+    )
+
+    @model_validator(mode="after")
+    def _check(self) -> RayBackendConfig:
+        if self.address is not None and self.local_num_cpus is not None:
+            raise ValueError("local_num_cpus only applies to a locally started cluster (address: null)")
+        return self

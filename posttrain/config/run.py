@@ -1,0 +1,114 @@
+"""``RunConfig``: a full recipe — the six axes (feedback, sampling, credit, correction, reduction,
+system) plus model, optimiser, learner, rollout engine, evaluation and run controls.
+
+Its validator refuses combinations of keys that cannot run and keys that cannot take effect
+(:mod:`posttrain.config.dead_settings`), from the config alone.
+"""
+
+from __future__ import annotations
+
+from pydantic import Field, model_validator
+
+from posttrain.config.algorithm import (
+    CorrectionConfig,
+    CreditConfig,
+    LossConfig,
+    OptimConfig,
+    SamplingConfig,
+    SFTConfig,
+)
+from posttrain.config.dead_settings import check_dead_settings
+from posttrain.config.feedback import EnvConfig, RewardConfig, TaskConfig
+from posttrain.config.learner import LearnerConfig
+from posttrain.config.model import CriticConfig, LoraConfig, ModelConfig
+from posttrain.config.monitoring import EvalConfig, GuardsConfig, LoggingConfig
+from posttrain.config.rollout import RolloutConfig
+from posttrain.config.section import Section
+from posttrain.config.system import SystemConfig
+
+
+class RunConfig(Section):
+    """A full recipe: the six axes plus model, optimiser and run controls."""
+
+    name: str = "run"
+    seed: int = 0
+    steps: int = Field(50, ge=0)
+    run_dir: str | None = Field(None, description="default: runs/<name>")
+    resume: bool = Field(False, description="continue the run in run_dir from its latest complete checkpoint "
+                         "(an error if there is none; a corrupt latest one falls back to the previous)")
+    resume_force: bool = Field(False, description="resume even though the recipe differs from the run's "
+                               "config.yaml (the old one is kept as config.step_<N>.yaml); without it such a "
+                               "resume is refused with the differing keys")
+    checkpoint_every: int = Field(10, ge=0, description="checkpoint every N steps (and at the end); a crash loses "
+                                  "at most the steps since the last one. 0 = only at the end")
+    model: ModelConfig = Field(default_factory=ModelConfig)
+    task: TaskConfig = Field(default_factory=TaskConfig)
+    env: EnvConfig = Field(default_factory=EnvConfig, description="multi-turn environment episodes (env.name set)")
+    reward: RewardConfig = Field(default_factory=RewardConfig)
+    sampling: SamplingConfig = Field(default_factory=SamplingConfig)
+    credit: CreditConfig = Field(default_factory=CreditConfig)
+    correction: CorrectionConfig = Field(default_factory=CorrectionConfig)
+    loss: LossConfig = Field(default_factory=LossConfig)
+    optim: OptimConfig = Field(default_factory=OptimConfig)
+    lora: LoraConfig = Field(default_factory=LoraConfig, description="LoRA adapters on the policy (rank 0 = off)")
+    critic: CriticConfig = Field(default_factory=CriticConfig)
+    learner: LearnerConfig = Field(default_factory=LearnerConfig, description="where the policy update runs: "
+                                   "embedded, or ddp / fsdp2 rank processes (docs/distributed.md)")
+    system: SystemConfig = Field(default_factory=SystemConfig)
+    rollout: RolloutConfig = Field(default_factory=RolloutConfig, description="the rollout engine (docs/rollout.md)")
+    eval: EvalConfig = Field(default_factory=EvalConfig)
+    sft: SFTConfig = Field(default_factory=SFTConfig)
+    guards: GuardsConfig = Field(default_factory=GuardsConfig)
+    logging: LoggingConfig = Field(default_factory=LoggingConfig)
+
+    @model_validator(mode="after")
+    def _check_combinations(self) -> RunConfig:
+        # Combinations of keys that cannot run, read from the config alone. What needs the registries, user
+        # modules, a dry run of an algorithm or this machine is posttrain.loop.validate.validate_run's.
+        if self.env.name is not None and self.sampling.dynamic_sampling:
+            raise ValueError(f"env.name={self.env.name}: multi-turn episodes need sampling.dynamic_sampling=false")
+        if self.sampling.dynamic_sampling and (self.system.mode != "sync" or self.system.partial_fraction < 1.0):
+            raise ValueError("sampling.dynamic_sampling is supported with system.mode=sync and partial_fraction=1 only")
+        if self.system.max_queue is not None and self.system.max_queue < self.sampling.group_size:
+            raise ValueError(f"system.max_queue={self.system.max_queue} cannot hold one group of "
+                             f"sampling.group_size={self.sampling.group_size} samples")
+        if self.rollout.engine == "vllm" and self.rollout.vllm.dtype == "auto" and self.model.dtype == "float64":
+            raise ValueError("rollout.vllm.dtype: vLLM has no float64; set model.dtype=float32 or rollout.vllm.dtype")
+        if self.loss.kl_coef > 0 and self.loss.kl_estimator is None:
+            raise ValueError("loss.kl_coef > 0 needs loss.kl_estimator (k1, k2 or k3)")
+        if self.learner.strategy != "single" and self.lora.rank > 0:
+            raise ValueError(f"learner.strategy={self.learner.strategy} does not support LoRA (lora.rank > 0); "
+                             "use learner.strategy=single")
+        if self.learner.precision == "bf16" and self.model.dtype != "float32":
+            raise ValueError(f"learner.precision=bf16 keeps float32 master weights: needs model.dtype=float32, "
+                             f"got {self.model.dtype}")
+        if self.correction.name is None and self.correction.kwargs:
+            raise ValueError(f"correction.kwargs {self.correction.kwargs} given but correction.name is not set")
+        check_dead_settings(self)  # a set key that cannot take effect is refused (warnings: load_config)
+        return self
+
+    def axes(self) -> dict[str, str]:
+        """The recipe's full composition along the six axes (for ``--print-recipe``)."""
+        corr = self.correction.name or "none"
+        return {
+            "feedback": (f"env {self.env.name} {self.env.kwargs or ''} (multi-turn, max_turns {self.env.max_turns})"
+                         if self.env.name is not None else f"task {self.task.name} {self.task.kwargs or ''}")
+            + f" weights {self.reward.weights}"
+            + (f" + overlong(L_max={self.reward.overlong_max_len}, L_cache={self.reward.overlong_cache_len})"
+               if self.reward.overlong_max_len else ""),
+            "sampling": f"G={self.sampling.group_size} x {self.sampling.prompts_per_step} prompts, "
+            f"T={self.sampling.temperature}, top_p={self.sampling.top_p}, max_new={self.sampling.max_new_tokens}"
+            + (", dynamic sampling" if self.sampling.dynamic_sampling else ""),
+            "credit": f"{self.credit.estimator} {self.credit.kwargs or ''}"
+            + (" + critic" if self.critic.enabled else "")
+            + (f", KL in reward ({self.loss.kl_estimator}, coef {self.loss.kl_coef})" if self.credit.kl_in_reward else ""),
+            "correction": f"{corr} {self.correction.kwargs or ''}",
+            "reduction": f"{self.loss.reduction}; loss {self.loss.policy_loss} {self.loss.kwargs or ''}"
+            + (f"; KL in loss {self.loss.kl_estimator} coef {self.loss.kl_coef}"
+               if self.loss.kl_estimator and not self.credit.kl_in_reward else ""),
+            "system": f"{self.system.mode} / {self.system.backend}"
+            + (f", max_staleness {self.system.max_staleness}" if self.system.max_staleness is not None else "")
+            + (f", max_queue {self.system.max_queue}" if self.system.max_queue is not None else "")
+            + (f", partial rollout lambda={self.system.partial_fraction}" if self.system.partial_fraction < 1 else "")
+            + (f", max_version_span {self.system.max_version_span}" if self.system.max_version_span is not None else ""),
+        }

@@ -1,0 +1,163 @@
+"""The loop-side half of config validation: what a :class:`~posttrain.config.RunConfig` needs beyond
+itself, checked before the run directory is written.
+
+:mod:`posttrain.config` validates what the recipe says (types, bounds, combinations, dead
+settings) and runs nothing. :func:`validate_run` checks the config against the rest of the house
+and this machine:
+
+- the algorithm names resolve in the registries of :mod:`posttrain.algos` (a ``module:function``
+  plug-in is imported and registered now), the estimator's declared needs are met
+  (:func:`posttrain.loop.targets.check_estimator_needs`) and the ``kwargs`` fit their functions
+  (:func:`posttrain.loop.algo_kwargs.check_algo_kwargs`, one dry call on tiny tensors);
+- user modules import: ``reward.functions``, ``eval.hidden_verifier``, an ``env.name`` plug-in,
+  whose declared reward parts must cover ``reward.weights``;
+- this machine has what the recipe asks for: the ``model.path`` directory, the vLLM environment,
+  the tracker packages, a visible GPU for ``learner.device=cuda`` / ``learner.precision=bf16``.
+
+Every failure is one :class:`~posttrain.errors.ConfigError` line, worded and prefixed as the
+config's own errors (``<source>: <key>: <why>``). :func:`load_run_config` is the loader of the
+commands: parse, validate, warn.
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib.util
+import os
+from collections.abc import Callable
+from pathlib import Path
+
+import torch
+
+import posttrain.algos as A
+from posttrain.config import RunConfig, log_warnings, parse_config, read_recipe
+from posttrain.envs.episodes import ENVS, check_env_reward_weights
+from posttrain.errors import ConfigError
+from posttrain.loop.algo_kwargs import check_algo_kwargs
+from posttrain.loop.targets import check_estimator_needs
+from posttrain.loop.trackers import TRACKING_EXTRA
+from posttrain.rewards.hidden import build_hidden_verifier
+from posttrain.rewards.plugins import check_reward_function
+
+VLLM_ENV_HINT = "build it with `make vllm-env` (docs/rollout.md)"
+# Experiment trackers beside metrics.jsonl: config key -> the module it imports. All three come
+# with one extra (docs/diagnostics.md, "Tracking").
+TRACKER_MODULES = {"tensorboard": "tensorboard", "wandb": "wandb", "mlflow": "mlflow"}
+
+
+def load_run_config(recipe: str | None = None, overrides: list[str] | None = None) -> RunConfig:
+    """A recipe (path or shipped name; None = all defaults) with ``overrides``, parsed
+    (:func:`posttrain.config.parse_config`), validated against the house and this machine
+    (:func:`validate_run`), its warnings logged. Raises :class:`~posttrain.errors.ConfigError`."""
+    data, source = read_recipe(recipe, overrides)
+    cfg = parse_config(data, source)
+    validate_run(cfg, source)
+    log_warnings(cfg, source)
+    return cfg
+
+
+def validate_run(cfg: RunConfig, source: str = "config") -> None:
+    """Raise :class:`~posttrain.errors.ConfigError` (``<source>: <key>: <why>``, one line) when ``cfg``
+    names what does not exist or cannot run here; return None when every check passes.
+
+    First the sections (every failing one reported, joined by ``; `` as the config's own field
+    errors are), then the whole-run checks, first failure only.
+    """
+    errors = []
+    for loc, check in _section_checks(cfg):
+        try:
+            check()
+        except ValueError as e:
+            errors.append(f"{source}: {loc}: {e}")
+    if errors:
+        raise ConfigError("; ".join(errors))
+    try:
+        _check_registries(cfg)
+    except ValueError as e:
+        raise ConfigError(f"{source}: {e}") from None
+
+
+def _section_checks(cfg: RunConfig) -> list[tuple[str, Callable[[], None]]]:
+    """``(key the error is reported under, check)`` in the order of the recipe's sections."""
+    checks: list[tuple[str, Callable[[], None]]] = [("model.path", lambda: _check_model_path(cfg.model.path))]
+    for i, f in enumerate(cfg.reward.functions):
+        checks.append((f"reward.functions.{i}", functools.partial(_check_reward_function, f.path)))
+    checks += [("learner", lambda: _check_learner_device(cfg)), ("rollout", lambda: _check_vllm_env(cfg)),
+               ("eval", lambda: _check_hidden_verifier(cfg)), ("logging", lambda: _check_trackers(cfg))]
+    return checks
+
+
+def _check_reward_function(path: str) -> None:
+    check_reward_function(path, f"reward.functions {path!r}")  # import + signature, now
+
+
+def _check_model_path(path: str) -> None:
+    # Nothing is fetched from the hub, so a local directory must exist now: otherwise the run
+    # directory is created first and transformers fails later with a hub-lookup traceback.
+    if path.startswith("builtin:"):
+        return
+    d = Path(path).expanduser()
+    if not d.is_dir():
+        raise ValueError(f"{path!r} is not a local model directory (no such directory; builtin models are "
+                         "'builtin:<preset>')")
+    if not (d / "config.json").is_file():
+        raise ValueError(f"{path!r} has no config.json (not a Hugging Face model directory)")
+
+
+def _check_learner_device(cfg: RunConfig) -> None:
+    lc = cfg.learner
+    if lc.device == "cuda":
+        if not torch.cuda.is_available():
+            raise ValueError("learner.device=cuda but no CUDA GPU is visible (torch.cuda.is_available() is False)")
+        if lc.strategy == "single":
+            raise ValueError("learner.device=cuda runs the learner in rank processes: set learner.strategy=ddp "
+                             "or fsdp2 (world_size 1 is allowed)")
+        if lc.world_size > torch.cuda.device_count():
+            raise ValueError(f"learner.world_size={lc.world_size} > {torch.cuda.device_count()} visible GPUs")
+    if lc.precision == "bf16" and lc.resolved_device() != "cuda":
+        raise ValueError("learner.precision=bf16 is refused on CPU (mixed precision is supported on CUDA only): "
+                         "set learner.precision=fp32 or learner.device=cuda")
+
+
+def _check_vllm_env(cfg: RunConfig) -> None:
+    ro = cfg.rollout
+    if ro.engine != "vllm":
+        return
+    p = ro.vllm.python_path()
+    if p is not None and not (p.is_file() and os.access(p, os.X_OK)):
+        raise ValueError(f"rollout.vllm.python: no vLLM environment at {ro.vllm.python!r}; {VLLM_ENV_HINT}")
+    if p is None and importlib.util.find_spec("vllm") is None:
+        raise ValueError("rollout.vllm.python=null needs vllm importable in this environment; set "
+                         f"rollout.vllm.python to a vLLM environment's interpreter ({VLLM_ENV_HINT})")
+
+
+def _check_hidden_verifier(cfg: RunConfig) -> None:
+    if cfg.eval.hidden_verifier is not None:
+        build_hidden_verifier(cfg.eval.hidden_verifier, cfg.eval.hidden_verifier_kwargs)  # one line now, not mid-run
+
+
+def _check_trackers(cfg: RunConfig) -> None:
+    # A missing package is refused here, before the run directory is written.
+    for key, module in TRACKER_MODULES.items():
+        if getattr(cfg.logging, key) and importlib.util.find_spec(module) is None:
+            raise ValueError(f"logging.{key}=true needs the {module} package: {TRACKING_EXTRA}")
+
+
+def _check_registries(cfg: RunConfig) -> None:
+    """Algorithm names, the estimator's needs, the environment and the algorithm kwargs (``ValueError``)."""
+    for key, reg, name in (
+        ("credit.estimator", A.ADVANTAGES, cfg.credit.estimator),
+        ("loss.policy_loss", A.POLICY_LOSSES, cfg.loss.policy_loss),
+        ("loss.reduction", A.REDUCTIONS, cfg.loss.reduction),
+        ("loss.kl_estimator", A.KL_ESTIMATORS, cfg.loss.kl_estimator),
+        ("correction.name", A.CORRECTIONS, cfg.correction.name),
+    ):
+        if name is not None:
+            reg.resolve(name, key=key)  # a registered name, or 'module:function' imported and registered now
+    check_estimator_needs(cfg)  # what the estimator declared it needs (critic, groups, baseline, step ids)
+    if cfg.env.name is not None:
+        if ":" not in cfg.env.name and cfg.env.name not in ENVS:
+            raise ValueError(f"env.name: unknown env {cfg.env.name!r}; valid: {', '.join(sorted(ENVS))}, "
+                             "or 'package.module:factory'")
+        check_env_reward_weights(cfg.env.name, cfg.env.kwargs, cfg.reward.weights)  # like single-turn components
+    check_algo_kwargs(cfg)
