@@ -34,6 +34,7 @@ from typing import Any, Protocol, runtime_checkable
 import numpy as np
 
 from posttrain.trajectory import Finish, Reward, Role, Status, Trajectory
+from posttrain.trajectory.record import StepRecord
 
 GenerateFn = Callable[[list[int]], tuple[Sequence[int], Sequence[float], Sequence[int] | int, str]]
 """``generate_fn(context_ids) -> (token_ids, logprobs, versions, finish_reason)`` for one policy
@@ -349,6 +350,8 @@ class EpisodeState:
             except ValueError as e:
                 status, explanation = Status.ENV_FAILURE, f"environment reward: {e}"
         act = np.asarray([ro is Role.ACTION for ro in self.roles], dtype=np.int8)
+        # The step record travels typed (``steps``); the JSON copies in meta are kept for readers of the
+        # meta column that predate it.
         meta = {"turns": self.turns, "explanation": explanation[:500], "transcript": "\n".join(self.transcript)[:2000],
                 "step_anchors": json.dumps(self.step_anchors), "step_rewards": json.dumps(self.step_rewards),
                 "turn_tokens": json.dumps(self.turn_tokens),
@@ -359,6 +362,7 @@ class EpisodeState:
             behavior_logprob=np.asarray(self.lps, dtype=np.float64),
             behavior_version=np.asarray(self.vers, dtype=np.int64), finish=self.finish, status=status,
             reward=reward, verifier=f"{self.env.name}@{getattr(self.env, 'version', '0')}", env_seed=self.seed,
+            steps=StepRecord(tuple(self.step_anchors), tuple(self.step_rewards), tuple(self.turn_tokens)),
             timings={"episode_s": time.perf_counter() - self._t0, **dict(rest.pop("timings", {}))}, meta=meta, **rest,
         )
 

@@ -29,7 +29,6 @@ dataset is not loaded twice.
 
 from __future__ import annotations
 
-import json
 from typing import Any
 
 import torch
@@ -100,8 +99,8 @@ def check_scoring(cfg: RunConfig, task: Any) -> None:
     A verifier that raises or times out on these probes cannot be judged here (the run counts such
     verdicts as infra errors): nothing is raised for it.
     """
-    from posttrain.rewards.scoring import ScoringSpec, _shaping_components, verify_context
     from posttrain.rewards import VerifierPool, compose
+    from posttrain.rewards.scoring import ScoringSpec, _shaping_components, verify_context
     from posttrain.trajectory import Status
 
     spec = ScoringSpec(cfg.reward.weights, cfg.reward.overlong_max_len, cfg.reward.overlong_cache_len)
@@ -203,9 +202,9 @@ def check_episodes(cfg: RunConfig) -> None:
 def fake_batch(cfg: RunConfig) -> Any:
     """A collated :class:`~posttrain.trajectory.TrajectoryBatch` of 2 groups of ``sampling.group_size``
     rows shaped like a step's: 2 prompt tokens, 2-3 action tokens, rewards 1 / 0 alternating within a
-    group, the last row truncated, and the one-step record multi-turn episodes carry in ``meta``."""
+    group, the last row truncated, and the one-step record multi-turn episodes carry (``steps``)."""
     from posttrain.trajectory import Finish, Reward, Status, collate
-    from posttrain.trajectory.record import make_trajectory
+    from posttrain.trajectory.record import StepRecord, make_trajectory
 
     trajs = []
     g_size = cfg.sampling.group_size
@@ -221,8 +220,7 @@ def fake_batch(cfg: RunConfig) -> Any:
                 action_versions=0, finish=Finish.TRUNCATED if last else Finish.TERMINAL,
                 status=Status.CORRECT if r else Status.WRONG,
                 reward=Reward(components={"task": r}, weights={"task": 1.0}, total=r),
-                meta={"step_anchors": json.dumps([g]), "step_rewards": json.dumps([r]),
-                      "turn_tokens": json.dumps([n_act])},
+                steps=StepRecord(anchors=(g,), rewards=(r,), action_tokens=(n_act,)),
             ))
     return collate(trajs, pad_token_id=0)
 

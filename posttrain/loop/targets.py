@@ -131,25 +131,23 @@ def run_baseline(run: Any, batch: TrajectoryBatch, step: int) -> tuple[torch.Ten
 def step_fields(batch: TrajectoryBatch) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """GiGPO's per-step inputs of a batch of multi-turn episodes (Feng et al. 2025, arXiv:2505.10978).
 
-    From each trajectory's ``meta`` (written by :class:`~posttrain.envs.multiturn.EpisodeState`):
+    From each trajectory's step record (``Trajectory.steps``, written by
+    :class:`~posttrain.envs.multiturn.EpisodeState`):
     ``step_index [B, T]`` long = the step (0-based policy turn) of each action token, -1 on prompt,
     observation and padding tokens; ``step_anchor [B, S]`` long = the hash of the state each step
     was taken in (-1 past an episode's last step); ``step_rewards [B, S]`` float64 = the weighted
     reward of each step (0 past the last step). ``S`` = the most steps in the batch.
-    Raises ``ValueError`` naming the trajectory when its meta lacks the step record (single-turn).
+    Raises ``ValueError`` naming the trajectory when it has no step record (single-turn).
     """
-    import json
-
     import numpy as np
 
     b, t_len = batch.action_mask.shape
     recs = []
     for tr in batch.trajectories:
-        try:
-            recs.append(tuple(json.loads(str(tr.meta[k])) for k in ("step_anchors", "step_rewards", "turn_tokens")))
-        except KeyError:
-            raise ValueError(f"trajectory {tr.traj_id!r}: no step record (step_anchors / step_rewards / turn_tokens "
-                             "in meta); step-level credit needs multi-turn episodes (env.name)") from None
+        if tr.steps is None:
+            raise ValueError(f"trajectory {tr.traj_id!r}: no step record (Trajectory.steps); step-level credit "
+                             "needs multi-turn episodes (env.name)")
+        recs.append((tr.steps.anchors, tr.steps.rewards, tr.steps.action_tokens))
     s_len = max([len(r[0]) for r in recs] + [1])
     index = torch.full((b, t_len), -1, dtype=torch.long)
     anchor = torch.full((b, s_len), -1, dtype=torch.long)

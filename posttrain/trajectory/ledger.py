@@ -25,7 +25,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from posttrain.trajectory.enums import Finish, Role, Status
-from posttrain.trajectory.record import Reward, Trajectory
+from posttrain.trajectory.record import Reward, StepRecord, Trajectory
 
 _STEP_RE = re.compile(r"^step_(\d{6,})\.parquet$")
 _F64_MAP = pa.map_(pa.string(), pa.float64())
@@ -64,6 +64,10 @@ TRAJECTORY_SCHEMA = pa.schema(
         ("advantage", pa.list_(pa.float64())),
         ("hidden_verifier", pa.string()),
         ("hidden_status", pa.string()),
+        # The step record of a multi-turn episode (null for single-turn): StepRecord's three lists.
+        ("step_anchors", pa.list_(pa.int64())),
+        ("step_rewards", pa.list_(pa.float64())),
+        ("step_action_tokens", pa.list_(pa.int64())),
     ]
 )
 
@@ -106,6 +110,9 @@ def trajectory_to_row(t: Trajectory) -> dict[str, Any]:
         "advantage": _opt_list(t.advantage),
         "hidden_verifier": t.hidden_verifier,
         "hidden_status": None if t.hidden_status is None else t.hidden_status.value,
+        "step_anchors": None if t.steps is None else list(t.steps.anchors),
+        "step_rewards": None if t.steps is None else list(t.steps.rewards),
+        "step_action_tokens": None if t.steps is None else list(t.steps.action_tokens),
     }
 
 
@@ -148,6 +155,8 @@ def row_to_trajectory(row: Mapping[str, Any]) -> Trajectory:
         advantage=arr("advantage", np.float64),
         hidden_verifier=row.get("hidden_verifier"),
         hidden_status=None if row.get("hidden_status") is None else Status(row["hidden_status"]),
+        steps=None if row.get("step_anchors") is None else StepRecord(
+            tuple(row["step_anchors"]), tuple(row["step_rewards"]), tuple(row["step_action_tokens"])),
     )
 
 

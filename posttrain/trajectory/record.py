@@ -19,6 +19,8 @@ Per token (arrays of the flattened sequence length ``L``; value at index ``t`` c
 Per trajectory: ids, group, env seed / snapshot, sampling config + RNG seed, raw reward
 components + weights + total, ``verifier`` ``name@version``, ``status``, ``finish``, timings,
 policy lag at consumption, and a free ``meta`` dict of JSON scalars (prompt text, answer...).
+A multi-turn episode also carries its step record (:class:`StepRecord`, GiGPO's per-step inputs):
+each policy turn's anchor-state hash, weighted reward and action-token count.
 An evaluation-only verifier's verdict, when one is attached (``eval.hidden_verifier``), sits beside
 the training verifier's: ``hidden_verifier`` ``name@version`` and ``hidden_status``; it never
 touches the reward.
@@ -55,6 +57,22 @@ class Reward:
     components: Mapping[str, float] = dataclasses.field(default_factory=dict)
     weights: Mapping[str, float] = dataclasses.field(default_factory=dict)
     total: float | None = None
+
+
+@dataclasses.dataclass(frozen=True)
+class StepRecord:
+    """The steps (policy turns) of a multi-turn episode, one entry per step in order.
+
+    ``anchors[t]``: hash of the environment state step ``t`` was taken in (GiGPO's anchor state,
+    Feng et al. 2025, arXiv:2505.10978); ``rewards[t]``: the weighted reward of step ``t``;
+    ``action_tokens[t]``: how many action tokens step ``t`` produced (so the action tokens of a
+    trajectory split into steps in order). An episode the environment broke mid-step may hold one
+    anchor more than rewards; the step-level estimator refuses such a record.
+    """
+
+    anchors: tuple[int, ...] = ()
+    rewards: tuple[float, ...] = ()
+    action_tokens: tuple[int, ...] = ()
 
 
 def _arr(x: Any, dtype: npt.DTypeLike) -> npt.NDArray[Any]:
@@ -94,6 +112,7 @@ class Trajectory:
     advantage: npt.NDArray[np.float64] | None = None
     hidden_verifier: str | None = None
     hidden_status: Status | None = None
+    steps: StepRecord | None = None  # multi-turn episodes only
 
     def __post_init__(self) -> None:
         set_ = object.__setattr__

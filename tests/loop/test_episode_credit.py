@@ -74,7 +74,7 @@ def test_step_fields_follow_the_turns():
         roles = t.roles
         assert all((s == -1) == (r is not Role.ACTION) for s, r in zip(turn_of, roles, strict=True))
         assert sorted(set(turn_of) - {-1}) == [0, 1]
-        assert json.loads(t.meta["turn_tokens"]) == [turn_of.count(0), turn_of.count(1)]
+        assert t.steps.action_tokens == (turn_of.count(0), turn_of.count(1))
     assert (index[:, max(t.length for t in g):] == -1).all()  # padding
     # the first step of every episode is taken in the same start state; the tool result "a*b" is
     # the second state of episodes 0 and 1; episode 2 saw an invalid-action note instead

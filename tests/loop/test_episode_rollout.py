@@ -7,7 +7,6 @@ so every expectation is hand-computed; the end-to-end cases run ``train`` on the
 from __future__ import annotations
 
 import dataclasses
-import json
 import re
 import types
 
@@ -111,7 +110,7 @@ def test_one_engine_call_per_turn_round_and_roles_masks_versions():
             assert (t.behavior_logprob[obs] == 0).all()
             assert (t.behavior_logprob[t.action_mask == 1] == -0.5).all()
             assert set(t.behavior_version[t.action_mask == 1].tolist()) == {0}
-            assert json.loads(t.meta["step_rewards"]) == [0.0, 1.0]  # weights {task: 1}: the answer step only
+            assert t.steps.rewards == (0.0, 1.0)  # weights {task: 1}: the answer step only
 
 
 def test_turn_limit_truncates_and_invalid_calls_are_observations():

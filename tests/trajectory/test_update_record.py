@@ -1,5 +1,6 @@
-"""What the update saw, in the record and the ledger: ``current_logprob``, ``advantage`` and the
-evaluation-only verifier's verdict (issue 15); ledgers written before these columns still load."""
+"""What the update saw, in the record and the ledger: ``current_logprob``, ``advantage``, the
+evaluation-only verifier's verdict (issue 15) and a multi-turn episode's step record (issue 23);
+ledgers written before these columns still load."""
 
 from __future__ import annotations
 
@@ -12,8 +13,10 @@ import torch
 from posttrain.trajectory import Ledger, Status, TrajectoryError, collate, make_trajectory
 from posttrain.trajectory.collate import with_update_record
 from posttrain.trajectory.ledger import TRAJECTORY_SCHEMA, trajectory_to_row
+from posttrain.trajectory.record import StepRecord
 
-NEW_COLUMNS = ("current_logprob", "advantage", "hidden_verifier", "hidden_status")
+NEW_COLUMNS = ("current_logprob", "advantage", "hidden_verifier", "hidden_status", "step_anchors", "step_rewards",
+               "step_action_tokens")
 
 
 def _t(i: int, n_actions: int = 2, **rest):
@@ -33,6 +36,15 @@ def test_new_fields_round_trip_through_the_ledger(tmp_path):
     assert back[0].hidden_status is Status.WRONG and back[1].advantage is None
 
 
+def test_the_step_record_round_trips_through_the_ledger(tmp_path):
+    steps = StepRecord(anchors=(7, -3), rewards=(0.0, 0.5), action_tokens=(1, 1))
+    t = _t(0, steps=steps)
+    led = Ledger(tmp_path)
+    led.write_trajectories(1, [t, _t(1)])
+    back = led.read_trajectories()
+    assert back[0].steps == steps and back[1].steps is None
+
+
 def test_a_ledger_written_before_the_new_columns_still_loads(tmp_path):
     old_schema = pa.schema([f for f in TRAJECTORY_SCHEMA if f.name not in NEW_COLUMNS])
     rows = [{k: v for k, v in trajectory_to_row(_t(i)).items() if k not in NEW_COLUMNS} for i in range(2)]
@@ -40,7 +52,8 @@ def test_a_ledger_written_before_the_new_columns_still_loads(tmp_path):
     pq.write_table(pa.Table.from_pylist(rows, schema=old_schema), tmp_path / "trajectories" / "step_000001.parquet")
     back = Ledger(tmp_path).read_trajectories()
     assert [t.traj_id for t in back] == ["t0", "t1"]
-    assert all(t.current_logprob is None and t.advantage is None and t.hidden_status is None for t in back)
+    assert all(t.current_logprob is None and t.advantage is None and t.hidden_status is None and t.steps is None
+               for t in back)
 
 
 def test_with_update_record_masks_broadcasts_and_drops_unseen_rows():
