@@ -1,27 +1,33 @@
-"""Data-parallel policy learner over ``torch.distributed`` (gloo on CPU; NCCL/FSDP2 on GPUs).
+"""Data-parallel gradient hooks over ``torch.distributed`` (gloo on CPU; NCCL on GPUs).
 
-Every rank holds the same model and optimizer state and receives the same rollout batch (the
-driver's collated batch; it is small next to the model). For every mini-batch (the same shuffle on
-every rank: the generator is seeded identically), rank ``r`` of ``W`` runs forward/backward on its
-shard ``rows[r::W]`` only, with the reduction weights computed from the *mini-batch-global* counts
-(``num_sequences = |M|``, ``num_tokens = N(M)``) instead of its shard's. Because a reduction is a
-weight function of the row and the global counts (``posttrain/algos/reductions.py``), the shard
-losses sum exactly to the mini-batch loss ``L(M)``, so the SUM all-reduce of the shard gradients
-is ``dL(M)/dtheta`` — the single-process gradient, up to float summation order (shards are other
-GEMM shapes; ``tests/_tolerance.py`` states the bound the tests use). Gradient clipping and the AdamW step then run identically on every rank, so the
-weights stay bitwise equal across ranks.
+The learner ranks (:mod:`posttrain.learner.ranks`, ``learner.strategy`` ddp / fsdp2) build the same
+:class:`~posttrain.learner.actor.PolicyLearner` on every rank with one of the
+:class:`~posttrain.learner.grad_sync.GradientSync` hooks defined here; the learner's update code is
+never overridden.
 
-This is the split invariance the single-process learner already has across micro-batches
-(``docs/learner.md``), extended across processes — through the learner's documented
-gradient-reduction hook (:mod:`posttrain.learner.grad_sync`), :class:`ProcessGroupSync`, not by
-overriding the learner's internals. The shard is a row subset, so micro-batching
-by ``microbatch_tokens`` still applies inside each rank.
+Every rank holds the same model and optimizer state and receives the same rollout batch. For
+every mini-batch (the same shuffle on every rank: the generator is seeded identically), rank ``r``
+of ``W`` runs forward/backward on its shard only (:func:`balanced_shards`), with the reduction
+weights computed from the *mini-batch-global* counts (``num_sequences = |M|``, ``num_tokens =
+N(M)``) instead of its shard's. Because a reduction is a weight function of the row and the global
+counts (``posttrain/algos/reductions.py``), the shard losses sum exactly to the mini-batch loss
+``L(M)``, so the SUM all-reduce of the shard gradients is ``dL(M)/dtheta`` -- the single-process
+gradient, up to float summation order (shards are other GEMM shapes; ``tests/_tolerance.py`` states
+the bound the tests use). Gradient clipping and the AdamW step then run identically on every rank,
+so the weights stay bitwise equal across ranks. This is the split invariance the single-process
+learner already has across micro-batches (``docs/learner.md``), extended across processes; the
+shard is a row subset, so micro-batching by ``microbatch_tokens`` still applies inside each rank.
 
-GPUs: the collectives are written for the NCCL backend too (one GPU per rank, model on
-``cuda:rank``, device tensors) but no test has run them on a GPU yet (docs/distributed.md). For
-models that do not fit one GPU, parameters are sharded by FSDP2 (``learner.strategy=fsdp2``,
-:mod:`posttrain.learner.ranks`): its gradient reduce-scatter must be a SUM (divide factor 1) with
-the global-count reduction weights here; that path is tested on CPU with gloo.
+- :class:`ProcessGroupSync` (``ddp``): a full replica per rank, gradients SUM-all-reduced as one
+  flat buffer;
+- :class:`ShardedSync` (``fsdp2``): FSDP's gradient reduce-scatter must be a SUM (divide factor 1)
+  with the global-count reduction weights; it runs inside the backward passes, so the hook only
+  reduces metrics and asks for lockstep passes;
+- :class:`DropRankShare`: a test hook around either (one rank's share lost), which the equality
+  tests must catch.
+
+Data-parallel SGD with a SUM all-reduce of per-shard gradients is the scheme of Goyal et al.,
+"Accurate, Large Minibatch SGD" (2017); FSDP is Zhao et al., "PyTorch FSDP" (VLDB 2023).
 """
 
 from __future__ import annotations
@@ -29,13 +35,9 @@ from __future__ import annotations
 import os
 import socket
 from collections.abc import Sequence
-from typing import Any
 
 import torch
 import torch.distributed as dist
-
-from posttrain.learner.actor import PolicyLearner
-from posttrain.trajectory.collate import TrajectoryBatch
 
 
 def free_port(host: str = "127.0.0.1") -> int:
@@ -61,12 +63,34 @@ def init_process_group(rank: int, world_size: int, *, port: int, host: str = "12
                             timeout=datetime.timedelta(seconds=timeout_s))
 
 
-def all_reduce_copy(values: torch.Tensor, op: Any, device: torch.device | str, group: Any = None) -> torch.Tensor:
+def all_reduce_copy(values: torch.Tensor, op: dist.ReduceOp.RedOpType, device: torch.device | str,
+                    group: dist.ProcessGroup | None = None) -> torch.Tensor:
     """``op`` over ranks of a copy of ``values`` made on the collective's ``device`` (NCCL needs device
     tensors, gloo CPU ones); the result comes back on ``values``' device, ``values`` is untouched."""
     out = values.to(device, copy=True)
     dist.all_reduce(out, op=op, group=group)
     return out.to(values.device)
+
+
+def balanced_shards(rows: Sequence[int], lengths: Sequence[int], world_size: int) -> list[list[int]]:
+    """Split ``rows`` over ``world_size`` ranks with balanced token counts (greedy LPT).
+
+    ``lengths[i]`` is the token count of ``rows[i]``. Rows are taken by decreasing length (ties:
+    position) and each goes to the rank holding the fewest tokens so far (ties: lowest rank), so
+    no rank holds more than the mean plus one row's tokens (Graham, "Bounds on multiprocessing
+    timing anomalies", 1969). Every row lands in exactly one shard; each shard is ascending.
+    Deterministic: every rank computes the same split.
+    """
+    if len(rows) != len(lengths):
+        raise ValueError(f"{len(rows)} rows but {len(lengths)} lengths")
+    order = sorted(range(len(rows)), key=lambda i: (-int(lengths[i]), i))
+    load = [0] * world_size
+    shards: list[list[int]] = [[] for _ in range(world_size)]
+    for i in order:
+        r = min(range(world_size), key=lambda k: (load[k], len(shards[k]), k))
+        shards[r].append(rows[i])
+        load[r] += max(int(lengths[i]), 1)
+    return [sorted(s) for s in shards]
 
 
 class ProcessGroupSync:
@@ -78,9 +102,11 @@ class ProcessGroupSync:
     ``cuda:rank`` for NCCL, whose collectives need device tensors).
     """
 
-    def __init__(self, group: Any = None) -> None:
+    lockstep = False
+
+    def __init__(self, group: dist.ProcessGroup | None = None) -> None:
         if not dist.is_available() or not dist.is_initialized():
-            raise RuntimeError("DistributedPolicyLearner needs an initialised process group (init_process_group)")
+            raise RuntimeError("ProcessGroupSync needs an initialised process group (init_process_group)")
         self.group = group
         self.rank = dist.get_rank(group)
         self.world_size = dist.get_world_size(group)
@@ -89,12 +115,10 @@ class ProcessGroupSync:
         self.device = torch.device("cuda", torch.cuda.current_device()) if nccl else torch.device("cpu")
 
     def shard(self, rows: Sequence[int], lengths: Sequence[int] | None = None) -> list[int]:
-        """This rank's rows of a mini-batch: token-balanced (``posttrain.learner.ranks.balanced_shards``)
-        when ``lengths`` are given, else ``rows[rank::world_size]``."""
+        """This rank's rows of a mini-batch: token-balanced (:func:`balanced_shards`) when ``lengths``
+        are given, else ``rows[rank::world_size]``."""
         if lengths is None:
             return list(rows)[self.rank :: self.world_size]
-        from posttrain.learner.ranks import balanced_shards
-
         return balanced_shards(rows, lengths, self.world_size)[self.rank]
 
     def reduce_gradients(self, params: Sequence[torch.nn.Parameter]) -> None:
@@ -145,65 +169,71 @@ class ProcessGroupSync:
             )
 
 
-class DistributedPolicyLearner(PolicyLearner):
-    """A :class:`PolicyLearner` built with a :class:`ProcessGroupSync` hook — nothing overridden.
+class ShardedSync:
+    """:class:`~posttrain.learner.grad_sync.GradientSync` for an FSDP2 (``fully_shard``) model.
 
-    Construct it on every rank with identical arguments and weights (same ``seed``), after
-    :func:`init_process_group`. ``update`` / ``compute_gradients`` / ``compute_logprobs`` are called
-    on every rank with the same batch; results (metrics, gradients, log-probs) are identical on all
-    ranks. ``group`` defaults to the world.
+    Gradients need no call here: FSDP reduce-scatters them in every backward, as a SUM (the model's
+    gradient divide factor is 1), so each rank's gradient shard already holds the sum over ranks.
+    Metric sums and extrema are all-reduced like :class:`ProcessGroupSync`'s. ``lockstep``: FSDP's
+    all-gathers run inside every forward, so every rank must run the same number of passes.
     """
 
-    def __init__(self, model: torch.nn.Module, *, group: Any = None, **kwargs: Any) -> None:
-        sync = ProcessGroupSync(group)
-        super().__init__(model, grad_sync=sync, **kwargs)
-        self.rank, self.world_size = sync.rank, sync.world_size
-        sync.check_same_weights(self.model)
+    lockstep = True
 
-    def shard(self, rows: Sequence[int]) -> list[int]:
-        """This rank's rows of a mini-batch: ``rows[rank::world_size]``."""
-        return self.grad_sync.shard(rows)
+    def __init__(self, group: dist.ProcessGroup | None = None, device: torch.device | None = None) -> None:
+        if not dist.is_available() or not dist.is_initialized():
+            raise RuntimeError("ShardedSync needs an initialised process group")
+        self.group = group
+        self.rank = dist.get_rank(group)
+        self.world_size = dist.get_world_size(group)
+        self.device = device or torch.device("cpu")
 
+    def shard(self, rows: Sequence[int], lengths: Sequence[int] | None = None) -> list[int]:
+        """This rank's rows: :func:`balanced_shards` when ``lengths`` are given, else ``rows[rank::W]``."""
+        if lengths is None:
+            return list(rows)[self.rank :: self.world_size]
+        return balanced_shards(rows, lengths, self.world_size)[self.rank]
 
-def _take_batch_rows(batch: TrajectoryBatch, rows: Sequence[int]) -> TrajectoryBatch:
-    """The sub-batch of ``rows`` (kept for callers; see :meth:`TrajectoryBatch.select_rows`)."""
-    return batch.select_rows(rows)
+    def reduce_gradients(self, params: Sequence[torch.nn.Parameter]) -> None:
+        """Nothing: FSDP's reduce-scatter (a SUM) already ran in the backward passes."""
 
+    def reduce_sums(self, values: torch.Tensor) -> torch.Tensor:
+        """SUM over ranks (a new tensor on ``values``' device)."""
+        return all_reduce_copy(values, dist.ReduceOp.SUM, self.device, self.group)
 
-def run_ranks(fn: Any, world_size: int, *args: Any, timeout_s: float = 300.0) -> None:
-    """Spawn ``world_size`` processes running ``fn(rank, world_size, port, *args)`` on 127.0.0.1.
-
-    ``fn`` must be importable (module level). Bounded: a rank still running after ``timeout_s``
-    is killed and ``TimeoutError`` raised; a rank that fails raises ``RuntimeError`` with its exit code.
-    """
-    import torch.multiprocessing as mp
-
-    port = free_port()
-    ctx = mp.get_context("spawn")
-    procs = [ctx.Process(target=fn, args=(r, world_size, port, *args)) for r in range(world_size)]
-    for p in procs:
-        p.start()
-    deadline = _now() + timeout_s
-    try:
-        for p in procs:
-            p.join(max(0.0, deadline - _now()))
-        alive = [i for i, p in enumerate(procs) if p.is_alive()]
-        if alive:
-            raise TimeoutError(f"ranks {alive} still running after {timeout_s:g}s")
-        bad = {i: p.exitcode for i, p in enumerate(procs) if p.exitcode != 0}
-        if bad:
-            raise RuntimeError(f"rank(s) failed with exit codes {bad}")
-    finally:
-        for p in procs:
-            if p.is_alive():
-                p.kill()
-                p.join(5)
+    def reduce_min(self, values: torch.Tensor) -> torch.Tensor:
+        """Element-wise MIN over ranks (a new tensor on ``values``' device)."""
+        return all_reduce_copy(values, dist.ReduceOp.MIN, self.device, self.group)
 
 
-def _now() -> float:
-    import time
+class DropRankShare:
+    """A :class:`GradientSync` around another that computes nothing on rank ``drop`` (test hook).
 
-    return time.monotonic()
+    Counts stay global, so the reduced gradient misses that rank's rows: the reduction bug the
+    equality tests must catch. Everything else is delegated (composition)."""
+
+    def __init__(self, inner: ProcessGroupSync | ShardedSync, drop: int) -> None:
+        self.inner, self.drop = inner, drop
+        self.world_size, self.rank = inner.world_size, inner.rank
+        self.lockstep = inner.lockstep
+
+    def shard(self, rows: Sequence[int], lengths: Sequence[int] | None = None) -> list[int]:
+        """The inner shard, or — for an update's mini-batch (``lengths`` given) — nothing on the dropped rank."""
+        mine = self.inner.shard(rows, lengths=lengths)
+        return [] if self.rank == self.drop and lengths is not None else mine
+
+    def reduce_gradients(self, params: Sequence[torch.nn.Parameter]) -> None:
+        """Delegated."""
+        self.inner.reduce_gradients(params)
+
+    def reduce_sums(self, values: torch.Tensor) -> torch.Tensor:
+        """Delegated."""
+        return self.inner.reduce_sums(values)
+
+    def reduce_min(self, values: torch.Tensor) -> torch.Tensor:
+        """Delegated."""
+        return self.inner.reduce_min(values)
 
 
-__all__ = ["DistributedPolicyLearner", "ProcessGroupSync", "free_port", "init_process_group", "run_ranks"]
+__all__ = ["DropRankShare", "ProcessGroupSync", "ShardedSync", "all_reduce_copy", "balanced_shards", "free_port",
+           "init_process_group"]

@@ -8,12 +8,12 @@ same :class:`PolicyLearner` update code; only its :mod:`~posttrain.learner.grad_
 
 - ``ddp``: :class:`~posttrain.learner.distributed.ProcessGroupSync` — a full replica per rank,
   gradients SUM-all-reduced as one flat buffer;
-- ``fsdp2``: :class:`ShardedSync` — the model is ``fully_shard``-ed (every ``nn.ModuleList`` child,
+- ``fsdp2``: :class:`~posttrain.learner.distributed.ShardedSync` — the model is ``fully_shard``-ed (every ``nn.ModuleList`` child,
   then the root), so parameters, gradients and AdamW state are sharded; FSDP's gradient
   reduce-scatter is made a SUM (``set_gradient_divide_factor(1)``) because the reduction weights
   already carry the mini-batch-global counts (``posttrain/algos/reductions.py``).
 
-Each mini-batch is split over ranks by :func:`balanced_shards` (token-balanced, deterministic);
+Each mini-batch is split over ranks by :func:`~posttrain.learner.distributed.balanced_shards` (token-balanced, deterministic);
 inside a rank the rows are micro-batched by ``microbatch_tokens`` as always. FSDP's forward and
 backward are collectives, so a ``lockstep`` hook makes every rank run the same number of passes
 (a short rank pads with zero-weight passes; ``PolicyLearner._accumulate_rows``).
@@ -44,12 +44,24 @@ import pickle
 import signal
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
+from multiprocessing.connection import Connection
+from multiprocessing.process import BaseProcess
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import torch
 import torch.distributed as dist
 
+from posttrain.learner.actor import KLCoefficient, PolicyLearner
+from posttrain.learner.distributed import (
+    DropRankShare,
+    ProcessGroupSync,
+    ShardedSync,
+    free_port,
+    init_process_group,
+)
+from posttrain.learner.grad_sync import GradientSync
+from posttrain.rollout.weight_transfer import WeightPacket, pack_state_dict
 from posttrain.trajectory.collate import TrajectoryBatch
 
 _POLL_S = 0.5  # liveness check interval while waiting for ranks
@@ -59,65 +71,23 @@ class LearnerRankError(RuntimeError):
     """A learner rank died, failed or stayed silent; the message names the rank(s)."""
 
 
-def balanced_shards(rows: Sequence[int], lengths: Sequence[int], world_size: int) -> list[list[int]]:
-    """Split ``rows`` over ``world_size`` ranks with balanced token counts (greedy LPT).
+class RankLearnerFactory(Protocol):
+    """Builds a rank's learner on its (moved, maybe sharded) model with the rank's gradient hook
+    (``posttrain.loop.builders.RankLearnerFactory`` meets it; it must pickle)."""
 
-    ``lengths[i]`` is the token count of ``rows[i]``. Rows are taken by decreasing length (ties:
-    position) and each goes to the rank holding the fewest tokens so far (ties: lowest rank), so
-    no rank holds more than the mean plus one row's tokens. Every row lands in exactly one shard;
-    each shard is ascending. Deterministic: every rank computes the same split.
-    """
-    if len(rows) != len(lengths):
-        raise ValueError(f"{len(rows)} rows but {len(lengths)} lengths")
-    order = sorted(range(len(rows)), key=lambda i: (-int(lengths[i]), i))
-    load = [0] * world_size
-    shards: list[list[int]] = [[] for _ in range(world_size)]
-    for i in order:
-        r = min(range(world_size), key=lambda k: (load[k], len(shards[k]), k))
-        shards[r].append(rows[i])
-        load[r] += max(int(lengths[i]), 1)
-    return [sorted(s) for s in shards]
+    def __call__(self, model: torch.nn.Module, *, grad_sync: GradientSync,
+                 autocast_dtype: str | None = None) -> PolicyLearner: ...
 
 
-class ShardedSync:
-    """:class:`~posttrain.learner.grad_sync.GradientSync` for an FSDP2 (``fully_shard``) model.
+@dataclasses.dataclass(frozen=True)
+class WeightBucket:
+    """One bucket of updated weights, rank 0 -> driver: ``checksum`` is the one computed when packing
+    (sent beside the packet, so the driver's verification catches bytes changed after it)."""
 
-    Gradients need no call here: FSDP reduce-scatters them in every backward, as a SUM (the model's
-    gradient divide factor is 1), so each rank's gradient shard already holds the sum over ranks.
-    Metric sums and extrema are all-reduced like :class:`ProcessGroupSync`'s. ``lockstep``: FSDP's
-    all-gathers run inside every forward, so every rank must run the same number of passes.
-    """
-
-    lockstep = True
-
-    def __init__(self, group: Any = None, device: torch.device | None = None) -> None:
-        if not dist.is_available() or not dist.is_initialized():
-            raise RuntimeError("ShardedSync needs an initialised process group")
-        self.group = group
-        self.rank = dist.get_rank(group)
-        self.world_size = dist.get_world_size(group)
-        self.device = device or torch.device("cpu")
-
-    def shard(self, rows: Sequence[int], lengths: Sequence[int] | None = None) -> list[int]:
-        """This rank's rows: :func:`balanced_shards` when ``lengths`` are given, else ``rows[rank::W]``."""
-        if lengths is None:
-            return list(rows)[self.rank :: self.world_size]
-        return balanced_shards(rows, lengths, self.world_size)[self.rank]
-
-    def reduce_gradients(self, params: Sequence[torch.nn.Parameter]) -> None:
-        """Nothing: FSDP's reduce-scatter (a SUM) already ran in the backward passes."""
-
-    def reduce_sums(self, values: torch.Tensor) -> torch.Tensor:
-        """SUM over ranks (a new tensor on ``values``' device)."""
-        from posttrain.learner.distributed import all_reduce_copy
-
-        return all_reduce_copy(values, dist.ReduceOp.SUM, self.device, self.group)
-
-    def reduce_min(self, values: torch.Tensor) -> torch.Tensor:
-        """Element-wise MIN over ranks (a new tensor on ``values``' device)."""
-        from posttrain.learner.distributed import all_reduce_copy
-
-        return all_reduce_copy(values, dist.ReduceOp.MIN, self.device, self.group)
+    index: int
+    packet: WeightPacket
+    checksum: str
+    version: int
 
 
 @dataclasses.dataclass
@@ -134,7 +104,7 @@ class RankSpec:
     """
 
     model: torch.nn.Module
-    learner_factory: Callable[..., Any]
+    learner_factory: RankLearnerFactory
     strategy: str
     device: str = "cpu"
     precision: str = "fp32"
@@ -144,37 +114,6 @@ class RankSpec:
     drop_rank: int | None = None
     weight_bucket_bytes: int = 64 << 20
     corrupt_bucket: int | None = None  # test hook: rank 0 alters this bucket's bytes after checksumming
-
-
-class DropRankShare:
-    """A :class:`GradientSync` around another that computes nothing on rank ``drop`` (test hook).
-
-    Counts stay global, so the reduced gradient misses that rank's rows: the reduction bug the
-    equality tests must catch. Everything else is delegated (composition)."""
-
-    def __init__(self, inner: Any, drop: int) -> None:
-        self.inner, self.drop = inner, drop
-        self.world_size, self.rank = inner.world_size, inner.rank
-        self.lockstep = bool(getattr(inner, "lockstep", False))
-
-    def shard(self, rows: Sequence[int], lengths: Sequence[int] | None = None) -> list[int]:
-        """The inner shard, or — for an update's mini-batch (``lengths`` given) — nothing on the dropped rank."""
-        mine: list[int] = self.inner.shard(rows, lengths=lengths)
-        return [] if self.rank == self.drop and lengths is not None else mine
-
-    def reduce_gradients(self, params: Sequence[torch.nn.Parameter]) -> None:
-        """Delegated."""
-        self.inner.reduce_gradients(params)
-
-    def reduce_sums(self, values: torch.Tensor) -> torch.Tensor:
-        """Delegated."""
-        out: torch.Tensor = self.inner.reduce_sums(values)
-        return out
-
-    def reduce_min(self, values: torch.Tensor) -> torch.Tensor:
-        """Delegated."""
-        out: torch.Tensor = self.inner.reduce_min(values)
-        return out
 
 
 # ---------------------------------------------------------------------- rank process side
@@ -242,12 +181,10 @@ def weight_buckets(model: torch.nn.Module, bucket_bytes: int, gather: bool) -> I
         yield out
 
 
-def _stream_weights(learner: Any, fsdp: bool, spec: RankSpec, conn: Any, rank: int) -> int:
+def _stream_weights(learner: PolicyLearner, fsdp: bool, spec: RankSpec, conn: Connection, rank: int) -> int:
     """Send the updated weights to the driver bucket by bucket (rank 0: one pipe message each,
     versioned + checksummed; the pipe blocks while the driver loads the previous one). Returns the
     bucket count. FSDP2: every rank takes part in each bucket's gather; ddp: only rank 0 works."""
-    from posttrain.rollout.weight_transfer import pack_state_dict
-
     if not fsdp and rank != 0:
         return 0
     n = 0
@@ -259,7 +196,7 @@ def _stream_weights(learner: Any, fsdp: bool, spec: RankSpec, conn: Any, rank: i
         del bucket
         if spec.corrupt_bucket == i:
             packet.buffer[packet.buffer.nbytes // 2] ^= 0xFF
-        conn.send_bytes(pickle.dumps(("bucket", (i, packet, packet.checksum, learner.version))))
+        conn.send_bytes(pickle.dumps(("bucket", WeightBucket(i, packet, packet.checksum, learner.version))))
     return n
 
 
@@ -267,7 +204,7 @@ def _trainable_names(model: torch.nn.Module) -> list[str]:
     return [n for n, p in model.named_parameters() if p.requires_grad]
 
 
-def _learner_state(learner: Any, fsdp: bool) -> dict[str, Any] | None:
+def _learner_state(learner: PolicyLearner, fsdp: bool) -> dict[str, Any] | None:
     """Rank 0: the embedded learner's state format (id-keyed full AdamW state); a collective under FSDP."""
     if fsdp and learner.optimizer.state:  # (the same on every rank: they step together)
         from torch.distributed.checkpoint.state_dict import StateDictOptions, get_optimizer_state_dict
@@ -289,7 +226,7 @@ def _learner_state(learner: Any, fsdp: bool) -> dict[str, Any] | None:
             "optimizer_steps": learner.optimizer_steps}
 
 
-def _load_learner_state(learner: Any, state: Mapping[str, Any], fsdp: bool) -> None:
+def _load_learner_state(learner: PolicyLearner, state: Mapping[str, Any], fsdp: bool) -> None:
     if not fsdp:
         learner.load_state_dict(state)
         return
@@ -301,7 +238,8 @@ def _load_learner_state(learner: Any, state: Mapping[str, Any], fsdp: bool) -> N
     _restore_rest(learner, state, None if osd["state"] else osd["param_groups"])
 
 
-def _restore_rest(learner: Any, state: Mapping[str, Any], param_groups: Any) -> None:
+def _restore_rest(learner: PolicyLearner, state: Mapping[str, Any],
+                  param_groups: Sequence[Mapping[str, Any]] | None) -> None:
     """Scheduler, generator and counters from ``state``; with ``param_groups`` (no optimizer step
     taken yet) only the groups' hyper-parameters are restored and AdamW stays stateless:
     set_optimizer_state_dict would first initialise the state with a zero-lr step, leaving step=1,
@@ -314,7 +252,7 @@ def _restore_rest(learner: Any, state: Mapping[str, Any], param_groups: Any) -> 
     learner.optimizer_steps = int(state["optimizer_steps"])
 
 
-def _sharded_core(learner: Any) -> dict[str, Any]:
+def _sharded_core(learner: PolicyLearner) -> dict[str, Any]:
     """Rank 0's part of a sharded checkpoint's ``learner_state.pt`` entry: everything but the
     tensors DCP writes (the optimizer's hyper-parameters are kept for a stateless optimizer)."""
     groups = [{k: v for k, v in g.items() if k != "params"} for g in learner.optimizer.param_groups]
@@ -324,14 +262,14 @@ def _sharded_core(learner: Any) -> dict[str, Any]:
             "optimizer_steps": learner.optimizer_steps}
 
 
-def _load_sharded_state(learner: Any, directory: str, state: Mapping[str, Any]) -> None:
+def _load_sharded_state(learner: PolicyLearner, directory: str, state: Mapping[str, Any]) -> None:
     from posttrain.learner.sharded_checkpoint import load_sharded
 
     load_sharded(learner.model, learner.optimizer, directory, with_optimizer=bool(state["optimizer_in_shards"]))
     _restore_rest(learner, state, None if state["optimizer_in_shards"] else state["param_groups"])
 
 
-def _load_weights(learner: Any, sd: Mapping[str, torch.Tensor], fsdp: bool) -> None:
+def _load_weights(learner: PolicyLearner, sd: Mapping[str, torch.Tensor], fsdp: bool) -> None:
     if fsdp:
         from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
 
@@ -340,10 +278,8 @@ def _load_weights(learner: Any, sd: Mapping[str, torch.Tensor], fsdp: bool) -> N
         learner.model.load_state_dict(sd)
 
 
-def _rank_main(rank: int, world_size: int, port: int, conn: Any, spec_bytes: bytes) -> None:
+def _rank_main(rank: int, world_size: int, port: int, conn: Connection, spec_bytes: bytes) -> None:
     """A rank process: build the learner, then serve the driver's commands until ``close``."""
-    from posttrain.learner.distributed import ProcessGroupSync, init_process_group
-
     spec: RankSpec = pickle.loads(spec_bytes)
     torch.set_num_threads(max(1, spec.threads))
     cuda = spec.device == "cuda"
@@ -358,12 +294,11 @@ def _rank_main(rank: int, world_size: int, port: int, conn: Any, spec_bytes: byt
         autocast = "bfloat16" if spec.precision == "bf16" and not fsdp else None
         if fsdp:
             _shard_fsdp(model, spec, device)
-            sync: Any = ShardedSync(device=device)
+            inner: ProcessGroupSync | ShardedSync = ShardedSync(device=device)
         else:
-            sync = ProcessGroupSync()
-            sync.check_same_weights(model)
-        if spec.drop_rank is not None:
-            sync = DropRankShare(sync, spec.drop_rank)
+            inner = ProcessGroupSync()
+            inner.check_same_weights(model)
+        sync: GradientSync = inner if spec.drop_rank is None else DropRankShare(inner, spec.drop_rank)
         learner = spec.learner_factory(model, grad_sync=sync, autocast_dtype=autocast)
         conn.send_bytes(pickle.dumps(("ok", os.getpid())))
         while True:
@@ -444,15 +379,13 @@ class LearnerRanks:
     every rank answers; see the module docstring for faults.
     """
 
-    def __init__(self, model: torch.nn.Module, learner_factory: Callable[..., Any], *, strategy: str,
-                 world_size: int, temperature: float, kl_coef: Any = 0.0, device: str = "cpu",
+    def __init__(self, model: torch.nn.Module, learner_factory: RankLearnerFactory, *, strategy: str,
+                 world_size: int, temperature: float, kl_coef: float | KLCoefficient = 0.0, device: str = "cpu",
                  precision: str = "fp32", rank_timeout_s: float = 600.0, startup_timeout_s: float = 120.0,
                  grad_divide_factor: float = 1.0, drop_rank: int | None = None, top_k: int = 0,
                  top_p: float = 1.0, weight_bucket_bytes: int = 64 << 20,
                  corrupt_bucket: int | None = None) -> None:
         import multiprocessing as mp
-
-        from posttrain.learner.distributed import free_port
 
         if strategy not in ("ddp", "fsdp2"):
             raise ValueError(f"learner.strategy must be ddp or fsdp2 for rank processes, got {strategy!r}")
@@ -468,7 +401,7 @@ class LearnerRanks:
         self.last_current_logprob: torch.Tensor | None = None
         self.last_weights_checksum: str | None = None  # blake2b over the last update's bucket checksums
         self.last_weight_buckets = 0
-        self._on_bucket: Callable[[Any], None] | None = None  # set while an update streams its weights
+        self._on_bucket: Callable[[WeightBucket], None] | None = None  # set while an update streams its weights
         threads = max(1, torch.get_num_threads() // world_size)
         spec = RankSpec(model=model, learner_factory=learner_factory, strategy=strategy, device=device,
                         precision=precision, threads=threads, collective_timeout_s=rank_timeout_s,
@@ -477,8 +410,8 @@ class LearnerRanks:
         spec_bytes = pickle.dumps(spec)
         ctx = mp.get_context("spawn")
         port = free_port()
-        self.procs: list[Any] = []
-        self.conns: list[Any] = []
+        self.procs: list[BaseProcess] = []
+        self.conns: list[Connection] = []
         try:
             for r in range(world_size):
                 parent, child = ctx.Pipe()
@@ -499,7 +432,7 @@ class LearnerRanks:
         # In-place writes (load_state_dict, an optimizer step) bump a tensor's version counter.
         return tuple(t._version for t in self.model.state_dict().values())
 
-    def _send(self, cmd: str, *args: Any) -> None:
+    def _send(self, cmd: str, *args: object) -> None:
         payload = pickle.dumps((cmd, args))
         for r, c in enumerate(self.conns):
             try:
@@ -529,11 +462,11 @@ class LearnerRanks:
         replies: dict[int, Any] = {}
         deadline = time.monotonic() + timeout_s
         while len(replies) < len(self.conns):
-            pending = {self.conns[r]: r for r in range(len(self.conns)) if r not in replies}
-            for c in wait(list(pending), timeout=_POLL_S):
-                r = pending[c]
+            pending = {id(self.conns[r]): r for r in range(len(self.conns)) if r not in replies}
+            for c in wait([self.conns[r] for r in pending.values()], timeout=_POLL_S):
+                r = pending[id(c)]
                 try:
-                    status, value = pickle.loads(c.recv_bytes())  # type: ignore[union-attr]
+                    status, value = pickle.loads(self.conns[r].recv_bytes())
                 except (EOFError, OSError):
                     self.procs[r].join(1.0)
                     self._fail(f"learner rank {r} died during {cmd} ({self._exit_reason(r)})")
@@ -556,7 +489,7 @@ class LearnerRanks:
                            "(learner.rank_timeout_s)")
         return [replies[r] for r in range(len(self.conns))]
 
-    def _call(self, cmd: str, *args: Any) -> list[Any]:
+    def _call(self, cmd: str, *args: object) -> list[Any]:
         if not self.conns:
             raise LearnerRankError(f"learner ranks are closed ({cmd})")
         if cmd not in ("load_weights", "load_state", "load_sharded") and self._fingerprint() != self._synced:
@@ -597,8 +530,8 @@ class LearnerRanks:
         received = [0]
         digest = hashlib.blake2b(digest_size=16)
 
-        def load_bucket(value: Any) -> None:
-            index, packet, checksum, version = value
+        def load_bucket(bucket: WeightBucket) -> None:
+            index, packet, checksum, version = bucket.index, bucket.packet, bucket.checksum, bucket.version
             if index != received[0] or version != self.version + 1:
                 raise LearnerRankError(f"weight bucket {index} v{version} arrived, expected bucket {received[0]} "
                                        f"v{self.version + 1}")
@@ -714,5 +647,5 @@ def _is_alias(sd: Mapping[str, torch.Tensor], key: str) -> bool:
     return any(k != key and v.data_ptr() == t.data_ptr() for k, v in sd.items())
 
 
-__all__ = ["LearnerRankError", "LearnerRanks", "RankSpec", "ShardedSync", "balanced_shards",
+__all__ = ["LearnerRankError", "LearnerRanks", "RankLearnerFactory", "RankSpec", "WeightBucket",
            "fqn_to_id_optimizer_state", "id_to_fqn_optimizer_state"]

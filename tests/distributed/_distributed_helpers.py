@@ -1,4 +1,4 @@
-"""Helpers for the distributed tests: verifiers, a learner factory and the rank function.
+"""Helpers for the distributed tests: verifiers, batches, the rank function and its spawner.
 
 Imported by name (this folder is put on ``sys.path`` by conftest.py) so spawned ranks can import
 it; Ray workers receive it by value (``cloudpickle.register_pickle_by_value``).
@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -61,13 +62,6 @@ def micro_learner_model(dtype: torch.dtype = torch.float64, seed: int = 0) -> to
     from posttrain.models import build_tiny_model
 
     return build_tiny_model("micro", seed=seed).to(dtype)
-
-
-def make_learner() -> Any:
-    """A PolicyLearner on the micro model (float64), lr large enough to move the weights."""
-    from posttrain.learner.actor import PolicyLearner
-
-    return PolicyLearner(micro_learner_model(), lr=1e-2, max_grad_norm=None)
 
 
 def ragged_batch(n: int = 12, seed: int = 1) -> TrajectoryBatch:
@@ -128,17 +122,22 @@ def _with_ref(batch: TrajectoryBatch) -> TrajectoryBatch:
 
 
 def rank_main(rank: int, world_size: int, port: int, reductions: list[str], n: int, out_dir: str) -> None:
-    """One rank: distributed log-probs, gradients and one update on the same batch per reduction;
+    """One rank: data-parallel log-probs, gradients and one update (a PolicyLearner with the
+    ProcessGroupSync hook, as ``learner.strategy=ddp`` builds it) on the same batch per reduction;
     saved to ``out_dir/<reduction>-rank<r>.pt``."""
     torch.set_num_threads(1)
-    from posttrain.learner.distributed import DistributedPolicyLearner, init_process_group
+    from posttrain.learner.actor import PolicyLearner
+    from posttrain.learner.distributed import ProcessGroupSync, init_process_group
 
     init_process_group(rank, world_size, port=port, timeout_s=60)
     try:
         batch = _with_ref(ragged_batch(n))
         adv = advantages(ragged_batch(n))
         for reduction in reductions:
-            lrn = DistributedPolicyLearner(micro_learner_model(), **_kw(reduction))
+            sync = ProcessGroupSync()
+            model = micro_learner_model()
+            sync.check_same_weights(model)
+            lrn = PolicyLearner(model, grad_sync=sync, **_kw(reduction))
             old = lrn.compute_logprobs(batch)
             loss, grads = lrn.compute_gradients(batch, adv, old_logprob=old)
             metrics = lrn.update(batch, adv, old_logprob=old)
@@ -148,3 +147,37 @@ def rank_main(rank: int, world_size: int, port: int, reductions: list[str], n: i
         import torch.distributed as dist
 
         dist.destroy_process_group()
+
+
+def run_ranks(fn: Callable[..., None], world_size: int, *args: object, timeout_s: float = 300.0) -> None:
+    """Spawn ``world_size`` processes running ``fn(rank, world_size, port, *args)`` on 127.0.0.1.
+
+    ``fn`` must be importable (module level). Bounded: a rank still running after ``timeout_s``
+    is killed and ``TimeoutError`` raised; a rank that fails raises ``RuntimeError`` with its exit code.
+    """
+    import time
+
+    import torch.multiprocessing as mp
+
+    from posttrain.learner.distributed import free_port
+
+    port = free_port()
+    ctx = mp.get_context("spawn")
+    procs = [ctx.Process(target=fn, args=(r, world_size, port, *args)) for r in range(world_size)]
+    for p in procs:
+        p.start()
+    deadline = time.monotonic() + timeout_s
+    try:
+        for p in procs:
+            p.join(max(0.0, deadline - time.monotonic()))
+        alive = [i for i, p in enumerate(procs) if p.is_alive()]
+        if alive:
+            raise TimeoutError(f"ranks {alive} still running after {timeout_s:g}s")
+        bad = {i: p.exitcode for i, p in enumerate(procs) if p.exitcode != 0}
+        if bad:
+            raise RuntimeError(f"rank(s) failed with exit codes {bad}")
+    finally:
+        for p in procs:
+            if p.is_alive():
+                p.kill()
+                p.join(5)

@@ -19,7 +19,7 @@ import _distributed_helpers as helpers  # noqa: E402
 
 @pytest.fixture(scope="session")
 def ray_env(tmp_path_factory):
-    """``{"backend", "cfg", "markers"}``: 2 rollout workers, 1 reward worker, a learner actor."""
+    """``{"backend", "cfg", "markers"}``: 2 rollout workers, 1 reward worker."""
     import ray.cloudpickle
 
     from posttrain.loop.backends import RayBackendConfig, build_ray_backend, builtin_engine_factory
@@ -28,13 +28,12 @@ def ray_env(tmp_path_factory):
     markers = tmp_path_factory.mktemp("crash")
     cfg = RayBackendConfig(
         local_num_cpus=2, num_rollout_workers=2, num_reward_workers=1,
-        cpus_per_rollout_worker=0.5, cpus_per_reward_worker=0.25, cpus_per_learner=0.5,
+        cpus_per_rollout_worker=0.5, cpus_per_reward_worker=0.25,
         transfer_timeout_s=20, generate_timeout_s=60, verify_timeout_s=5, startup_timeout_s=90,
         max_restarts=10, max_task_retries=0, request_retries=1,
     )
     backend = build_ray_backend(
         builtin_engine_factory(helpers.micro_engine_model(), eos_token_id=1), cfg,
-        learner_factory=helpers.make_learner,
         crash_markers=[str(markers / "rollout-0"), str(markers / "rollout-1")],
     )
     try:

@@ -1,5 +1,6 @@
-"""Data-parallel learner (2 gloo ranks on 127.0.0.1): gradients, log-probs and one update equal the
-single-process ones on the same batch (float64, tight tolerance)."""
+"""Data-parallel learner (2 gloo ranks on 127.0.0.1, a PolicyLearner with the ProcessGroupSync hook):
+gradients, log-probs and one update equal the single-process ones on the same batch (float64, tight
+tolerance)."""
 
 from __future__ import annotations
 
@@ -13,8 +14,6 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from _tolerance import assert_grads_close, assert_scaled_close, shape_rtol, update_rel_diff  # noqa: E402
 
-from posttrain.learner.distributed import run_ranks
-
 REDUCTIONS = ["token_mean", "seq_mean_token_mean", "seq_mean_token_sum_norm"]
 
 
@@ -23,7 +22,7 @@ def rank_outputs(tmp_path_factory):
     """One 2-rank run (spawn + gloo on 127.0.0.1) covering every reduction of REDUCTIONS."""
     out = tmp_path_factory.mktemp("ranks")
     # 11 rows: shards of unequal size (6 + 5) in the whole batch and in each of the 2 mini-batches.
-    run_ranks(helpers.rank_main, 2, REDUCTIONS, 11, str(out), timeout_s=150)
+    helpers.run_ranks(helpers.rank_main, 2, REDUCTIONS, 11, str(out), timeout_s=150)
     return out
 
 
@@ -59,9 +58,7 @@ def test_shard_gradients_alone_differ():
     batch = helpers.ragged_batch(11)
     adv = helpers.advantages(batch)
     full = PolicyLearner(helpers.micro_learner_model(), lr=1e-2).compute_gradients(batch, adv)[1]
-    from posttrain.learner.distributed import _take_batch_rows
-
-    half = _take_batch_rows(batch, list(range(0, 11, 2)))
+    half = batch.select_rows(list(range(0, 11, 2)))
     part = PolicyLearner(helpers.micro_learner_model(), lr=1e-2).compute_gradients(half, adv[0::2])[1]
     with pytest.raises(AssertionError):
         assert_grads_close(part, full, 100 * shape_rtol(int(batch.lengths.max())))
@@ -80,19 +77,19 @@ def test_wrong_reduction_is_caught():
 
 
 def test_needs_process_group():
-    from posttrain.learner.distributed import DistributedPolicyLearner
+    from posttrain.learner.distributed import ProcessGroupSync, ShardedSync
 
-    with pytest.raises(RuntimeError, match="process group"):
-        DistributedPolicyLearner(helpers.micro_learner_model())
+    for hook in (ProcessGroupSync, ShardedSync):
+        with pytest.raises(RuntimeError, match="process group"):
+            hook()
 
 
-def test_data_parallel_learner_overrides_no_private_method():
-    """Data parallelism plugs in through the documented GradientSync hook, not by overriding internals."""
-    from posttrain.learner.actor import PolicyLearner
-    from posttrain.learner.distributed import DistributedPolicyLearner, ProcessGroupSync
+def test_gradient_hooks_meet_the_protocol():
+    """Data parallelism plugs in through the documented GradientSync hook (no learner subclass)."""
+    from posttrain.learner.distributed import DropRankShare, ProcessGroupSync, ShardedSync
     from posttrain.learner.grad_sync import GradientSync, LocalSync
 
-    overridden = {n for n in vars(DistributedPolicyLearner) if n.startswith("_") and not n.startswith("__")}
-    assert not overridden & set(dir(PolicyLearner)), overridden
     assert isinstance(LocalSync(), GradientSync)
-    assert all(hasattr(ProcessGroupSync, m) for m in ("shard", "reduce_gradients", "reduce_sums", "reduce_min"))
+    for hook in (ProcessGroupSync, ShardedSync, DropRankShare):
+        assert all(callable(getattr(hook, m, None)) for m in ("shard", "reduce_gradients", "reduce_sums",
+                                                              "reduce_min")), hook

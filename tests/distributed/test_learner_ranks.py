@@ -35,9 +35,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from _tolerance import shape_rtol, update_rel_diff  # noqa: E402
 
 from posttrain.config import load_config  # noqa: E402
+from posttrain.learner.distributed import balanced_shards  # noqa: E402
 from posttrain.learner.ranks import (  # noqa: E402
     LearnerRankError,
-    balanced_shards,
     fqn_to_id_optimizer_state,
     id_to_fqn_optimizer_state,
 )

@@ -1,6 +1,6 @@
 """Ray backend on a local 2-CPU cluster (loopback): rollout over 2 worker actors equals one engine,
-verified weight broadcast (checksum, version, timeout naming the worker), reward actors, the learner
-actor publishing weights, and the fault tests (a worker killed mid-generation; retries exhausted)."""
+verified weight broadcast (checksum, version, timeout naming the worker), reward actors, and the
+fault tests (a worker killed mid-generation; retries exhausted)."""
 
 from __future__ import annotations
 
@@ -152,23 +152,3 @@ def test_reward_actors_verdicts_and_infra_errors(ray_env):
     m = reward.metrics()
     assert m["verify/worker_failures"] == 2 and m["verify/requeued"] == 1
     assert reward.verify_batch([(helpers.Echo(), "z", "z", {})])[0].status is Status.CORRECT  # restarted
-
-
-def test_learner_actor_publishes_weights_to_rollout_workers(ray_env):
-    backend = ray_env["backend"]
-    learner, rollout = backend.learner, backend.rollout
-    batch = helpers.ragged_batch(6)
-    metrics = learner.update(batch, helpers.advantages(batch))
-    assert metrics["optimizer_steps"] == 1
-    box, version, checksum, nbytes = learner.publish_weights()
-    assert version == learner.version and nbytes > 0
-    version = max(version, rollout.version + 1)  # earlier tests moved the rollout version on
-    if version != learner.version:
-        w = learner.call("weights_for_rollout")
-        p = pack_state_dict(w, version)
-        import ray
-
-        box, checksum = [ray.put(p)], p.checksum
-    rollout.broadcast_ref(box, version, checksum)
-    w = learner.call("weights_for_rollout")
-    assert _key(rollout.generate(_reqs(3, "L"))) == _key(_local({k: v for k, v in w.items()}, version).generate(_reqs(3, "L")))

@@ -1,13 +1,26 @@
-"""Execution backends: ``local`` (in-process, the default) and ``ray`` (actors), one interface.
+"""Execution backends: where rollout and reward workers run when ``system.backend=ray``.
 
-See :mod:`posttrain.loop.backends.base` for the interface and ``docs/distributed.md`` for the
-design. Importing this package never imports Ray; :func:`build_ray_backend` does, and without Ray
-installed raises ``ImportError("... pip install 'posttrain[ray]'")``.
+``system.backend=local`` (the default) needs none of this: the loop calls the engine and the
+verifier pool in-process. ``ray`` gives the loop a :class:`Backend` whose rollout workers stand
+where the engine stands and whose reward workers' ``verify_batch`` stands where the pool's does.
+Modules, one concept each:
+
+- :mod:`~posttrain.loop.backends.base`: the interface (:class:`Backend`, worker protocols,
+  :class:`FailedRequest`, the exactly-once check) and the request helpers every engine call uses;
+- :mod:`~posttrain.loop.backends.worker`: one rollout worker's logic (weights, generation, crash hook)
+  and the reward workers' verification, process-agnostic;
+- :mod:`~posttrain.loop.backends.ray_cluster`: joining/starting the cluster, placement groups;
+- :mod:`~posttrain.loop.backends.ray_rollout` / :mod:`~posttrain.loop.backends.ray_reward`: the actor
+  pools; :mod:`~posttrain.loop.backends.ray_backend`: their assembly;
+- :mod:`~posttrain.loop.backends.builtin_factory`: the built-in engine's picklable factory.
+
+Importing this package never imports Ray; :func:`build_ray_backend` does, and without Ray
+installed raises ``ImportError("... pip install 'posttrain[ray]'")``. See docs/distributed.md.
 """
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Callable, Sequence
 
 from posttrain.loop.backends.base import (
     Backend,
@@ -18,39 +31,27 @@ from posttrain.loop.backends.base import (
     RolloutWorkers,
     check_exactly_once,
 )
+from posttrain.loop.backends.builtin_factory import builtin_engine_factory
 from posttrain.loop.backends.config import RayBackendConfig
-from posttrain.loop.backends.local import LocalRewardWorkers, LocalRolloutWorkers, build_local_backend
-from posttrain.loop.backends.recovery import PendingSamples, restore_pending, save_pending
+from posttrain.rollout.engine import RolloutEngine
 
 __all__ = [
     "Backend",
     "FailedRequest",
-    "LocalRewardWorkers",
-    "LocalRolloutWorkers",
-    "PendingSamples",
     "RayBackendConfig",
     "RewardWorkers",
     "RolloutInfraError",
     "RolloutResult",
     "RolloutWorkers",
-    "build_local_backend",
     "build_ray_backend",
     "builtin_engine_factory",
     "check_exactly_once",
-    "restore_pending",
-    "save_pending",
 ]
 
 
-def build_ray_backend(*args: Any, **kwargs: Any) -> Backend:
+def build_ray_backend(engine_factory: Callable[[], RolloutEngine], cfg: RayBackendConfig, *,
+                      crash_markers: Sequence[str | None] | None = None) -> Backend:
     """:func:`posttrain.loop.backends.ray_backend.build_ray_backend` (imports Ray on call)."""
     from posttrain.loop.backends.ray_backend import build_ray_backend as _build
 
-    return _build(*args, **kwargs)
-
-
-def builtin_engine_factory(*args: Any, **kwargs: Any) -> Any:
-    """:func:`posttrain.loop.backends.ray_backend.builtin_engine_factory` (no Ray needed to build it)."""
-    from posttrain.loop.backends.ray_backend import builtin_engine_factory as _f
-
-    return _f(*args, **kwargs)
+    return _build(engine_factory, cfg, crash_markers=crash_markers)

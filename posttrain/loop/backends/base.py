@@ -1,4 +1,4 @@
-"""The backend interface shared by the local (in-process) and Ray (actors) backends.
+"""The backend interface: what the Ray backend gives the loop, and the helpers every engine call uses.
 
 A backend gives the loop three handles with the same methods whatever runs them:
 
@@ -19,13 +19,14 @@ call, so a backend bug surfaces as an error, not as a lost or double-counted tra
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Mapping, Sequence
-from typing import Any, Protocol, runtime_checkable
+from collections.abc import Callable, Mapping, Sequence
+from typing import Protocol, runtime_checkable
 
 import torch
 
 from posttrain.rewards.pool import Item
 from posttrain.rewards.verdict import Verdict
+from posttrain.rollout.engine import RolloutEngine
 from posttrain.rollout.types import Completion, GenerationRequest
 
 
@@ -97,12 +98,12 @@ def check_exactly_once(
         raise RuntimeError("rollout exactly-once check failed: " + "; ".join(problems[:5]))
 
 
-def generate_detailed(engine: Any, requests: Sequence[GenerationRequest], finish_target: int | None = None
+def generate_detailed(engine: RolloutEngine, requests: Sequence[GenerationRequest], finish_target: int | None = None
                       ) -> tuple[list[Completion], list[FailedRequest]]:
     """``(completions, failed requests)`` from any engine: a worker set's ``generate_detailed`` (a
     dead worker's requests come back failed, to become ``infra_error`` samples), else the plain
     engine protocol's ``generate`` (which has no partial failures)."""
-    detailed = getattr(engine, "generate_detailed", None)
+    detailed: Callable[..., RolloutResult] | None = getattr(engine, "generate_detailed", None)
     if detailed is not None:
         res = detailed(list(requests), finish_target=finish_target)
         return list(res.completions), list(res.failed)
@@ -189,20 +190,24 @@ class RewardWorkers(Protocol):
 
 @dataclasses.dataclass
 class Backend:
-    """What the loop receives: ``rollout``, ``reward`` and an optional remote ``learner`` handle."""
+    """What the loop receives: ``rollout`` workers, ``reward`` workers (None: the driver verifies)
+    and ``release``, run once by :meth:`close` after the parts (the Ray backend: placement groups
+    and the cluster it started)."""
 
     kind: str
     rollout: RolloutWorkers
-    reward: RewardWorkers
-    learner: Any = None
+    reward: RewardWorkers | None = None
+    release: Callable[[], None] | None = None
 
     def metrics(self) -> dict[str, float]:
         """Rollout + reward counters."""
-        return {**self.rollout.metrics(), **self.reward.metrics()}
+        return {**self.rollout.metrics(), **(self.reward.metrics() if self.reward is not None else {})}
 
     def close(self) -> None:
-        """Close every part (idempotent)."""
+        """Close every part, then ``release`` (idempotent)."""
         self.rollout.close()
-        self.reward.close()
-        if self.learner is not None and hasattr(self.learner, "close"):
-            self.learner.close()
+        if self.reward is not None:
+            self.reward.close()
+        release, self.release = self.release, None
+        if release is not None:
+            release()

@@ -16,7 +16,6 @@ from __future__ import annotations
 import os
 import time
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any
 
 from posttrain.rewards.pool import Item, run_one
 from posttrain.rewards.verdict import Verdict, infra_error
@@ -103,7 +102,7 @@ class RolloutWorker:
         """``engine.pause()``."""
         self.engine.pause()
 
-    def info(self) -> dict[str, Any]:
+    def info(self) -> dict[str, str | int]:
         """Name, pid, version, loads (for tests and logs)."""
         return {"name": self.name, "pid": os.getpid(), "version": self.version, "loads": self.loads}
 
