@@ -49,10 +49,11 @@ def stale_settings(recipe: str, run_dir: Path, overrides: list[str]) -> list[str
     """
     import yaml
 
-    from posttrain.config import dump_config, load_config
+    from posttrain.config import dump_config
     from posttrain.diagnostics.fairness import IGNORED_KEYS, flatten, read_config
+    from posttrain.loop.validate import load_run_config
 
-    want = flatten(yaml.safe_load(dump_config(load_config(recipe, overrides))))
+    want = flatten(yaml.safe_load(dump_config(load_run_config(recipe, overrides))))
     have = flatten(read_config(run_dir))
     return sorted(k for k in set(want) & set(have) if k not in IGNORED_KEYS and want[k] != have[k])
 
