@@ -11,12 +11,26 @@ import importlib
 import os
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 from posttrain.algos.kl import AdaptiveKLController
 from posttrain.config import RunConfig
+from posttrain.learner.grad_sync import GradientSync
+from posttrain.learner.settings import (
+    BatchingSettings,
+    ComputeSettings,
+    LoraSettings,
+    OptimizerSettings,
+    PolicyLossSettings,
+    PolicySettings,
+    SamplerReplay,
+)
+
+if TYPE_CHECKING:
+    from posttrain.learner.actor import PolicyLearner
+    from posttrain.learner.ranks import LearnerRanks
 
 _DTYPES = {"float32": torch.float32, "float64": torch.float64, "bfloat16": torch.bfloat16}
 
@@ -254,13 +268,14 @@ class _HTTPEngineFactory:
         return eng
 
 
-def _replayed_truncation(cfg: RunConfig) -> dict[str, Any]:
-    """``top_k`` / ``top_p`` for the learner: the sampler's when ``sampling.replay_truncation`` (and
-    sampling is not greedy), else off (the learner's policy is the full softmax)."""
+def _sampler_replay(cfg: RunConfig) -> SamplerReplay:
+    """The sampler's distribution for the learner: its temperature, and its ``top_k`` / ``top_p`` when
+    ``sampling.replay_truncation`` (and sampling is not greedy), else no truncation (the full softmax)."""
     s = cfg.sampling
+    temperature = max(s.temperature, 1e-6) if s.temperature > 0 else 1.0
     if not s.replay_truncation or s.temperature == 0:
-        return {"top_k": 0, "top_p": 1.0}
-    return {"top_k": s.top_k, "top_p": s.top_p}
+        return SamplerReplay(temperature=temperature)
+    return SamplerReplay(temperature=temperature, top_k=s.top_k, top_p=s.top_p)
 
 
 def build_kl_coef(cfg: RunConfig) -> float | AdaptiveKLController:
@@ -277,51 +292,58 @@ def build_kl_coef(cfg: RunConfig) -> float | AdaptiveKLController:
     return AdaptiveKLController(cfg.loss.kl_coef, cfg.loss.kl_target, cfg.loss.kl_horizon)
 
 
-def build_learner(cfg: RunConfig, model: torch.nn.Module, *, grad_sync: Any = None,
-                  autocast_dtype: str | None = None) -> Any:
-    """The policy learner with the recipe's loss, reduction, KL and correction.
+def policy_settings(cfg: RunConfig, *, autocast_dtype: str | None = None) -> PolicySettings:
+    """The recipe's :class:`~posttrain.learner.settings.PolicySettings`: ``optim.*`` (the schedule spans
+    ``steps x ppo_epochs x num_minibatches`` optimiser steps), ``loss.*`` (no KL estimator with
+    ``credit.kl_in_reward``: the KL is in the reward), ``correction.*``, ``lora.*``, the sampler's
+    temperature and truncation; ``autocast_dtype`` is the learner rank's mixed precision."""
+    o = cfg.optim
+    reduction_kwargs = {"max_len": cfg.sampling.max_new_tokens} if cfg.loss.reduction == "seq_mean_token_sum_norm" else {}
+    return PolicySettings(
+        optim=OptimizerSettings(
+            lr=o.lr, betas=o.betas, weight_decay=o.weight_decay, warmup_steps=o.warmup_steps,
+            total_steps=max(cfg.steps * o.ppo_epochs * o.num_minibatches, 1), lr_schedule=o.schedule,
+            max_grad_norm=o.max_grad_norm,
+        ),
+        batching=BatchingSettings(epochs=o.ppo_epochs, num_minibatches=o.num_minibatches,
+                                  microbatch_tokens=o.microbatch_tokens, seed=cfg.seed),
+        loss=PolicyLossSettings(
+            policy_loss=cfg.loss.policy_loss, policy_loss_kwargs=cfg.loss.kwargs, reduction=cfg.loss.reduction,
+            reduction_kwargs=reduction_kwargs,
+            kl_estimator=None if cfg.credit.kl_in_reward else cfg.loss.kl_estimator,
+            entropy_coef=cfg.loss.entropy_coef, correction=cfg.correction.name,
+            correction_kwargs=cfg.correction.kwargs, skip_no_signal_rows=o.skip_no_signal_rows,
+        ),
+        sampler=_sampler_replay(cfg),
+        compute=ComputeSettings(autocast_dtype=autocast_dtype),
+        lora=LoraSettings(rank=cfg.lora.rank, alpha=cfg.lora.alpha, target_modules=cfg.lora.target_modules,
+                          dropout=cfg.lora.dropout),
+    )
+
+
+def build_learner(cfg: RunConfig, model: torch.nn.Module, *, grad_sync: GradientSync | None = None,
+                  autocast_dtype: str | None = None) -> PolicyLearner | LearnerRanks:
+    """The policy learner with the recipe's settings (:func:`policy_settings`) and KL coefficient
+    (:func:`build_kl_coef`: held in both KL placements and checkpointed; applied in the loss only without
+    ``credit.kl_in_reward``).
 
     ``learner.strategy`` ddp / fsdp2 (or a CUDA learner): a :class:`~posttrain.learner.ranks.LearnerRanks`
     whose rank processes each build this same learner with their ``grad_sync`` hook
     (:class:`RankLearnerFactory`); ``model`` stays the driver's full CPU copy."""
-    from posttrain.learner import PolicyLearner
-
     if grad_sync is None and cfg.learner.strategy != "single":
         return build_learner_ranks(cfg, model)
+    return build_policy_learner(cfg, model, grad_sync=grad_sync, autocast_dtype=autocast_dtype)
 
-    reduction_kwargs = {"max_len": cfg.sampling.max_new_tokens} if cfg.loss.reduction == "seq_mean_token_sum_norm" else {}
-    return PolicyLearner(
-        model,
-        lr=cfg.optim.lr,
-        betas=cfg.optim.betas,
-        weight_decay=cfg.optim.weight_decay,
-        warmup_steps=cfg.optim.warmup_steps,
-        total_steps=max(cfg.steps * cfg.optim.ppo_epochs * cfg.optim.num_minibatches, 1),
-        lr_schedule=cfg.optim.schedule,
-        max_grad_norm=cfg.optim.max_grad_norm,
-        microbatch_tokens=cfg.optim.microbatch_tokens,
-        ppo_epochs=cfg.optim.ppo_epochs,
-        num_minibatches=cfg.optim.num_minibatches,
-        skip_no_signal_rows=cfg.optim.skip_no_signal_rows,
-        policy_loss=cfg.loss.policy_loss,
-        policy_loss_kwargs=cfg.loss.kwargs,
-        reduction=cfg.loss.reduction,
-        reduction_kwargs=reduction_kwargs,
-        kl_estimator=None if cfg.credit.kl_in_reward else cfg.loss.kl_estimator,
-        kl_coef=build_kl_coef(cfg),  # held in both placements (checkpointed); applied in the loss only without kl_in_reward
-        entropy_coef=cfg.loss.entropy_coef,
-        temperature=max(cfg.sampling.temperature, 1e-6) if cfg.sampling.temperature > 0 else 1.0,
-        **_replayed_truncation(cfg),
-        correction=cfg.correction.name,
-        correction_kwargs=cfg.correction.kwargs,
-        lora_rank=cfg.lora.rank,
-        lora_alpha=cfg.lora.alpha,
-        lora_target_modules=cfg.lora.target_modules,
-        lora_dropout=cfg.lora.dropout,
-        seed=cfg.seed,
-        grad_sync=grad_sync,
-        autocast_dtype=autocast_dtype,
-    )
+
+def build_policy_learner(cfg: RunConfig, model: torch.nn.Module, *, grad_sync: GradientSync | None = None,
+                         autocast_dtype: str | None = None) -> PolicyLearner:
+    """The in-process :class:`~posttrain.learner.actor.PolicyLearner` of :func:`build_learner`, whatever
+    ``learner.strategy`` says (for callers that need its gradients: ``posttrain check``, benchmarks)."""
+    from posttrain.learner.actor import PolicyLearner
+
+    s = policy_settings(cfg, autocast_dtype=autocast_dtype)
+    return PolicyLearner(model, optim=s.optim, batching=s.batching, loss=s.loss, sampler=s.sampler,
+                         compute=s.compute, lora=s.lora, kl_coef=build_kl_coef(cfg), grad_sync=grad_sync)
 
 
 class RankLearnerFactory:
@@ -330,11 +352,12 @@ class RankLearnerFactory:
     def __init__(self, cfg: RunConfig) -> None:
         self.cfg = cfg
 
-    def __call__(self, model: torch.nn.Module, *, grad_sync: Any, autocast_dtype: str | None = None) -> Any:
-        return build_learner(self.cfg, model, grad_sync=grad_sync, autocast_dtype=autocast_dtype)
+    def __call__(self, model: torch.nn.Module, *, grad_sync: GradientSync,
+                 autocast_dtype: str | None = None) -> PolicyLearner:
+        return build_policy_learner(self.cfg, model, grad_sync=grad_sync, autocast_dtype=autocast_dtype)
 
 
-def build_learner_ranks(cfg: RunConfig, model: torch.nn.Module, **overrides: Any) -> Any:
+def build_learner_ranks(cfg: RunConfig, model: torch.nn.Module, **overrides: float) -> LearnerRanks:
     """``learner.world_size`` rank processes (``learner.strategy``) driven from here; see docs/distributed.md.
 
     ``model`` is the driver's copy; each rank starts from a pickled copy of it. ``overrides`` go to
@@ -342,12 +365,13 @@ def build_learner_ranks(cfg: RunConfig, model: torch.nn.Module, **overrides: Any
     from posttrain.learner.ranks import LearnerRanks
 
     lc = cfg.learner
+    replay = _sampler_replay(cfg)
     kw: dict[str, Any] = dict(
         strategy=lc.strategy, world_size=lc.world_size, device=lc.resolved_device(), precision=lc.precision,
-        temperature=max(cfg.sampling.temperature, 1e-6) if cfg.sampling.temperature > 0 else 1.0,
+        temperature=replay.temperature, top_k=replay.top_k, top_p=replay.top_p,
         kl_coef=build_kl_coef(cfg),
         rank_timeout_s=lc.rank_timeout_s, startup_timeout_s=lc.startup_timeout_s,
-        weight_bucket_bytes=max(1, int(lc.weight_bucket_mb * 2**20)), **_replayed_truncation(cfg),
+        weight_bucket_bytes=max(1, int(lc.weight_bucket_mb * 2**20)),
     )
     kw.update(overrides)
     return LearnerRanks(model, RankLearnerFactory(cfg), **kw)
