@@ -1,0 +1,42 @@
+"""The config floor runs nothing; the loop-side half of validation (posttrain/loop/validate.py) gives
+the same one-line errors at load."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+
+from posttrain.config import ConfigError, load_config, parse_config, read_recipe
+from posttrain.loop.validate import load_run_config, validate_run
+
+
+def test_importing_the_config_loads_no_floor_above_it_and_no_torch() -> None:
+    code = ("import sys, posttrain.config; print(sorted(m for m in sys.modules if m.startswith('posttrain.') and not "
+            "m.startswith(('posttrain.config', 'posttrain.errors'))), 'torch' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "[] False"
+
+
+def test_parsing_checks_no_registry_and_validate_run_refuses_in_the_same_words() -> None:
+    data, source = read_recipe("grpo", ["credit.estimator=nope"])
+    cfg = parse_config(data, source)  # the config alone: a name is a string
+    with pytest.raises(ConfigError) as by_validate:
+        validate_run(cfg, source)
+    with pytest.raises(ConfigError) as by_load:
+        load_config("grpo", ["credit.estimator=nope"])
+    assert str(by_validate.value) == str(by_load.value)
+    assert str(by_load.value).startswith(f"{source}: credit.estimator: unknown advantage estimator 'nope'")
+
+
+def test_section_checks_are_reported_together_under_their_keys(tmp_path) -> None:
+    with pytest.raises(ConfigError) as e:
+        load_run_config("grpo", [f"model.path={tmp_path}", "reward.functions=[{path: 'no_such_mod_h4:f'}]"])
+    msg = str(e.value)
+    assert ": model.path: " in msg and "has no config.json" in msg
+    assert "; " in msg and ": reward.functions.0: reward.functions 'no_such_mod_h4:f': cannot import" in msg
+
+
+def test_the_commands_loader_gives_the_config_of_load_config() -> None:
+    assert load_run_config("demo", ["steps=3"]) == load_config("demo", ["steps=3"])
