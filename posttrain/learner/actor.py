@@ -91,22 +91,21 @@ class _Acc:
 class PolicyLearner:
     """Actor update for online RL (see the module docstring for the loss).
 
-    Arguments are flat (no config object). Optimizer: AdamW(``lr``, ``betas``, ``adam_eps``,
-    ``weight_decay``) with the ``lr_schedule`` of :mod:`posttrain.learner.schedule`, stepped once
-    per mini-batch; ``max_grad_norm`` clips the global L2 norm (``None``: no clipping).
-    ``microbatch_tokens`` bounds ``rows * longest_row`` per forward (``None``: whole mini-batch).
-    ``policy_loss`` / ``reduction`` / ``kl_estimator`` / ``correction`` are registry names with
-    their keyword arguments (``seq_mean_token_sum_norm`` needs ``reduction_kwargs={"max_len":
-    L_max}``, the generation budget). ``kl_coef`` is a float or a controller with ``.value`` (the loop
-    calls ``controller.update`` with the reported ``kl``); with ``kl_estimator=None`` it is only held
-    (checkpointed, logged as ``kl_coef``) for a loop that applies it in the reward
-    (``credit.kl_in_reward``). ``temperature`` must equal the
-    sampler's. ``autocast_dtype`` (``"bfloat16"``) turns on mixed precision where the device
-    supports it; ``None`` (the CPU default) computes in the model's dtype. ``lora_rank > 0``
-    wraps the model with peft LoRA adapters (then :attr:`model` is the peft model).
-    ``compute_entropy`` reports the token entropy (from the same logits, no extra forward) even
-    when ``entropy_coef == 0``.
-    ``seed`` seeds the mini-batch shuffle generator (saved by :meth:`state_dict`).
+    Settings are typed (:mod:`posttrain.learner.settings`; the flat keyword form of
+    :class:`~posttrain.learner.settings.FlatPolicyArgs` overrides their fields). ``optim``: AdamW and its
+    schedule, one step per mini-batch, ``max_grad_norm`` clipping the global L2 norm. ``batching``:
+    epochs x mini-batches (shuffled by a generator seeded with ``seed``, saved by :meth:`state_dict`) x
+    micro-batches of at most ``microbatch_tokens`` padded tokens — the
+    :class:`~posttrain.learner.trainer.Trainer` skeleton runs them. ``loss``: registry names with their
+    keyword arguments (``seq_mean_token_sum_norm`` needs ``reduction_kwargs={"max_len": L_max}``, the
+    generation budget); ``compute_entropy`` reports the token entropy (same logits, no extra forward)
+    even when ``entropy_coef == 0``. ``sampler``: the temperature (equal to the sampler's) and the replayed
+    truncation. ``compute``: ``autocast_dtype`` (``"bfloat16"``) turns on mixed precision where the device
+    supports it (``None``, the CPU default: the model's dtype). ``lora.rank > 0`` wraps the model with
+    peft LoRA adapters (then :attr:`model` is the peft model). ``kl_coef`` is a float or a controller
+    with ``.value`` (the loop calls ``controller.update`` with the reported ``kl``); without a KL
+    estimator it is only held (checkpointed, logged as ``kl_coef``) for a loop that applies it in the
+    reward (``credit.kl_in_reward``).
     ``skip_no_signal_rows``: a row whose advantage is 0 on every action token contributes exactly 0 to
     the loss and to every gradient when the policy loss vanishes at ``A = 0`` (probed once per loss,
     :meth:`no_signal_rows_skippable`), there is no KL term and ``entropy_coef == 0`` — e.g. a GRPO group
@@ -116,10 +115,10 @@ class PolicyLearner:
     ``grad_sync`` (:mod:`posttrain.learner.grad_sync`) is the data-parallel hook: which rows of a
     mini-batch this process computes and how gradients and metric sums are reduced over processes
     (default :class:`~posttrain.learner.grad_sync.LocalSync`: one process).
-    Optimiser steps go through :class:`~posttrain.learner.optim_step.OptimizerStepper` (clip,
-    skip non-finite and exactly-zero gradients), the same component the critic uses.
+    Optimiser steps go through the trainer's :class:`~posttrain.learner.optim_step.OptimizerStepper`
+    (clip, skip non-finite and exactly-zero gradients), as the critic's and the SFT warm-up's do.
     The model is kept in eval mode (dropout off) so pi_theta equals pi_old before the first step;
-    ``gradient_checkpointing`` (transformers checkpoints only in train mode) switches to train
+    ``compute.gradient_checkpointing`` (transformers checkpoints only in train mode) switches to train
     mode for the gradient forward and therefore refuses a model with dropout.
     """
 

@@ -1,7 +1,8 @@
-"""One optimiser step over accumulated gradients, shared by the actor and the critic.
+"""One optimiser step over accumulated gradients, shared by every learner (actor, critic, SFT).
 
-Both learners accumulate a mini-batch's gradient over micro-batches and then call
-:meth:`OptimizerStepper.step`, which decides — the same way for both — whether the step is taken:
+The :class:`~posttrain.learner.trainer.Trainer` accumulates a mini-batch's gradient over micro-batches
+and then calls :meth:`OptimizerStepper.step`, which decides — the same way for every learner — whether
+the step is taken:
 
 1. clip the global L2 norm to ``max_grad_norm`` (``None``: measure only);
 2. a non-finite norm (NaN / inf anywhere in the gradient) -> the gradient is dropped, no step,
@@ -16,7 +17,6 @@ from __future__ import annotations
 import dataclasses
 import math
 from collections.abc import Sequence
-from typing import Any
 
 import torch
 
@@ -52,7 +52,7 @@ class OptimizerStepper:
     """
 
     def __init__(self, params: Sequence[torch.nn.Parameter], optimizer: torch.optim.Optimizer,
-                 scheduler: Any, max_grad_norm: float | None) -> None:
+                 scheduler: torch.optim.lr_scheduler.LRScheduler, max_grad_norm: float | None) -> None:
         if max_grad_norm is not None and not max_grad_norm > 0:
             raise ValueError(f"max_grad_norm must be > 0 or None, got {max_grad_norm}")
         self.params = list(params)

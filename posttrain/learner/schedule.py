@@ -1,7 +1,8 @@
 """AdamW and the learning-rate schedule (warmup, then constant / linear / cosine decay).
 
-Both learners (policy and critic) build their optimizer here so the two read the same
-arguments the same way. One scheduler step per optimizer step.
+Every learner (policy, critic, SFT) gets its optimizer from here through the
+:class:`~posttrain.learner.trainer.Trainer`, so all read the same settings the same way. One
+scheduler step per optimizer step.
 """
 
 from __future__ import annotations
