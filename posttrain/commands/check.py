@@ -44,18 +44,16 @@ def _max_rel(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> float:
 
 def _episode_trajectories(cfg: Any, prompts: int, tok: Any, model: Any, task: Any, engine: Any) -> list[Any]:
     """``prompts`` groups of multi-turn episodes (``env.name``), played exactly as a training call
-    plays them (:class:`~posttrain.loop.episode_rollout.EpisodeRollout`): the checks then run on a
-    batch whose observation tokens sit between action turns."""
+    plays them (the rollout driver, :func:`~posttrain.loop.rollout_stage.build_rollout`): the checks then
+    run on a batch whose observation tokens sit between action turns."""
     import types
 
-    from posttrain.loop.episode_rollout import EpisodeRollout
-    from posttrain.loop.rollout_stage import RolloutStage
+    from posttrain.loop.rollout_stage import RolloutStage, build_rollout
 
     run = types.SimpleNamespace(cfg=cfg, engine=engine, tokenizer=tok, task=task, plain_model=model,
                                 next_prompts=lambda n: task.examples("train", n, seed=cfg.seed))
-    rollout = EpisodeRollout(cfg.model_copy(update={"system": cfg.system.model_copy(update={"partial_fraction": 1.0})}),
-                             run, RolloutStage.from_config(cfg, run))
-    groups, _ = rollout.run_call(0, n_prompts=prompts)
+    whole = cfg.model_copy(update={"system": cfg.system.model_copy(update={"partial_fraction": 1.0})})
+    groups, _ = build_rollout(whole, run, RolloutStage.from_config(cfg, run)).run_call(0, n_prompts=prompts)
     return [t for g in groups for t in g]
 
 
@@ -64,7 +62,7 @@ def run_checks(cfg: Any, prompts: int = 4) -> list[tuple[str, bool, str]]:
     from posttrain.envs.task import check_prompts, task_rows
     from posttrain.learner.checkpoint import load_checkpoint, restore_actor, save_checkpoint
     from posttrain.loop.builders import build_engine, build_learner, build_model, build_renderer, build_task
-    from posttrain.loop.rollout import play_once
+    from posttrain.loop.single_turn import play_once
     from posttrain.loop.targets import build_targets
     from posttrain.rewards.scoring import ScoringSpec
     from posttrain.rollout.sampling import SamplingParams

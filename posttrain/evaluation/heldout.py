@@ -117,7 +117,7 @@ def evaluate(
     prompt ids; default: raw text.
     """
     from posttrain.envs.prompt_render import PromptRenderer
-    from posttrain.loop.rollout import play_once
+    from posttrain.loop.single_turn import play_once
     from posttrain.rewards import VerifierPool
     from posttrain.rewards.scoring import judge
     from posttrain.rollout.sampling import SamplingParams

@@ -1,9 +1,9 @@
-"""Multi-turn episodes as the rollout of a run (``env.name`` set): the episode counterpart of GroupRollout.
+"""Multi-turn episodes as the rollout of a run (``env.name`` set): the episode player of the rollout driver.
 
-:class:`EpisodeRollout` has :class:`~posttrain.loop.producer.GroupRollout`'s interface
-(``run_call``, ``inflight``, ``dropped``), so the producers of every system mode
-(:class:`~posttrain.loop.producer.SyncProducer`, :class:`~posttrain.loop.producer.ThreadedProducer`)
-drive it unchanged. One call = ``prompts_per_step`` groups of ``group_size`` episodes; every
+:class:`EpisodeRollout` is the :class:`~posttrain.loop.rollout.Player` whose members are
+episodes; the driver (:class:`~posttrain.loop.rollout.Rollout`) plans, suspends, resumes and
+emits them exactly as it does single-turn samples, for the producers of every system mode.
+One call = ``prompts_per_step`` groups of ``group_size`` episodes; every
 episode of a group starts from the same environment seed (same task and initial state: the group
 baseline of GRPO and GiGPO's anchor states compare like with like).
 
@@ -18,15 +18,13 @@ versions, across turns and within one. Episodes end by the environment (terminal
 ``sampling.max_new_tokens`` (truncated), or by an environment exception (``env_failure``: no
 reward, counted, excluded from the update). With partial rollout (``system.partial_fraction`` < 1)
 a call returns once enough episodes have ended and suspends the others between two turns, with
-their environment state, until a later call resumes them (:class:`EpisodeRollout`).
+their environment state, until a later call resumes them (the driver's finish target).
 """
 
 from __future__ import annotations
 
 import dataclasses
 import hashlib
-import math
-import time
 from collections import Counter
 from collections.abc import Sequence
 from typing import Any
@@ -34,6 +32,7 @@ from typing import Any
 from posttrain.config import RunConfig
 from posttrain.envs.multiturn import EpisodeState
 from posttrain.loop.backends.base import generate_detailed
+from posttrain.loop.rollout import Advanced, Group
 from posttrain.trajectory import Finish, Status, Trajectory
 
 
@@ -60,6 +59,7 @@ def generate_turns(engine: Any, requests: Sequence[Any]) -> tuple[dict[str, Any]
     done: dict[str, Any] = {}
     failed: dict[str, str] = {}
     pending = list(requests)
+    params_of = {r.request_id: r.params for r in requests}
     calls = 0
     while pending:
         comps, fails = generate_detailed(engine, pending)
@@ -70,8 +70,9 @@ def generate_turns(engine: Any, requests: Sequence[Any]) -> tuple[dict[str, Any]
             if c.finished:
                 done[c.request_id] = c
             else:
+                params = c.params if c.params is not None else params_of[c.request_id]
                 pending.append(GenerationRequest(request_id=c.request_id, prompt_ids=list(c.prompt_ids),
-                                                 params=c.params, resume=c))
+                                                 params=params, resume=c))
     return done, calls, failed
 
 
@@ -121,43 +122,18 @@ def run_episodes(engine: Any, episodes: Sequence[EpisodeState], params: Any, *, 
             "rollout/new_tokens": float(new_tokens)}
 
 
-@dataclasses.dataclass
-class _EpisodeGroup:
-    """The ``group_size`` episodes of one prompt until all have ended (partial rollout keeps it open)."""
-
-    group_id: str
-    call: int
-    episodes: list[EpisodeState]
-
-
 class EpisodeRollout:
-    """Rollout calls of multi-turn episodes (see the module docstring); thread-compatible like
-    GroupRollout (one thread at a time calls :meth:`run_call`).
+    """The multi-turn :class:`~posttrain.loop.rollout.Player` (see the module docstring).
 
-    Partial rollout (``system.partial_fraction`` lambda < 1, as for single-turn samples in
-    :class:`~posttrain.loop.producer.GroupRollout`): a call plans ``N*K`` episodes — the carried
-    ones plus fresh groups to top up — and returns once ``ceil(lambda*N*K)`` of them have ended.
-    The others are **suspended between two turns** with their environment, transcript, per-token
-    log-probs and versions, and resume in a later call under the weights of that time (their
-    tokens then carry several behaviour versions; the wait does not count against
-    ``env.max_wall_s``). A carried episode whose version span would exceed ``max_version_span``
-    (or lag beyond ``max_staleness``) is dropped instead of resumed, and counted. A group is
-    emitted when all its (not dropped) episodes have ended.
+    A fresh group is ``group_size`` episodes of its example, started from the same environment
+    seed; a call advances the resumed, then the fresh episodes in turn rounds until the driver's
+    finish target of them have ended (:func:`run_episodes`). A suspended episode waits between two
+    turns with its environment, transcript, per-token log-probs and versions (the wait does not
+    count against ``env.max_wall_s``). Episodes score themselves (the environment's reward parts).
     """
 
     def __init__(self, cfg: RunConfig, run: Any, stage: Any) -> None:
         self.cfg, self.run, self.stage = cfg, run, stage
-        self.N, self.K = cfg.sampling.prompts_per_step, cfg.sampling.group_size
-        self.lam = cfg.system.partial_fraction
-        self.groups: dict[str, _EpisodeGroup] = {}  # open groups, in creation order
-        # suspended episodes waiting for the next call (the producers' resume-only calls look at it)
-        self.carry: list[EpisodeState] = []
-        # suspended episodes dropped instead of resumed (span / staleness), cumulative over the run
-        self.dropped = int(getattr(getattr(run, "state", None), "rollout_dropped", 0))
-
-    def inflight(self) -> int:
-        """Episodes begun but not emitted: suspended ones plus ended ones in open groups."""
-        return sum(len(g.episodes) for g in self.groups.values())
 
     def new_episode(self, ex: Any, *, traj_id: str, group_id: str, env_overrides: dict[str, Any] | None = None
                     ) -> EpisodeState:
@@ -186,86 +162,48 @@ class EpisodeRollout:
             kw["max_new_tokens"] = max_new_tokens
         return dataclasses.replace(p, **kw)
 
-    def _resume_carried(self, engine_version: int) -> tuple[list[EpisodeState], int, int]:
-        """The carried episodes to resume now; those past ``max_version_span`` / ``max_staleness`` if
-        resumed are dropped from their groups. Returns (resumed, dropped for span, dropped for lag)."""
-        syscfg = self.cfg.system
-        resumed: list[EpisodeState] = []
-        drop_span = drop_stale = 0
-        for e in self.carry:
-            acted = [v for v in e.vers if v >= 0]
-            span = engine_version - min(acted) if acted else 0
-            too_wide = syscfg.max_version_span is not None and span > syscfg.max_version_span
-            too_old = syscfg.max_staleness is not None and span > syscfg.max_staleness
-            if too_wide or too_old:
-                drop_span += int(too_wide)
-                drop_stale += int(too_old and not too_wide)
-                self.groups[e.group_id].episodes.remove(e)
-                continue
-            e.resume()
-            resumed.append(e)
-        self.carry = []
-        self.dropped += drop_span + drop_stale
-        return resumed, drop_span, drop_stale
+    # ------------------------------------------------------------------ the Player protocol
+    def start(self, group: Group[EpisodeState], index: int, step: int, round_idx: int) -> list[EpisodeState]:
+        """``group_size`` started episodes of the group's example (traj ids ``{group id}/{j}``)."""
+        gid = group.group_id
+        return [self.new_episode(group.example, traj_id=f"{gid}/{j}", group_id=gid)
+                for j in range(self.cfg.sampling.group_size)]
 
-    def run_call(self, call: int, *, round_idx: int = 0, n_prompts: int | None = None
-                 ) -> tuple[list[list[Trajectory]], dict[str, float]]:
-        """One call: the carried episodes plus fresh groups of ``group_size`` episodes (``n_prompts``,
-        default ``prompts_per_step``, or with partial rollout topped up to ``N*K`` planned episodes),
-        advanced until they end (or, lambda < 1, until ``ceil(lambda*N*K)`` have ended). Returns the
-        groups completed by this call (in creation order) and the call's metrics."""
-        run, cfg = self.run, self.cfg
-        step = call + 1
-        resumed, drop_span, drop_stale = self._resume_carried(int(getattr(run.engine, "version", 0)))
-        n_fresh = self.N if self.lam >= 1.0 else max(0, self.N - len(resumed) // self.K)
-        if n_fresh == 0 and not resumed:
-            n_fresh = self.N
-        if n_prompts is not None:
-            n_fresh = n_prompts
-        examples = run.next_prompts(n_fresh) if n_fresh else []
-        fresh: list[EpisodeState] = []
-        t0 = time.perf_counter()
-        for i, ex in enumerate(examples):
-            gid = f"s{step}r{round_idx}p{i}-{ex.prompt_id}"
-            eps = [self.new_episode(ex, traj_id=f"{gid}/{j}", group_id=gid) for j in range(self.K)]
-            self.groups[gid] = _EpisodeGroup(gid, call, eps)
-            fresh.extend(eps)
+    def versions(self, member: EpisodeState) -> list[int]:
+        """The versions of the episode's action tokens so far."""
+        return [v for v in member.vers if v >= 0]
+
+    def ended(self, member: EpisodeState) -> bool:
+        """Whether the episode has ended."""
+        return bool(member.done)
+
+    def resume(self, member: EpisodeState) -> None:
+        """Restart the episode's wall-time clock (:meth:`EpisodeState.resume`)."""
+        member.resume()
+
+    def suspend(self, member: EpisodeState, call: int) -> None:
+        """Stop the episode's wall-time clock between two turns (:meth:`EpisodeState.suspend`)."""
+        member.suspend()
+
+    def advance(self, resumed: list[EpisodeState], fresh: list[EpisodeState], finish_target: int | None,
+                call: int) -> Advanced[EpisodeState]:
+        """Turn rounds over the resumed, then the fresh episodes (:func:`run_episodes`)."""
         todo = resumed + fresh
-        planned = len([e for e in todo if not e.done])
-        target = math.ceil(self.lam * self.N * self.K) if self.lam < 1.0 else None
-        if target is not None and target >= planned:
-            target = None  # nothing would be suspended
-        params = self.sampling()
-        info = run_episodes(run.engine, todo, params, context=context_limit(run), finish_target=target,
-                            seed_of=lambda e: _seed(cfg.seed, e.traj_id, e.turns))
-        t_roll = time.perf_counter() - t0
-        n_finished = sum(e.done for e in todo) - (len(todo) - planned)
-        for e in todo:
-            if not e.done:
-                e.suspend()
-                self.carry.append(e)
-        complete = [g for g in self.groups.values() if g.episodes and all(e.done for e in g.episodes)]
-        emptied = [g for g in self.groups.values() if not g.episodes]
-        for g in complete + emptied:
-            del self.groups[g.group_id]
-        record = params.to_record()
-        out: list[list[Trajectory]] = []
-        trajs: list[Trajectory] = []
-        for g in complete:
-            group = [e.trajectory(sampling=record, meta={"rollout_call": call, "version_span": _span(e),
-                                                         "pauses": e.pauses, "pause_age": call - g.call})
-                     for e in g.episodes]
-            out.append(group)
-            trajs.extend(group)
-        info.update(episode_metrics(trajs))
-        info.update({"time/rollout_s": t_roll, "time/reward_s": 0.0, "sampling/rounds": 1.0, "rollout/calls": 1.0,
-                     "rollout/rows": float(len(todo)), "partial/lambda": float(self.lam),
-                     "partial/fresh_prompts": float(n_fresh), "partial/resumed": float(len(resumed)),
-                     "partial/finished": float(n_finished),
-                     "partial/paused": float(len(self.carry)), "partial/dropped_span": float(drop_span),
-                     "staleness/dropped_before_resume": float(drop_stale),
-                     "partial/groups_completed": float(len(out)), "partial/groups_emptied": float(len(emptied))})
-        return out, info
+        planned = sum(not e.done for e in todo)
+        cfg = self.cfg
+        info = run_episodes(self.run.engine, todo, self.sampling(), context=context_limit(self.run),
+                            finish_target=finish_target, seed_of=lambda e: _seed(cfg.seed, e.traj_id, e.turns))
+        info["rollout/rows"] = float(len(todo))
+        return Advanced(todo, sum(e.done for e in todo) - (len(todo) - planned), info)
+
+    def emit(self, groups: list[Group[EpisodeState]], call: int, step: int
+             ) -> tuple[list[list[Trajectory]], dict[str, float]]:
+        """The episodes' own records (scored by their environments) and ``episode/*`` metrics."""
+        record = self.sampling().to_record()
+        out = [[e.trajectory(sampling=record, meta={"rollout_call": call, "version_span": _span(e),
+                                                    "pauses": e.pauses, "pause_age": call - g.call})
+                for e in g.members] for g in groups]
+        return out, {**episode_metrics([t for g in out for t in g]), "time/reward_s": 0.0}
 
 
 def _span(e: EpisodeState) -> int:

@@ -74,7 +74,7 @@ def greedy_baseline(
 ) -> tuple[torch.Tensor, dict[str, float]]:
     """ReMax's baseline (Li et al. 2023, arXiv:2310.10505): per row, the reward of one greedy
     (temperature 0) response of its prompt under the engine's current (behaviour) weights, scored
-    exactly like the samples (:func:`posttrain.loop.rollout.play_once`, same weights and shaping).
+    exactly like the samples (:func:`posttrain.loop.single_turn.play_once`, same weights and shaping).
 
     ``examples`` maps ``prompt_id`` -> the ``TaskExample``; ``renderer`` is the run's
     :class:`~posttrain.envs.prompt_render.PromptRenderer` (default raw text), so the greedy response
@@ -83,7 +83,7 @@ def greedy_baseline(
     signal), counted in ``remax/baseline_infra_errors``. Returns ``([B] float64, metrics)``.
     """
     from posttrain.envs.prompt_render import PromptRenderer
-    from posttrain.loop.rollout import play_once
+    from posttrain.loop.single_turn import play_once
     from posttrain.rollout.sampling import SamplingParams
 
     pids = list(dict.fromkeys(t.prompt_id for t in batch.trajectories))

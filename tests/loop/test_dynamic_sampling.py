@@ -1,4 +1,4 @@
-"""Dynamic sampling (DAPO) runs through the one rollout path, GroupRollout: rounds, ids, infra errors.
+"""Dynamic sampling (DAPO) runs through the one rollout driver (loop/rollout.py): rounds, ids, infra errors.
 
 A scripted engine answers each prompt letter with fixed per-sample responses, so which groups carry
 a reward signal (rewards differ within the group) is known in advance.
@@ -13,8 +13,8 @@ import pytest
 from posttrain.config import load_config
 from posttrain.envs import TASKS
 from posttrain.envs.task import TaskExample
-from posttrain.loop.producer import GroupRollout, SyncProducer
-from posttrain.loop.rollout_stage import RolloutStage
+from posttrain.loop.producer import SyncProducer
+from posttrain.loop.rollout_stage import RolloutStage, build_rollout
 from posttrain.models import build_char_tokenizer
 from posttrain.rollout.types import Completion
 from posttrain.trajectory import Status
@@ -64,7 +64,7 @@ def _producer(tmp_path, failing=(), rounds=3):
                                 next_prompts=next_prompts, cfg=cfg, learner=types.SimpleNamespace(version=0),
                                 state=types.SimpleNamespace(rollout_calls=0, rollout_dropped=0))
     stage = RolloutStage.from_config(cfg, run)
-    return SyncProducer(cfg, run, stage, GroupRollout(cfg, run, stage)), engine
+    return SyncProducer(cfg, run, stage, build_rollout(cfg, run, stage)), engine
 
 
 def test_dynamic_sampling_keeps_signal_groups_and_counts_infra_errors(tmp_path):

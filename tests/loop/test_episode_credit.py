@@ -218,13 +218,13 @@ def test_pass_at_k_over_held_out_episodes_hand_computed():
     eng = ByEpisode([right, call_then_wrong, no_call])
     cfg, run, ro = make_run(eng)
     examples = run.task.examples("heldout", 4, seed=0)
-    res = evaluate_episodes(ro, examples, temperature=1.0, samples=3, k=2)
+    res = evaluate_episodes(ro.player, examples, temperature=1.0, samples=3, k=2)
     assert res.per_prompt == ((3, 1),) * 4
     m = res.passk_metrics()
     assert m["heldout/pass@1"] == pytest.approx(1 / 3) and m["heldout/pass@2"] == pytest.approx(2 / 3)
     assert res.accuracy == pytest.approx(1 / 3)
     with pytest.raises(ValueError, match="k <= samples"):
-        evaluate_episodes(ro, examples, samples=2, k=3)
+        evaluate_episodes(ro.player, examples, samples=2, k=3)
 
 
 def test_episode_recipe_reports_pass_at_k(tmp_path):

@@ -16,8 +16,8 @@ import pytest
 from posttrain.config import ConfigError, load_config
 from posttrain.envs.episodes import EnvTask
 from posttrain.envs.tool_calling import calculator_tool_env
-from posttrain.loop.episode_rollout import EpisodeRollout, evaluate_episodes
-from posttrain.loop.rollout_stage import RolloutStage
+from posttrain.loop.episode_rollout import evaluate_episodes
+from posttrain.loop.rollout_stage import RolloutStage, build_rollout
 from posttrain.models import build_char_tokenizer
 from posttrain.rollout.types import Completion
 from posttrain.trajectory import Finish, Role, Status
@@ -83,7 +83,7 @@ def make_run(engine, *extra, env_factory=None):
 
     run = types.SimpleNamespace(cfg=cfg, engine=engine, tokenizer=TOK, task=task, next_prompts=next_prompts,
                                 plain_model=None)
-    return cfg, run, EpisodeRollout(cfg, run, RolloutStage.from_config(cfg, run))
+    return cfg, run, build_rollout(cfg, run, RolloutStage.from_config(cfg, run))
 
 
 def runs_of(t):
@@ -215,9 +215,9 @@ def test_versions_differ_across_turns_when_weights_update_between_rounds():
 def test_heldout_episode_evaluation_with_and_without_tools():
     _, _, ro = make_run(ScriptedEngine(solver))
     exs = ro.run.task.examples("heldout", 3, seed=0)
-    res = evaluate_episodes(ro, exs)
+    res = evaluate_episodes(ro.player, exs)
     assert res.accuracy == 1.0 and res.n == 3
-    off = evaluate_episodes(ro, exs, env_overrides={"use_tools": False})
+    off = evaluate_episodes(ro.player, exs, env_overrides={"use_tools": False})
     assert off.accuracy == 0.0 and off.status_counts == {"invalid": 3}  # calls refused until the turn limit
 
 
@@ -260,7 +260,7 @@ def test_sft_pairs_replay_demonstrations_as_the_rollout_renders_them():
 
     _, run, ro = make_run(ScriptedEngine(solver), "env.kwargs={digits: 2, demo_direct_fraction: 0.5}")
     exs = run.task.examples("train", 12, seed=3)
-    pairs = sft_pairs(ro, exs)
+    pairs = sft_pairs(ro.player, exs)
     by_prompt = {}
     for p, a in pairs:
         by_prompt.setdefault(TOK.decode(p).split("<|assistant|>")[0], []).append((TOK.decode(p), TOK.decode(a)))

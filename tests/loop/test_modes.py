@@ -20,8 +20,8 @@ import torch
 
 from posttrain.config import ConfigError, load_config
 from posttrain.envs.task import TaskExample
-from posttrain.loop.producer import GroupRollout, SampleQueue, tag_and_filter
-from posttrain.loop.rollout_stage import RolloutStage
+from posttrain.loop.producer import SampleQueue, tag_and_filter
+from posttrain.loop.rollout_stage import RolloutStage, build_rollout
 from posttrain.loop.sync import train
 from posttrain.rollout.types import Completion
 from posttrain.trajectory import Finish, Ledger, Status, make_trajectory
@@ -176,7 +176,7 @@ class ScriptedEngine:
 
 
 def _scripted(tmp_path, lengths, *extra):
-    """GroupRollout over a scripted engine; prompt i is the 1-character prompt chr(ord('a') + i)."""
+    """The single-turn rollout driver over a scripted engine; prompt i is the 1-character prompt chr(ord('a') + i)."""
     from posttrain.models import build_char_tokenizer
 
     cfg = _cfg(tmp_path, "sampling.prompts_per_step=2", "sampling.group_size=2", "sampling.max_new_tokens=10", *extra)
@@ -199,7 +199,7 @@ def _scripted(tmp_path, lengths, *extra):
                                 next_prompts=next_prompts, cfg=cfg)
     for ch, ls in lengths.items():
         engine.lengths[tok(ch).input_ids[0]] = ls
-    return GroupRollout(cfg, run, RolloutStage.from_config(cfg, run)), engine
+    return build_rollout(cfg, run, RolloutStage.from_config(cfg, run)), engine
 
 
 def test_partial_rollout_by_hand(tmp_path):
@@ -432,7 +432,7 @@ def test_worker_failure_fails_loudly(tmp_path, monkeypatch):
     def boom(self, call):
         raise RuntimeError("engine exploded")
 
-    monkeypatch.setattr(P.GroupRollout, "run_call", boom)
+    monkeypatch.setattr(P.Rollout, "run_call", boom)
     with pytest.raises(RuntimeError, match="rollout worker failed: RuntimeError: engine exploded"):
         train(_cfg(tmp_path, "steps=2", "system.mode=async"))
 
