@@ -23,7 +23,7 @@ import dataclasses
 import inspect
 import math
 from collections.abc import Iterator, Mapping, Sequence
-from typing import Any, Protocol, Unpack
+from typing import Protocol, Unpack
 
 import torch
 
@@ -54,9 +54,9 @@ class KLCoefficient(Protocol):
     @property
     def value(self) -> float: ...
 
-    def state_dict(self) -> dict[str, Any]: ...
+    def state_dict(self) -> dict[str, float]: ...
 
-    def load_state_dict(self, state: Mapping[str, Any]) -> None: ...
+    def load_state_dict(self, state: Mapping[str, float]) -> None: ...
 
 
 _AUTOCAST = {
@@ -239,7 +239,7 @@ class PolicyLearner:
         """dtype of log-probs and losses: float64 for a float64 model, else float32."""
         return torch.float64 if next(self.model.parameters()).dtype == torch.float64 else torch.float32
 
-    def _autocast(self) -> contextlib.AbstractContextManager[Any]:
+    def _autocast(self) -> contextlib.AbstractContextManager[object]:
         if self.autocast_dtype is None:
             return contextlib.nullcontext()
         return torch.autocast(device_type=self.device.type, dtype=self.autocast_dtype)
