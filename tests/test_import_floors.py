@@ -62,6 +62,9 @@ SHIMS: dict[str, str] = {
 """Modules left behind as re-exports of a moved one, each with who moves its last importers."""
 
 
+When = Literal["load", "call", "typing"]
+
+
 @dataclass(frozen=True)
 class Import:
     """``importer`` imports ``imported`` (module names); ``when``: ``load`` (as the importer loads),
@@ -69,7 +72,7 @@ class Import:
 
     importer: str
     imported: str
-    when: Literal["load", "call", "typing"]
+    when: When
 
 
 def module_name(path: Path, root: Path = ROOT) -> str:
@@ -122,7 +125,7 @@ def imports_of(source: str, name: str, modules: Set[str], is_package: bool = Fal
                 targets.append(sub if sub in modules else base)
         for target in targets:
             if target.split(".")[0] == "posttrain" and target != name:
-                when = "typing" if id(node) in typing_only else "call" if id(node) in in_function else "load"
+                when: When = "typing" if id(node) in typing_only else "call" if id(node) in in_function else "load"
                 yield Import(name, target, when)
 
 
