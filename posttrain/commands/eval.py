@@ -2,7 +2,7 @@
 
 A checkpoint inside a run directory (``RUN/checkpoints/step_N`` or its ``actor/``) is evaluated
 **as the run evaluated it**: the run's ``config.yaml`` is loaded and its held-out evaluation runs
-through the run's own code (:func:`~posttrain.evaluation.heldout.heldout_metrics` over a
+through the run's own code (:func:`~posttrain.loop.heldout.heldout_metrics` over a
 :class:`~posttrain.evaluation.heldout.HeldoutRun`): task and kwargs (``reward.extract``,
 ``reward.functions``), ``task.chat_template`` / ``task.system_prompt``, the token budget
 (``eval.max_new_tokens``, default ``sampling.max_new_tokens``), ``eval.size`` / ``seed`` (the same
@@ -62,7 +62,8 @@ def register(sub: Any) -> None:
 def run(args: argparse.Namespace) -> int:
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from posttrain.evaluation.heldout import HeldoutRun, evaluate_run, heldout_metrics
+    from posttrain.evaluation.heldout import HeldoutRun
+    from posttrain.loop.heldout import evaluate_run, heldout_metrics
 
     path = Path(args.checkpoint)
     if not path.exists():

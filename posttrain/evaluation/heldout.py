@@ -1,254 +1,39 @@
-"""Held-out evaluation: generate on held-out prompts, verify, and report accuracy by status.
+"""``posttrain eval``'s part of the held-out evaluation: the parts of a run rebuilt from a config and weights.
 
-Accuracy is the fraction of held-out responses (greedy by default, one per prompt) the task's
-verifier marks ``correct``; infra errors are excluded from the denominator and counted
-(``heldout/infra_errors``). With ``samples = n > 1`` sampled responses per prompt, the result
-also carries pass@k by the unbiased estimator of Chen et al. 2021 (arXiv:2107.03374, eq. 1),
-``pass@k = mean_prompts [1 - C(n_i - c_i, k) / C(n_i, k)]`` with ``n_i`` the prompt's samples
-that are not infra errors and ``c_i`` its correct ones (see :func:`pass_at_k`). Verification goes through the same guarded path as training
-(``verify_batch``, a :class:`~posttrain.rewards.VerifierPool`): a verifier that raises, hangs or
-returns garbage on a held-out sample is an infra error there too, never a crash or a freeze.
+The evaluation itself is the run's (:mod:`posttrain.loop.heldout`: :func:`heldout_metrics` over the
+rollout's one path); :class:`HeldoutRun` supplies what it reads of a run when there is no run, only
+a checkpoint and its ``config.yaml``. ``evaluate``, ``evaluate_run``, ``heldout_metrics``,
+``EvalResult`` and ``pass_at_k`` are re-exported for the callers of this module's former contents
+(posttrain/bench/vs_trl.py, tests/loop/test_faults_verify.py) until they import them from
+:mod:`posttrain.loop.heldout`.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import math
-from collections import Counter
-from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any
 
-from posttrain.trajectory import Status
+from posttrain.loop.heldout import (
+    EvalResult,
+    EvaluatedRun,
+    evaluate,
+    evaluate_run,
+    heldout_metrics,
+    pass_at_k,
+)
 
 if TYPE_CHECKING:
     import torch
 
     from posttrain.config import RunConfig
+    from posttrain.envs.prompt_render import PromptRenderer
     from posttrain.envs.task import Task, TaskExample
+    from posttrain.rewards import VerifierPool
+    from posttrain.rewards.scoring import VerifyBatch
+    from posttrain.rewards.verifier import Verifier
     from posttrain.rollout.engine import RolloutEngine
 
-
-def pass_at_k(n: int, c: int, k: int) -> float:
-    """Unbiased pass@k of one prompt: ``1 - C(n - c, k) / C(n, k)`` (Chen et al. 2021, arXiv:2107.03374).
-
-    The probability that at least one of ``k`` samples drawn without replacement from the ``n``
-    generated ones (``c`` of them correct) is correct. ``1.0`` when ``n - c < k`` (every k-subset
-    holds a correct one). Needs ``0 <= c <= n`` and ``1 <= k <= n``, else ``ValueError``.
-    """
-    if not (0 <= c <= n) or not (1 <= k <= n):
-        raise ValueError(f"pass_at_k: need 0 <= c <= n and 1 <= k <= n, got n={n}, c={c}, k={k}")
-    if n - c < k:
-        return 1.0
-    return 1.0 - math.comb(n - c, k) / math.comb(n, k)
-
-
-@dataclasses.dataclass(frozen=True)
-class EvalResult:
-    """Held-out figures of one policy revision."""
-
-    accuracy: float
-    reward_mean: float
-    mean_length: float
-    status_counts: dict[str, int]
-    n: int
-    # Per prompt: (samples that are not infra errors, correct ones); k of pass@k (1 = pass@1 only).
-    per_prompt: tuple[tuple[int, int], ...] = ()
-    k: int = 1
-    # eval.hidden_verifier over the same responses (posttrain.rewards.hidden.heldout_metrics); {} without one.
-    hidden: dict[str, float] = dataclasses.field(default_factory=dict)
-
-    @property
-    def infra_errors(self) -> int:
-        """Samples whose verification failed (excluded from the accuracy denominator)."""
-        return int(self.status_counts.get(Status.INFRA_ERROR.value, 0))
-
-    def as_metrics(self, prefix: str = "heldout") -> dict[str, float]:
-        """Flat metric dict (``heldout/accuracy``, ``heldout/infra_errors`` ...)."""
-        out = {f"{prefix}/accuracy": self.accuracy, f"{prefix}/reward_mean": self.reward_mean,
-               f"{prefix}/mean_length": self.mean_length, f"{prefix}/infra_errors": float(self.infra_errors)}
-        out.update({f"{prefix}/status/{k}": float(v) for k, v in self.status_counts.items()})
-        out.update({f"{prefix}/hidden/{k}": v for k, v in self.hidden.items()})
-        return out
-
-    def passk_metrics(self, prefix: str = "heldout") -> dict[str, float]:
-        """``{prefix}/pass@{k}`` and ``{prefix}/pass@1``: means over prompts of :func:`pass_at_k`.
-
-        A prompt with fewer than ``k`` non-infra samples has no unbiased pass@k: it is left out of
-        that mean and counted (``{prefix}/pass@{k}_prompts_skipped``); pass@1 skips only prompts
-        with no valid sample. NaN when no prompt qualifies.
-        """
-        def mean_over(k: int) -> tuple[float, int]:
-            vals = [pass_at_k(n, c, k) for n, c in self.per_prompt if n >= k]
-            return (sum(vals) / len(vals) if vals else float("nan")), len(self.per_prompt) - len(vals)
-
-        p1, _ = mean_over(1)
-        pk, skipped = mean_over(self.k)
-        return {f"{prefix}/pass@1": p1, f"{prefix}/pass@{self.k}": pk,
-                f"{prefix}/pass@{self.k}_prompts_skipped": float(skipped),
-                f"{prefix}/pass@{self.k}_samples": float(max((n for n, _ in self.per_prompt), default=0))}
-
-
-def evaluate(
-    engine: Any,
-    tokenizer: Any,
-    task: Any,
-    examples: Sequence[Any],
-    *,
-    max_new_tokens: int,
-    temperature: float = 0.0,
-    seed: int = 0,
-    verify_batch: Any | None = None,
-    samples: int = 1,
-    k: int = 1,
-    renderer: Any | None = None,
-    hidden_verifier: Any | None = None,
-) -> EvalResult:
-    """Evaluate the engine's current weights on ``examples`` (``TaskExample`` objects).
-
-    ``samples`` responses are drawn per prompt (``SamplingParams.n``; > 1 only makes sense with
-    ``temperature > 0``) and ``k <= samples`` is the k of :meth:`EvalResult.passk_metrics`;
-    accuracy, reward and length are then means over all responses.
-    ``verify_batch`` is the run's guarded verification (``VerifierPool.verify_batch`` or reward
-    workers); None verifies in-process through a ``VerifierPool(workers=0)`` (default time limit).
-    Never raises for a verifier's failure: such a sample is an ``infra_error``.
-    ``hidden_verifier`` (``eval.hidden_verifier``) re-judges the same responses through ``verify_batch``;
-    its figures go to :attr:`EvalResult.hidden` only (accuracy and the rest are the training verifier's).
-    ``renderer`` (:class:`~posttrain.envs.prompt_render.PromptRenderer`, the run's) turns examples into
-    prompt ids; default: raw text.
-    """
-    from posttrain.envs.prompt_render import PromptRenderer
-    from posttrain.loop.single_turn import play_once
-    from posttrain.rewards import VerifierPool
-    from posttrain.rewards.scoring import judge
-    from posttrain.rollout.sampling import SamplingParams
-
-    if not 1 <= k <= samples:
-        raise ValueError(f"evaluate: need 1 <= k <= samples, got k={k}, samples={samples}")
-    if verify_batch is None:
-        verify_batch = VerifierPool(workers=0).verify_batch
-    played = play_once(engine, examples, SamplingParams(temperature=temperature, max_new_tokens=max_new_tokens,
-                                                        n=samples, seed=seed),
-                       request_ids=[f"eval{i}-{ex.prompt_id}" for i, ex in enumerate(examples)],
-                       renderer=renderer if renderer is not None else PromptRenderer(tokenizer),
-                       verifier=task.verifier, tokenizer=tokenizer, verify_batch=verify_batch)
-    verdicts = played.verdicts
-    hidden: dict[str, float] = {}
-    if hidden_verifier is not None:
-        from posttrain.rewards.hidden import heldout_metrics
-
-        _, hv = judge(played.completions, played.examples, verifier=hidden_verifier, tokenizer=tokenizer,
-                      verify_batch=verify_batch)
-        hidden = heldout_metrics([v.status for v in verdicts], [v.status for v in hv])
-    statuses: Counter[str] = Counter()
-    rewards: list[float] = []
-    lengths: list[int] = []
-    n_valid, n_correct = [0] * len(examples), [0] * len(examples)
-    for row, c, v in zip(played.rows, played.completions, verdicts, strict=True):
-        statuses[v.status.value] += 1
-        lengths.append(len(c.token_ids))
-        if v.status is not Status.INFRA_ERROR:  # an infra error says nothing about the policy: not in n
-            n_valid[row] += 1
-            n_correct[row] += v.status is Status.CORRECT
-            rewards.append(float(v.components.get("task", 0.0)))
-    valid = sum(n for s, n in statuses.items() if s != Status.INFRA_ERROR.value)
-    return EvalResult(
-        accuracy=statuses[Status.CORRECT.value] / valid if valid else float("nan"),
-        reward_mean=sum(rewards) / len(rewards) if rewards else float("nan"),
-        mean_length=sum(lengths) / len(lengths) if lengths else 0.0,
-        status_counts=dict(statuses),
-        n=len(examples),
-        per_prompt=tuple(zip(n_valid, n_correct, strict=True)),
-        k=k,
-        hidden=hidden,
-    )
-
-
-class EvaluatedRun(Protocol):
-    """What a held-out evaluation reads of a run: met by :class:`~posttrain.loop.run_state.Run` (training)
-    and :class:`HeldoutRun` (``posttrain eval`` of a checkpoint)."""
-
-    @property
-    def cfg(self) -> RunConfig: ...
-
-    @property
-    def engine(self) -> RolloutEngine: ...
-
-    @property
-    def tokenizer(self) -> Any: ...  # a Hugging Face or posttrain char tokenizer
-
-    @property
-    def task(self) -> Task: ...
-
-    @property
-    def heldout(self) -> list[TaskExample]: ...
-
-    @property
-    def renderer(self) -> Any: ...  # posttrain.envs.prompt_render renderer (chat template / raw text)
-
-    @property
-    def verify_batch(self) -> Callable[..., Any]: ...
-
-    @property
-    def hidden_verifier(self) -> Any: ...  # eval.hidden_verifier's verifier, or None
-
-
-def evaluate_run(run: EvaluatedRun, temperature: float | None = None, samples: int = 1,
-                 env_overrides: dict[str, Any] | None = None) -> EvalResult:
-    """A run's held-out evaluation of its engine's current weights: the one path of training and ``posttrain eval``.
-
-    ``run`` is a :class:`~posttrain.loop.run_state.Run` or a :class:`HeldoutRun` (the same attributes:
-    ``cfg``, ``engine``, ``tokenizer``, ``task``, ``heldout``, ``renderer``, ``verify_batch``,
-    ``hidden_verifier``, ``plain_model``). Single-turn (``env.name`` unset): :func:`evaluate` on
-    ``run.heldout`` rendered by ``run.renderer`` (task.chat_template / task.system_prompt), judged by
-    ``run.task``'s verifier (reward.extract applied by ``build_task``), ``eval.max_new_tokens`` tokens
-    (default ``sampling.max_new_tokens``), seed ``cfg.seed``. Multi-turn: one whole episode per held-out
-    start and sample (:func:`~posttrain.loop.episode_rollout.evaluate_episodes`) under the run's ``env``
-    settings, ``env_overrides`` (e.g. ``{"use_tools": False}``) building the environments.
-    ``temperature`` defaults to ``eval.temperature``; ``samples`` > 1 draws that many responses per
-    prompt for pass@``min(eval.k, samples)``.
-    """
-    cfg = run.cfg
-    e = cfg.eval
-    temp = e.temperature if temperature is None else temperature
-    if cfg.env.name is not None:  # multi-turn: whole held-out episodes
-        from posttrain.loop.episode_rollout import EpisodeRollout, evaluate_episodes
-        from posttrain.loop.rollout_stage import RolloutStage
-
-        ro = EpisodeRollout(cfg, run, RolloutStage.from_config(cfg, run))
-        res: EvalResult = evaluate_episodes(ro, run.heldout, temperature=temp, max_new_tokens=e.max_new_tokens,
-                                            env_overrides=env_overrides, samples=samples, k=min(e.k, samples))
-        return res
-    if env_overrides:
-        raise ValueError(f"evaluate_run: env_overrides {env_overrides} need a multi-turn run (env.name)")
-    return evaluate(run.engine, run.tokenizer, run.task, run.heldout,
-                    max_new_tokens=e.max_new_tokens or cfg.sampling.max_new_tokens, temperature=temp, seed=cfg.seed,
-                    verify_batch=run.verify_batch, samples=samples, k=min(e.k, samples),
-                    renderer=run.renderer, hidden_verifier=run.hidden_verifier)
-
-
-def heldout_metrics(run: EvaluatedRun) -> tuple[EvalResult, dict[str, float]]:
-    """Every held-out figure a run logs at an evaluation: ``(main result, its metrics and the extras)``.
-
-    The main result is at ``eval.temperature`` (greedy by default: it promotes / rejects). The metric
-    dict holds its ``heldout/*`` keys plus, as configured: ``heldout_sampled/*`` at
-    ``eval.sampled_temperature``; pass@k over ``eval.samples`` responses of whichever evaluation
-    samples (``heldout/pass@k``, Chen et al. 2021); ``heldout_notool/*`` (``env.eval_without_tools``).
-    Both :meth:`Run.evaluate_and_judge <posttrain.loop.run_state.Run.evaluate_and_judge>` and
-    ``posttrain eval`` call it, so a checkpoint's evaluation reproduces the run's record.
-    """
-    cfg = run.cfg
-    e = cfg.eval
-    n = e.samples or 1
-    # pass@k needs sampled responses: the main evaluation's when it samples, else the sampled one's.
-    res = evaluate_run(run, samples=n if e.temperature > 0 else 1)
-    extra: dict[str, float] = res.passk_metrics() if n > 1 and e.temperature > 0 else {}
-    if e.sampled_temperature is not None:
-        sres = evaluate_run(run, e.sampled_temperature, samples=n if e.temperature == 0 else 1)
-        extra = {**sres.as_metrics("heldout_sampled"), **extra,
-                 **(sres.passk_metrics() if n > 1 and e.temperature == 0 else {})}
-    if cfg.env.name is not None and cfg.env.eval_without_tools:  # the no-tool baseline beside it
-        extra.update(evaluate_run(run, env_overrides={"use_tools": False}).as_metrics("heldout_notool"))
-    return res, {**res.as_metrics(), **extra}
+__all__ = ["EvalResult", "EvaluatedRun", "HeldoutRun", "evaluate", "evaluate_run", "heldout_metrics", "pass_at_k"]
 
 
 @dataclasses.dataclass
@@ -267,11 +52,11 @@ class HeldoutRun:
     tokenizer: Any
     task: Task
     heldout: list[TaskExample]
-    renderer: Any
-    verify_batch: Callable[..., Any]
-    hidden_verifier: Any
+    renderer: PromptRenderer
+    verify_batch: VerifyBatch
+    hidden_verifier: Verifier | None
     plain_model: torch.nn.Module
-    _pool: Any = None
+    _pool: VerifierPool | None = None
 
     @classmethod
     def from_config(cls, cfg: RunConfig, model: torch.nn.Module, tokenizer: Any) -> HeldoutRun:

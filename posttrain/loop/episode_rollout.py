@@ -36,8 +36,8 @@ from posttrain.loop.rollout import Advanced, Group
 from posttrain.trajectory import Finish, Status, Trajectory
 
 
-def _seed(*parts: Any) -> int:
-    """A sampling seed from the run seed and the episode's coordinates (stable across processes)."""
+def turn_seed(*parts: object) -> int:
+    """A sampling seed from the run seed and an episode turn's coordinates (stable across processes)."""
     return int.from_bytes(hashlib.sha256("|".join(map(str, parts)).encode()).digest()[:4], "big") >> 1
 
 
@@ -192,7 +192,7 @@ class EpisodeRollout:
         planned = sum(not e.done for e in todo)
         cfg = self.cfg
         info = run_episodes(self.run.engine, todo, self.sampling(), context=context_limit(self.run),
-                            finish_target=finish_target, seed_of=lambda e: _seed(cfg.seed, e.traj_id, e.turns))
+                            finish_target=finish_target, seed_of=lambda e: turn_seed(cfg.seed, e.traj_id, e.turns))
         info["rollout/rows"] = float(len(todo))
         return Advanced(todo, sum(e.done for e in todo) - (len(todo) - planned), info)
 
@@ -250,41 +250,3 @@ def sft_pairs(rollout: EpisodeRollout, examples: Sequence[Any]) -> list[tuple[li
             pairs.append((ep.context(), ids))
             ep.apply(ids, [0.0] * len(ids), 0, "stop")
     return pairs
-
-
-def evaluate_episodes(rollout: EpisodeRollout, examples: Sequence[Any], *, temperature: float = 0.0,
-                      max_new_tokens: int | None = None, env_overrides: dict[str, Any] | None = None,
-                      samples: int = 1, k: int = 1) -> Any:
-    """Held-out evaluation on whole episodes: ``samples`` episodes per example (each with its own
-    sampling stream) under the engine's current weights at ``temperature`` (0 = greedy).
-    ``env_overrides`` (e.g. ``{"use_tools": False}``) build the environments. Returns an
-    :class:`~posttrain.evaluation.heldout.EvalResult` whose accuracy is the fraction of episodes
-    (``env_failure`` and ``infra_error`` ones left out) that ended ``correct``, ``reward_mean`` the mean ``task`` component,
-    ``mean_length`` the mean action tokens per episode, and ``per_prompt`` (valid, correct)
-    episodes per example for pass@``k`` (unbiased estimator, Chen et al. 2021, arXiv:2107.03374).
-    """
-    from posttrain.evaluation.heldout import EvalResult
-
-    if samples < 1 or k < 1 or k > samples:
-        raise ValueError(f"evaluate_episodes: need 1 <= k <= samples, got k={k}, samples={samples}")
-    run, cfg = rollout.run, rollout.cfg
-    eps = [rollout.new_episode(ex, traj_id=f"eval{i}" if samples == 1 else f"eval{i}/{j}", group_id=f"eval{i}",
-                               env_overrides=env_overrides)
-           for i, ex in enumerate(examples) for j in range(samples)]
-    params = rollout.sampling(temperature=temperature, max_new_tokens=max_new_tokens)
-    run_episodes(run.engine, eps, params, context=context_limit(run), seed_of=lambda e: _seed(cfg.seed, "eval", e.traj_id, e.turns))
-    trajs = [e.trajectory() for e in eps]
-    statuses = Counter(t.status.value for t in trajs if t.status is not None)
-    unusable = (Status.ENV_FAILURE, Status.INFRA_ERROR)
-    ok = [t for t in trajs if t.status not in unusable]
-    per_prompt = []
-    for i in range(len(examples)):
-        mine = trajs[i * samples:(i + 1) * samples]
-        valid = [t for t in mine if t.status not in unusable]
-        per_prompt.append((len(valid), sum(t.status is Status.CORRECT for t in valid)))
-    return EvalResult(
-        accuracy=sum(t.status is Status.CORRECT for t in ok) / len(ok) if ok else float("nan"),
-        reward_mean=sum(float(t.reward.components.get("task", 0.0)) for t in ok) / len(ok) if ok else float("nan"),
-        mean_length=sum(t.num_actions for t in trajs) / len(trajs) if trajs else 0.0,
-        status_counts=dict(statuses), n=len(examples), per_prompt=tuple(per_prompt), k=k,
-    )

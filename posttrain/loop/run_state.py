@@ -226,7 +226,7 @@ class Run:
     def evaluate(self, temperature: float | None = None, samples: int = 1) -> Any:
         """Held-out evaluation of the engine's current weights (default: ``eval.temperature``);
         ``samples`` > 1 draws that many responses per prompt for pass@``eval.k``."""
-        from posttrain.evaluation.heldout import evaluate_run  # one path, shared with `posttrain eval`
+        from posttrain.loop.heldout import evaluate_run  # one path, shared with `posttrain eval`
 
         return evaluate_run(self, temperature, samples=samples)
 
@@ -234,13 +234,13 @@ class Run:
                           samples: int = 1) -> Any:
         """Held-out evaluation of an ``env.name`` run: ``samples`` episodes per held-out start (default
         temperature ``eval.temperature``; ``env_overrides`` e.g. ``{"use_tools": False}``)."""
-        from posttrain.evaluation.heldout import evaluate_run
+        from posttrain.loop.heldout import evaluate_run
 
         return evaluate_run(self, temperature, samples=samples, env_overrides=env_overrides)
 
     def evaluate_and_judge(self, step: int) -> dict[str, float | str]:
         """Evaluate; promote if best so far, reject (restore) on a collapse, else retain."""
-        from posttrain.evaluation.heldout import heldout_metrics  # shared with `posttrain eval`
+        from posttrain.loop.heldout import heldout_metrics  # shared with `posttrain eval`
 
         res, metrics = heldout_metrics(self)
         st = self.state

@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 from posttrain.config import ConfigError, load_config
-from posttrain.evaluation.heldout import evaluate, pass_at_k
+from posttrain.loop.heldout import evaluate, pass_at_k
 from posttrain.rewards import Verdict
 from posttrain.rollout.types import Completion
 from posttrain.trajectory import Status

@@ -213,7 +213,7 @@ def test_episodes_train_with_a_critic_from_a_recipe(tmp_path):
 def test_pass_at_k_over_held_out_episodes_hand_computed():
     """3 episodes per start, exactly one correct (``right``; the others answer 7 or never call):
     per start n = 3, c = 1, so pass@1 = 1/3 and pass@2 = 1 - C(2,2)/C(3,2) = 2/3."""
-    from posttrain.loop.episode_rollout import evaluate_episodes
+    from posttrain.loop.heldout import evaluate_episodes
 
     eng = ByEpisode([right, call_then_wrong, no_call])
     cfg, run, ro = make_run(eng)

@@ -16,7 +16,7 @@ import pytest
 from posttrain.config import ConfigError, load_config
 from posttrain.envs.episodes import EnvTask
 from posttrain.envs.tool_calling import calculator_tool_env
-from posttrain.loop.episode_rollout import evaluate_episodes
+from posttrain.loop.heldout import evaluate_episodes
 from posttrain.loop.rollout_stage import RolloutStage, build_rollout
 from posttrain.models import build_char_tokenizer
 from posttrain.rollout.types import Completion
