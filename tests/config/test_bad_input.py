@@ -12,8 +12,9 @@ import pytest
 
 import posttrain.algos as A
 from posttrain.cli import main
-from posttrain.config import RECIPES_DIR, ConfigError, load_config, resolve_recipe_path
+from posttrain.config import RECIPES_DIR, ConfigError, resolve_recipe_path
 from posttrain.loop.algo_kwargs import check_algo_kwargs
+from posttrain.loop.validate import load_run_config
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from _cli_errors import one_error_line  # noqa: E402
@@ -30,7 +31,7 @@ def test_missing_local_model_dir_is_named_at_load(capsys, tmp_path):
 
 def test_model_dir_without_config_json_is_named(tmp_path):
     with pytest.raises(ConfigError, match="has no config.json"):
-        load_config("grpo", [f"model.path={tmp_path}"])
+        load_run_config("grpo", [f"model.path={tmp_path}"])
 
 
 @pytest.mark.parametrize(
@@ -62,14 +63,14 @@ def test_yaml_syntax_error_line_points_at_the_bad_line(tmp_path):
     recipe = tmp_path / "tab.yaml"
     recipe.write_text("steps: 3\noptim:\n  lr: 1e-3\n   bad: : x\n")
     with pytest.raises(ConfigError, match=rf"{recipe}:4:\d+: not valid YAML"):
-        load_config(str(recipe))
+        load_run_config(str(recipe))
 
 
 def test_non_utf8_recipe_is_named(tmp_path):
     recipe = tmp_path / "latin1.yaml"
     recipe.write_bytes("name: caf\xe9\n".encode("latin-1"))
     with pytest.raises(ConfigError, match=f"{recipe}: not UTF-8"):
-        load_config(str(recipe))
+        load_run_config(str(recipe))
 
 
 @pytest.mark.parametrize("recipe", ["some_dir/grpo.yaml", "some_dir/grpo", "grpo.yaml", "nope.yml"])
@@ -82,7 +83,7 @@ def test_a_recipe_path_must_exist_and_never_falls_back_to_a_shipped_recipe(capsy
 
 def test_a_bare_name_still_finds_the_shipped_recipe():
     assert resolve_recipe_path("grpo") == RECIPES_DIR / "grpo.yaml"
-    assert load_config("dapo").loss.kwargs["eps_high"] == 0.28
+    assert load_run_config("dapo").loss.kwargs["eps_high"] == 0.28
 
 
 def test_override_that_is_not_yaml_is_one_line(capsys):
@@ -93,13 +94,13 @@ def test_override_that_is_not_yaml_is_one_line(capsys):
 
 def test_lr_zero_with_steps_warns_once(caplog):
     with caplog.at_level(logging.WARNING, logger="posttrain.config"):
-        load_config("grpo", ["optim.lr=0", "steps=3"])
+        load_run_config("grpo", ["optim.lr=0", "steps=3"])
     warned = [r for r in caplog.records if "optim.lr=0" in r.getMessage()]
     assert len(warned) == 1 and "steps=3" in warned[0].getMessage()
     caplog.clear()
     with caplog.at_level(logging.WARNING, logger="posttrain.config"):
-        load_config("grpo", ["optim.lr=0", "steps=0"])
-        load_config("grpo", ["optim.lr=1e-4", "steps=3"])
+        load_run_config("grpo", ["optim.lr=0", "steps=0"])
+        load_run_config("grpo", ["optim.lr=1e-4", "steps=3"])
     assert not [r for r in caplog.records if "optim.lr" in r.getMessage()]
 
 
@@ -139,21 +140,21 @@ def test_every_shipped_recipe_and_every_registered_function_passes_the_probe_wit
     # The dummy-tensor probe must never reject a valid recipe: defaults of every registered
     # function, and every shipped recipe's kwargs, pass.
     for name in sorted(p.stem for p in RECIPES_DIR.glob("*.yaml")):
-        check_algo_kwargs(load_config(name))
+        check_algo_kwargs(load_run_config(name))
     for est in A.ADVANTAGES:
         if "step_ids" in A.ADVANTAGES.needs(est):
             continue  # gigpo: needs env.name (step ids come from multi-turn episodes); tests/loop/test_requirements.py
         extra = ["critic.enabled=true"] if est == "gae" else []
-        load_config("grpo", [f"credit.estimator={est}", "credit.kwargs={}", *extra])
+        load_run_config("grpo", [f"credit.estimator={est}", "credit.kwargs={}", *extra])
     for loss in A.POLICY_LOSSES:
-        load_config("grpo", [f"loss.policy_loss={loss}", "loss.kwargs={}"])
+        load_run_config("grpo", [f"loss.policy_loss={loss}", "loss.kwargs={}"])
     for corr in A.CORRECTIONS:
         extra = ["correction.kwargs.max_staleness=1"] if corr == "staleness" else []
-        load_config("grpo", [f"correction.name={corr}", *extra])
+        load_run_config("grpo", [f"correction.name={corr}", *extra])
 
 
 def test_valid_kwargs_still_load():
-    cfg = load_config("grpo", ["loss.policy_loss=decoupled_ppo", "loss.kwargs={eps_low: 0.1, eps_high: 0.3, "
+    cfg = load_run_config("grpo", ["loss.policy_loss=decoupled_ppo", "loss.kwargs={eps_low: 0.1, eps_high: 0.3, "
                                "behavior_weight_cap: 5.0, cap_mode: mask}", "correction.name=mis",
                                "correction.kwargs={threshold: 3.0, aggregation: mean}"])
     assert cfg.loss.kwargs["cap_mode"] == "mask" and cfg.correction.kwargs["aggregation"] == "mean"

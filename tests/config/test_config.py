@@ -2,7 +2,8 @@
 
 import pytest
 
-from posttrain.config import RECIPES_DIR, ConfigError, apply_overrides, load_config
+from posttrain.config import RECIPES_DIR, ConfigError, apply_overrides
+from posttrain.loop.validate import load_run_config
 
 SHIPPED = sorted(p.stem for p in RECIPES_DIR.glob("*.yaml"))
 
@@ -13,19 +14,19 @@ def test_required_recipes_are_shipped():
 
 @pytest.mark.parametrize("name", SHIPPED)
 def test_every_shipped_recipe_validates_and_names_six_axes(name):
-    cfg = load_config(name)
+    cfg = load_run_config(name)
     assert set(cfg.axes()) == {"feedback", "sampling", "credit", "correction", "reduction", "system"}
 
 
 def test_dapo_is_what_dapo_says():
-    cfg = load_config("dapo")
+    cfg = load_run_config("dapo")
     assert cfg.loss.kwargs["eps_high"] > cfg.loss.kwargs["eps_low"]  # clip-higher
     assert cfg.sampling.dynamic_sampling and cfg.loss.reduction == "token_mean"
     assert cfg.reward.overlong_max_len is not None and cfg.loss.kl_coef == 0.0
 
 
 def test_overrides_are_typed_yaml_scalars():
-    cfg = load_config("grpo", ["optim.lr=3e-4", "steps=7", "sampling.dynamic_sampling=true", "name=x"])
+    cfg = load_run_config("grpo", ["optim.lr=3e-4", "steps=7", "sampling.dynamic_sampling=true", "name=x"])
     assert cfg.optim.lr == 3e-4 and cfg.steps == 7 and cfg.sampling.dynamic_sampling is True
     assert apply_overrides({}, ["a.b.c=1"]) == {"a": {"b": {"c": 1}}}
 
@@ -43,15 +44,15 @@ def test_overrides_are_typed_yaml_scalars():
 )
 def test_bad_keys_and_values_name_the_key(override, needle):
     with pytest.raises(ConfigError, match=needle.replace("(", r"\(")):
-        load_config("grpo", [override])
+        load_run_config("grpo", [override])
 
 
 def test_cross_field_rules():
     with pytest.raises(ConfigError, match="needs critic.enabled"):
-        load_config("grpo", ["credit.estimator=gae"])
+        load_run_config("grpo", ["credit.estimator=gae"])
     with pytest.raises(ConfigError, match="group_size >= 2"):
-        load_config("grpo", ["sampling.group_size=1"])
+        load_run_config("grpo", ["sampling.group_size=1"])
     with pytest.raises(ConfigError, match="not found"):
-        load_config("no_such_recipe")
+        load_run_config("no_such_recipe")
     with pytest.raises(ConfigError, match="not key=value"):
-        load_config("grpo", ["steps"])
+        load_run_config("grpo", ["steps"])

@@ -10,7 +10,8 @@ import logging
 import pytest
 import yaml
 
-from posttrain.config import RECIPES_DIR, ConfigError, dump_config, load_config, validate_config
+from posttrain.config import RECIPES_DIR, ConfigError, dump_config, parse_config
+from posttrain.loop.validate import load_run_config
 
 SHIPPED = sorted(p.stem for p in RECIPES_DIR.glob("*.yaml"))
 
@@ -101,7 +102,7 @@ def _warnings(caplog: pytest.LogCaptureFixture) -> list[str]:
 @pytest.mark.parametrize("overrides, key", REFUSED, ids=[k + ":" + ",".join(o) for o, k in REFUSED])
 def test_a_set_key_without_effect_is_refused_naming_it(overrides: list[str], key: str) -> None:
     with pytest.raises(ConfigError) as e:
-        load_config(None, overrides)
+        load_run_config(None, overrides)
     msg = str(e.value)
     assert "\n" not in msg and f"{key}=" in msg and "cannot take effect" in msg
 
@@ -110,7 +111,7 @@ def test_a_set_key_without_effect_is_refused_naming_it(overrides: list[str], key
 def test_a_key_without_effect_that_recipes_commonly_set_is_warned(
         overrides: list[str], key: str, caplog: pytest.LogCaptureFixture) -> None:
     with caplog.at_level(logging.WARNING, logger="posttrain.config"):
-        load_config(None, overrides)
+        load_run_config(None, overrides)
     hits = [w for w in _warnings(caplog) if f"{key}=" in w]
     assert len(hits) == 1 and "\n" not in hits[0], _warnings(caplog)
 
@@ -118,22 +119,22 @@ def test_a_key_without_effect_that_recipes_commonly_set_is_warned(
 @pytest.mark.parametrize("overrides", LIVE, ids=[",".join(o) for o in LIVE])
 def test_the_same_keys_where_they_act_load_silently(overrides: list[str], caplog: pytest.LogCaptureFixture) -> None:
     with caplog.at_level(logging.WARNING, logger="posttrain.config"):
-        load_config(None, overrides)
+        load_run_config(None, overrides)
     assert _warnings(caplog) == []
 
 
 @pytest.mark.parametrize("name", SHIPPED)
 def test_every_shipped_recipe_and_its_saved_config_load_clean(name: str, caplog: pytest.LogCaptureFixture) -> None:
     with caplog.at_level(logging.WARNING, logger="posttrain.config"):
-        cfg = load_config(name, ["steps=3"])  # steps > 0 (the lr=0 warning is another rule)
+        cfg = load_run_config(name, ["steps=3"])  # steps > 0 (the lr=0 warning is another rule)
         # The run's config.yaml lists every key (defaults included): it loads like the recipe that wrote it.
-        again = validate_config(yaml.safe_load(dump_config(cfg)), "config.yaml")
+        again = parse_config(yaml.safe_load(dump_config(cfg)), "config.yaml")
     assert _warnings(caplog) == [] and again == cfg
 
 
 def test_correction_kwargs_without_a_correction_is_still_refused() -> None:
     with pytest.raises(ConfigError, match="correction.kwargs"):
-        load_config(None, ["correction.kwargs={cap: 2.0}"])
+        load_run_config(None, ["correction.kwargs={cap: 2.0}"])
 
 
 # --------------------------------------------------------------- environment reward weights at load
@@ -141,18 +142,18 @@ def test_correction_kwargs_without_a_correction_is_still_refused() -> None:
                                        ("calculator_tags", "invalid_actions")])
 def test_env_reward_weight_of_an_undeclared_part_is_refused_at_load(env: str, part: str) -> None:
     with pytest.raises(ConfigError) as e:
-        load_config(None, [f"env.name={env}", "reward.weights.task=1.0", f"reward.weights.{part}=0.5"])
+        load_run_config(None, [f"env.name={env}", "reward.weights.task=1.0", f"reward.weights.{part}=0.5"])
     assert f"reward.weights.{part}" in str(e.value) and "tool_calls" in str(e.value)  # names the key and the parts
 
 
 def test_env_reward_weights_of_declared_parts_load() -> None:
-    cfg = load_config("tool_calc", ["reward.weights.task=1.0", "reward.weights.tool_calls=0.5",
+    cfg = load_run_config("tool_calc", ["reward.weights.task=1.0", "reward.weights.tool_calls=0.5",
                                     "reward.weights.invalid_actions=-0.1"])
     assert cfg.reward.weights == {"task": 1.0, "tool_calls": 0.5, "invalid_actions": -0.1}
-    cfg = load_config(None, ["env.name=calculator_tags", "reward.weights={task: 1.0, format: 0.2}"])
+    cfg = load_run_config(None, ["env.name=calculator_tags", "reward.weights={task: 1.0, format: 0.2}"])
     assert cfg.reward.weights == {"task": 1.0, "format": 0.2}
 
 
 def test_env_kwargs_that_do_not_fit_are_refused_at_load() -> None:
     with pytest.raises(ConfigError, match="env.kwargs"):
-        load_config(None, ["env.name=calculator_tool", "env.kwargs={digitz: 2}"])
+        load_run_config(None, ["env.name=calculator_tool", "env.kwargs={digitz: 2}"])

@@ -17,8 +17,9 @@ import torch
 
 import posttrain.algos as A
 from posttrain.cli import main
-from posttrain.config import RECIPES_DIR, ConfigError, load_config
+from posttrain.config import RECIPES_DIR, ConfigError
 from posttrain.loop.preflight import fake_batch, preflight
+from posttrain.loop.validate import load_run_config
 from tests._cli_errors import one_error_line
 
 TINY = ["model.path=builtin:micro", "task.name=chain_sum", "task.kwargs={terms: 2}", "sampling.prompts_per_step=2",
@@ -162,12 +163,12 @@ def test_a_multi_turn_config_error_fails_at_load_before_the_run_dir_exists(case,
 ], ids=["grpo", "reinforce_pp_kl_reward", "reinforce_pp_baseline_kl_reward", "gae_kl_reward", "remax_kl_loss",
         "reinforce_g1", "format_weight_overlong", "extract_sft", "minibatches_eq_rows"])
 def test_valid_recipes_pass_the_preflight(overrides):
-    assert preflight(load_config(None, [*TINY, *overrides])) is None
+    assert preflight(load_run_config(None, [*TINY, *overrides])) is None
 
 
 @pytest.mark.parametrize("recipe", sorted(p.stem for p in RECIPES_DIR.glob("*.yaml")))
 def test_every_shipped_recipe_passes_the_preflight(recipe):
-    assert preflight(load_config(recipe, [])) is None
+    assert preflight(load_run_config(recipe, [])) is None
 
 
 @pytest.mark.parametrize("overrides", [
@@ -175,19 +176,19 @@ def test_every_shipped_recipe_passes_the_preflight(recipe):
     ["env.name=calculator_tags", "env.kwargs={}", "sft.steps=0", "env.max_tokens=64"],
 ], ids=["gigpo", "tags_no_sft"])
 def test_multi_turn_recipes_pass_the_preflight(overrides):
-    assert preflight(load_config("tool_calc", overrides)) is None
+    assert preflight(load_run_config("tool_calc", overrides)) is None
 
 
 def test_the_error_is_a_config_error_naming_the_keys():
     with pytest.raises(ConfigError, match=r"^credit\.estimator=rloo with credit\.kl_in_reward=true"):
-        preflight(load_config(None, [*TINY, "credit.estimator=rloo", "credit.kwargs={}", "credit.kl_in_reward=true",
+        preflight(load_run_config(None, [*TINY, "credit.estimator=rloo", "credit.kwargs={}", "credit.kl_in_reward=true",
                                        *KL]))
 
 
 def test_fake_batch_is_two_groups_shaped_like_a_step():
     """group_size 3: rows g0 = 0,1,2 and g1 = 3,4,5; actions 2 + (j % 2) tokens after 2 prompt tokens, so
     [2, 3, 2, 2, 3, 2] and T = 2 + 3 = 5; rewards 1 when (j + g) is even: [1, 0, 1, 0, 1, 0]."""
-    b = fake_batch(load_config(None, [*TINY, "sampling.group_size=3"]))
+    b = fake_batch(load_run_config(None, [*TINY, "sampling.group_size=3"]))
     assert tuple(b.action_mask.shape) == (6, 5)
     assert b.action_mask.sum(dim=1).tolist() == [2, 3, 2, 2, 3, 2]
     assert [t.reward.total for t in b.trajectories] == [1.0, 0.0, 1.0, 0.0, 1.0, 0.0]
@@ -203,13 +204,13 @@ def test_the_task_built_by_the_preflight_is_the_runs(plugins):
     from posttrain.loop.builders import build_task
 
     built = importlib.import_module(plugins).BUILT
-    cfg = load_config(None, [*TINY, f"task.name={plugins}:counted_task", "task.kwargs={terms: 2}"])
+    cfg = load_run_config(None, [*TINY, f"task.name={plugins}:counted_task", "task.kwargs={terms: 2}"])
     preflight(cfg)
     assert built == [2]
     kept = build_task(cfg)
     assert built == [2]  # the run's build took the preflight's task
     assert build_task(cfg) is not kept and built == [2, 2]  # handed over once, then built as before
-    other = load_config(None, [*TINY, f"task.name={plugins}:counted_task", "task.kwargs={terms: 3}"])
+    other = load_run_config(None, [*TINY, f"task.name={plugins}:counted_task", "task.kwargs={terms: 3}"])
     preflight(cfg)
     build_task(other)
     assert built == [2, 2, 2, 3]  # a kept task serves only an equal task config

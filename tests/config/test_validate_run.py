@@ -19,15 +19,13 @@ def test_importing_the_config_loads_no_floor_above_it_and_no_torch() -> None:
     assert out.strip() == "[] False"
 
 
-def test_parsing_checks_no_registry_and_validate_run_refuses_in_the_same_words() -> None:
+def test_parsing_checks_no_registry_and_validate_run_refuses_in_one_line() -> None:
     data, source = read_recipe("grpo", ["credit.estimator=nope"])
     cfg = parse_config(data, source)  # the config alone: a name is a string
-    with pytest.raises(ConfigError) as by_validate:
+    with pytest.raises(ConfigError) as e:
         validate_run(cfg, source)
-    with pytest.raises(ConfigError) as by_load:
-        load_config("grpo", ["credit.estimator=nope"])
-    assert str(by_validate.value) == str(by_load.value)
-    assert str(by_load.value).startswith(f"{source}: credit.estimator: unknown advantage estimator 'nope'")
+    assert str(e.value).startswith(f"{source}: credit.estimator: unknown advantage estimator 'nope'; valid: ")
+    assert "\n" not in str(e.value)
 
 
 def test_section_checks_are_reported_together_under_their_keys(tmp_path) -> None:
