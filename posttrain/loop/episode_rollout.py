@@ -26,14 +26,22 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 from collections import Counter
-from collections.abc import Sequence
-from typing import Any
+from collections.abc import Callable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any
 
 from posttrain.config import RunConfig
 from posttrain.envs.multiturn import EpisodeState
 from posttrain.loop.backends.base import generate_detailed
 from posttrain.loop.rollout import Advanced, Group
+from posttrain.rollout.engine import RolloutEngine
+from posttrain.rollout.sampling import SamplingParams
+from posttrain.rollout.types import Completion, GenerationRequest
 from posttrain.trajectory import Finish, Status, Trajectory
+from posttrain.trajectory.record import JSONScalar
+
+if TYPE_CHECKING:
+    from posttrain.envs.task import TaskExample
+    from posttrain.loop.rollout_stage import RolloutStage
 
 
 def turn_seed(*parts: object) -> int:
@@ -41,12 +49,21 @@ def turn_seed(*parts: object) -> int:
     return int.from_bytes(hashlib.sha256("|".join(map(str, parts)).encode()).digest()[:4], "big") >> 1
 
 
-def context_limit(run: Any) -> int | None:
+def env_seed(example: TaskExample) -> int:
+    """The environment seed of an environment task's example (``meta["env_seed"]``)."""
+    seed = example.meta.get("env_seed")
+    if seed is None or isinstance(seed, bool):
+        raise ValueError(f"example {example.prompt_id!r}: meta['env_seed'] must be an integer, got {seed!r}")
+    return int(seed)
+
+
+def context_limit(run: object) -> int | None:
     """The model's context (``max_position_embeddings``) or None when unknown."""
     return getattr(getattr(getattr(run, "plain_model", None), "config", None), "max_position_embeddings", None)
 
 
-def generate_turns(engine: Any, requests: Sequence[Any]) -> tuple[dict[str, Any], int, dict[str, str]]:
+def generate_turns(engine: RolloutEngine, requests: Sequence[GenerationRequest]
+                   ) -> tuple[dict[str, Completion], int, dict[str, str]]:
     """One turn per request: ``({request_id: finished completion}, engine calls, {request_id: reason})``.
 
     A completion returned ``paused`` (a weight update interrupted the call) is resumed with
@@ -54,9 +71,8 @@ def generate_turns(engine: Any, requests: Sequence[Any]) -> tuple[dict[str, Any]
     A request a worker set could not serve (dead worker, timeouts; :func:`generate_detailed`) is
     returned with its reason: its episode becomes ``infra_error``, never a zero reward.
     """
-    from posttrain.rollout.types import GenerationRequest
 
-    done: dict[str, Any] = {}
+    done: dict[str, Completion] = {}
     failed: dict[str, str] = {}
     pending = list(requests)
     params_of = {r.request_id: r.params for r in requests}
@@ -76,7 +92,8 @@ def generate_turns(engine: Any, requests: Sequence[Any]) -> tuple[dict[str, Any]
     return done, calls, failed
 
 
-def run_episodes(engine: Any, episodes: Sequence[EpisodeState], params: Any, *, seed_of: Any,
+def run_episodes(engine: RolloutEngine, episodes: Sequence[EpisodeState], params: SamplingParams, *,
+                 seed_of: Callable[[EpisodeState], int],
                  context: int | None = None, finish_target: int | None = None) -> dict[str, float]:
     """Advance ``episodes`` (already started) in turn rounds; returns round metrics.
 
@@ -86,7 +103,6 @@ def run_episodes(engine: Any, episodes: Sequence[EpisodeState], params: Any, *, 
     stop after the first round at whose end at least ``finish_target`` of the episodes that were
     live on entry have ended; the others stay live, between two turns, with their environments.
     """
-    from posttrain.rollout.types import GenerationRequest
 
     rounds = engine_calls = 0
     new_tokens = 0
@@ -132,16 +148,16 @@ class EpisodeRollout:
     count against ``env.max_wall_s``). Episodes score themselves (the environment's reward parts).
     """
 
-    def __init__(self, cfg: RunConfig, run: Any, stage: Any) -> None:
+    def __init__(self, cfg: RunConfig, run: Any, stage: RolloutStage | None) -> None:
         self.cfg, self.run, self.stage = cfg, run, stage
 
-    def new_episode(self, ex: Any, *, traj_id: str, group_id: str, env_overrides: dict[str, Any] | None = None
-                    ) -> EpisodeState:
+    def new_episode(self, ex: TaskExample, *, traj_id: str, group_id: str,
+                    env_overrides: Mapping[str, JSONScalar] | None = None) -> EpisodeState:
         """A started episode of example ``ex`` (``meta["env_seed"]``) under the run's ``env`` settings."""
         e = self.cfg.env
         tok = self.run.tokenizer
         ep = EpisodeState(
-            self.run.task.make_env(**(env_overrides or {})), tok, seed=int(ex.meta["env_seed"]), traj_id=traj_id,
+            self.run.task.make_env(**(env_overrides or {})), tok, seed=env_seed(ex), traj_id=traj_id,
             group_id=group_id, prompt_id=ex.prompt_id, max_turns=e.max_turns, max_tokens=e.max_tokens,
             max_wall_s=e.max_wall_s, weights=self.cfg.reward.weights, use_chat_template=e.use_chat_template,
             system=e.system, tool_prompt=e.tool_prompt, fallback_prompt_ids=tok(ex.prompt).input_ids).start()
@@ -152,15 +168,15 @@ class EpisodeRollout:
                              f"observation of {ex.prompt_id!r} renders to {len(ep.ids)} tokens, no room for a turn")
         return ep
 
-    def sampling(self, temperature: float | None = None, max_new_tokens: int | None = None) -> Any:
-        """The per-turn sampler: the stage's, with ``env.stop_strings``."""
+    def sampling(self, temperature: float | None = None, max_new_tokens: int | None = None) -> SamplingParams:
+        """The per-turn sampler: the stage's, with ``env.stop_strings`` (and the given overrides)."""
+        if self.stage is None:
+            raise ValueError("EpisodeRollout built without a rollout stage has no sampler")
         p = self.stage.sampling
-        kw: dict[str, Any] = {"stop_strings": tuple(self.cfg.env.stop_strings)}
-        if temperature is not None:
-            kw["temperature"] = temperature
-        if max_new_tokens is not None:
-            kw["max_new_tokens"] = max_new_tokens
-        return dataclasses.replace(p, **kw)
+        return dataclasses.replace(
+            p, stop_strings=tuple(self.cfg.env.stop_strings),
+            temperature=p.temperature if temperature is None else temperature,
+            max_new_tokens=p.max_new_tokens if max_new_tokens is None else max_new_tokens)
 
     # ------------------------------------------------------------------ the Player protocol
     def start(self, group: Group[EpisodeState], index: int, step: int, round_idx: int) -> list[EpisodeState]:
@@ -228,7 +244,7 @@ def episode_metrics(trajs: Sequence[Trajectory]) -> dict[str, float]:
     }
 
 
-def sft_pairs(rollout: EpisodeRollout, examples: Sequence[Any]) -> list[tuple[list[int], list[int]]]:
+def sft_pairs(rollout: EpisodeRollout, examples: Sequence[TaskExample]) -> list[tuple[list[int], list[int]]]:
     """SFT warm-up pairs from the environment's demonstrations (``env.demonstration(seed) -> turns``).
 
     Each demonstration is played through an episode exactly as the rollout renders it (same
@@ -243,7 +259,7 @@ def sft_pairs(rollout: EpisodeRollout, examples: Sequence[Any]) -> list[tuple[li
         if demo is None:
             raise ValueError(f"env.name={rollout.cfg.env.name}: the environment has no demonstration(seed) for the "
                              "SFT warm-up (set sft.steps=0)")
-        for text in demo(int(ex.meta["env_seed"])):
+        for text in demo(env_seed(ex)):
             if not ep.wants_action():
                 break
             ids = list(tok(text, add_special_tokens=False).input_ids) + [tok.eos_token_id]

@@ -40,6 +40,7 @@ from collections.abc import Iterator
 from typing import Any, Protocol
 
 from posttrain.config import RunConfig
+from posttrain.envs.task import TaskExample
 from posttrain.loop.rollout import Rollout, merge_infos
 from posttrain.loop.rollout_stage import RolloutStage, build_rollout
 from posttrain.trajectory import Trajectory
@@ -54,6 +55,47 @@ class Produced:
     trajectories: list[Trajectory]
     info: dict[str, float]
     dropped: list[Trajectory] = dataclasses.field(default_factory=list)  # stale, not trained, counted
+
+
+class RolloutCounters(Protocol):
+    """The rollout counters a run keeps across a crash (:class:`~posttrain.loop.run_state.RunState`)."""
+
+    rollout_calls: int  # rollout calls started (non-sync modes run ahead of the step)
+    rollout_dropped: int  # carried members dropped before resuming
+
+
+class _Versioned(Protocol):
+    @property
+    def version(self) -> int: ...
+
+
+class PausableEngine(Protocol):
+    """The engine as a producer uses it: its weights version, and pausing a running call."""
+
+    @property
+    def version(self) -> int: ...
+
+    def pause(self) -> None:
+        """Ask a running ``generate`` to return its unfinished samples as paused."""
+        ...
+
+
+class ProducerRun(Protocol):
+    """What a producer reads and writes of a run (met by :class:`~posttrain.loop.run_state.Run`):
+    the engine, the learner's version, the rollout counters and the prompt stream."""
+
+    @property
+    def engine(self) -> PausableEngine: ...
+
+    @property
+    def learner(self) -> _Versioned: ...
+
+    @property
+    def state(self) -> RolloutCounters: ...
+
+    def next_prompts(self, n: int) -> list[TaskExample]:
+        """The next ``n`` training prompts."""
+        ...
 
 
 class Producer(Protocol):
@@ -107,8 +149,8 @@ def tag_and_filter(trajs: list[Trajectory], learner_version: int, max_staleness:
 class SyncProducer:
     """The barrier: each step's rollout runs inline under the weights of the previous update."""
 
-    def __init__(self, cfg: RunConfig, run: Any, stage: RolloutStage, rollout: Rollout[Any]) -> None:
-        self.cfg, self.run, self.stage, self.rollout = cfg, run, stage, rollout
+    def __init__(self, cfg: RunConfig, run: ProducerRun, rollout: Rollout[Any]) -> None:
+        self.cfg, self.run, self.rollout = cfg, run, rollout
 
     def next_batch(self, step: int) -> Produced:
         """Step ``step``'s trajectories (dynamic sampling, or one :meth:`Rollout.run_call`)."""
@@ -204,7 +246,7 @@ class ThreadedProducer:
     per step; async hands it ``prompts_per_step`` groups in completion order.
     """
 
-    def __init__(self, cfg: RunConfig, run: Any, rollout: Rollout[Any]) -> None:
+    def __init__(self, cfg: RunConfig, run: ProducerRun, rollout: Rollout[Any]) -> None:
         self.cfg, self.run, self.rollout = cfg, run, rollout
         sysc = cfg.system
         self.mode = sysc.mode
@@ -333,11 +375,10 @@ class ThreadedProducer:
         return self.queue.drain() + self.rollout.inflight() + self._lost_on_stop
 
 
-def build_producer(cfg: RunConfig, run: Any) -> SyncProducer | ThreadedProducer:
+def build_producer(cfg: RunConfig, run: ProducerRun) -> SyncProducer | ThreadedProducer:
     """The producer of ``cfg.system.mode`` over the run's rollout driver (:func:`build_rollout`: single-turn
     samples, or multi-turn episodes with ``env.name`` set)."""
-    stage = RolloutStage.from_config(cfg, run)
-    rollout = build_rollout(cfg, run, stage)
+    rollout = build_rollout(cfg, run, RolloutStage.from_config(cfg, run))
     if cfg.system.mode == "sync":
-        return SyncProducer(cfg, run, stage, rollout)
+        return SyncProducer(cfg, run, rollout)
     return ThreadedProducer(cfg, run, rollout)

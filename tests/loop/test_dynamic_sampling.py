@@ -64,7 +64,7 @@ def _producer(tmp_path, failing=(), rounds=3):
                                 next_prompts=next_prompts, cfg=cfg, learner=types.SimpleNamespace(version=0),
                                 state=types.SimpleNamespace(rollout_calls=0, rollout_dropped=0))
     stage = RolloutStage.from_config(cfg, run)
-    return SyncProducer(cfg, run, stage, build_rollout(cfg, run, stage)), engine
+    return SyncProducer(cfg, run, build_rollout(cfg, run, stage)), engine
 
 
 def test_dynamic_sampling_keeps_signal_groups_and_counts_infra_errors(tmp_path):
