@@ -14,14 +14,14 @@ from __future__ import annotations
 
 import logging
 import math
-from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any
+from collections.abc import ItemsView, Iterable
+from typing import TYPE_CHECKING, Protocol
 
 if TYPE_CHECKING:
     from posttrain.config import GuardsConfig
 
 from posttrain.errors import UserError
-from posttrain.trajectory import Status
+from posttrain.trajectory import Status, Trajectory
 
 log = logging.getLogger("posttrain")
 
@@ -34,7 +34,21 @@ class NothingJudgedError(UserError, ValueError):
     """Every verification of the run failed: no verdict, so nothing was learned or measured (exit code 2)."""
 
 
-def verification_counts(m: Mapping[str, Any]) -> dict[str, tuple[int, int]]:
+class MetricsView(Protocol):
+    """A step's or an evaluation's metrics, read by key (any mapping of ``str`` to values)."""
+
+    def items(self) -> ItemsView[str, object]: ...
+
+    def get(self, key: str, /) -> object: ...
+
+
+class GuardedMetrics(MetricsView, Protocol):
+    """Metrics that :func:`check_guards` also writes its ``guards`` line into."""
+
+    def __setitem__(self, key: str, value: str, /) -> None: ...
+
+
+def verification_counts(m: MetricsView) -> dict[str, tuple[int, int]]:
     """``{prefix: (samples, unjudged)}`` from the status counts in metrics ``m``.
 
     ``prefix`` is ``""`` for a training step's ``status/<name>`` keys and e.g. ``"heldout"`` for an
@@ -51,7 +65,7 @@ def verification_counts(m: Mapping[str, Any]) -> dict[str, tuple[int, int]]:
     return out
 
 
-def _verification_breaches(g: GuardsConfig, m: Mapping[str, Any]) -> list[str]:
+def _verification_breaches(g: GuardsConfig, m: MetricsView) -> list[str]:
     out: list[str] = []
     limit = float(g.max_infra_error_fraction)
     for prefix, (n, bad) in sorted(verification_counts(m).items()):
@@ -63,7 +77,7 @@ def _verification_breaches(g: GuardsConfig, m: Mapping[str, Any]) -> list[str]:
     return out
 
 
-def breaches(g: GuardsConfig, m: Mapping[str, Any]) -> list[str]:
+def breaches(g: GuardsConfig, m: MetricsView) -> list[str]:
     """Human-readable breaches of the guard thresholds ``g`` (a GuardsConfig) in metrics ``m``."""
     out: list[str] = []
     for k, v in m.items():
@@ -89,15 +103,16 @@ def breaches(g: GuardsConfig, m: Mapping[str, Any]) -> list[str]:
     return out
 
 
-def check_guards(g: GuardsConfig, m: dict[str, Any]) -> str | None:
+def check_guards(g: GuardsConfig, m: GuardedMetrics) -> str | None:
     """Log breaches into ``m['guards']``; return a stop reason when ``g.action == 'stop'``."""
     found = breaches(g, m)
     if not found:
         return None
-    m["guards"] = "; ".join(found)
+    line = "; ".join(found)
+    m["guards"] = line
     for b in found:
         log.warning("guard: %s", b)
-    return m["guards"] if g.action == "stop" else None
+    return line if g.action == "stop" else None
 
 
 class VerdictTally:
@@ -114,7 +129,7 @@ class VerdictTally:
         self.unjudged = 0
         self.first_failure = ""
 
-    def add(self, m: Mapping[str, Any], trajs: Any = ()) -> None:
+    def add(self, m: MetricsView, trajs: Iterable[Trajectory] = ()) -> None:
         """Count the verifications in metrics ``m``; ``trajs`` (the step's records) give an example reason."""
         for n, bad in verification_counts(m).values():
             self.samples += n

@@ -24,6 +24,7 @@ import json
 import logging
 import os
 import time
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -209,10 +210,10 @@ class RunDirLock:
         self.release()
 
 
-def _flatten(d: Any, prefix: str = "") -> dict[str, Any]:
+def _flatten(d: object, prefix: str = "") -> dict[str, object]:
     if not isinstance(d, dict):
         return {prefix: d}
-    out: dict[str, Any] = {}
+    out: dict[str, object] = {}
     for k, v in d.items():
         key = f"{prefix}.{k}" if prefix else str(k)
         if isinstance(v, dict) and v:
@@ -226,7 +227,7 @@ def _matches(key: str, prefixes: tuple[str, ...]) -> bool:
     return any(key == p or key.startswith(p + ".") for p in prefixes)
 
 
-def _changes(old: dict[str, Any], new: dict[str, Any], keep: Any) -> list[str]:
+def _changes(old: Mapping[str, object], new: Mapping[str, object], keep: Callable[[str], bool]) -> list[str]:
     fo, fn = _flatten(old), _flatten(new)
     out = []
     for k in sorted(set(fo) | set(fn)):
@@ -238,7 +239,7 @@ def _changes(old: dict[str, Any], new: dict[str, Any], keep: Any) -> list[str]:
     return out
 
 
-def recipe_diff(old: dict[str, Any], new: dict[str, Any]) -> list[str]:
+def recipe_diff(old: Mapping[str, object], new: Mapping[str, object]) -> list[str]:
     """``["key: old -> new", ...]`` for the dotted keys that differ, except :data:`RESUME_MAY_CHANGE`
     and :data:`PLACEMENT_ONLY` (a listed key covers the keys below it).
 
@@ -248,7 +249,7 @@ def recipe_diff(old: dict[str, Any], new: dict[str, Any]) -> list[str]:
     return _changes(old, new, lambda k: not _matches(k, RESUME_MAY_CHANGE + PLACEMENT_ONLY))
 
 
-def placement_changes(old: dict[str, Any], new: dict[str, Any]) -> list[str]:
+def placement_changes(old: Mapping[str, object], new: Mapping[str, object]) -> list[str]:
     """``["key: old -> new", ...]`` for the :data:`PLACEMENT_ONLY` keys that differ: what a resume
     changes without ``resume_force`` (the new values are recorded in ``config.yaml``)."""
     return _changes(old, new, lambda k: _matches(k, PLACEMENT_ONLY))
