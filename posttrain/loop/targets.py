@@ -10,13 +10,19 @@ from __future__ import annotations
 import dataclasses
 import math
 from collections.abc import Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import torch
 
 import posttrain.algos as A
 from posttrain.algos.advantages import AdvantageInputs
 from posttrain.trajectory import Finish, TrajectoryBatch
+
+if TYPE_CHECKING:
+    from posttrain.config import RunConfig
+    from posttrain.envs.task import TaskExample
+    from posttrain.loop.single_turn import Renderer, Sampler
+    from posttrain.rewards.scoring import Decoder, HasVerifier, ScoringSpec, VerifyBatch
 
 TOKEN_LEVEL_ESTIMATORS = frozenset({"gae", "reinforce_pp", "reinforce_pp_baseline"})
 
@@ -34,7 +40,7 @@ class Targets:
     token_kl: torch.Tensor | None
 
 
-def check_estimator_needs(cfg: Any) -> None:
+def check_estimator_needs(cfg: RunConfig) -> None:
     """Refuse (``ValueError``, one line naming the keys) a ``credit.estimator`` whose declared needs
     (``ADVANTAGES.needs``, vocabulary :data:`posttrain.algos.registry.NEEDS`) this run cannot fill.
 
@@ -54,23 +60,23 @@ def check_estimator_needs(cfg: Any) -> None:
         if need == "baseline" and (cfg.system.mode != "sync" or cfg.system.partial_fraction < 1.0):
             raise ValueError(f"credit.estimator={name} needs system.mode=sync and system.partial_fraction=1: its "
                              "greedy baseline rollout runs between a step's rollout and its update")
-        if need == "step_ids" and getattr(getattr(cfg, "env", None), "name", None) is None:
+        if need == "step_ids" and cfg.env.name is None:
             raise ValueError(f"credit.estimator={name} needs per-step ids of multi-turn episodes: set env.name (a "
                              "multi-turn environment), or use grpo for single-turn tasks")
 
 
 def greedy_baseline(
     batch: TrajectoryBatch,
-    examples: Mapping[str, Any],
+    examples: Mapping[str, TaskExample],
     *,
-    engine: Any,
-    tokenizer: Any,
-    task: Any,
-    spec: Any,
+    engine: Sampler,
+    tokenizer: Decoder,
+    task: HasVerifier,
+    spec: ScoringSpec,
     max_new_tokens: int,
     step: int,
-    verify_batch: Any | None = None,
-    renderer: Any | None = None,
+    verify_batch: VerifyBatch | None = None,
+    renderer: Renderer | None = None,
 ) -> tuple[torch.Tensor, dict[str, float]]:
     """ReMax's baseline (Li et al. 2023, arXiv:2310.10505): per row, the reward of one greedy
     (temperature 0) response of its prompt under the engine's current (behaviour) weights, scored
@@ -108,7 +114,32 @@ def greedy_baseline(
     }
 
 
-def run_baseline(run: Any, batch: TrajectoryBatch, step: int) -> tuple[torch.Tensor | None, dict[str, float]]:
+class BaselineRun(Protocol):
+    """What ReMax's baseline reads of a run (met by :class:`~posttrain.loop.run_state.Run`)."""
+
+    @property
+    def cfg(self) -> RunConfig: ...
+
+    @property
+    def step_examples(self) -> dict[str, TaskExample]: ...  # prompt_id -> example drawn this step
+
+    @property
+    def engine(self) -> Sampler: ...
+
+    @property
+    def tokenizer(self) -> Decoder: ...
+
+    @property
+    def task(self) -> HasVerifier: ...
+
+    @property
+    def verify_batch(self) -> VerifyBatch | None: ...
+
+    @property
+    def renderer(self) -> Renderer: ...
+
+
+def run_baseline(run: BaselineRun, batch: TrajectoryBatch, step: int) -> tuple[torch.Tensor | None, dict[str, float]]:
     """The ``baseline`` input of ``run``'s estimator when it declared that need, else ``(None, {})``.
 
     Uses the prompts this step drew (``run.step_examples``, then cleared: in sync mode every prompt
@@ -123,7 +154,7 @@ def run_baseline(run: Any, batch: TrajectoryBatch, step: int) -> tuple[torch.Ten
     try:
         return greedy_baseline(batch, run.step_examples, engine=run.engine, tokenizer=run.tokenizer, task=run.task,
                                spec=spec, max_new_tokens=cfg.sampling.max_new_tokens, step=step,
-                               verify_batch=run.verify_batch, renderer=getattr(run, "renderer", None))
+                               verify_batch=run.verify_batch, renderer=run.renderer)
     finally:
         run.step_examples.clear()
 
