@@ -11,7 +11,7 @@ import importlib
 import os
 from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypedDict, Unpack
 
 import torch
 
@@ -357,21 +357,28 @@ class RankLearnerFactory:
         return build_policy_learner(self.cfg, model, grad_sync=grad_sync, autocast_dtype=autocast_dtype)
 
 
-def build_learner_ranks(cfg: RunConfig, model: torch.nn.Module, **overrides: float) -> LearnerRanks:
+class RankFaults(TypedDict, total=False):
+    """Test-only :class:`~posttrain.learner.ranks.LearnerRanks` arguments :func:`build_learner_ranks` passes on."""
+
+    grad_divide_factor: float
+    drop_rank: int | None
+    corrupt_bucket: int | None
+
+
+def build_learner_ranks(cfg: RunConfig, model: torch.nn.Module, **faults: Unpack[RankFaults]) -> LearnerRanks:
     """``learner.world_size`` rank processes (``learner.strategy``) driven from here; see docs/distributed.md.
 
-    ``model`` is the driver's copy; each rank starts from a pickled copy of it. ``overrides`` go to
-    :class:`~posttrain.learner.ranks.LearnerRanks` (tests: ``grad_divide_factor``)."""
+    ``model`` is the driver's copy; each rank starts from a pickled copy of it. ``faults`` go to
+    :class:`~posttrain.learner.ranks.LearnerRanks` (tests inject ``grad_divide_factor``, ``drop_rank``,
+    ``corrupt_bucket``)."""
     from posttrain.learner.ranks import LearnerRanks
 
     lc = cfg.learner
     replay = _sampler_replay(cfg)
-    kw: dict[str, Any] = dict(
-        strategy=lc.strategy, world_size=lc.world_size, device=lc.resolved_device(), precision=lc.precision,
-        temperature=replay.temperature, top_k=replay.top_k, top_p=replay.top_p,
-        kl_coef=build_kl_coef(cfg),
-        rank_timeout_s=lc.rank_timeout_s, startup_timeout_s=lc.startup_timeout_s,
-        weight_bucket_bytes=max(1, int(lc.weight_bucket_mb * 2**20)),
+    return LearnerRanks(
+        model, RankLearnerFactory(cfg), strategy=lc.strategy, world_size=lc.world_size,
+        device=lc.resolved_device(), precision=lc.precision, temperature=replay.temperature,
+        top_k=replay.top_k, top_p=replay.top_p, kl_coef=build_kl_coef(cfg), rank_timeout_s=lc.rank_timeout_s,
+        startup_timeout_s=lc.startup_timeout_s, weight_bucket_bytes=max(1, int(lc.weight_bucket_mb * 2**20)),
+        **faults,
     )
-    kw.update(overrides)
-    return LearnerRanks(model, RankLearnerFactory(cfg), **kw)
