@@ -6,8 +6,8 @@ stdout and, with ``--json PATH``, to a JSON file. See docs/benchmarks.md for mea
 
 from __future__ import annotations
 
+import argparse
 import importlib
-from typing import Any
 
 # name -> module implementing add_arguments(parser) and run(args)
 BENCHMARKS: dict[str, str] = {
@@ -18,7 +18,7 @@ BENCHMARKS: dict[str, str] = {
 }
 
 
-def register(sub: Any) -> None:
+def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     """Add ``bench`` and one sub-command per benchmark."""
     p = sub.add_parser("bench", help="run a benchmark against its peer (ratios, JSON output)")
     bsub = p.add_subparsers(dest="benchmark", metavar="BENCHMARK")
@@ -28,4 +28,9 @@ def register(sub: Any) -> None:
         bp.add_argument("--json", dest="json_path", default=None, help="also write results to this JSON file")
         m.add_arguments(bp)
         bp.set_defaults(func=m.run)
-    p.set_defaults(func=lambda args: p.print_help() or 0)
+
+    def show_help(_: argparse.Namespace) -> int:
+        p.print_help()
+        return 0
+
+    p.set_defaults(func=show_help)

@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 
-def register(sub: Any) -> None:
+def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     """Add the ``compare`` command."""
     p = sub.add_parser("compare", help="compare recipes at an equal generated-token budget, with seed bands")
     p.add_argument("items", nargs="+", metavar="RECIPE_OR_RUN", help="recipes (names/YAML) or run directories; "

@@ -12,12 +12,11 @@ import argparse
 import logging
 import time
 from pathlib import Path
-from typing import Any
 
 from posttrain.loop.validate import load_run_config
 
 
-def register(sub: Any) -> None:
+def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = sub.add_parser("demo", help="SFT warm-up + GRPO on a tiny model and a built-in task, with a report")
     p.add_argument("overrides", nargs="*", help="key=value overrides of recipes/demo.yaml")
     p.add_argument("--run-dir", default="runs/demo", help="where the ledger, checkpoints and report go")

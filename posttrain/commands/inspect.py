@@ -83,7 +83,7 @@ SUBCOMMANDS: dict[str, tuple[str, Callable[[argparse.ArgumentParser], None], Cal
 }
 
 
-def register(sub: Any) -> None:
+def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     """Add ``inspect`` and one sub-command per :data:`SUBCOMMANDS` entry."""
     p = sub.add_parser("inspect", help="look at tasks, verifiers and ledgers without training")
     isub = p.add_subparsers(dest="what", metavar="WHAT")
@@ -91,4 +91,9 @@ def register(sub: Any) -> None:
         sp = isub.add_parser(name, help=help_)
         add_args(sp)
         sp.set_defaults(func=run)
-    p.set_defaults(func=lambda args: p.print_help() or 0)
+
+    def show_help(_: argparse.Namespace) -> int:
+        p.print_help()
+        return 0
+
+    p.set_defaults(func=show_help)

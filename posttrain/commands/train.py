@@ -18,9 +18,8 @@ import logging
 import shlex
 import sys
 from pathlib import Path
-from typing import Any
 
-from posttrain.config import RECIPES_DIR, dump_config
+from posttrain.config import RECIPES_DIR, RunConfig, dump_config
 from posttrain.loop.validate import load_run_config
 
 # Errors of the run directory's storage that the user can fix (free space, permissions).
@@ -55,7 +54,7 @@ def shipped_recipes_help() -> str:
     return "shipped recipes (posttrain/recipes/; measured as shipped: docs/algorithms.md):\n" + "\n".join(lines)
 
 
-def register(sub: Any) -> None:
+def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = sub.add_parser("train", help="train with a recipe (YAML path or shipped name) and key=value overrides",
                        epilog=shipped_recipes_help(), formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("recipe", help="recipe YAML path or shipped name (listed below)")
@@ -66,7 +65,7 @@ def register(sub: Any) -> None:
     p.set_defaults(func=run)
 
 
-def print_recipe(cfg: Any) -> None:
+def print_recipe(cfg: RunConfig) -> None:
     """The six axes, then the full resolved YAML."""
     print(f"recipe {cfg.name}:")
     for axis, desc in cfg.axes().items():
@@ -81,7 +80,7 @@ def resume_command(args: argparse.Namespace) -> str:
     return shlex.join(["posttrain", "train", args.recipe, *keep, "resume=true"])
 
 
-def _where_to_go_on(cfg: Any, args: argparse.Namespace) -> str:
+def _where_to_go_on(cfg: RunConfig, args: argparse.Namespace) -> str:
     """``the last checkpoint X is intact; continue with: <resume command>`` (or how to start over)."""
     from posttrain.learner.checkpoint import latest_checkpoint
     from posttrain.loop.run_state import run_dir_of
@@ -94,7 +93,7 @@ def _where_to_go_on(cfg: Any, args: argparse.Namespace) -> str:
     return f"the last checkpoint {ck} is intact; continue with: {resume_command(args)}"
 
 
-def print_rise(cfg: Any) -> None:
+def print_rise(cfg: RunConfig) -> None:
     """Print the measured held-out rise of the run (greedy, sampled, pass@k: first -> last evaluation)."""
     from posttrain.evaluation.report import heldout_series, rise_lines
     from posttrain.loop.run_state import run_dir_of

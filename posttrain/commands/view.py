@@ -4,10 +4,9 @@ from __future__ import annotations
 
 import argparse
 from pathlib import Path
-from typing import Any
 
 
-def register(sub: Any) -> None:
+def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     """Add the ``view`` command."""
     p = sub.add_parser("view", help="browse a run's trajectories in a local web page (127.0.0.1 only)")
     p.add_argument("run_dir", help="a run directory (holding ledger/); may still be writing")
