@@ -94,3 +94,16 @@ def test_load_state_dict_names_the_owner_and_the_missing_keys():
     del state["generator"]
     with pytest.raises(ValueError, match=r"critic learner state is missing \['generator', 'version'\]"):
         _trainer(x).load_state_dict(state, owner="critic learner", also_needs=("version",))
+
+
+def test_learner_state_keys_are_the_checkpoints_keys(make_model):
+    """Checkpoints written before the trainer skeleton hold exactly these keys: they must still resume."""
+    from posttrain.algos.kl import AdaptiveKLController
+    from posttrain.learner.actor import PolicyLearner
+    from posttrain.learner.critic import CriticLearner, ValueModel
+
+    pre = {"optimizer", "scheduler", "generator", "version", "optimizer_steps"}
+    assert set(PolicyLearner(make_model()).state_dict()) == pre
+    controlled = PolicyLearner(make_model(), kl_coef=AdaptiveKLController(0.1, 0.05, 100))
+    assert set(controlled.state_dict()) == pre | {"kl_controller"}
+    assert set(CriticLearner(ValueModel.from_actor(make_model())).state_dict()) == pre - {"version"}
