@@ -1,4 +1,4 @@
-"""``code``: run model-written Python against tests in the sandbox (:mod:`posttrain.rewards.sandbox`).
+"""``code``: run model-written Python against tests in the sandbox (:mod:`posttrain.sandbox`).
 
 ``reference`` is either a string of test code (asserts that use the names the solution defined)
 or a list of such strings (each test run separately: partial credit in ``tests_passed``) or a
@@ -9,7 +9,7 @@ whole response.
 The tests are judged where the solution cannot reach: they run in the sandbox harness' own
 process with real builtins, calling the solution's functions over a pipe and comparing the plain
 builtin values they return (an object whose ``__eq__`` could lie is never a value), so patching
-builtins, equality or the harness gives nothing (:mod:`posttrain.rewards.sandbox_harness`). Only a
+builtins, equality or the harness gives nothing (:mod:`posttrain.sandbox.harness`). Only a
 sandbox that failed before any of the program ran is an ``infra_error``; what the program prints
 or how it exits never is.
 
@@ -36,9 +36,9 @@ import errno
 import re
 from typing import Any
 
-from posttrain.rewards.sandbox import BWRAP, DESCRIPTIONS, SandboxLimits, run_python
 from posttrain.rewards.verdict import Verdict, infra_error
 from posttrain.rewards.verifier import VERIFIERS
+from posttrain.sandbox import BWRAP, DESCRIPTIONS, SandboxLimits, run_python
 from posttrain.trajectory import Status
 
 _FENCE = re.compile(r"```(?:python|py|python3)?[ \t]*\n(.*?)```", re.DOTALL)

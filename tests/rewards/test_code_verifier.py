@@ -7,7 +7,7 @@ import socket
 import pytest
 
 from posttrain.rewards.code_verifier import CodeVerifier, extract_code
-from posttrain.rewards.sandbox import isolation_level
+from posttrain.sandbox import isolation_level
 from posttrain.trajectory import Status
 
 V = CodeVerifier(cpu_s=1, wall_s=1.5, memory_mb=256, output_bytes=8192)

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 
+from posttrain.config.ray import RayBackendConfig
 from posttrain.loop.backends.base import (
     Backend,
     FailedRequest,
@@ -32,7 +33,6 @@ from posttrain.loop.backends.base import (
     check_exactly_once,
 )
 from posttrain.loop.backends.builtin_factory import builtin_engine_factory
-from posttrain.loop.backends.config import RayBackendConfig
 from posttrain.rollout.engine import RolloutEngine
 
 __all__ = [

@@ -11,8 +11,8 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 
+from posttrain.config.ray import RayBackendConfig
 from posttrain.loop.backends.base import Backend, RewardWorkers
-from posttrain.loop.backends.config import RayBackendConfig
 from posttrain.loop.backends.ray_cluster import Placement, init_ray, require_ray
 from posttrain.loop.backends.ray_reward import RayRewardWorkers
 from posttrain.loop.backends.ray_rollout import RayRolloutWorkers

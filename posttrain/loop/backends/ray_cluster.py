@@ -17,7 +17,7 @@ from collections.abc import Mapping
 from types import ModuleType
 from typing import TYPE_CHECKING, TypeVar
 
-from posttrain.loop.backends.config import RayBackendConfig
+from posttrain.config.ray import RayBackendConfig
 
 if TYPE_CHECKING:
     from ray.actor import ActorHandle

@@ -9,7 +9,7 @@ import os
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
-from posttrain.loop.backends.config import RayBackendConfig
+from posttrain.config.ray import RayBackendConfig
 from posttrain.loop.backends.ray_cluster import Placement, infra_errors, require_ray, wait_alive
 from posttrain.loop.backends.worker import install_alarm_handler, merge_counts, verify_items
 from posttrain.rewards.pool import Item

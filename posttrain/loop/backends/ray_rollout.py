@@ -29,6 +29,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from posttrain.config.ray import RayBackendConfig
 from posttrain.loop.backends.base import (
     FailedRequest,
     RolloutInfraError,
@@ -38,7 +39,6 @@ from posttrain.loop.backends.base import (
     order_completions,
     split_requests,
 )
-from posttrain.loop.backends.config import RayBackendConfig
 from posttrain.loop.backends.ray_cluster import Placement, infra_errors, require_ray, wait_alive
 from posttrain.loop.backends.worker import RolloutWorker
 from posttrain.rollout.engine import RolloutEngine

@@ -1,7 +1,7 @@
 """The code sandbox contains escape attempts and reports them with a reason, at every level
 this machine provides; the host and later runs are unaffected.
 
-Expected containment per level (module docstring of posttrain.rewards.sandbox): ``bwrap`` and
+Expected containment per level (module docstring of posttrain.sandbox): ``bwrap`` and
 ``unshare-net`` cut the network; ``rlimits-only`` does not and says so. File reads/writes outside
 the work dir are stopped by the mount namespace (bwrap) or by running as uid 65534 against
 files only root may touch (the other levels, when the host is root).
@@ -17,7 +17,10 @@ import uuid
 
 import pytest
 
-from posttrain.rewards import sandbox as S
+import posttrain.sandbox as S
+from posttrain.sandbox import harness as H
+from posttrain.sandbox import host as sandbox_host
+from posttrain.sandbox import launcher, levels, runner, workdir
 
 LEVELS = S.available_levels()
 FAST = S.SandboxLimits(cpu_s=1, wall_s=1.5, memory_mb=256, nproc=16, output_bytes=8192, disk_mb=8)
@@ -50,8 +53,8 @@ def test_isolation_level_is_the_strongest_available_and_described():
     assert S.isolation_level() == (os.environ.get("POSTTRAIN_SANDBOX") or LEVELS[0])
     assert S.isolation_level() in S.DESCRIPTIONS
     # every level that is not available has a reason (shown in the report header)
-    assert all((S._probe(lv) is None) == (lv in LEVELS) for lv in S.LEVELS)
-    assert all(isinstance(S._probe(lv), str) for lv in S.LEVELS if lv not in LEVELS)
+    assert all((runner.probe(lv) is None) == (lv in LEVELS) for lv in S.LEVELS)
+    assert all(isinstance(runner.probe(lv), str) for lv in S.LEVELS if lv not in LEVELS)
 
 
 @pytest.mark.parametrize("level", LEVELS)
@@ -186,9 +189,9 @@ def test_files_cannot_leave_the_work_dir():
 
 def test_fallback_is_announced_with_the_reason(monkeypatch):
     # Simulate a machine without bubblewrap: the next level is chosen, with a warning naming why.
-    real = S._probe
+    real = runner.probe
     monkeypatch.delenv("POSTTRAIN_SANDBOX", raising=False)
-    monkeypatch.setattr(S, "_probe", lambda lv: "bwrap not installed" if lv == S.BWRAP else real(lv))
+    monkeypatch.setattr(runner, "probe", lambda lv: "bwrap not installed" if lv == S.BWRAP else real(lv))
     with pytest.warns(RuntimeWarning, match=r"falls back to '(unshare-net|rlimits-only)'.*bwrap not installed"):
         level = S.isolation_level.__wrapped__()
     assert level != S.BWRAP
@@ -208,7 +211,7 @@ F_TESTS = ["assert f(2) == 4", "assert f(3) == 6"]
 
 def _at(level: str) -> str:
     if level not in LEVELS:
-        pytest.skip(f"isolation level {level!r} is not available on this machine: {S._probe(level)}")
+        pytest.skip(f"isolation level {level!r} is not available on this machine: {runner.probe(level)}")
     return level
 
 
@@ -413,8 +416,8 @@ def test_escape_memory_cannot_be_filled_through_a_tmpfs(level, where):
 @pytest.mark.parametrize("level", S.LEVELS)
 def test_escape_disk_cannot_be_filled_through_the_work_dir(level, monkeypatch):
     made: list[str] = []
-    real = S.tempfile.mkdtemp
-    monkeypatch.setattr(S.tempfile, "mkdtemp", lambda *a, **k: made.append(real(*a, **k)) or made[-1])
+    real = launcher.tempfile.mkdtemp
+    monkeypatch.setattr(launcher.tempfile, "mkdtemp", lambda *a, **k: made.append(real(*a, **k)) or made[-1])
     r = S.run_python("D = '.'\n" + FILL_DIR, isolation=_at(level), limits=FAST)
     if level == S.RLIMITS_ONLY:
         # no tmpfs: the host measures the work dir and kills the run
@@ -455,8 +458,8 @@ def test_escape_clean_up_survives_any_tree_the_program_made(level, monkeypatch, 
     host_file.write_text("keep")
     tmp_path.chmod(0o755)
     made: list[str] = []
-    real = S.tempfile.mkdtemp
-    monkeypatch.setattr(S.tempfile, "mkdtemp", lambda *a, **k: made.append(real(*a, **k)) or made[-1])
+    real = launcher.tempfile.mkdtemp
+    monkeypatch.setattr(launcher.tempfile, "mkdtemp", lambda *a, **k: made.append(real(*a, **k)) or made[-1])
     lim = S.SandboxLimits(cpu_s=2, wall_s=6.0, memory_mb=256, nproc=16, output_bytes=8192, disk_mb=64)
     r = S.run_python(f"HOST_FILE = {str(host_file)!r}\n" + DEEP_TREE, isolation=_at(level), limits=lim)
     assert r.outcome in ("ok", "timeout", "cpu_limit", "exception", "disk_limit"), r
@@ -483,15 +486,15 @@ def test_remove_tree_on_a_hostile_host_tree(tmp_path):
         os.close(fd)
         fd = nfd
     os.close(fd)
-    assert S._remove_tree(str(top)) is True
+    assert workdir.remove_tree(str(top)) is True
     assert not top.exists() and (outside / "keep").read_text() == "keep"
-    assert S._remove_tree(str(top)) is True  # already gone: fine, never raises
+    assert workdir.remove_tree(str(top)) is True  # already gone: fine, never raises
 
 
 @pytest.mark.parametrize("level", S.LEVELS)
 def test_escape_other_processes_proc_is_not_visible(level):
     marker = f"proc-snoop-{uuid.uuid4().hex}"
-    host = subprocess.Popen([S.sandbox_python(), "-c", "import time; time.sleep(30)", marker])
+    host = subprocess.Popen([sandbox_host.sandbox_python(), "-c", "import time; time.sleep(30)", marker])
     try:
         code = ("import os\nseen = []\nfor p in os.listdir('/proc'):\n    try:\n"
                 "        seen.append(open(f'/proc/{p}/cmdline', 'rb').read())\n    except OSError:\n        pass\n"
@@ -585,7 +588,6 @@ def test_escape_setsid_survivor_is_killed(level):
 
 
 def test_value_codec_round_trips_builtins_and_rejects_everything_else():
-    from posttrain.rewards import sandbox_harness as H
 
     def no_handles(o):
         raise TypeError(type(o).__name__)
@@ -626,9 +628,9 @@ def test_escape_garbage_on_the_rpc_pipe_is_a_failure_not_a_pass(level):
 
 def test_sandbox_failure_is_told_by_the_handshake_not_by_output(monkeypatch):
     if S.BWRAP not in LEVELS:
-        pytest.skip(f"bwrap unavailable: {S._probe(S.BWRAP)}")
-    real = S._bwrap_cmd
-    monkeypatch.setattr(S, "_bwrap_cmd", lambda py, disk: [*real(py, disk)[:-1], "--bind", "/nonexistent-posttrain",
+        pytest.skip(f"bwrap unavailable: {runner.probe(S.BWRAP)}")
+    real = levels.bwrap_cmd
+    monkeypatch.setattr(levels, "bwrap_cmd", lambda py, disk: [*real(py, disk)[:-1], "--bind", "/nonexistent-posttrain",
                                                             "/x", "--"])
     r = S.run_python("print('fine')", isolation=S.BWRAP, limits=FAST)
     assert r.outcome == "sandbox_error" and "before the harness started" in r.reason, r

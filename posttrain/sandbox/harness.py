@@ -1,4 +1,4 @@
-"""The in-sandbox half of :mod:`posttrain.rewards.sandbox` (stdlib only, Python >= 3.8).
+"""The in-sandbox half of :mod:`posttrain.sandbox` (stdlib only, Python >= 3.8).
 
 The host runs this file's source as ``python -I -S -c SOURCE CONFIG_JSON`` inside the sandbox.
 It is two processes, so that the program under test never shares an interpreter with the code
