@@ -23,9 +23,16 @@ import argparse
 import copy
 import tempfile
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
+
+if TYPE_CHECKING:
+    from posttrain.config import RunConfig
+    from posttrain.envs.task import Task
+    from posttrain.rewards.scoring import Decoder
+    from posttrain.rollout.engine import RolloutEngine
+    from posttrain.trajectory import Trajectory
 
 
 def register(sub: Any) -> None:
@@ -42,7 +49,8 @@ def _max_rel(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> float:
     return num / den
 
 
-def _episode_trajectories(cfg: Any, prompts: int, tok: Any, model: Any, task: Any, engine: Any) -> list[Any]:
+def _episode_trajectories(cfg: RunConfig, prompts: int, tok: Decoder, model: torch.nn.Module, task: Task,
+                          engine: RolloutEngine) -> list[Trajectory]:
     """``prompts`` groups of multi-turn episodes (``env.name``), played exactly as a training call
     plays them (the rollout driver, :func:`~posttrain.loop.rollout_stage.build_rollout`): the checks then
     run on a batch whose observation tokens sit between action turns."""
@@ -57,7 +65,7 @@ def _episode_trajectories(cfg: Any, prompts: int, tok: Any, model: Any, task: An
     return [t for g in groups for t in g]
 
 
-def run_checks(cfg: Any, prompts: int = 4) -> list[tuple[str, bool, str]]:
+def run_checks(cfg: RunConfig, prompts: int = 4) -> list[tuple[str, bool, str]]:
     """Run the five checks on ``cfg``; returns ``[(name, passed, detail)]``."""
     from posttrain.envs.task import check_prompts, task_rows
     from posttrain.learner.checkpoint import load_checkpoint, restore_actor, save_checkpoint

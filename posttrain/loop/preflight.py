@@ -29,11 +29,15 @@ dataset is not loaded twice.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 from posttrain.config import ConfigError, RunConfig
+
+if TYPE_CHECKING:
+    from posttrain.envs.task import Task
+    from posttrain.trajectory import TrajectoryBatch
 
 _GROUPS = 2  # fake prompts of the dry targets batch
 _PROMPT_LEN = 2
@@ -71,17 +75,18 @@ def check_batch(cfg: RunConfig) -> None:
                           "minibatch needs one")
 
 
-def _build_task(cfg: RunConfig) -> Any:
+def _build_task(cfg: RunConfig) -> Task:
     from posttrain.loop.builders import build_task
 
     try:
-        return build_task(cfg)
+        task: Task = build_task(cfg)
     except KeyError as e:  # an unknown registry name: the registry's message lists the valid ones
         raise ConfigError(f"task.name: {e.args[0] if e.args else e}") from None
     except (ValueError, TypeError, ImportError) as e:
         if isinstance(e, ConfigError):
             raise
         raise ConfigError(f"task {cfg.task.name!r}: {_first_line(e)}") from None
+    return task
 
 
 def _first_line(e: BaseException) -> str:
@@ -89,7 +94,7 @@ def _first_line(e: BaseException) -> str:
     return text[0] if text else type(e).__name__
 
 
-def check_scoring(cfg: RunConfig, task: Any) -> None:
+def check_scoring(cfg: RunConfig, task: Task) -> None:
     """One training example of ``task`` through the run's scoring: its verifier judges the reference
     answer and an empty response (in-process, ``reward.timeout_s``); each verdict that is not an
     infra error must carry every ``reward.weights`` component; the overlong shaping is applied to
@@ -199,7 +204,7 @@ def check_episodes(cfg: RunConfig) -> None:
         raise ConfigError(_first_line(e)) from None
 
 
-def fake_batch(cfg: RunConfig) -> Any:
+def fake_batch(cfg: RunConfig) -> TrajectoryBatch:
     """A collated :class:`~posttrain.trajectory.TrajectoryBatch` of 2 groups of ``sampling.group_size``
     rows shaped like a step's: 2 prompt tokens, 2-3 action tokens, rewards 1 / 0 alternating within a
     group, the last row truncated, and the one-step record multi-turn episodes carry (``steps``)."""
