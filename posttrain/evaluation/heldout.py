@@ -85,10 +85,6 @@ class HeldoutRun:
                    renderer=renderer, verify_batch=pool.verify_batch, hidden_verifier=hidden, plain_model=model,
                    _pool=pool)
 
-    def next_prompts(self, n: int) -> list[TaskExample]:
-        """The first ``n`` held-out examples (the rollout interface; an evaluation draws no training prompt)."""
-        return self.heldout[:n]
-
     def close(self) -> None:
         """Close the verifier pool (idempotent)."""
         if self._pool is not None:
