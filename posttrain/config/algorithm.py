@@ -17,73 +17,73 @@ from posttrain.config.section import Section
 class SamplingConfig(Section):
     """Sampling-structure axis: how many rollouts per prompt and under which sampler."""
 
-    prompts_per_step: int = Field(16, ge=1)
-    group_size: int = Field(8, ge=1, description="G samples per prompt")
-    temperature: float = Field(1.0, ge=0.0)
-    top_p: float = Field(1.0, gt=0.0, le=1.0)
-    top_k: int = Field(0, ge=0)
+    prompts_per_step: int = Field(default=16, ge=1)
+    group_size: int = Field(default=8, ge=1, description="G samples per prompt")
+    temperature: float = Field(default=1.0, ge=0.0)
+    top_p: float = Field(default=1.0, gt=0.0, le=1.0)
+    top_k: int = Field(default=0, ge=0)
     replay_truncation: bool = Field(
-        True, description="with top_k > 0 or top_p < 1, the learner's pi_theta / pi_old / pi_ref are the sampler's "
+        default=True, description="with top_k > 0 or top_p < 1, the learner's pi_theta / pi_old / pi_ref are the sampler's "
         "truncated distribution (softmax renormalised over the kept set, recomputed from the learner's logits, "
         "the sampled token always kept), so kappa = pi_old / mu stays ~1; false: the full softmax (kappa then "
         "includes the truncation). docs/learner.md")
-    max_new_tokens: int = Field(16, ge=1)
-    dynamic_sampling: bool = Field(False, description="DAPO: drop groups whose rewards are all equal and oversample")
-    max_sampling_rounds: int = Field(4, ge=1, description="oversampling rounds before giving up filling the batch")
+    max_new_tokens: int = Field(default=16, ge=1)
+    dynamic_sampling: bool = Field(default=False, description="DAPO: drop groups whose rewards are all equal and oversample")
+    max_sampling_rounds: int = Field(default=4, ge=1, description="oversampling rounds before giving up filling the batch")
 
 
 class CreditConfig(Section):
     """Credit axis: the advantage / return estimator."""
 
-    estimator: str = Field("grpo", description="a name in posttrain.algos.ADVANTAGES, or 'package.module:function' "
+    estimator: str = Field(default="grpo", description="a name in posttrain.algos.ADVANTAGES, or 'package.module:function' "
                            "(same signature; checked at config load)")
     kwargs: dict[str, Any] = Field(default_factory=dict)
-    kl_in_reward: bool = Field(False, description="subtract kl_coef * KL(token) from token rewards (PPO style)")
+    kl_in_reward: bool = Field(default=False, description="subtract kl_coef * KL(token) from token rewards (PPO style)")
 
 
 class CorrectionConfig(Section):
     """Behavior-correction axis (train/inference mismatch, staleness)."""
 
-    name: str | None = Field(None, description="a name in posttrain.algos.CORRECTIONS, or None")
+    name: str | None = Field(default=None, description="a name in posttrain.algos.CORRECTIONS, or None")
     kwargs: dict[str, Any] = Field(default_factory=dict)
 
 
 class LossConfig(Section):
     """Policy loss and the reduction axis."""
 
-    policy_loss: str = Field("ppo_clip", description="a name in posttrain.algos.POLICY_LOSSES, or "
+    policy_loss: str = Field(default="ppo_clip", description="a name in posttrain.algos.POLICY_LOSSES, or "
                              "'package.module:function' (same signature; checked at config load)")
     kwargs: dict[str, Any] = Field(default_factory=dict)
-    reduction: str = Field("token_mean", description="a name in posttrain.algos.REDUCTIONS")
-    kl_estimator: str | None = Field(None, description="a name in KL_ESTIMATORS; None = no reference model")
-    kl_coef: float = Field(0.0, ge=0.0)
-    kl_target: float | None = Field(None, gt=0, description="adaptive KL controller target, in the logged KL's "
+    reduction: str = Field(default="token_mean", description="a name in posttrain.algos.REDUCTIONS")
+    kl_estimator: str | None = Field(default=None, description="a name in KL_ESTIMATORS; None = no reference model")
+    kl_coef: float = Field(default=0.0, ge=0.0)
+    kl_target: float | None = Field(default=None, gt=0, description="adaptive KL controller target, in the logged KL's "
                                     "unit (mean per-token estimate: `kl`, or `kl/ref_mean` with credit.kl_in_reward); "
                                     "kl_coef is its starting beta (None = fixed coef; Ziegler et al. 2019)")
-    kl_horizon: int = Field(10000, ge=1, description="adaptive KL controller horizon in samples (sequences, as in "
+    kl_horizon: int = Field(default=10000, ge=1, description="adaptive KL controller horizon in samples (sequences, as in "
                             "Ziegler et al. 2019's code): each step beta *= 1 + min(n/kl_horizon, 1) * "
                             "clip(kl/kl_target - 1, -0.2, 0.2), n = prompts_per_step * group_size")
-    entropy_coef: float = Field(0.0)
+    entropy_coef: float = Field(default=0.0)
 
 
 class OptimConfig(Section):
     """Optimiser and update schedule."""
 
-    lr: float = Field(1e-3, ge=0.0)
-    weight_decay: float = Field(0.0, ge=0.0)
+    lr: float = Field(default=1e-3, ge=0.0)
+    weight_decay: float = Field(default=0.0, ge=0.0)
     betas: tuple[float, float] = (0.9, 0.999)
-    warmup_steps: int = Field(0, ge=0)
+    warmup_steps: int = Field(default=0, ge=0)
     schedule: Literal["constant", "linear", "cosine"] = "constant"
-    max_grad_norm: float | None = Field(1.0, gt=0)
-    microbatch_tokens: int = Field(4096, ge=1, description="token budget per micro-batch (rows x padded length)")
-    ppo_epochs: int = Field(1, ge=1)
-    num_minibatches: int = Field(1, ge=1)
+    max_grad_norm: float | None = Field(default=1.0, gt=0)
+    microbatch_tokens: int = Field(default=4096, ge=1, description="token budget per micro-batch (rows x padded length)")
+    ppo_epochs: int = Field(default=1, ge=1)
+    num_minibatches: int = Field(default=1, ge=1)
     fuse_old_logprob: bool = Field(
-        True, description="with exactly one optimizer step per update (ppo_epochs=1, num_minibatches=1, no "
+        default=True, description="with exactly one optimizer step per update (ppo_epochs=1, num_minibatches=1, no "
         "correction, no KL in the reward) take pi_old from the update's own forward instead of a separate "
         "no-grad forward (same weights: identical up to float rounding; recorded in the ledger as before)")
     skip_no_signal_rows: bool = Field(
-        True, description="rows whose advantage is 0 on every token (e.g. a GRPO group with equal rewards) are "
+        default=True, description="rows whose advantage is 0 on every token (e.g. a GRPO group with equal rewards) are "
         "forwarded without grad and left out of the backward when that is exact: the policy loss vanishes at A=0 "
         "(probed), no KL loss, entropy_coef=0 (docs/learner.md); counted as no_signal_rows")
 
@@ -91,7 +91,7 @@ class OptimConfig(Section):
 class SFTConfig(Section):
     """Supervised warm-up on the task's reference answers before RL (the demo uses it)."""
 
-    steps: int = Field(0, ge=0)
-    batch_size: int = Field(64, ge=1)
-    lr: float = Field(3e-3, gt=0)
-    examples: int = Field(2000, ge=1, description="distinct training examples the warm-up sees")
+    steps: int = Field(default=0, ge=0)
+    batch_size: int = Field(default=64, ge=1)
+    lr: float = Field(default=3e-3, gt=0)
+    examples: int = Field(default=2000, ge=1, description="distinct training examples the warm-up sees")

@@ -17,13 +17,13 @@ from posttrain.config.section import Section
 class TaskConfig(Section):
     """Feedback axis: the task (prompt source + verifier)."""
 
-    name: str = Field("arithmetic", description="a name in posttrain.envs TASKS, or 'module.path:factory'")
+    name: str = Field(default="arithmetic", description="a name in posttrain.envs TASKS, or 'module.path:factory'")
     kwargs: dict[str, Any] = Field(default_factory=dict, description="keyword arguments of the task factory")
     chat_template: bool | Literal["auto"] = Field(
-        "auto", description="render single-turn prompts with the tokenizer's chat template: true | false | auto "
+        default="auto", description="render single-turn prompts with the tokenizer's chat template: true | false | auto "
         "(auto = when the tokenizer has one and the model is not a posttrain char-tokenizer model; "
         "posttrain/envs/prompt_render.py)")
-    system_prompt: str | None = Field(None, description="system message put before every prompt (a first line in "
+    system_prompt: str | None = Field(default=None, description="system message put before every prompt (a first line in "
                                       "raw-text mode)")
 
 
@@ -31,24 +31,24 @@ class EnvConfig(Section):
     """Multi-turn episodes (docs/tasks_and_verifiers.md, "Write your own tool environment"): with ``name``
     set the run trains on episodes of that environment instead of single-turn ``task`` prompts."""
 
-    name: str | None = Field(None, description="a name in posttrain.envs.episodes ENVS (calculator_tool, "
+    name: str | None = Field(default=None, description="a name in posttrain.envs.episodes ENVS (calculator_tool, "
                              "python_tool, calculator_tags, python_tags) or 'package.module:factory'; None = "
                              "single-turn task")
     kwargs: dict[str, Any] = Field(default_factory=dict, description="keyword arguments of the environment factory")
-    max_turns: int = Field(4, ge=1, description="policy turns per episode; more ends it as truncated")
-    max_tokens: int = Field(256, ge=2, description="tokens of the whole episode (prompt + actions + observations); "
+    max_turns: int = Field(default=4, ge=1, description="policy turns per episode; more ends it as truncated")
+    max_tokens: int = Field(default=256, ge=2, description="tokens of the whole episode (prompt + actions + observations); "
                             "reaching it ends the episode as truncated. Each turn also has sampling.max_new_tokens")
-    max_wall_s: float | None = Field(60.0, gt=0, description="wall seconds per episode; past it the episode ends "
+    max_wall_s: float | None = Field(default=60.0, gt=0, description="wall seconds per episode; past it the episode ends "
                                      "as truncated at its next turn (None = no limit)")
     tool_prompt: Literal["auto", "template", "preamble", "none"] = Field(
-        "auto", description="how the tool schemas reach the model: the chat template's tools= (template), a "
+        default="auto", description="how the tool schemas reach the model: the chat template's tools= (template), a "
         "plain-text preamble (preamble), auto = template if the chat template mentions tools else preamble, none")
-    system: str | None = Field(None, description="system message of every episode")
-    use_chat_template: bool = Field(True, description="render turns with the tokenizer's chat template")
+    system: str | None = Field(default=None, description="system message of every episode")
+    use_chat_template: bool = Field(default=True, description="render turns with the tokenizer's chat template")
     stop_strings: list[str] = Field(default_factory=list, description="end a policy turn at these strings (e.g. "
                                     "'</tool_call>', '</answer>')")
-    heldout_fraction: float = Field(0.2, gt=0, lt=1, description="problems (by first observation) held out")
-    eval_without_tools: bool = Field(False, description="also evaluate the same held-out episodes with tools "
+    heldout_fraction: float = Field(default=0.2, gt=0, lt=1, description="problems (by first observation) held out")
+    eval_without_tools: bool = Field(default=False, description="also evaluate the same held-out episodes with tools "
                                      "disabled (heldout_notool/*): success without the tool beside it")
 
 
@@ -57,8 +57,8 @@ class RewardFunctionConfig(Section):
 
     path: str = Field(description="'package.module:function', called as fn(response, reference, *, prompt, meta) "
                       "-> float | Verdict (sync or async)")
-    weight: float = Field(1.0, description="weight of its component in the total (entered into reward.weights)")
-    name: str | None = Field(None, description="component name (default: the function's name)")
+    weight: float = Field(default=1.0, description="weight of its component in the total (entered into reward.weights)")
+    name: str | None = Field(default=None, description="component name (default: the function's name)")
 
     @model_validator(mode="after")
     def _default_name(self) -> RewardFunctionConfig:
@@ -93,10 +93,10 @@ class RewardConfig(Section):
             self.weights = merged  # the resolved config shows every weight that enters the total
         return self
     extract: Literal["none", "auto", "last_number", "boxed", "answer_tag", "answer_line"] = Field(
-        "none", description="read the final answer from a free-form response before the task's verifier judges it; "
+        default="none", description="read the final answer from a free-form response before the task's verifier judges it; "
         "nothing readable -> invalid (posttrain/rewards/extract.py)")
-    overlong_max_len: int | None = Field(None, ge=1, description="DAPO soft overlong punishment L_max (None = off)")
-    overlong_cache_len: int = Field(0, ge=0, description="DAPO overlong cache window L_cache")
-    workers: int = Field(0, ge=0, description="verifier worker processes (0 = verify in-process)")
-    timeout_s: float = Field(10.0, gt=0, description="per-verification time limit")
-    retries: int = Field(1, ge=0, description="retries of a verification that hit an infra error")
+    overlong_max_len: int | None = Field(default=None, ge=1, description="DAPO soft overlong punishment L_max (None = off)")
+    overlong_cache_len: int = Field(default=0, ge=0, description="DAPO overlong cache window L_cache")
+    workers: int = Field(default=0, ge=0, description="verifier worker processes (0 = verify in-process)")
+    timeout_s: float = Field(default=10.0, gt=0, description="per-verification time limit")
+    retries: int = Field(default=1, ge=0, description="retries of a verification that hit an infra error")

@@ -26,21 +26,21 @@ class LearnerConfig(Section):
     """
 
     strategy: Literal["single", "ddp", "fsdp2"] = Field(
-        "single", description="single: embedded learner; ddp: replicated ranks, gradient all-reduce; fsdp2: "
+        default="single", description="single: embedded learner; ddp: replicated ranks, gradient all-reduce; fsdp2: "
         "sharded parameters / gradients / optimizer state (fully_shard)")
-    world_size: int = Field(1, ge=1, description="learner rank processes (> 1 needs strategy ddp or fsdp2)")
+    world_size: int = Field(default=1, ge=1, description="learner rank processes (> 1 needs strategy ddp or fsdp2)")
     device: Literal["auto", "cpu", "cuda"] = Field(
-        "auto", description="auto: cuda when a GPU is visible and the strategy runs ranks, else cpu; cuda: one GPU "
+        default="auto", description="auto: cuda when a GPU is visible and the strategy runs ranks, else cpu; cuda: one GPU "
         "per rank (NCCL), an error when no GPU is visible")
     precision: Literal["fp32", "bf16"] = Field(
-        "fp32", description="bf16: mixed precision with float32 master weights (fsdp2: MixedPrecisionPolicy with "
+        default="fp32", description="bf16: mixed precision with float32 master weights (fsdp2: MixedPrecisionPolicy with "
         "float32 gradient reduction; ddp: autocast); CUDA only, refused on CPU")
     rank_timeout_s: float = Field(
-        600.0, gt=0, description="a rank call (update, log-probs, state) that gets no reply for this long fails "
+        default=600.0, gt=0, description="a rank call (update, log-probs, state) that gets no reply for this long fails "
         "the run naming the silent ranks; a rank process that exits is detected within 0.5 s")
-    startup_timeout_s: float = Field(120.0, gt=0, description="bound on starting the ranks (process group + model)")
+    startup_timeout_s: float = Field(default=120.0, gt=0, description="bound on starting the ranks (process group + model)")
     weight_bucket_mb: float = Field(
-        64.0, gt=0, description="after each update the ranks gather the weights and stream them to the driver in "
+        default=64.0, gt=0, description="after each update the ranks gather the weights and stream them to the driver in "
         "buckets of at most this many MiB (each versioned and checksummed); bounds the full-tensor copies any "
         "rank holds at once")
 

@@ -17,20 +17,20 @@ from posttrain.config.section import Section
 class EvalConfig(Section):
     """Held-out evaluation and the promote / reject rule."""
 
-    every: int = Field(10, ge=1, description="evaluate every N steps (and at the start and end)")
-    size: int = Field(200, ge=1, description="held-out prompts")
-    temperature: float = Field(0.0, ge=0.0, description="0 = greedy; the accuracy that promotes / rejects")
+    every: int = Field(default=10, ge=1, description="evaluate every N steps (and at the start and end)")
+    size: int = Field(default=200, ge=1, description="held-out prompts")
+    temperature: float = Field(default=0.0, ge=0.0, description="0 = greedy; the accuracy that promotes / rejects")
     sampled_temperature: float | None = Field(
-        None, gt=0.0, description="also report held-out accuracy sampled at this temperature (heldout_sampled/*)")
-    max_new_tokens: int | None = Field(None, ge=1, description="default: sampling.max_new_tokens")
-    reject_drop: float = Field(0.5, ge=0.0, le=1.0, description="reject a revision whose held-out accuracy falls "
+        default=None, gt=0.0, description="also report held-out accuracy sampled at this temperature (heldout_sampled/*)")
+    max_new_tokens: int | None = Field(default=None, ge=1, description="default: sampling.max_new_tokens")
+    reject_drop: float = Field(default=0.5, ge=0.0, le=1.0, description="reject a revision whose held-out accuracy falls "
                                "more than this below the best promoted one (restore the promoted weights)")
-    k: int = Field(1, ge=1, description="report heldout/pass@k (unbiased estimator, Chen et al. 2021) and pass@1 "
+    k: int = Field(default=1, ge=1, description="report heldout/pass@k (unbiased estimator, Chen et al. 2021) and pass@1 "
                    "over eval.samples sampled responses per held-out prompt")
-    samples: int | None = Field(None, ge=1, description="n sampled responses per held-out prompt for pass@k "
+    samples: int | None = Field(default=None, ge=1, description="n sampled responses per held-out prompt for pass@k "
                                 "(>= k; default k), drawn at eval.temperature if > 0 else eval.sampled_temperature")
     hidden_verifier: str | None = Field(
-        None, description="evaluation-only verifier (registered name or module.path:factory) that re-judges every "
+        default=None, description="evaluation-only verifier (registered name or module.path:factory) that re-judges every "
         "training and held-out response; verdicts go to the ledger / heldout/hidden/* beside the training "
         "verifier's and never into the reward (posttrain/rewards/hidden.py)")
     hidden_verifier_kwargs: dict[str, Any] = Field(default_factory=dict,
@@ -54,13 +54,13 @@ class GuardsConfig(Section):
     """Monitors: thresholds that warn or stop the run with a reason."""
 
     action: Literal["warn", "stop"] = "warn"
-    max_abs_log_kappa: float = Field(1e-2, gt=0, description="behavior vs recomputed old log-prob (max |log k|)")
-    min_entropy: float = Field(1e-3, ge=0, description="entropy collapse")
-    max_truncation_rate: float = Field(0.9, ge=0, le=1)
-    max_zero_adv_fraction: float = Field(1.0, ge=0, le=1)
-    min_response_length: float = Field(0.0, ge=0)
+    max_abs_log_kappa: float = Field(default=1e-2, gt=0, description="behavior vs recomputed old log-prob (max |log k|)")
+    min_entropy: float = Field(default=1e-3, ge=0, description="entropy collapse")
+    max_truncation_rate: float = Field(default=0.9, ge=0, le=1)
+    max_zero_adv_fraction: float = Field(default=1.0, ge=0, le=1)
+    min_response_length: float = Field(default=0.0, ge=0)
     max_infra_error_fraction: float = Field(
-        1.0, gt=0, le=1, description="warn (stop with action: stop) when this fraction of a step's or an evaluation's "
+        default=1.0, gt=0, le=1, description="warn (stop with action: stop) when this fraction of a step's or an evaluation's "
         "verifications has no verdict (infra_error / env_failure); 1.0 = when every one failed")
 
 
@@ -68,17 +68,17 @@ class LoggingConfig(Section):
     """Where each step's metrics go: ``metrics.jsonl`` always, and the trackers switched on here
     (each receives the resolved config once and every step's numeric metrics; docs/diagnostics.md)."""
 
-    tensorboard: bool = Field(False, description="TensorBoard event files in RUN_DIR/tensorboard")
-    wandb: bool = Field(False, description="a Weights & Biases run (files under RUN_DIR/wandb); WANDB_MODE=offline "
+    tensorboard: bool = Field(default=False, description="TensorBoard event files in RUN_DIR/tensorboard")
+    wandb: bool = Field(default=False, description="a Weights & Biases run (files under RUN_DIR/wandb); WANDB_MODE=offline "
                         "works without an account")
-    wandb_project: str | None = Field(None, description="W&B project (default 'posttrain'); needs logging.wandb")
+    wandb_project: str | None = Field(default=None, description="W&B project (default 'posttrain'); needs logging.wandb")
     wandb_mode: Literal["online", "offline", "disabled"] | None = Field(
-        None, description="W&B mode (default: the WANDB_MODE environment variable, else W&B's own default); "
+        default=None, description="W&B mode (default: the WANDB_MODE environment variable, else W&B's own default); "
         "needs logging.wandb")
-    mlflow: bool = Field(False, description="an MLflow run (params = the resolved config, metrics by step)")
-    mlflow_tracking_uri: str | None = Field(None, description="MLflow tracking URI (default: a file store in "
+    mlflow: bool = Field(default=False, description="an MLflow run (params = the resolved config, metrics by step)")
+    mlflow_tracking_uri: str | None = Field(default=None, description="MLflow tracking URI (default: a file store in "
                                             "RUN_DIR/mlruns); needs logging.mlflow")
-    mlflow_experiment: str | None = Field(None, description="MLflow experiment (default 'posttrain'); needs "
+    mlflow_experiment: str | None = Field(default=None, description="MLflow experiment (default 'posttrain'); needs "
                                           "logging.mlflow")
     progress: bool = True
 

@@ -19,43 +19,43 @@ class RayBackendConfig(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     address: str | None = Field(
-        None, description="None: start a local cluster; 'auto' or 'host:port': join that cluster"
+        default=None, description="None: start a local cluster; 'auto' or 'host:port': join that cluster"
     )
-    num_rollout_workers: int = Field(2, ge=1, description="rollout worker actors (one engine each)")
-    num_reward_workers: int = Field(1, ge=0, description="verifier actors (0: verify in the driver process)")
+    num_rollout_workers: int = Field(default=2, ge=1, description="rollout worker actors (one engine each)")
+    num_reward_workers: int = Field(default=1, ge=0, description="verifier actors (0: verify in the driver process)")
     placement: Literal["colocated", "disaggregated"] = Field(
-        "colocated",
+        default="colocated",
         description="colocated: one placement group (PACK) for every worker; "
         "disaggregated: one group per role, rollout workers SPREAD over nodes",
     )
-    cpus_per_rollout_worker: float = Field(0.5, gt=0, description="logical CPUs reserved per rollout worker")
-    cpus_per_reward_worker: float = Field(0.25, gt=0, description="logical CPUs reserved per reward worker")
-    cpus_per_learner: float = Field(0.5, gt=0, description="logical CPUs reserved for a remote learner")
-    gpus_per_rollout_worker: float = Field(0.0, ge=0)
-    gpus_per_learner: float = Field(0.0, ge=0)
+    cpus_per_rollout_worker: float = Field(default=0.5, gt=0, description="logical CPUs reserved per rollout worker")
+    cpus_per_reward_worker: float = Field(default=0.25, gt=0, description="logical CPUs reserved per reward worker")
+    cpus_per_learner: float = Field(default=0.5, gt=0, description="logical CPUs reserved for a remote learner")
+    gpus_per_rollout_worker: float = Field(default=0.0, ge=0)
+    gpus_per_learner: float = Field(default=0.0, ge=0)
     rollout_resources: dict[str, float] = Field(
         default_factory=dict, description="custom resources per rollout worker, e.g. {'rollout_node': 1}"
     )
     learner_resources: dict[str, float] = Field(default_factory=dict)
-    transfer_timeout_s: float = Field(60.0, gt=0, description="bound on one weight broadcast (fails loudly)")
-    generate_timeout_s: float = Field(600.0, gt=0, description="bound on one worker's generate call")
-    verify_timeout_s: float = Field(10.0, gt=0, description="per-item verifier time limit")
-    learner_timeout_s: float = Field(1800.0, gt=0, description="bound on one remote learner call")
-    startup_timeout_s: float = Field(120.0, gt=0, description="bound on placement + actor start-up")
-    max_restarts: int = Field(3, ge=0, description="Ray restarts of a dead worker actor")
+    transfer_timeout_s: float = Field(default=60.0, gt=0, description="bound on one weight broadcast (fails loudly)")
+    generate_timeout_s: float = Field(default=600.0, gt=0, description="bound on one worker's generate call")
+    verify_timeout_s: float = Field(default=10.0, gt=0, description="per-item verifier time limit")
+    learner_timeout_s: float = Field(default=1800.0, gt=0, description="bound on one remote learner call")
+    startup_timeout_s: float = Field(default=120.0, gt=0, description="bound on placement + actor start-up")
+    max_restarts: int = Field(default=3, ge=0, description="Ray restarts of a dead worker actor")
     max_task_retries: int = Field(
-        1, ge=0, description="Ray re-runs of a call whose actor died mid-call (on the restarted actor)"
+        default=1, ge=0, description="Ray re-runs of a call whose actor died mid-call (on the restarted actor)"
     )
     request_retries: int = Field(
-        1, ge=0, description="driver re-queues of a request whose worker failed, before it is an infra_error"
+        default=1, ge=0, description="driver re-queues of a request whose worker failed, before it is an infra_error"
     )
-    verify_retries: int = Field(1, ge=0, description="retries of a verifier that raised or timed out")
+    verify_retries: int = Field(default=1, ge=0, description="retries of a verifier that raised or timed out")
     weight_transport: Literal["object_store"] = Field(
-        "object_store",
+        default="object_store",
         description="object_store (CPU, tested). A NCCL broadcast is the GPU path; see docs/distributed.md",
     )
     local_num_cpus: int | None = Field(
-        None, ge=1, description="CPUs of a locally started cluster (None: Ray's default, all cores)"
+        default=None, ge=1, description="CPUs of a locally started cluster (None: Ray's default, all cores)"
     )
 
     @model_validator(mode="after")

@@ -21,29 +21,29 @@ class VLLMSettings(Section):
     """``rollout.vllm``: a vLLM engine, by default in its own environment as a 127.0.0.1 server process."""
 
     python: str | None = Field(
-        ".venv-vllm/bin/python",
+        default=".venv-vllm/bin/python",
         description="interpreter of the environment that has vLLM (relative to the current directory). The "
         "trainer starts `python -m posttrain.rollout.http_engine` with it on 127.0.0.1 and drives it over HTTP "
         "(vLLM pins its own transformers range). null: import vllm in the trainer's own process",
     )
     dtype: Literal["auto", "float32", "bfloat16", "float16"] = Field(
-        "auto", description="engine weights / compute dtype; auto = model.dtype (float32 keeps |log kappa| small)"
+        default="auto", description="engine weights / compute dtype; auto = model.dtype (float32 keeps |log kappa| small)"
     )
     max_model_len: int | None = Field(
-        None, ge=2, description="engine context (prompt + completion); None = the model's max_position_embeddings"
+        default=None, ge=2, description="engine context (prompt + completion); None = the model's max_position_embeddings"
     )
     gpu_memory_utilization: float = Field(
-        0.5, gt=0.0, le=1.0, description="CUDA build: fraction of GPU memory for weights + KV cache"
+        default=0.5, gt=0.0, le=1.0, description="CUDA build: fraction of GPU memory for weights + KV cache"
     )
     kv_cache_gib: int = Field(
-        1, ge=1, description="CPU build: KV-cache size in GiB (exported as VLLM_CPU_KVCACHE_SPACE)"
+        default=1, ge=1, description="CPU build: KV-cache size in GiB (exported as VLLM_CPU_KVCACHE_SPACE)"
     )
     enforce_eager: bool = Field(
-        True, description="no CUDA graphs / compilation: fast start-up; false trades start-up for throughput"
+        default=True, description="no CUDA graphs / compilation: fast start-up; false trades start-up for throughput"
     )
-    seed: int | None = Field(None, description="engine seed; None = the run's seed")
-    startup_timeout_s: float = Field(600.0, gt=0, description="bound on the engine's start-up (fails loudly)")
-    timeout_s: float = Field(600.0, gt=0, description="bound on one generate / weight-update call")
+    seed: int | None = Field(default=None, description="engine seed; None = the run's seed")
+    startup_timeout_s: float = Field(default=600.0, gt=0, description="bound on the engine's start-up (fails loudly)")
+    timeout_s: float = Field(default=600.0, gt=0, description="bound on one generate / weight-update call")
 
     def python_path(self) -> Path | None:
         """The interpreter as an absolute path (``None``: in-process)."""
@@ -53,17 +53,17 @@ class VLLMSettings(Section):
 class HTTPSettings(Section):
     """``rollout.http``: an already running ``python -m posttrain.rollout.http_engine`` server."""
 
-    url: str | None = Field(None, description="http://127.0.0.1:PORT of the server (required with engine=http)")
-    timeout_s: float = Field(600.0, gt=0, description="bound on one generate call")
-    weights_timeout_s: float = Field(600.0, gt=0, description="bound on one weight update")
-    connect_timeout_s: float = Field(60.0, gt=0, description="how long to wait for the server's /health at start")
+    url: str | None = Field(default=None, description="http://127.0.0.1:PORT of the server (required with engine=http)")
+    timeout_s: float = Field(default=600.0, gt=0, description="bound on one generate call")
+    weights_timeout_s: float = Field(default=600.0, gt=0, description="bound on one weight update")
+    connect_timeout_s: float = Field(default=60.0, gt=0, description="how long to wait for the server's /health at start")
 
 
 class RolloutConfig(Section):
     """``rollout``: the engine that samples (every system mode and backend builds it from here)."""
 
     engine: Literal["builtin", "vllm", "http"] = Field(
-        "builtin",
+        default="builtin",
         description="builtin: the PyTorch engine in this process (bit-exact log-probs); vllm: vLLM (rollout.vllm); "
         "http: a running posttrain engine server (rollout.http)",
     )

@@ -32,14 +32,14 @@ class RunConfig(Section):
 
     name: str = "run"
     seed: int = 0
-    steps: int = Field(50, ge=0)
-    run_dir: str | None = Field(None, description="default: runs/<name>")
-    resume: bool = Field(False, description="continue the run in run_dir from its latest complete checkpoint "
+    steps: int = Field(default=50, ge=0)
+    run_dir: str | None = Field(default=None, description="default: runs/<name>")
+    resume: bool = Field(default=False, description="continue the run in run_dir from its latest complete checkpoint "
                          "(an error if there is none; a corrupt latest one falls back to the previous)")
-    resume_force: bool = Field(False, description="resume even though the recipe differs from the run's "
+    resume_force: bool = Field(default=False, description="resume even though the recipe differs from the run's "
                                "config.yaml (the old one is kept as config.step_<N>.yaml); without it such a "
                                "resume is refused with the differing keys")
-    checkpoint_every: int = Field(10, ge=0, description="checkpoint every N steps (and at the end); a crash loses "
+    checkpoint_every: int = Field(default=10, ge=0, description="checkpoint every N steps (and at the end); a crash loses "
                                   "at most the steps since the last one. 0 = only at the end")
     model: ModelConfig = Field(default_factory=ModelConfig)
     task: TaskConfig = Field(default_factory=TaskConfig)

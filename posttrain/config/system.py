@@ -21,13 +21,13 @@ class SystemConfig(Section):
     """
 
     mode: Literal["sync", "one_step_off", "async"] = Field(
-        "sync",
+        default="sync",
         description="sync: rollout then update (barrier); one_step_off: the rollout of step k+1 runs in a "
         "background thread while step k updates (policy lag 1); async: a rollout worker streams finished "
         "groups into a bounded queue and the learner consumes groups as they complete (AReaL-style)",
     )
     backend: Literal["local", "ray"] = Field(
-        "local",
+        default="local",
         description="local: engine, verifiers and learner in this process; ray: rollout and reward workers as "
         "Ray actors (settings under system.ray; see docs/distributed.md)",
     )
@@ -37,39 +37,39 @@ class SystemConfig(Section):
         "and the worker counts",
     )
     max_staleness: int | None = Field(
-        None, ge=0,
+        default=None, ge=0,
         description="bound on policy lag in versions. A rollout is only started when its batch "
         "slot is at most this many versions ahead of the current policy, and at consumption every sample whose "
         "oldest token is older than this many versions is dropped and counted (staleness/dropped_samples). "
         "None = no version bound (async with neither bound gets max_staleness=1)",
     )
     max_queue: int | None = Field(
-        None, ge=1,
+        default=None, ge=1,
         description="async: the queue of finished groups holds at most this many samples; a producer blocks "
         "(time counted in queue/blocked_s) instead of dropping anything. None = no depth bound",
     )
     interrupt_on_update: bool = Field(
-        True,
+        default=True,
         description="async: a weight update pauses the running generation; its unfinished samples resume under "
         "the new weights (their tokens then span versions; AReaL's interruptible rollout)",
     )
     partial_fraction: float = Field(
-        1.0, gt=0.0, le=1.0,
+        default=1.0, gt=0.0, le=1.0,
         description="partial rollout lambda (every mode): each rollout call plans K=group_size samples for "
         "prompts_per_step prompts and returns once ceil(lambda*N*K) samples have finished; the rest are paused (not "
         "truncated) and resumed in the next call, topped up with fresh prompts. 1.0 = off",
     )
     max_version_span: int | None = Field(
-        None, ge=0,
+        default=None, ge=0,
         description="drop (and count) a paused trajectory instead of resuming it when its tokens would span more "
         "than this many policy versions (newest - oldest behaviour version). None = no limit",
     )
     queue_timeout_s: float = Field(
-        600.0, gt=0,
+        default=600.0, gt=0,
         description="non-sync modes: the learner fails loudly if no finished group arrives for this long",
     )
     engine_sleep: bool = Field(
-        False, description="colocation: the rollout engine releases its weights and caches during each update "
+        default=False, description="colocation: the rollout engine releases its weights and caches during each update "
         "(its sleep() hook) and re-acquires them before the weight sync (wake()); sync mode only; an engine "
         "that cannot (no hook, vLLM without CUDA) is logged and keeps its memory (docs/distributed.md)",
     )
