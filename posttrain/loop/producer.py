@@ -42,7 +42,7 @@ from typing import Any, Protocol
 from posttrain.config import RunConfig
 from posttrain.envs.task import TaskExample
 from posttrain.loop.rollout import Rollout, merge_infos
-from posttrain.loop.rollout_stage import RolloutStage, build_rollout
+from posttrain.loop.rollout_stage import RolloutRun, RolloutStage, build_rollout
 from posttrain.trajectory import Trajectory
 
 _WAIT_S = 0.05  # granularity of every bounded wait (stop flags are checked at least this often)
@@ -96,6 +96,10 @@ class ProducerRun(Protocol):
     def next_prompts(self, n: int) -> list[TaskExample]:
         """The next ``n`` training prompts."""
         ...
+
+
+class TrainingRun(RolloutRun, ProducerRun, Protocol):
+    """What :func:`build_producer` reads of a run: the producer's parts and the rollout's."""
 
 
 class Producer(Protocol):
@@ -375,7 +379,7 @@ class ThreadedProducer:
         return self.queue.drain() + self.rollout.inflight() + self._lost_on_stop
 
 
-def build_producer(cfg: RunConfig, run: ProducerRun) -> SyncProducer | ThreadedProducer:
+def build_producer(cfg: RunConfig, run: TrainingRun) -> SyncProducer | ThreadedProducer:
     """The producer of ``cfg.system.mode`` over the run's rollout driver (:func:`build_rollout`: single-turn
     samples, or multi-turn episodes with ``env.name`` set)."""
     rollout = build_rollout(cfg, run, RolloutStage.from_config(cfg, run))

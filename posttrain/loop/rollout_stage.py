@@ -9,12 +9,28 @@ sampling included), over the player of the run's kind: single-turn samples
 from __future__ import annotations
 
 import dataclasses
-from typing import Any
+from typing import Any, Protocol
 
 from posttrain.config import RunConfig
-from posttrain.loop.rollout import Rollout
-from posttrain.rewards.scoring import ScoringSpec
+from posttrain.loop.rollout import Rollout, RolloutSource
+from posttrain.rewards.scoring import Decoder, HasVerifier, ScoringSpec
+from posttrain.rollout.engine import RolloutEngine
 from posttrain.rollout.sampling import SamplingParams
+
+
+class RolloutRun(RolloutSource, Protocol):
+    """What building a run's rollout reads of it besides the engine and prompts (met by
+    :class:`~posttrain.loop.run_state.Run`). Read when present: ``renderer`` (default raw text),
+    ``verify_batch`` (default in-process), ``state.rollout_dropped``, ``plain_model`` (episodes)."""
+
+    @property
+    def engine(self) -> RolloutEngine: ...
+
+    @property
+    def task(self) -> HasVerifier: ...  # an environment task (make_env) with env.name set
+
+    @property
+    def tokenizer(self) -> Decoder: ...
 
 
 @dataclasses.dataclass
@@ -38,7 +54,7 @@ class RolloutStage:
         return cls(run, s.prompts_per_step, s.group_size, params, spec)
 
 
-def build_rollout(cfg: RunConfig, run: Any, stage: RolloutStage) -> Rollout[Any]:
+def build_rollout(cfg: RunConfig, run: RolloutRun, stage: RolloutStage) -> Rollout[Any]:
     """The rollout driver of ``run`` (engine, prompt stream, task, tokenizer, renderer, guarded
     ``verify_batch``): episodes with ``env.name`` set, else single-turn samples. Its count of dropped
     carried members starts from ``run.state.rollout_dropped`` (a resumed run's)."""
