@@ -170,9 +170,10 @@ class Rollout(Generic[M]):
             n_fresh = self.N
         if n_prompts is not None:
             n_fresh = n_prompts
-        t0 = time.perf_counter()
+        examples = self.run.next_prompts(n_fresh) if n_fresh else []
+        t0 = time.perf_counter()  # time/rollout_s: starting the fresh members and the engine call(s)
         fresh: list[M] = []
-        for i, ex in enumerate(self.run.next_prompts(n_fresh) if n_fresh else []):
+        for i, ex in enumerate(examples):
             gid = f"s{step}r{round_idx}p{i}-{ex.prompt_id}"
             g: Group[M] = Group(gid, ex, call, [])
             self.groups[gid] = g
