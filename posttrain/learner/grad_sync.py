@@ -15,7 +15,7 @@ one. :class:`GradientSync` is the hook that exploits this; the learner calls it 
 implementation over ``torch.distributed`` is ``posttrain.learner.distributed.ProcessGroupSync``.
 A new strategy (another collective library, FSDP's reduce-scatter) is one more class with these
 four methods — never a learner subclass. A hook with ``lockstep = True`` (FSDP2:
-``posttrain.learner.ranks.ShardedSync``, whose forward and backward passes are collectives) makes
+``posttrain.learner.distributed.ShardedSync``, whose forward and backward passes are collectives) makes
 every process run the same number of forward/backward passes per mini-batch; a process with fewer
 micro-batches runs zero-weight passes.
 """

@@ -17,18 +17,26 @@ from __future__ import annotations
 import hashlib
 import json
 import warnings
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
+
+from posttrain.learner.actor import PolicyLearner
+
+if TYPE_CHECKING:
+    from posttrain.learner.ranks import LearnerRanks
+
+FileDigest = list[int | str]
+"""``[size in bytes, blake2b-128 hex digest]`` of one shard file (a JSON list in the manifest)."""
 
 SHARDED_DIR = "learner_dcp"
 MANIFEST = "manifest.json"
 _CHUNK = 1 << 20
 
 
-def file_digest(path: Path) -> list[Any]:
+def file_digest(path: Path) -> FileDigest:
     """``[size in bytes, blake2b-128 hex digest]`` of ``path``, read in 1 MiB chunks."""
     h = hashlib.blake2b(digest_size=16)
     size = 0
@@ -58,7 +66,7 @@ def _state_template(model: torch.nn.Module, optimizer: torch.optim.Optimizer,
 def os_error_in(e: BaseException) -> OSError | None:
     """The first ``OSError`` in ``e``, its causes and contexts, and the per-rank failures of a DCP
     ``CheckpointException`` (``failures``: rank -> exception or (exception, traceback)); None if none."""
-    todo: list[Any] = [e]
+    todo: list[object] = [e]
     seen: set[int] = set()
     while todo:
         x = todo.pop(0)
@@ -75,7 +83,7 @@ def os_error_in(e: BaseException) -> OSError | None:
 
 
 def save_sharded(model: torch.nn.Module, optimizer: torch.optim.Optimizer, directory: str | Path,
-                 rank: int) -> dict[str, list[Any]]:
+                 rank: int) -> dict[str, FileDigest]:
     """Write this rank's shards of ``model`` + ``optimizer`` into ``directory``; a collective.
 
     Every rank of the process group calls it with the same ``directory`` (an FSDP2 model's
@@ -105,10 +113,10 @@ def save_sharded(model: torch.nn.Module, optimizer: torch.optim.Optimizer, direc
     return {p.name: file_digest(p) for p in mine}
 
 
-def write_manifest(directory: str | Path, per_rank: list[Mapping[str, list[Any]]], *,
+def write_manifest(directory: str | Path, per_rank: Sequence[Mapping[str, FileDigest]], *,
                    with_optimizer: bool) -> None:
     """Merge the ranks' file digests into ``directory/manifest.json`` (refuses a file named twice)."""
-    files: dict[str, list[Any]] = {}
+    files: dict[str, FileDigest] = {}
     for part in per_rank:
         for name, digest in part.items():
             if name in files:
@@ -174,14 +182,14 @@ def load_sharded(model: torch.nn.Module, optimizer: torch.optim.Optimizer, direc
         set_model_state_dict(model, sd["model"])
 
 
-def load_sharded_into_learner(learner: Any, directory: str | Path, state: Mapping[str, Any]) -> None:
+def load_sharded_into_learner(learner: PolicyLearner | LearnerRanks, directory: str | Path, state: Mapping[str, Any]) -> None:
     """Resume ``learner`` from a sharded checkpoint: ``state`` is its ``learner_state.pt`` entry
     (scheduler, generator, counters, ``optimizer_in_shards``). Learner ranks load their shards
     themselves (``learner.load_sharded``); the embedded :class:`PolicyLearner` reads them in this
     process with no process group, then takes the rest of ``state`` through ``load_state_dict``.
     The files were verified by :func:`~posttrain.learner.checkpoint.load_checkpoint`
     (:func:`verify_sharded`)."""
-    if hasattr(learner, "load_sharded"):
+    if not isinstance(learner, PolicyLearner):
         learner.load_sharded(Path(directory), state)
         return
     load_sharded(learner.model, learner.optimizer, directory, with_optimizer=bool(state["optimizer_in_shards"]))

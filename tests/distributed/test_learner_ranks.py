@@ -36,11 +36,8 @@ from _tolerance import shape_rtol, update_rel_diff  # noqa: E402
 
 from posttrain.config import load_config  # noqa: E402
 from posttrain.learner.distributed import balanced_shards  # noqa: E402
-from posttrain.learner.ranks import (  # noqa: E402
-    LearnerRankError,
-    fqn_to_id_optimizer_state,
-    id_to_fqn_optimizer_state,
-)
+from posttrain.learner.rank_process import fqn_to_id_optimizer_state, id_to_fqn_optimizer_state  # noqa: E402
+from posttrain.learner.ranks import LearnerRankError  # noqa: E402
 
 LOOP_TESTS = Path(__file__).resolve().parents[1] / "loop"  # flaky_task lives there
 BASE = ["model.path=builtin:micro", "model.dtype=float64", "task.name=flaky_task:digit_first",
@@ -386,7 +383,7 @@ def _buckets_per_step(run_dir: Path) -> list[float]:
 
 
 def test_bucket_plan_hand_computed_and_invariants() -> None:
-    from posttrain.learner.ranks import bucket_plan
+    from posttrain.learner.rank_process import bucket_plan
 
     # bound 10: a(4) b(4) | c(6) | d(12: alone, larger than a bucket) | e(1) f(9)
     entries = [("a", 4), ("b", 4), ("c", 6), ("d", 12), ("e", 1), ("f", 9)]
