@@ -9,7 +9,7 @@ groups a call completes).
 :func:`play_once` sends one request of ``params.n`` samples per prompt, waits for all of them,
 puts the completions in request order and judges them in one guarded verification batch
 (:func:`posttrain.rewards.scoring.judge`). Held-out evaluation
-(:func:`posttrain.evaluation.heldout.evaluate`), ReMax's greedy baseline
+(:func:`posttrain.loop.heldout.evaluate`), ReMax's greedy baseline
 (:func:`posttrain.loop.targets.greedy_baseline`) and ``posttrain check`` call it with their own
 request ids and sampling settings, and it scores through the same
 :func:`~posttrain.rewards.scoring.judge` as :class:`SingleTurn`.
