@@ -1,14 +1,15 @@
 """The backend interface: what the Ray backend gives the loop, and the helpers every engine call uses.
 
-A backend gives the loop three handles with the same methods whatever runs them:
+A :class:`Backend` gives the loop handles with the methods of the in-process engine and pool:
 
 - ``rollout`` (:class:`RolloutWorkers`): a :class:`~posttrain.rollout.engine.RolloutEngine`
   (``generate`` / ``update_weights`` / ``pause`` / ``version``) spread over N workers, plus
   ``generate_detailed`` (completions *and* the requests that failed for infrastructure reasons)
   and ``broadcast_weights`` (verified transfer, see :mod:`posttrain.rollout.weight_transfer`);
-- ``reward`` (:class:`RewardWorkers`): ``verify_batch(items) -> [Verdict]``, the signature of
-  :meth:`posttrain.rewards.pool.VerifierPool.verify_batch` (so ``score(..., verify_batch=...)`` takes it);
-- ``close()``.
+- ``reward`` (:class:`RewardWorkers`, or None: the driver verifies): ``verify_batch(items) ->
+  [Verdict]``, the signature of :meth:`posttrain.rewards.pool.VerifierPool.verify_batch` (so
+  ``score(..., verify_batch=...)`` takes it);
+- ``close()``: both, then what the backend reserved (``release``).
 
 Exactly-once: every request given to ``generate_detailed`` ends in exactly one place — its
 completions (``params.n`` for a fresh request, one for a resumed one) or one
@@ -194,14 +195,9 @@ class Backend:
     and ``release``, run once by :meth:`close` after the parts (the Ray backend: placement groups
     and the cluster it started)."""
 
-    kind: str
     rollout: RolloutWorkers
     reward: RewardWorkers | None = None
     release: Callable[[], None] | None = None
-
-    def metrics(self) -> dict[str, float]:
-        """Rollout + reward counters."""
-        return {**self.rollout.metrics(), **(self.reward.metrics() if self.reward is not None else {})}
 
     def close(self) -> None:
         """Close every part, then ``release`` (idempotent)."""

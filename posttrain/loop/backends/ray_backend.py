@@ -25,7 +25,7 @@ def build_ray_backend(
     *,
     crash_markers: Sequence[str | None] | None = None,
 ) -> Backend:
-    """Start/join the cluster, reserve placement, start the actors; a :class:`Backend` of kind ``"ray"``.
+    """Start/join the cluster, reserve placement, start the actors; the :class:`Backend` of them.
 
     ``engine_factory``: picklable, zero arguments (e.g. ``builtin_engine_factory``); each rollout
     actor calls it once, and again after a restart. ``crash_markers[i]`` arms rollout worker ``i``'s
@@ -47,7 +47,7 @@ def build_ray_backend(
     except BaseException:
         release()
         raise
-    return Backend(kind="ray", rollout=rollout, reward=reward, release=release)
+    return Backend(rollout=rollout, reward=reward, release=release)
 
 
 __all__ = ["build_ray_backend"]
