@@ -54,10 +54,7 @@ PENDING: dict[tuple[str, str], str] = {
 }
 """Today's violations (upward imports and circle edges), each removed by the named helper."""
 
-SHIMS: dict[str, str] = {
-    "posttrain.rewards.sandbox": "H3: envs/tools.py, envs/tool_calling.py, rewards/__init__.py and the sandbox tests "
-    "import posttrain.sandbox",
-}
+SHIMS: dict[str, str] = {}
 """Modules left behind as re-exports of a moved one, each with who moves its last importers."""
 
 

@@ -215,11 +215,11 @@ CALCULATOR = Tool(
 
 
 def python_tool(wall_s: float = 5.0) -> Tool:
-    """A tool running ``code`` in the hardened code sandbox (:func:`posttrain.rewards.sandbox.run_python`);
+    """A tool running ``code`` in the hardened code sandbox (:func:`posttrain.sandbox.run_python`);
     its stdout (or the sandbox's outcome and reason) is the result."""
 
     def run(code: str) -> str:
-        from posttrain.rewards.sandbox import SandboxLimits, run_python
+        from posttrain.sandbox import SandboxLimits, run_python
 
         r = run_python(code, limits=SandboxLimits(wall_s=wall_s, output_bytes=4096))
         if r.outcome == "ok":

@@ -103,7 +103,7 @@ class PythonToolEnv(CalculatorEnv):
         return m.group(1) if m else None
 
     def _tool(self, body: str) -> str:
-        from posttrain.rewards.sandbox import SandboxLimits, run_python
+        from posttrain.sandbox import SandboxLimits, run_python
 
         r = run_python(body, limits=SandboxLimits(wall_s=self.wall_s, output_bytes=4096))
         if r.outcome == "ok":

@@ -1,4 +1,5 @@
-"""Verifiers and rewards: verdicts with honest statuses, composition, sandbox, pool, reward model.
+"""Verifiers and rewards: verdicts with honest statuses, composition, pool, reward model (the code
+sandbox the ``code`` verifier runs programs in is :mod:`posttrain.sandbox`).
 
 Importing this package registers the built-in verifiers in :data:`VERIFIERS`: ``integer``,
 ``exact``, ``regex``, ``choice``, ``format``, ``combine``, ``math``, ``countdown``, ``code``
@@ -8,21 +9,16 @@ Importing this package registers the built-in verifiers in :data:`VERIFIERS`: ``
 from posttrain.rewards import basic, code_verifier, countdown, math_answer  # noqa: F401 - registrations
 from posttrain.rewards.compose import compose
 from posttrain.rewards.pool import VerifierPool
-from posttrain.rewards.sandbox import SandboxLimits, SandboxResult, isolation_level, run_python
 from posttrain.rewards.verdict import Verdict, infra_error
 from posttrain.rewards.verifier import VERIFIERS, Verifier, build_verifier, verifier_id
 
 __all__ = [
     "VERIFIERS",
-    "SandboxLimits",
-    "SandboxResult",
     "Verdict",
     "Verifier",
     "VerifierPool",
     "build_verifier",
     "compose",
     "infra_error",
-    "isolation_level",
-    "run_python",
     "verifier_id",
 ]

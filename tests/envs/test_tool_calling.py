@@ -71,7 +71,7 @@ def test_calculator_tool_env_steps():
 
 
 def test_python_tool_runs_in_the_hardened_sandbox(monkeypatch):
-    import posttrain.rewards.sandbox as sb
+    import posttrain.sandbox as sb
 
     seen = []
     real = sb.run_python

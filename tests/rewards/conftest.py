@@ -15,10 +15,11 @@ sys.path.insert(0, str(Path(__file__).parent))
 
 
 def _levels() -> str:
-    from posttrain.rewards.sandbox import DESCRIPTIONS, LEVELS, _probe, available_levels, isolation_level
+    from posttrain.sandbox import DESCRIPTIONS, LEVELS, available_levels, isolation_level
+    from posttrain.sandbox.runner import probe
 
     lv = isolation_level()
-    missing = "; ".join(f"{x} unavailable: {_probe(x)}" for x in LEVELS if _probe(x) is not None)
+    missing = "; ".join(f"{x} unavailable: {probe(x)}" for x in LEVELS if probe(x) is not None)
     return (f"code sandbox isolation: {lv} ({DESCRIPTIONS[lv]}); available here: {', '.join(available_levels())}"
             + (f"; {missing}" if missing else ""))
 
