@@ -115,10 +115,9 @@ def _kw(reduction: str) -> dict[str, Any]:
 
 def _with_ref(batch: TrajectoryBatch) -> TrajectoryBatch:
     from posttrain.learner.actor import PolicyLearner
-    from posttrain.trajectory import with_logprobs
 
     ref = PolicyLearner(micro_learner_model(seed=7), lr=0.0).compute_logprobs(batch)
-    return collate(with_logprobs(batch, "ref", ref, 0), pad_token_id=0)
+    return batch.freeze("ref", ref, 0)
 
 
 def rank_main(rank: int, world_size: int, port: int, reductions: list[str], n: int, out_dir: str) -> None:
