@@ -75,10 +75,10 @@ def _base(p: dict[str, Any], seed: int) -> list[str]:
 
 def warm_start(p: dict[str, Any], seed: int, work: Path) -> Path:
     """SFT warm-up once; returns the actor directory (HF format) every mode starts from."""
-    from posttrain.config import load_config
     from posttrain.loop.run_state import open_run
+    from posttrain.loop.validate import load_run_config
 
-    cfg = load_config("grpo", [*_base(p, seed), f"model.path={p['model']}", f"sft.steps={p['sft_steps']}",
+    cfg = load_run_config("grpo", [*_base(p, seed), f"model.path={p['model']}", f"sft.steps={p['sft_steps']}",
                                "sft.batch_size=64", "sft.examples=2000", "sft.lr=3e-3", "steps=0",
                                f"run_dir={work / 'sft'}"])
     run = open_run(cfg)
@@ -92,14 +92,14 @@ def run_mode(mode: str, p: dict[str, Any], seed: int, model_dir: Path, work: Pat
     """Train ``p['steps']`` steps in ``mode`` from ``model_dir``; return the mode's figures."""
     import torch
 
-    from posttrain.config import load_config
     from posttrain.loop.sync import train
+    from posttrain.loop.validate import load_run_config
     from posttrain.trajectory import Ledger
 
     torch.set_num_threads(threads)
     d = work / mode
     shutil.rmtree(d, ignore_errors=True)
-    cfg = load_config("grpo", [*_base(p, seed), f"model.path={model_dir}", f"steps={p['steps']}",
+    cfg = load_run_config("grpo", [*_base(p, seed), f"model.path={model_dir}", f"steps={p['steps']}",
                                f"run_dir={d}", *MODES[mode]])
     t0 = time.perf_counter()
     st = train(cfg)

@@ -44,8 +44,8 @@ def _arm(args: argparse.Namespace) -> dict[str, Any]:
 
     import torch
 
-    from posttrain.config import load_config
     from posttrain.loop.builders import build_learner, build_model
+    from posttrain.loop.validate import load_run_config
     from posttrain.trajectory.collate import collate
     from posttrain.trajectory.record import make_trajectory
 
@@ -53,7 +53,7 @@ def _arm(args: argparse.Namespace) -> dict[str, Any]:
         torch.set_num_threads(args.threads)
     over = ["lora.rank=0"] if args.arm == "full" else [f"lora.rank={args.lora_rank}",
                                                         f"lora.target_modules={args.lora_target}"]
-    cfg = load_config(args.recipe, over)
+    cfg = load_run_config(args.recipe, over)
     tok, model = build_model(cfg)
     learner = build_learner(cfg, model)
     g = torch.Generator().manual_seed(0)

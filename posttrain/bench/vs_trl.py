@@ -88,9 +88,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 # ---------------------------------------------------------------------------------------------- helpers
 def _config(recipe: str, overrides: Sequence[str]) -> Any:
-    from posttrain.config import load_config
+    from posttrain.loop.validate import load_run_config
 
-    return load_config(recipe, list(overrides))
+    return load_run_config(recipe, list(overrides))
 
 
 def _heldout(cfg: Any) -> tuple[Any, list[Any]]:

@@ -171,9 +171,9 @@ def run(args: argparse.Namespace) -> int:
     from rich.console import Console
     from rich.table import Table
 
-    from posttrain.config import load_config
+    from posttrain.loop.validate import load_run_config
 
-    cfg = load_config(args.recipe, args.overrides)
+    cfg = load_run_config(args.recipe, args.overrides)
     results = run_checks(cfg, prompts=args.prompts)
     t = Table(title=f"posttrain check: {cfg.name} on {cfg.model.path}")
     t.add_column("check")

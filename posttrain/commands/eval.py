@@ -168,8 +168,8 @@ def run_config_path(checkpoint: Path) -> Path | None:
 def _as_the_run(cfg_path: Path, args: argparse.Namespace, kwargs: dict[str, Any] | None,
                 model_dir: Path) -> tuple[RunConfig, list[str]]:
     """The run's config with the given flags applied: ``(RunConfig, ["--flag (key a -> b)", ...])``."""
-    from posttrain.config import validate_config
     from posttrain.loop.run_dir import read_config_yaml
+    from posttrain.loop.validate import validate_config
 
     data = read_config_yaml(cfg_path)
     if data is None:
@@ -233,7 +233,7 @@ def _as_the_run(cfg_path: Path, args: argparse.Namespace, kwargs: dict[str, Any]
 
 def _bare(args: argparse.Namespace, kwargs: dict[str, Any] | None, model_dir: Path) -> RunConfig:
     """The evaluation config of a model dir outside a run: the flags, else their bare defaults."""
-    from posttrain.config import validate_config
+    from posttrain.loop.validate import validate_config
 
     if args.task is None and args.env is None:
         raise ValueError(f"{args.checkpoint} is not inside a run directory with a config.yaml: give --task NAME "

@@ -32,7 +32,6 @@ from posttrain.config.loading import (
     parse_config,
     read_recipe,
     resolve_recipe_path,
-    validate_config,
 )
 from posttrain.config.model import CriticConfig, LoraConfig, ModelConfig
 from posttrain.config.monitoring import EvalConfig, GuardsConfig, LoggingConfig
@@ -47,5 +46,5 @@ __all__ = [
     "GuardsConfig", "HTTPSettings", "LearnerConfig", "LoggingConfig", "LoraConfig", "LossConfig", "ModelConfig",
     "OptimConfig", "RayBackendConfig", "RewardConfig", "RewardFunctionConfig", "RolloutConfig", "RunConfig",
     "SFTConfig", "SamplingConfig", "SystemConfig", "TaskConfig", "VLLMSettings", "apply_overrides", "dump_config",
-    "load_config", "log_warnings", "parse_config", "read_recipe", "resolve_recipe_path", "validate_config",
+    "load_config", "log_warnings", "parse_config", "read_recipe", "resolve_recipe_path",
 ]

@@ -119,23 +119,6 @@ def parse_config(data: dict[str, Any], source: str) -> RunConfig:
         raise ConfigError(_format_validation(e, source)) from None
 
 
-def validate_config(data: dict[str, Any], source: str) -> RunConfig:
-    """:func:`parse_config`, then the loop-side checks of :func:`posttrain.loop.validate.validate_run`
-    (registries, user modules, algorithm dry runs, this machine), with the same one-line errors."""
-    cfg = parse_config(data, source)
-    _validate_run(cfg, source)
-    return cfg
-
-
-def _validate_run(cfg: RunConfig, source: str) -> None:
-    # Transition of issue 23 (the one upward import of posttrain.config, listed in
-    # tests/test_import_floors.py PENDING): callers of load_config / validate_config still expect the
-    # registry errors from it. Once they call posttrain.loop.validate.load_run_config, this goes.
-    from posttrain.loop.validate import validate_run
-
-    validate_run(cfg, source)
-
-
 def log_warnings(cfg: RunConfig, source: str) -> None:
     """Log the load-time warnings of a valid ``cfg``: the keys whose dead-settings rule warns instead of
     refusing (:data:`posttrain.config.dead_settings.RULES`), and ``optim.lr=0`` with steps to run."""
@@ -147,10 +130,12 @@ def log_warnings(cfg: RunConfig, source: str) -> None:
 
 
 def load_config(recipe: str | None = None, overrides: list[str] | None = None) -> RunConfig:
-    """Load a recipe (path or shipped name; None = all defaults), apply overrides, validate
-    (:func:`validate_config`), log the warnings (:func:`log_warnings`)."""
+    """Load a recipe (path or shipped name; None = all defaults), apply overrides, check it from the
+    config alone (:func:`parse_config`), log the warnings (:func:`log_warnings`). The checks that need
+    the registries, user modules or this machine are the loop's
+    (:func:`posttrain.loop.validate.load_run_config`, which the commands use)."""
     data, source = read_recipe(recipe, overrides)
-    cfg = validate_config(data, source)
+    cfg = parse_config(data, source)
     log_warnings(cfg, source)
     return cfg
 

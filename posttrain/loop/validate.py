@@ -56,6 +56,14 @@ def load_run_config(recipe: str | None = None, overrides: list[str] | None = Non
     return cfg
 
 
+def validate_config(data: dict[str, object], source: str) -> RunConfig:
+    """A nested mapping (e.g. a run's saved ``config.yaml``) parsed (:func:`posttrain.config.parse_config`)
+    and validated against the house and this machine (:func:`validate_run`), same one-line errors."""
+    cfg = parse_config(data, source)
+    validate_run(cfg, source)
+    return cfg
+
+
 def validate_run(cfg: RunConfig, source: str = "config") -> None:
     """Raise :class:`~posttrain.errors.ConfigError` (``<source>: <key>: <why>``, one line) when ``cfg``
     names what does not exist or cannot run here; return None when every check passes.

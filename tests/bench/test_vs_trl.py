@@ -58,10 +58,10 @@ def test_vs_trl_realistic_shape_wiring_chat_prompts_no_sft(tmp_path: Path) -> No
 
 
 def test_trl_prompt_text_is_posttrains_rendering() -> None:
-    from posttrain.config import load_config
     from posttrain.loop.builders import build_model, build_renderer, build_task
+    from posttrain.loop.validate import load_run_config
 
-    cfg = load_config(vs_trl.REALISTIC_RECIPE, ["model.path=builtin:micro"])
+    cfg = load_run_config(vs_trl.REALISTIC_RECIPE, ["model.path=builtin:micro"])
     tok, _ = build_model(cfg)
     exs = build_task(cfg).examples("train", 3, seed=0)
     texts = vs_trl._trl_prompt_texts(cfg, tok, exs)

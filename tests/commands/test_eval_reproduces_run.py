@@ -19,8 +19,8 @@ from pathlib import Path
 import pytest
 
 from posttrain.cli import main
-from posttrain.config import load_config
 from posttrain.loop.sync import train
+from posttrain.loop.validate import load_run_config
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -54,7 +54,7 @@ def test_eval_of_a_checkpoint_equals_the_runs_record_single_turn(tmp_path, capsy
     # not 0: the comparison is not 0 == 0); the system prompt, the extraction, the 6-token budget, seed 3
     # and the 24-prompt split are all the run's own, none of them the eval command's defaults.
     run_dir = tmp_path / "single"
-    train(load_config(None, [
+    train(load_run_config(None, [
         "model.path=builtin:micro", "task.name=chain_sum", "task.kwargs={terms: 2}",
         "task.system_prompt=Add up", "reward.extract=last_number", "seed=3",
         "sft.steps=100", "sft.lr=1e-2", "sft.batch_size=32",
@@ -81,7 +81,7 @@ def test_eval_of_a_checkpoint_equals_the_runs_record_single_turn(tmp_path, capsy
 
 def test_eval_of_a_checkpoint_equals_the_runs_record_multi_turn(tmp_path, capsys):
     run_dir = tmp_path / "episodes"
-    train(load_config(None, [
+    train(load_run_config(None, [
         "model.path=builtin:micro", "env.name=calculator_tool", "env.kwargs={digits: 2}", "env.tool_prompt=none",
         "env.max_turns=2", "env.max_tokens=120", "env.stop_strings=['e', 'o']", "env.eval_without_tools=true",
         "seed=5", "sampling.prompts_per_step=2", "sampling.group_size=2", "sampling.max_new_tokens=5",
@@ -99,7 +99,7 @@ def test_eval_of_a_checkpoint_equals_the_runs_record_multi_turn(tmp_path, capsys
 def test_eval_of_a_run_checkpoint_needs_no_task_flag(tmp_path, capsys):
     """Inside a run the config names the task; outside one, --task / --env is a one-line error."""
     run_dir = tmp_path / "r"
-    train(load_config(None, ["model.path=builtin:micro", "task.name=chain_sum", "task.kwargs={terms: 2}",
+    train(load_run_config(None, ["model.path=builtin:micro", "task.name=chain_sum", "task.kwargs={terms: 2}",
                              "sampling.prompts_per_step=2",
                              "sampling.group_size=2", "sampling.max_new_tokens=3", "eval.size=3", "steps=1",
                              "logging.progress=false", f"run_dir={run_dir}"]))

@@ -38,3 +38,10 @@ def test_section_checks_are_reported_together_under_their_keys(tmp_path) -> None
 
 def test_the_commands_loader_gives_the_config_of_load_config() -> None:
     assert load_run_config("demo", ["steps=3"]) == load_config("demo", ["steps=3"])
+
+
+def test_load_config_alone_names_no_registry_and_the_commands_loader_refuses() -> None:
+    """The config floor's loader parses a name it cannot check; the commands' loader refuses it at load."""
+    assert load_config("grpo", ["credit.estimator=nope"]).credit.estimator == "nope"
+    with pytest.raises(ConfigError, match="credit.estimator: unknown advantage estimator 'nope'"):
+        load_run_config("grpo", ["credit.estimator=nope"])

@@ -92,14 +92,15 @@ def test_compare_needs_two(tmp_path: Path) -> None:
 def test_compare_trains_missing_seeds_once_and_rejects_stale_reuse(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     import yaml
 
-    from posttrain.config import dump_config, load_config
+    from posttrain.config import dump_config
+    from posttrain.loop.validate import load_run_config
 
     calls: list[tuple[str, int, list[str]]] = []
 
     def fake_train(recipe: str, run_dir: Path, seed: int, overrides: list[str]) -> None:
         # Stands in for the `posttrain train` subprocess: the config it would resolve, a finished ledger.
         calls.append((recipe, seed, overrides))
-        cfg = yaml.safe_load(dump_config(load_config(recipe, [*overrides, f"run_dir={run_dir}", f"seed={seed}"])))
+        cfg = yaml.safe_load(dump_config(load_run_config(recipe, [*overrides, f"run_dir={run_dir}", f"seed={seed}"])))
         write_run(run_dir, metrics=_metrics(0.5, 10.0), config=cfg)
 
     monkeypatch.setattr(compare, "train_seed", fake_train)

@@ -34,10 +34,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from _tolerance import shape_rtol, update_rel_diff  # noqa: E402
 
-from posttrain.config import load_config  # noqa: E402
 from posttrain.learner.distributed import balanced_shards  # noqa: E402
 from posttrain.learner.rank_process import fqn_to_id_optimizer_state, id_to_fqn_optimizer_state  # noqa: E402
 from posttrain.learner.ranks import LearnerRankError  # noqa: E402
+from posttrain.loop.validate import load_run_config  # noqa: E402
 
 LOOP_TESTS = Path(__file__).resolve().parents[1] / "loop"  # flaky_task lives there
 BASE = ["model.path=builtin:micro", "model.dtype=float64", "task.name=flaky_task:digit_first",
@@ -90,7 +90,7 @@ def _run(key: str, tmp_root: Path, overrides: list[str], monkeypatch: pytest.Mon
     from posttrain.loop.sync import train
 
     run_dir = tmp_root / key
-    cfg = load_config("grpo", [*BASE, *overrides, f"run_dir={run_dir}"])
+    cfg = load_run_config("grpo", [*BASE, *overrides, f"run_dir={run_dir}"])
     if rank_overrides:
         assert monkeypatch is not None
         orig = builders.build_learner_ranks
@@ -198,7 +198,7 @@ def test_sigkilled_rank_fails_the_run_naming_it_then_resume_on_one_rank(tmp_root
 
     run_dir = tmp_root / "killed"
     over = ["system.mode=sync", "checkpoint_every=2", f"run_dir={run_dir}"]
-    cfg = load_config("grpo", [*BASE, *over, "learner.strategy=fsdp2", "learner.world_size=2"])
+    cfg = load_run_config("grpo", [*BASE, *over, "learner.strategy=fsdp2", "learner.world_size=2"])
     orig = LearnerRanks.update
     seen: dict[str, Any] = {}
 
@@ -221,7 +221,7 @@ def test_sigkilled_rank_fails_the_run_naming_it_then_resume_on_one_rank(tmp_root
     _no_rank_processes_left()
     monkeypatch.setattr(LearnerRanks, "update", orig)
     # resume on ONE rank (2 -> 1; the learner section differs from config.yaml: resume_force)
-    cfg = load_config("grpo", [*BASE, *over, "learner.strategy=fsdp2", "learner.world_size=1",
+    cfg = load_run_config("grpo", [*BASE, *over, "learner.strategy=fsdp2", "learner.world_size=1",
                                "resume=true", "resume_force=true"])
     st = train(cfg)
     assert st.step == 5
@@ -267,7 +267,7 @@ def dcp_run(tmp_root: Path) -> Path:
     from posttrain.loop.sync import train
 
     run_dir = tmp_root / "dcp"
-    cfg = load_config("grpo", [*BASE, *NO_KL, "system.mode=sync", "checkpoint_every=2", f"run_dir={run_dir}",
+    cfg = load_run_config("grpo", [*BASE, *NO_KL, "system.mode=sync", "checkpoint_every=2", f"run_dir={run_dir}",
                                "learner.strategy=fsdp2", "learner.world_size=2"])
     orig = LearnerRanks.update
 
@@ -333,7 +333,7 @@ def test_sharded_checkpoint_resumes_to_the_uninterrupted_weights(target: str, st
             shutil.rmtree(later)
     strategy = target.split("-")[0]
     place = [f"learner.strategy={strategy}", f"learner.world_size={1 if strategy == 'single' else 2}"]
-    cfg = load_config("grpo", [*BASE, *NO_KL, "system.mode=sync", "checkpoint_every=2", f"run_dir={run_dir}",
+    cfg = load_run_config("grpo", [*BASE, *NO_KL, "system.mode=sync", "checkpoint_every=2", f"run_dir={run_dir}",
                                *place, "resume=true"])
     assert train(cfg).step == 5
     assert json.loads((run_dir / "metrics.jsonl").read_text().splitlines()[-1])["step"] == 5
@@ -369,7 +369,7 @@ def test_a_damaged_shard_is_named_in_one_line(damage: str, dcp_run: Path, tmp_pa
         load_checkpoint(_ck(run_dir))
     msg = str(e.value)
     assert "\n" not in msg and str(victim) in msg, msg
-    cfg = load_config("grpo", [*BASE, *NO_KL, "system.mode=sync", "checkpoint_every=2", f"run_dir={run_dir}",
+    cfg = load_run_config("grpo", [*BASE, *NO_KL, "system.mode=sync", "checkpoint_every=2", f"run_dir={run_dir}",
                                "resume=true"])
     with pytest.raises(RunDirError) as e2:
         train(cfg)
@@ -420,7 +420,7 @@ def test_a_corrupted_weight_bucket_fails_the_run_naming_it(tmp_path: Path, monke
 
     orig = builders.build_learner_ranks
     monkeypatch.setattr(builders, "build_learner_ranks", lambda c, m, **k: orig(c, m, corrupt_bucket=3))
-    cfg = load_config("grpo", [*BASE, "system.mode=sync", "learner.strategy=fsdp2", "learner.world_size=2",
+    cfg = load_run_config("grpo", [*BASE, "system.mode=sync", "learner.strategy=fsdp2", "learner.world_size=2",
                                f"learner.weight_bucket_mb={1 / 1024}", f"run_dir={tmp_path / 'run'}"])
     with pytest.raises(LearnerRankError) as e:
         train(cfg)
@@ -446,11 +446,11 @@ def test_an_embedded_learner_checkpoint_resumes_on_fsdp2_ranks(tmp_root: Path, m
 
     monkeypatch.setattr(PolicyLearner, "update", update)
     with pytest.raises(_Interrupt):
-        train(load_config("grpo", [*BASE, *over]))
+        train(load_run_config("grpo", [*BASE, *over]))
     monkeypatch.setattr(PolicyLearner, "update", orig)
     assert not (_ck(run_dir) / "learner_dcp").exists()
     assert "optimizer" in torch.load(_ck(run_dir) / "learner_state.pt", weights_only=True)["learner"]
-    cfg = load_config("grpo", [*BASE, *over, "learner.strategy=fsdp2", "learner.world_size=2", "resume=true"])
+    cfg = load_run_config("grpo", [*BASE, *over, "learner.strategy=fsdp2", "learner.world_size=2", "resume=true"])
     assert train(cfg).step == 5
     _no_rank_processes_left()
     ref = _run("single-sync", tmp_root, ["system.mode=sync"])

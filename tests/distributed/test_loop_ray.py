@@ -8,8 +8,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from posttrain.config import load_config
 from posttrain.loop.sync import train
+from posttrain.loop.validate import load_run_config
 from posttrain.trajectory import Ledger
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
@@ -53,8 +53,8 @@ def _same_samples(local_dir, ray_dir, n):
 
 @pytest.mark.timeout(400)
 def test_sync_run_on_ray_equals_the_local_run(ray_env, tmp_path):
-    local = train(load_config("grpo", [*SMALL, f"run_dir={tmp_path / 'local'}"]))
-    remote = train(load_config("grpo", [*SMALL, *RAY, f"run_dir={tmp_path / 'ray'}"]))
+    local = train(load_run_config("grpo", [*SMALL, f"run_dir={tmp_path / 'local'}"]))
+    remote = train(load_run_config("grpo", [*SMALL, *RAY, f"run_dir={tmp_path / 'ray'}"]))
     for sb, ta, tb in _same_samples(tmp_path / "local", tmp_path / "ray", 2 * 4 * 4):
         # Ray workers batch other rows together (another GEMM shape): float32 rounding over the micro
         # model's longest reduction (64), scaled by |log-prob| <= 10.
@@ -67,7 +67,7 @@ def test_sync_run_on_ray_equals_the_local_run(ray_env, tmp_path):
 
 @pytest.mark.timeout(400)
 def test_async_run_on_ray_trains_and_records_versions(ray_env, tmp_path):
-    st = train(load_config("grpo", [*SMALL, *RAY, "system.mode=async", f"run_dir={tmp_path}"]))
+    st = train(load_run_config("grpo", [*SMALL, *RAY, "system.mode=async", f"run_dir={tmp_path}"]))
     assert st.step == 2
     rows = _ledger_rows(tmp_path)
     assert len(rows) == 2 * 4 * 4
@@ -86,8 +86,8 @@ EPISODES = ["model.path=builtin:micro", "env.name=calculator_tool", "env.tool_pr
 def test_multi_turn_episodes_on_ray_equal_the_local_run(ray_env, tmp_path):
     """Episodes on the Ray backend: the workers generate each turn, the driver steps the environments;
     same episodes (tokens, roles, versions) as the local backend."""
-    train(load_config(None, [*EPISODES, f"run_dir={tmp_path / 'local'}"]))
-    st = train(load_config(None, [*EPISODES, *RAY, f"run_dir={tmp_path / 'ray'}"]))
+    train(load_run_config(None, [*EPISODES, f"run_dir={tmp_path / 'local'}"]))
+    st = train(load_run_config(None, [*EPISODES, *RAY, f"run_dir={tmp_path / 'ray'}"]))
     assert st.step == 2
     for _, ta, tb in _same_samples(tmp_path / "local", tmp_path / "ray", 2 * 2 * 2):
         assert ta.roles == tb.roles

@@ -8,8 +8,8 @@ from pathlib import Path
 
 from safetensors.torch import load_file
 
-from posttrain.config import load_config
 from posttrain.loop.sync import train
+from posttrain.loop.validate import load_run_config
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from _tolerance import shape_rtol, update_rel_diff  # noqa: E402
@@ -22,7 +22,7 @@ def train_each(tmp_path: Path, base: Sequence[str], key: str, values: Sequence[b
         d = tmp_path / str(v)
         # from the micro model's own init (no SFT warm-up) and one optimizer step per update, whatever
         # the shipped grpo recipe says: update_diff_at measures from that init; base may override
-        train(load_config("grpo", ["sft.steps=0", "optim.num_minibatches=1", *base, f"run_dir={d}",
+        train(load_run_config("grpo", ["sft.steps=0", "optim.num_minibatches=1", *base, f"run_dir={d}",
                                    f"{key}={str(v).lower()}"]))
         runs[v] = d
     return runs

@@ -46,7 +46,7 @@ def capture(name: str, run_dir: Path) -> dict[str, np.ndarray]:
     from safetensors.torch import load_file
 
     import posttrain.loop.sync as sync
-    from posttrain.config import load_config
+    from posttrain.loop.validate import load_run_config
     from posttrain.trajectory import Ledger
 
     recipe, over = CASES[name]
@@ -62,7 +62,7 @@ def capture(name: str, run_dir: Path) -> dict[str, np.ndarray]:
     sys.path.insert(0, str(HERE))  # flaky_task
     sync.step_metrics = spy
     try:
-        sync.train(load_config(recipe, [*_BASE, *over, f"run_dir={run_dir}"]))
+        sync.train(load_run_config(recipe, [*_BASE, *over, f"run_dir={run_dir}"]))
     finally:
         sync.step_metrics = real
         sys.path.remove(str(HERE))

@@ -10,11 +10,11 @@ import types
 
 import pytest
 
-from posttrain.config import load_config
 from posttrain.envs import TASKS
 from posttrain.envs.task import TaskExample
 from posttrain.loop.producer import SyncProducer
 from posttrain.loop.rollout_stage import RolloutStage, build_rollout
+from posttrain.loop.validate import load_run_config
 from posttrain.models import build_char_tokenizer
 from posttrain.rollout.types import Completion
 from posttrain.trajectory import Status
@@ -50,7 +50,7 @@ class _Scripted:
 
 
 def _producer(tmp_path, failing=(), rounds=3):
-    cfg = load_config("grpo", ["model.path=builtin:micro", "task.name=chain_sum", f"run_dir={tmp_path}",
+    cfg = load_run_config("grpo", ["model.path=builtin:micro", "task.name=chain_sum", f"run_dir={tmp_path}",
                                "sampling.prompts_per_step=2", "sampling.group_size=2", "sampling.max_new_tokens=4",
                                "sampling.dynamic_sampling=true", f"sampling.max_sampling_rounds={rounds}"])
     tok = build_char_tokenizer()

@@ -15,8 +15,9 @@ import torch
 sys.path.insert(0, str(Path(__file__).parent))
 from test_episode_rollout import TOK, ScriptedEngine, call, make_run  # noqa: E402
 
-from posttrain.config import ConfigError, load_config  # noqa: E402
+from posttrain.config import ConfigError  # noqa: E402
 from posttrain.loop.targets import build_targets, step_fields  # noqa: E402
+from posttrain.loop.validate import load_run_config
 from posttrain.trajectory import Role, collate  # noqa: E402
 
 pytestmark = pytest.mark.timeout(120)
@@ -102,14 +103,14 @@ def test_gigpo_end_to_end_hand_computed():
 
 def test_gigpo_recipe_needs_episodes():
     with pytest.raises(ConfigError, match="set env.name"):
-        load_config(None, ["credit.estimator=gigpo"])
-    assert load_config(None, ["credit.estimator=gigpo", "env.name=calculator_tool"]).credit.estimator == "gigpo"
+        load_run_config(None, ["credit.estimator=gigpo"])
+    assert load_run_config(None, ["credit.estimator=gigpo", "env.name=calculator_tool"]).credit.estimator == "gigpo"
 
 
 def _learner(*extra):
     from posttrain.loop.builders import build_learner, build_model
 
-    cfg = load_config(None, ["model.path=builtin:micro", "env.name=calculator_tool", *extra])
+    cfg = load_run_config(None, ["model.path=builtin:micro", "env.name=calculator_tool", *extra])
     _, model = build_model(cfg)
     return build_learner(cfg, model)
 
@@ -197,7 +198,7 @@ def test_critic_values_at_observation_tokens_never_reach_gae():
 def test_episodes_train_with_a_critic_from_a_recipe(tmp_path):
     from posttrain.loop.sync import train
 
-    cfg = load_config(None, ["model.path=builtin:micro", "env.name=calculator_tool", "env.tool_prompt=none",
+    cfg = load_run_config(None, ["model.path=builtin:micro", "env.name=calculator_tool", "env.tool_prompt=none",
                              "env.max_turns=2", "env.max_tokens=120", "env.stop_strings=['e', 'o']",
                              "sampling.prompts_per_step=2", "sampling.group_size=2", "sampling.max_new_tokens=12",
                              "critic.enabled=true", "credit.estimator=gae", "eval.size=2", "eval.every=2", "steps=2",
@@ -230,7 +231,7 @@ def test_pass_at_k_over_held_out_episodes_hand_computed():
 def test_episode_recipe_reports_pass_at_k(tmp_path):
     from posttrain.loop.sync import train
 
-    cfg = load_config(None, ["model.path=builtin:micro", "env.name=calculator_tool", "env.tool_prompt=none",
+    cfg = load_run_config(None, ["model.path=builtin:micro", "env.name=calculator_tool", "env.tool_prompt=none",
                              "env.max_turns=2", "env.max_tokens=120", "env.stop_strings=['e', 'o']",
                              "sampling.prompts_per_step=2", "sampling.group_size=2", "sampling.max_new_tokens=12",
                              "eval.size=3", "eval.every=1", "eval.samples=2", "eval.k=2",

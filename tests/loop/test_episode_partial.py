@@ -120,11 +120,11 @@ def test_without_partial_rollout_a_call_runs_every_episode_to_its_end():
 
 @pytest.mark.parametrize("mode", ["sync", "async"])
 def test_partial_rollout_of_episodes_trains_from_a_recipe(tmp_path, mode):
-    from posttrain.config import load_config
     from posttrain.loop.sync import train
+    from posttrain.loop.validate import load_run_config
     from posttrain.trajectory import Ledger
 
-    cfg = load_config(None, ["model.path=builtin:micro", "env.name=calculator_tool", "env.tool_prompt=none",
+    cfg = load_run_config(None, ["model.path=builtin:micro", "env.name=calculator_tool", "env.tool_prompt=none",
                              "env.max_turns=3", "env.max_tokens=160", "env.stop_strings=['e', 'o']",
                              "sampling.prompts_per_step=2", "sampling.group_size=3", "sampling.max_new_tokens=12",
                              "eval.size=2", "eval.every=4", "steps=4", "logging.progress=false", "seed=3",

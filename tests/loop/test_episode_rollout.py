@@ -13,11 +13,12 @@ import types
 import numpy as np
 import pytest
 
-from posttrain.config import ConfigError, load_config
+from posttrain.config import ConfigError
 from posttrain.envs.episodes import EnvTask
 from posttrain.envs.tool_calling import calculator_tool_env
 from posttrain.loop.heldout import evaluate_episodes
 from posttrain.loop.rollout_stage import RolloutStage, build_rollout
+from posttrain.loop.validate import load_run_config
 from posttrain.models import build_char_tokenizer
 from posttrain.rollout.types import Completion
 from posttrain.trajectory import Finish, Role, Status
@@ -71,7 +72,7 @@ def solver(text: str) -> str:
 
 
 def make_run(engine, *extra, env_factory=None):
-    cfg = load_config(None, ["model.path=builtin:micro", "env.name=calculator_tool", "env.kwargs={digits: 2}",
+    cfg = load_run_config(None, ["model.path=builtin:micro", "env.name=calculator_tool", "env.kwargs={digits: 2}",
                              "sampling.prompts_per_step=2", "sampling.group_size=3", "sampling.max_new_tokens=120",
                              "env.max_tokens=500", "env.tool_prompt=none", *extra])
     task = EnvTask("calculator_tool", env_factory or calculator_tool_env, cfg.env.kwargs)
@@ -222,13 +223,13 @@ def test_heldout_episode_evaluation_with_and_without_tools():
 
 
 def test_env_config_errors_name_the_key():
-    assert load_config(None, ["env.name=calculator_tool"]).axes()["feedback"].startswith("env calculator_tool")
+    assert load_run_config(None, ["env.name=calculator_tool"]).axes()["feedback"].startswith("env calculator_tool")
     with pytest.raises(ConfigError, match="env.name: unknown env 'nope'"):
-        load_config(None, ["env.name=nope"])
+        load_run_config(None, ["env.name=nope"])
     with pytest.raises(ConfigError, match="dynamic_sampling"):
-        load_config("dapo", ["env.name=calculator_tool"])
+        load_run_config("dapo", ["env.name=calculator_tool"])
     with pytest.raises(ConfigError, match="env.max_turns"):
-        load_config(None, ["env.name=calculator_tool", "env.max_turns=0"])
+        load_run_config(None, ["env.name=calculator_tool", "env.max_turns=0"])
     _, _, ro = make_run(ScriptedEngine(solver), "env.max_tokens=5")
     with pytest.raises(ValueError, match="env.max_tokens=5"):
         ro.run_call(0)
@@ -239,7 +240,7 @@ def test_episodes_train_in_background_modes(tmp_path, mode):
     from posttrain.loop.sync import train
     from posttrain.trajectory import Ledger
 
-    cfg = load_config(None, ["model.path=builtin:micro", "env.name=calculator_tool", "env.tool_prompt=none",
+    cfg = load_run_config(None, ["model.path=builtin:micro", "env.name=calculator_tool", "env.tool_prompt=none",
                              "env.max_turns=2", "env.max_tokens=120", "env.stop_strings=['e', 'o', '1']",
                              "sampling.prompts_per_step=2", "sampling.group_size=2", "sampling.max_new_tokens=20",
                              "eval.size=2", "eval.every=3", "steps=3", "logging.progress=false",

@@ -15,10 +15,10 @@ from pathlib import Path
 import pytest
 
 from posttrain.cli import UserError, main
-from posttrain.config import load_config
 from posttrain.learner import checkpoint as ckpt
 from posttrain.loop import sync
 from posttrain.loop.sync import train
+from posttrain.loop.validate import load_run_config
 from posttrain.trajectory import Ledger
 
 TINY = ["model.path=builtin:micro", "task.name=chain_sum", "task.kwargs={terms: 2}", "sampling.prompts_per_step=2", "sft.steps=0",
@@ -27,7 +27,7 @@ TINY = ["model.path=builtin:micro", "task.name=chain_sum", "task.kwargs={terms: 
 
 
 def _cfg(run_dir: Path, *extra: str):
-    return load_config("grpo", [*TINY, f"run_dir={run_dir}", *extra])
+    return load_run_config("grpo", [*TINY, f"run_dir={run_dir}", *extra])
 
 
 def _metric_steps(run_dir: Path) -> list[int]:
@@ -58,7 +58,7 @@ def test_resume_with_a_changed_recipe_is_refused_with_the_diff_unless_forced(tmp
         train(_cfg(tmp_path, "steps=3", "resume=true", "optim.lr=0.002", "seed=1"))
     msg = str(e.value)
     assert "\n" not in msg and str(tmp_path / "config.yaml") in msg
-    assert f"optim.lr: {load_config('grpo').optim.lr} -> 0.002" in msg and "seed: 0 -> 1" in msg and "resume_force=true" in msg
+    assert f"optim.lr: {load_run_config('grpo').optim.lr} -> 0.002" in msg and "seed: 0 -> 1" in msg and "resume_force=true" in msg
     assert "steps" not in msg  # extending the run is not a recipe change
     assert (tmp_path / "config.yaml").read_text() == before  # history untouched
     assert Ledger(tmp_path / "ledger").steps() == [1, 2]
@@ -67,7 +67,7 @@ def test_resume_with_a_changed_recipe_is_refused_with_the_diff_unless_forced(tmp
         st = train(_cfg(tmp_path, "steps=3", "resume=true", "optim.lr=0.002", "seed=1", "resume_force=true"))
     assert st.step == 3
     assert (tmp_path / "config.step_000002.yaml").read_text() == before  # the old recipe is kept
-    assert f"optim.lr: {load_config('grpo').optim.lr} -> 0.002" in caplog.text
+    assert f"optim.lr: {load_run_config('grpo').optim.lr} -> 0.002" in caplog.text
 
 
 def test_resume_without_a_checkpoint_is_an_error_not_a_fresh_start(tmp_path):

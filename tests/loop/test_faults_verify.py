@@ -12,11 +12,11 @@ from pathlib import Path
 
 import pytest
 
-from posttrain.config import load_config
 from posttrain.evaluation.heldout import evaluate
 from posttrain.learner.checkpoint import latest_checkpoint
 from posttrain.loop import sync
 from posttrain.loop.sync import train
+from posttrain.loop.validate import load_run_config
 from posttrain.trajectory import Ledger, Status
 
 HERE = Path(__file__).parent
@@ -108,7 +108,7 @@ def test_training_run_with_hanging_verifier_and_no_workers_finishes(tmp_path, tr
     """reward.workers=0 + reward.timeout_s: both the training and the held-out verification time out
     instead of freezing the run; held-out infra errors are counted."""
     tricky, _ = tricky_task
-    cfg = load_config("grpo", [*SMALL, "task.name=test_faults_tasks:tricky", f"run_dir={tmp_path}", "steps=1",
+    cfg = load_run_config("grpo", [*SMALL, "task.name=test_faults_tasks:tricky", f"run_dir={tmp_path}", "steps=1",
                                "eval.every=1", "reward.timeout_s=0.2", "reward.retries=0"])
     st = train(cfg)
     assert st.step == 1
@@ -123,7 +123,7 @@ def test_training_run_with_hanging_verifier_and_no_workers_finishes(tmp_path, tr
 def test_default_checkpointing_bounds_the_loss_of_a_crash(tmp_path, monkeypatch):
     """checkpoint_every defaults to 10: a crash at step 11 keeps checkpoint 10 (the old default 0
     checkpointed only at the end, so the crash lost every step)."""
-    assert load_config(None).checkpoint_every == 10
+    assert load_run_config(None).checkpoint_every == 10
     real = sync.update_step
 
     def crash_at_11(run, producer, step, produced, t_step):
@@ -132,7 +132,7 @@ def test_default_checkpointing_bounds_the_loss_of_a_crash(tmp_path, monkeypatch)
         return real(run, producer, step, produced, t_step)
 
     monkeypatch.setattr(sync, "update_step", crash_at_11)
-    cfg = load_config("grpo", [*SMALL, "task.name=chain_sum", f"run_dir={tmp_path}", "steps=12",
+    cfg = load_run_config("grpo", [*SMALL, "task.name=chain_sum", f"run_dir={tmp_path}", "steps=12",
                                "sampling.prompts_per_step=2", "sampling.group_size=2", "eval.every=100",
                                "eval.size=4", "sampling.max_new_tokens=2"])
     with pytest.raises(RuntimeError, match="simulated crash"):

@@ -9,8 +9,9 @@ from typing import Any
 
 import pytest
 
-from posttrain.config import ConfigError, load_config
+from posttrain.config import ConfigError
 from posttrain.loop.heldout import evaluate, pass_at_k
+from posttrain.loop.validate import load_run_config
 from posttrain.rewards import Verdict
 from posttrain.rollout.types import Completion
 from posttrain.trajectory import Status
@@ -100,14 +101,14 @@ def test_prompt_with_fewer_valid_samples_than_k_is_skipped_and_counted() -> None
 
 
 def test_config_pass_at_k_keys() -> None:
-    cfg = load_config(None, ["eval.k=4", "eval.sampled_temperature=1.0"])
+    cfg = load_run_config(None, ["eval.k=4", "eval.sampled_temperature=1.0"])
     assert cfg.eval.samples == 4  # default n = k
-    assert load_config(None, ["eval.k=2", "eval.samples=8", "eval.temperature=0.7"]).eval.samples == 8
+    assert load_run_config(None, ["eval.k=2", "eval.samples=8", "eval.temperature=0.7"]).eval.samples == 8
     with pytest.raises(ConfigError, match=r"eval.samples=1 must be >= eval.k=2"):
-        load_config(None, ["eval.k=2", "eval.samples=1", "eval.sampled_temperature=1.0"])
+        load_run_config(None, ["eval.k=2", "eval.samples=1", "eval.sampled_temperature=1.0"])
     with pytest.raises(ConfigError, match=r"eval.samples=4 needs sampled responses"):
-        load_config(None, ["eval.k=4"])
-    assert math.isclose(load_config(None, []).eval.samples, 1)
+        load_run_config(None, ["eval.k=4"])
+    assert math.isclose(load_run_config(None, []).eval.samples, 1)
 
 
 def test_run_logs_heldout_pass_at_k(tmp_path) -> None:
@@ -116,7 +117,7 @@ def test_run_logs_heldout_pass_at_k(tmp_path) -> None:
 
     from posttrain.loop.sync import train
 
-    cfg = load_config("grpo", ["model.path=builtin:micro", "task.name=chain_sum", "task.kwargs={terms: 2}",
+    cfg = load_run_config("grpo", ["model.path=builtin:micro", "task.name=chain_sum", "task.kwargs={terms: 2}",
                                "sampling.prompts_per_step=2", "sampling.group_size=2", "sampling.max_new_tokens=2",
                                "eval.size=4", "eval.every=1", "eval.k=2", "eval.samples=3",
                                "eval.sampled_temperature=1.0", "steps=1", "logging.progress=false",

@@ -11,9 +11,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from posttrain.config import ConfigError, load_config
+from posttrain.config import ConfigError
 from posttrain.diagnostics.build import build_report
 from posttrain.loop.sync import train
+from posttrain.loop.validate import load_run_config
 from posttrain.rewards.hidden import heldout_metrics, judge_trajectories
 from posttrain.trajectory import Ledger, Status, make_trajectory
 
@@ -25,7 +26,7 @@ SMALL = ["model.path=builtin:micro", "task.name=_lenient_task:lenient", "task.kw
 
 def _run(tmp_path: Path, name: str, extra: list[str]) -> Path:
     d = tmp_path / name
-    train(load_config("grpo", [*SMALL, f"run_dir={d}", *extra]))
+    train(load_run_config("grpo", [*SMALL, f"run_dir={d}", *extra]))
     return d
 
 
@@ -112,4 +113,4 @@ def test_heldout_metrics_by_hand():
 ])
 def test_bad_hidden_verifier_is_refused_at_config_load(override, match):
     with pytest.raises(ConfigError, match=match):
-        load_config("grpo", override)
+        load_run_config("grpo", override)

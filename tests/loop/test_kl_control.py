@@ -12,12 +12,12 @@ from typing import Any
 import pytest
 
 from posttrain.algos.kl import AdaptiveKLController
-from posttrain.config import load_config
 from posttrain.learner.actor import PolicyLearner
 from posttrain.loop import sync
 from posttrain.loop.builders import build_learner, build_model
 from posttrain.loop.run_state import Run
 from posttrain.loop.sync import train
+from posttrain.loop.validate import load_run_config
 
 # 4 prompts x 2 samples = n = 8 samples per step; a learning rate of 0 keeps pi_theta = pi_old = pi_ref, so
 # every observed KL is ~0 (< 0.8 * target): e = clip(0 / target - 1, -0.2, 0.2) = -0.2 at every step.
@@ -37,7 +37,7 @@ REWARD = ("reward", ["credit.estimator=reinforce_pp", "credit.kl_in_reward=true"
 
 
 def _cfg(run_dir: Path, *extra: str) -> Any:
-    return load_config(None, [*TINY, f"run_dir={run_dir}", *extra])
+    return load_run_config(None, [*TINY, f"run_dir={run_dir}", *extra])
 
 
 def _metrics(run_dir: Path) -> list[dict[str, Any]]:
@@ -89,12 +89,12 @@ def test_adaptive_kl_run_hand_trajectory_logged_as_applied_and_resumed(tmp_path,
 
 
 def test_kl_in_reward_learner_holds_the_controller_and_applies_no_kl_in_its_loss() -> None:
-    cfg = load_config(None, [*TINY, *REWARD[1]])
+    cfg = load_run_config(None, [*TINY, *REWARD[1]])
     learner = build_learner(cfg, build_model(cfg)[1])
     assert isinstance(learner.kl_coef, AdaptiveKLController) and learner.kl_coef.value == 0.01
     assert learner.kl_estimator_name is None  # the KL is in the reward only, never twice
     assert learner.state_dict()["kl_controller"] == {"value": 0.01, "target_kl": 0.001, "horizon": 10.0}
-    fixed_cfg = load_config(None, [*TINY, *REWARD[1][:3]])  # loss.kl_coef=0.01, no kl_target
+    fixed_cfg = load_run_config(None, [*TINY, *REWARD[1][:3]])  # loss.kl_coef=0.01, no kl_target
     fixed = build_learner(fixed_cfg, build_model(fixed_cfg)[1])
     assert fixed.kl_coef == 0.01 and fixed.kl_estimator_name is None  # logged as kl_coef 0.01, not 0.0
 

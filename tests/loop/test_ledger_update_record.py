@@ -10,8 +10,8 @@ from pathlib import Path
 
 import numpy as np
 
-from posttrain.config import load_config
 from posttrain.loop.sync import train
+from posttrain.loop.validate import load_run_config
 from posttrain.trajectory import Ledger
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
@@ -24,7 +24,7 @@ SMALL = ["model.path=builtin:micro", "task.name=flaky_task:digit_first", "task.k
 
 def test_ledger_holds_current_logprobs_and_the_advantages_used(tmp_path, monkeypatch):
     monkeypatch.syspath_prepend(str(Path(__file__).parent))  # flaky_task: reward = first token is a digit
-    cfg = load_config("grpo", [*SMALL, f"run_dir={tmp_path / 'r'}"])
+    cfg = load_run_config("grpo", [*SMALL, f"run_dir={tmp_path / 'r'}"])
     train(cfg)
     trajs = Ledger(tmp_path / "r" / "ledger").read_trajectories()
     assert len(trajs) == 2 * 8

@@ -12,8 +12,8 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from posttrain.config import load_config
 from posttrain.loop.sync import train
+from posttrain.loop.validate import load_run_config
 from posttrain.models import build_tiny_model
 from posttrain.trajectory import Ledger
 
@@ -49,7 +49,7 @@ def _actor(run_dir: Path, step: int) -> dict[str, torch.Tensor]:
 
 
 def test_lora_recipe_trains_only_adapted_modules_and_the_engine_follows(tmp_path):
-    train(load_config("grpo", [*LORA, f"run_dir={tmp_path}", "steps=4"]))
+    train(load_run_config("grpo", [*LORA, f"run_dir={tmp_path}", "steps=4"]))
     metrics = Ledger(tmp_path / "ledger").read_metrics()
     assert all(m["optimizer_steps"] == 1.0 for m in metrics)
     # The engine samples the merged weights W + (alpha/r) B A that the learner recomputes pi_old with:
@@ -69,9 +69,9 @@ def test_lora_recipe_trains_only_adapted_modules_and_the_engine_follows(tmp_path
 
 def test_lora_resume_equals_the_uninterrupted_run(tmp_path):
     ref, cut = tmp_path / "ref", tmp_path / "cut"
-    train(load_config("grpo", [*LORA, f"run_dir={ref}", "steps=3"]))
-    train(load_config("grpo", [*LORA, f"run_dir={cut}", "steps=2"]))
-    train(load_config("grpo", [*LORA, f"run_dir={cut}", "steps=3", "resume=true"]))
+    train(load_run_config("grpo", [*LORA, f"run_dir={ref}", "steps=3"]))
+    train(load_run_config("grpo", [*LORA, f"run_dir={cut}", "steps=2"]))
+    train(load_run_config("grpo", [*LORA, f"run_dir={cut}", "steps=3", "resume=true"]))
     a, b = _actor(ref, 3), _actor(cut, 3)
     for k in a:  # same process kind, same shapes: only the adapter + optimizer state carry the run
         torch.testing.assert_close(b[k], a[k], rtol=0, atol=1e-6, msg=k)

@@ -17,9 +17,9 @@ from pathlib import Path
 import pytest
 
 from posttrain.cli import main
-from posttrain.config import load_config
 from posttrain.loop.guards import NothingJudgedError, breaches, check_guards
 from posttrain.loop.sync import train
+from posttrain.loop.validate import load_run_config
 from posttrain.trajectory import Ledger, Status
 
 REWARDS = Path(__file__).parent.parent / "rewards"  # _reward_fns_for_tests: `boom` raises on every call
@@ -41,7 +41,7 @@ def boom_on_path():
 def test_a_step_where_every_verification_failed_counts_them_like_the_ledger(tmp_path, boom_on_path):
     """Every verification raises: each step is skipped (nothing to train on), yet its metrics count its
     infra errors, exactly the ledger's (before: no status/* key at all on such a step, i.e. 0 vs 4)."""
-    cfg = load_config(None, [*SMALL, BOOM, f"run_dir={tmp_path}", "steps=2"])
+    cfg = load_run_config(None, [*SMALL, BOOM, f"run_dir={tmp_path}", "steps=2"])
     with pytest.raises(NothingJudgedError):
         train(cfg)
     led = Ledger(tmp_path / "ledger")
@@ -83,7 +83,7 @@ def test_a_run_warns_once_per_step_whose_failed_fraction_reaches_the_threshold(t
     here = str(Path(__file__).parent)
     sys.path.insert(0, here)
     try:
-        cfg = load_config(None, [*SMALL, "task.name=flaky_task:flaky", "sampling.prompts_per_step=8",
+        cfg = load_run_config(None, [*SMALL, "task.name=flaky_task:flaky", "sampling.prompts_per_step=8",
                                  "sampling.max_new_tokens=2", f"run_dir={tmp_path}", "steps=3",
                                  "guards.max_infra_error_fraction=0.01"])
         with caplog.at_level(logging.WARNING, logger="posttrain"):
@@ -101,7 +101,7 @@ def test_a_run_warns_once_per_step_whose_failed_fraction_reaches_the_threshold(t
 
 
 def _guards(*overrides: str):
-    return load_config(None, list(overrides)).guards
+    return load_run_config(None, list(overrides)).guards
 
 
 def test_failed_fraction_threshold_warns_for_steps_and_evaluations():
@@ -144,7 +144,7 @@ def test_eval_of_a_checkpoint_whose_verifications_all_fail_warns_and_exits_nonze
     evaluation pass and exit 2 naming the checkpoint (before: exit 0 with accuracy 0.0 printed as a result)."""
     run_dir = tmp_path / "run"
     with pytest.raises(NothingJudgedError):
-        train(load_config(None, [*SMALL, BOOM, f"run_dir={run_dir}", "steps=1"]))
+        train(load_run_config(None, [*SMALL, BOOM, f"run_dir={run_dir}", "steps=1"]))
     ckpt = run_dir / "checkpoints" / "step_000001"
     assert ckpt.is_dir()  # the final checkpoint is written before the run says nothing was judged
     capsys.readouterr()

@@ -18,11 +18,12 @@ import numpy as np
 import pytest
 import torch
 
-from posttrain.config import ConfigError, load_config
+from posttrain.config import ConfigError
 from posttrain.envs.task import TaskExample
 from posttrain.loop.producer import SampleQueue, tag_and_filter
 from posttrain.loop.rollout_stage import RolloutStage, build_rollout
 from posttrain.loop.sync import train
+from posttrain.loop.validate import load_run_config
 from posttrain.rollout.types import Completion
 from posttrain.trajectory import Finish, Ledger, Status, make_trajectory
 
@@ -52,7 +53,7 @@ def _plugin_path(monkeypatch):
 
 
 def _cfg(tmp_path, *extra, recipe="grpo"):
-    return load_config(recipe, [*SMALL, f"run_dir={tmp_path}", *extra])
+    return load_run_config(recipe, [*SMALL, f"run_dir={tmp_path}", *extra])
 
 
 @pytest.fixture(scope="module")
@@ -62,7 +63,7 @@ def varied_model(tmp_path_factory):
     from posttrain.loop.builders import build_model
 
     d = tmp_path_factory.mktemp("varied")
-    tok, model = build_model(load_config("grpo", ["model.path=builtin:micro"]))
+    tok, model = build_model(load_run_config("grpo", ["model.path=builtin:micro"]))
     with torch.no_grad():
         emb = model.get_input_embeddings().weight
         emb[tok.eos_token_id] += 4.0 * emb.mean(0) / emb.mean(0).norm()
@@ -82,18 +83,18 @@ def _final_weights(run_dir) -> dict[str, torch.Tensor]:
 
 
 def test_system_config_validates_and_defaults():
-    assert load_config("grpo", ["system.mode=async"]).system.max_staleness == 1  # explicit default bound
-    c = load_config("grpo", ["system.mode=async", "system.max_queue=64"])
+    assert load_run_config("grpo", ["system.mode=async"]).system.max_staleness == 1  # explicit default bound
+    c = load_run_config("grpo", ["system.mode=async", "system.max_queue=64"])
     assert c.system.max_staleness is None and c.system.max_queue == 64
-    assert load_config("grpo", ["system.mode=async", "system.partial_fraction=0.5"]).system.partial_fraction == 0.5
+    assert load_run_config("grpo", ["system.mode=async", "system.partial_fraction=0.5"]).system.partial_fraction == 0.5
     with pytest.raises(ConfigError, match="max_queue"):
-        load_config("grpo", ["system.mode=async", "system.max_queue=3"])  # < group_size 8
+        load_run_config("grpo", ["system.mode=async", "system.max_queue=3"])  # < group_size 8
     with pytest.raises(ConfigError, match="dynamic_sampling"):
-        load_config("dapo", ["system.mode=one_step_off"])
+        load_run_config("dapo", ["system.mode=one_step_off"])
     with pytest.raises(ConfigError, match="system.mode"):
-        load_config("grpo", ["system.mode=warp"])
+        load_run_config("grpo", ["system.mode=warp"])
     with pytest.raises(ConfigError, match="partial_fraction"):
-        load_config("grpo", ["system.partial_fraction=0"])
+        load_run_config("grpo", ["system.partial_fraction=0"])
 
 
 # ------------------------------------------------------------------------------ units

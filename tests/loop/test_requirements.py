@@ -14,10 +14,11 @@ import torch
 
 import posttrain.algos as A
 from posttrain.algos.registry import Registry
-from posttrain.config import ConfigError, load_config
+from posttrain.config import ConfigError
 from posttrain.envs.task import TaskExample
 from posttrain.loop.scoring import ScoringSpec
 from posttrain.loop.targets import build_targets, greedy_baseline
+from posttrain.loop.validate import load_run_config
 from posttrain.rewards import Verdict
 from posttrain.rollout.types import Completion
 from posttrain.trajectory import Reward, Status
@@ -50,14 +51,14 @@ def test_estimators_declare_their_needs() -> None:
 ])
 def test_bad_combinations_fail_at_config_load_in_one_line(overrides: list[str], msg: str) -> None:
     with pytest.raises(ConfigError, match=msg) as e:
-        load_config(None, overrides)
+        load_run_config(None, overrides)
     assert "\n" not in str(e.value)
 
 
 def test_good_combinations_load() -> None:
-    load_config(None, ["credit.estimator=gae", "critic.enabled=true", "sampling.group_size=1"])
-    load_config(None, ["credit.estimator=remax", "sampling.group_size=1"])  # ReMax needs no group
-    load_config(None, ["credit.estimator=reinforce", "sampling.group_size=1"])
+    load_run_config(None, ["credit.estimator=gae", "critic.enabled=true", "sampling.group_size=1"])
+    load_run_config(None, ["credit.estimator=remax", "sampling.group_size=1"])  # ReMax needs no group
+    load_run_config(None, ["credit.estimator=reinforce", "sampling.group_size=1"])
 
 
 @dataclasses.dataclass
@@ -142,7 +143,7 @@ def test_greedy_baseline_and_remax_advantages_hand_computed() -> None:
 def test_remax_runs_from_a_recipe(tmp_path) -> None:
     from posttrain.loop.sync import train
 
-    st = train(load_config("grpo", [*SMALL, "credit.estimator=remax", "credit.kwargs={}", "steps=2", f"run_dir={tmp_path}"]))
+    st = train(load_run_config("grpo", [*SMALL, "credit.estimator=remax", "credit.kwargs={}", "steps=2", f"run_dir={tmp_path}"]))
     assert st.step == 2
     rows = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
     steps = [r for r in rows if "loss" in r]
@@ -163,7 +164,7 @@ def user_algos(monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
 
 def test_estimator_and_loss_by_dotted_path_checked_at_config_load(user_algos: str) -> None:
     m = user_algos
-    cfg = load_config(None, [f"credit.estimator={m}:scaled_grpo", "credit.kwargs={scale: 2.0}",
+    cfg = load_run_config(None, [f"credit.estimator={m}:scaled_grpo", "credit.kwargs={scale: 2.0}",
                              f"loss.policy_loss={m}:clip_loss", "loss.kwargs={eps: 0.1}"])
     assert A.ADVANTAGES.needs(cfg.credit.estimator) == {"groups>=2"}  # declared by the function
     for overrides, msg in [
@@ -177,14 +178,14 @@ def test_estimator_and_loss_by_dotted_path_checked_at_config_load(user_algos: st
         (["credit.estimator=grpoo"], "unknown advantage estimator 'grpoo'; valid: .*package.module:function"),
     ]:
         with pytest.raises(ConfigError, match=msg) as e:
-            load_config(None, overrides)
+            load_run_config(None, overrides)
         assert "\n" not in str(e.value)
 
 
 def test_user_estimator_and_loss_run_from_a_recipe(user_algos: str, tmp_path) -> None:
     from posttrain.loop.sync import train
 
-    st = train(load_config("grpo", [*SMALL, f"credit.estimator={user_algos}:scaled_grpo", "credit.kwargs={scale: 2}",
+    st = train(load_run_config("grpo", [*SMALL, f"credit.estimator={user_algos}:scaled_grpo", "credit.kwargs={scale: 2}",
                                     f"loss.policy_loss={user_algos}:clip_loss", "loss.kwargs={}", "steps=1",
                                     f"run_dir={tmp_path}"]))
     assert st.step == 1

@@ -20,10 +20,10 @@ import pytest
 import yaml
 
 from posttrain.cli import UserError, main
-from posttrain.config import load_config
 from posttrain.loop import sync
 from posttrain.loop.run_dir import PLACEMENT_ONLY, placement_changes, recipe_diff, refuse_to_overwrite
 from posttrain.loop.sync import train
+from posttrain.loop.validate import load_run_config
 from posttrain.trajectory import Ledger
 
 TINY = ["model.path=builtin:micro", "task.name=chain_sum", "task.kwargs={terms: 2}", "sampling.prompts_per_step=2",
@@ -32,7 +32,7 @@ TINY = ["model.path=builtin:micro", "task.name=chain_sum", "task.kwargs={terms: 
 
 
 def _cfg(run_dir: Path, *extra: str):
-    return load_config(None, [*TINY, f"run_dir={run_dir}", *extra])  # the defaults, whatever the recipes hold
+    return load_run_config(None, [*TINY, f"run_dir={run_dir}", *extra])  # the defaults, whatever the recipes hold
 
 
 def _crash_at(monkeypatch: pytest.MonkeyPatch, step_k: int) -> None:

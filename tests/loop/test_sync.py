@@ -13,8 +13,9 @@ import numpy as np
 import pytest
 import torch
 
-from posttrain.config import RECIPES_DIR, load_config
+from posttrain.config import RECIPES_DIR
 from posttrain.loop.sync import train
+from posttrain.loop.validate import load_run_config
 from posttrain.trajectory import Ledger, Status
 
 HERE = Path(__file__).parent
@@ -30,14 +31,14 @@ SMALL = [
 
 
 def _cfg(tmp_path, recipe="grpo", extra=()):
-    return load_config(recipe, [*SMALL, f"run_dir={tmp_path}", *extra])
+    return load_run_config(recipe, [*SMALL, f"run_dir={tmp_path}", *extra])
 
 
 def test_grpo_learns_from_the_verifier_reward(tmp_path):
     """From a random micro model, GRPO raises P(first token is a digit) from ~10% to ~100%."""
     sys.path.insert(0, str(HERE))
     try:
-        train(load_config("grpo", [*SMALL, f"run_dir={tmp_path}", "task.name=flaky_task:digit_first",
+        train(load_run_config("grpo", [*SMALL, f"run_dir={tmp_path}", "task.name=flaky_task:digit_first",
                                    "sampling.prompts_per_step=8", "sampling.group_size=8", "sampling.max_new_tokens=2",
                                    "eval.every=1000", "optim.lr=1e-2", "steps=20"]))
     finally:

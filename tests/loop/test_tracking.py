@@ -17,8 +17,9 @@ import pyarrow.parquet as pq
 import pytest
 
 from posttrain import cli
-from posttrain.config import ConfigError, load_config
+from posttrain.config import ConfigError
 from posttrain.loop.sync import train
+from posttrain.loop.validate import load_run_config
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from _cli_errors import one_error_line  # noqa: E402
@@ -69,7 +70,7 @@ def tracked_run(tmp_path_factory):
     mp.setenv("WANDB_SILENT", "true")
     mp.delenv("MLFLOW_TRACKING_URI", raising=False)
     run_dir = tmp_path_factory.mktemp("tracked")
-    cfg = load_config("grpo", [*SMALL, f"run_dir={run_dir}", "name=tracked", "optim.lr=0.00123",
+    cfg = load_run_config("grpo", [*SMALL, f"run_dir={run_dir}", "name=tracked", "optim.lr=0.00123",
                                "logging.wandb=true", "logging.wandb_project=pt-test",
                                "logging.tensorboard=true", "logging.mlflow=true"])
     try:
@@ -180,7 +181,7 @@ def test_mlflow_given_tracking_uri_is_used(tmp_path, monkeypatch):
 
     monkeypatch.setenv("MLFLOW_ALLOW_FILE_STORE", "true")
     store = (tmp_path / "store").resolve().as_uri()
-    cfg = load_config("grpo", [*SMALL, f"run_dir={tmp_path / 'run'}", "logging.mlflow=true",
+    cfg = load_run_config("grpo", [*SMALL, f"run_dir={tmp_path / 'run'}", "logging.mlflow=true",
                                f"logging.mlflow_tracking_uri={store}", "logging.mlflow_experiment=exp1"])
     log = MetricsLog.for_run(tmp_path / "run", cfg)
     log.log(1, {"loss": 0.25, "stopped": "why", "ok": True})
@@ -207,7 +208,7 @@ def test_missing_tracker_package_is_one_line_at_load_naming_the_extra(key, modul
 def test_tracker_import_failing_after_load_is_one_line_naming_the_extra(tmp_path, monkeypatch):
     from posttrain.loop.metrics_log import MetricsLog, TrackerError
 
-    cfg = load_config("grpo", [*SMALL, f"run_dir={tmp_path}", "logging.wandb=true"])
+    cfg = load_run_config("grpo", [*SMALL, f"run_dir={tmp_path}", "logging.wandb=true"])
     monkeypatch.setitem(sys.modules, "wandb", None)  # e.g. uninstalled between load and start
     with pytest.raises(TrackerError, match=r"^logging\.wandb=true needs the wandb package .*posttrain\[tracking\]"):
         MetricsLog.for_run(tmp_path, cfg)
@@ -219,7 +220,7 @@ def test_tracker_import_failing_after_load_is_one_line_naming_the_extra(tmp_path
                                        ("mlflow_experiment=e", "mlflow")])
 def test_tracker_key_without_its_tracker_is_refused(key, owner):
     with pytest.raises(ConfigError, match=rf"logging\.{key.split('=')[0]} has no effect without logging\.{owner}=true"):
-        load_config("grpo", [f"logging.{key}"])
+        load_run_config("grpo", [f"logging.{key}"])
 
 
 # ---------------------------------------------------------------------------- DuckDB
@@ -234,7 +235,7 @@ def test_readme_duckdb_query_runs_as_written_on_a_run_ledger(tmp_path, monkeypat
     snippet = _readme_duckdb_snippet()
     path = re.search(r"'(runs/demo/[^']+)'", snippet)
     assert path is not None, snippet
-    train(load_config("grpo", [*SMALL, f"run_dir={tmp_path / 'runs' / 'demo'}"]))
+    train(load_run_config("grpo", [*SMALL, f"run_dir={tmp_path / 'runs' / 'demo'}"]))
     monkeypatch.chdir(tmp_path)
     tree = ast.parse(snippet)
     *body, last = tree.body

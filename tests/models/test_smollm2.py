@@ -203,9 +203,9 @@ def test_showcase_recipe_runs_on_smollm2_and_prints_the_rise(cache: Path, monkey
     sampled exactly the template's ids), free-form answers judged by the last number, and the printed rise
     lines for greedy, sampled and pass@2."""
     from posttrain.cli import main
-    from posttrain.config import load_config
     from posttrain.envs.prompt_render import PromptRenderer
     from posttrain.loop.builders import build_task
+    from posttrain.loop.validate import load_run_config
     from posttrain.trajectory.ledger import Ledger
 
     monkeypatch.setenv(sm.CACHE_ENV, str(cache))
@@ -216,7 +216,7 @@ def test_showcase_recipe_runs_on_smollm2_and_prints_the_rise(cache: Path, monkey
     for label in ("held-out accuracy (greedy): step 0", "held-out accuracy (sampled at T=0.7): step 0",
                   "held-out pass@2 (T=0.7): step 0"):
         assert label in out, out
-    cfg = load_config("smollm2_word_problems", small)
+    cfg = load_run_config("smollm2_word_problems", small)
     tok, _ = sm.load_smollm2("smollm2-135m-instruct", cache_dir=cache)
     renderer = PromptRenderer(tok, chat=True, system_prompt=None)
     by_id = {e.prompt_id: e for e in build_task(cfg).examples("train", 2, seed=cfg.seed)}
@@ -260,12 +260,12 @@ def test_builtin_engine_takes_the_llama_fast_path_and_matches_generate(loaded: t
 def test_tool_recipe_shows_the_tool_schema_in_smollm2s_own_template(loaded: tuple[object, torch.nn.Module]) -> None:
     """``smollm2_tool_calc``: SmolLM2's template has no ``tools=``, so the schema and the answer format go in
     its own system message (a preamble), and the first turn is the template's generation prompt."""
-    from posttrain.config import load_config
     from posttrain.envs.multiturn import TurnRenderer
     from posttrain.envs.tool_calling import calculator_tool_env
+    from posttrain.loop.validate import load_run_config
 
     tok, _ = loaded
-    e = load_config("smollm2_tool_calc", []).env
+    e = load_run_config("smollm2_tool_calc", []).env
     env = calculator_tool_env(**e.kwargs)
     r = TurnRenderer(tok, e.use_chat_template, e.system, tools=[t.schema() for t in env.tools], tool_prompt=e.tool_prompt)
     ids, _ = r.first(env.reset(3))

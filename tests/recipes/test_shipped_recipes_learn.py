@@ -25,9 +25,10 @@ from typing import Any
 
 import pytest
 
-from posttrain.config import RunConfig, load_config
+from posttrain.config import RunConfig
 from posttrain.loop.run_state import open_run
 from posttrain.loop.sync import train
+from posttrain.loop.validate import load_run_config
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -53,7 +54,7 @@ def sft_start(tmp_path_factory: pytest.TempPathFactory):
         key = _sft_key(cfg)
         if key not in built:
             run_dir = tmp_path_factory.mktemp(f"sft_{name}")
-            warm = load_config(name, [f"run_dir={run_dir}", "steps=0", *QUIET])
+            warm = load_run_config(name, [f"run_dir={run_dir}", "steps=0", *QUIET])
             run = open_run(warm)
             try:
                 run.warmup_and_baseline(None)
@@ -72,10 +73,10 @@ def _metrics(run_dir: Path) -> list[dict[str, Any]]:
 
 
 def _run(name: str, tmp_path: Path, sft_start) -> list[dict[str, Any]]:
-    shipped = load_config(name)
+    shipped = load_run_config(name)
     start = sft_start(name, shipped)
     warm = [f"model.path={start}", "sft.steps=0"] if start else []
-    cfg = load_config(name, [f"steps={STEPS}", f"run_dir={tmp_path / name}", *QUIET, *warm])
+    cfg = load_run_config(name, [f"steps={STEPS}", f"run_dir={tmp_path / name}", *QUIET, *warm])
     train(cfg)
     steps = _metrics(tmp_path / name)
     assert [m["step"] for m in steps] == list(range(1, STEPS + 1))
@@ -84,7 +85,7 @@ def _run(name: str, tmp_path: Path, sft_start) -> list[dict[str, Any]]:
 
 def test_recipes_share_one_sft_start():
     """All algorithm recipes warm up identically, so one warm-up per session stands for each one's own."""
-    cfgs = {n: load_config(n) for n in ALGORITHM_RECIPES}
+    cfgs = {n: load_run_config(n) for n in ALGORITHM_RECIPES}
     assert all(c.sft.steps > 0 for c in cfgs.values()), {n: c.sft.steps for n, c in cfgs.items()}
     assert len({_sft_key(c) for c in cfgs.values()}) == 1
 

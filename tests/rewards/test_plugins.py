@@ -8,9 +8,10 @@ from typing import Any
 
 import pytest
 
-from posttrain.config import ConfigError, load_config
+from posttrain.config import ConfigError
 from posttrain.envs.task import TaskExample
 from posttrain.loop.scoring import ScoringSpec, score
+from posttrain.loop.validate import load_run_config
 from posttrain.rewards import Verdict, VerifierPool
 from posttrain.rewards.basic import IntegerVerifier
 from posttrain.rewards.plugins import (
@@ -36,16 +37,16 @@ def test_signature_and_path_are_checked_with_the_key() -> None:
 
 
 def test_config_load_resolves_functions_and_merges_weights() -> None:
-    cfg = load_config(None, [f"reward.functions=[{{path: '{M}:brevity', weight: 0.5}}, "
+    cfg = load_run_config(None, [f"reward.functions=[{{path: '{M}:brevity', weight: 0.5}}, "
                              f"{{path: '{M}:echoes_prompt', name: echo}}]"])
     assert [f.name for f in cfg.reward.functions] == ["brevity", "echo"]
     assert cfg.reward.weights == {"task": 1.0, "brevity": 0.5, "echo": 1.0}
     with pytest.raises(ConfigError, match=r"reward.functions 'no_mod_q:f': cannot import module 'no_mod_q'"):
-        load_config(None, ["reward.functions=[{path: 'no_mod_q:f'}]"])
+        load_run_config(None, ["reward.functions=[{path: 'no_mod_q:f'}]"])
     with pytest.raises(ConfigError, match=r"used twice"):
-        load_config(None, [f"reward.functions=[{{path: '{M}:brevity'}}, {{path: '{M}:nan', name: brevity}}]"])
+        load_run_config(None, [f"reward.functions=[{{path: '{M}:brevity'}}, {{path: '{M}:nan', name: brevity}}]"])
     with pytest.raises(ConfigError, match=r"conflicts with reward.weights.brevity=2.0"):
-        load_config(None, ["reward.weights={task: 1.0, brevity: 2.0}", f"reward.functions=[{{path: '{M}:brevity'}}]"])
+        load_run_config(None, ["reward.weights={task: 1.0, brevity: 2.0}", f"reward.functions=[{{path: '{M}:brevity'}}]"])
 
 
 def test_call_contract_sync_async_verdict_and_failures() -> None:
@@ -120,7 +121,7 @@ def test_recipe_key_reaches_the_ledger(tmp_path) -> None:
     from posttrain.loop.sync import train
     from posttrain.trajectory import Ledger
 
-    cfg = load_config("grpo", ["model.path=builtin:micro", "task.name=chain_sum", "task.kwargs={terms: 2}",
+    cfg = load_run_config("grpo", ["model.path=builtin:micro", "task.name=chain_sum", "task.kwargs={terms: 2}",
                                "sampling.prompts_per_step=2", "sampling.group_size=2", "sampling.max_new_tokens=2",
                                "eval.size=4", "eval.every=100", "steps=1", "logging.progress=false",
                                f"reward.functions=[{{path: '{M}:brevity', weight: 0.5}}]", f"run_dir={tmp_path}"])
@@ -147,7 +148,7 @@ def test_the_docs_example_runs(tmp_path, monkeypatch: pytest.MonkeyPatch) -> Non
     monkeypatch.syspath_prepend(str(tmp_path))
     reward = yaml.safe_load(recipe)["reward"]
     fns = ", ".join("{" + ", ".join(f"{k}: {v!r}" for k, v in f.items()) + "}" for f in reward["functions"])
-    cfg = load_config(None, [f"reward.functions=[{fns}]"])
+    cfg = load_run_config(None, [f"reward.functions=[{fns}]"])
     assert cfg.reward.weights == {"task": 1.0, "brevity": 0.1, "mention": 0.5}
     task = with_reward_functions(_Task(), [(f.name, f.path) for f in cfg.reward.functions])
     v = _verify(task.verifier, "7", 7)

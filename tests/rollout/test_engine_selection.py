@@ -11,9 +11,10 @@ import sys
 
 import pytest
 
-from posttrain.config import ConfigError, load_config
+from posttrain.config import ConfigError
 from posttrain.loop.builders import build_engine, build_model, engine_factory
 from posttrain.loop.sync import train
+from posttrain.loop.validate import load_run_config
 from posttrain.rollout.http_engine import HTTPEngine
 from posttrain.rollout.server_process import SpawnedEngine
 from posttrain.trajectory import Ledger
@@ -38,16 +39,16 @@ SMALL = ["model.path=builtin:micro", "task.name=chain_sum", "task.kwargs={terms:
 ])
 def test_bad_rollout_keys_fail_at_load_naming_the_key(overrides, message):
     with pytest.raises(ConfigError, match=message.replace(".", r"\.").replace("(", r"\(")):
-        load_config("grpo", overrides)
+        load_run_config("grpo", overrides)
 
 
 def test_engine_settings_are_typed_with_defaults():
-    cfg = load_config("grpo", ["rollout.engine=vllm", f"rollout.vllm.python={sys.executable}",
+    cfg = load_run_config("grpo", ["rollout.engine=vllm", f"rollout.vllm.python={sys.executable}",
                                "rollout.vllm.max_model_len=256", "rollout.vllm.enforce_eager=false"])
     v = cfg.rollout.vllm
     assert (cfg.rollout.engine, v.dtype, v.max_model_len, v.kv_cache_gib, v.enforce_eager, v.seed) == (
         "vllm", "auto", 256, 1, False, None)
-    assert load_config("grpo").rollout.engine == "builtin"
+    assert load_run_config("grpo").rollout.engine == "builtin"
 
 
 def _builtin_server(tmp_path) -> SpawnedEngine:
@@ -60,7 +61,7 @@ def _builtin_server(tmp_path) -> SpawnedEngine:
 def test_train_with_the_http_engine_records_the_servers_versions(tmp_path):
     server = _builtin_server(tmp_path)
     try:
-        st = train(load_config("grpo", [*SMALL, "steps=2", f"run_dir={tmp_path / 'run'}", "rollout.engine=http",
+        st = train(load_run_config("grpo", [*SMALL, "steps=2", f"run_dir={tmp_path / 'run'}", "rollout.engine=http",
                                         f"rollout.http.url={server.base_url}"]))
         assert st.step == 2
         assert server.version == 2  # the learner's two updates reached the server, checksummed
@@ -79,7 +80,7 @@ def test_train_with_the_http_engine_records_the_servers_versions(tmp_path):
 def test_vllm_engine_without_vllm_in_its_environment_fails_with_the_build_command(tmp_path):
     # rollout.vllm.python points at an interpreter without vLLM (this one): the server dies at start-up
     # and the error quotes its log, which names the command that builds the vLLM environment.
-    cfg = load_config("grpo", [*SMALL, f"run_dir={tmp_path}", "rollout.engine=vllm",
+    cfg = load_run_config("grpo", [*SMALL, f"run_dir={tmp_path}", "rollout.engine=vllm",
                                f"rollout.vllm.python={sys.executable}", "rollout.vllm.startup_timeout_s=120"])
     tok, model = build_model(cfg)
     with pytest.raises(RuntimeError, match="(?s)exited with code .*make vllm-env"):
@@ -90,12 +91,12 @@ def test_vllm_engine_without_vllm_in_its_environment_fails_with_the_build_comman
 def test_factories_are_picklable_for_the_ray_workers(tmp_path):
     import pickle
 
-    cfg = load_config("grpo", [*SMALL, "rollout.engine=http", "rollout.http.url=http://127.0.0.1:9"])
+    cfg = load_run_config("grpo", [*SMALL, "rollout.engine=http", "rollout.http.url=http://127.0.0.1:9"])
     tok, model = build_model(cfg)
     f = pickle.loads(pickle.dumps(engine_factory(cfg, model, tok, tmp_path)))
     with pytest.raises(TimeoutError, match="not healthy"):  # nothing listens on port 9
         f.settings["connect_timeout_s"] = 0.5
         f()
-    cfg = load_config("grpo", SMALL)
+    cfg = load_run_config("grpo", SMALL)
     eng = pickle.loads(pickle.dumps(engine_factory(cfg, model, tok, tmp_path)))()
     assert type(eng).__name__ == "BuiltinEngine" and not isinstance(eng, HTTPEngine)

@@ -113,10 +113,11 @@ def test_sleep_and_wake_over_http() -> None:
 
 
 def test_engine_sleep_is_refused_outside_sync_mode() -> None:
-    from posttrain.config import ConfigError, load_config
+    from posttrain.config import ConfigError
+    from posttrain.loop.validate import load_run_config
 
     with pytest.raises(ConfigError) as e:
-        load_config("grpo", ["system.engine_sleep=true", "system.mode=async"])
+        load_run_config("grpo", ["system.engine_sleep=true", "system.mode=async"])
     assert "\n" not in str(e.value) and "system.engine_sleep" in str(e.value)
 
 
@@ -130,10 +131,10 @@ BASE = ["model.path=builtin:micro", "model.dtype=float64", "task.name=flaky_task
 def _train(run_dir: Path, extra: list[str]) -> dict[str, torch.Tensor]:
     from safetensors.torch import load_file
 
-    from posttrain.config import load_config
     from posttrain.loop.sync import train
+    from posttrain.loop.validate import load_run_config
 
-    assert train(load_config("grpo", [*BASE, *extra, f"run_dir={run_dir}"])).step == 4
+    assert train(load_run_config("grpo", [*BASE, *extra, f"run_dir={run_dir}"])).step == 4
     return load_file(str(run_dir / "checkpoints" / "step_000004" / "actor" / "model.safetensors"))
 
 
@@ -186,14 +187,14 @@ def test_an_engine_that_cannot_sleep_is_logged_once_not_silently_skipped(caplog:
     import logging
     import types
 
-    from posttrain.config import load_config
     from posttrain.loop.run_state import Run
+    from posttrain.loop.validate import load_run_config
 
-    run = types.SimpleNamespace(cfg=load_config("grpo", ["system.engine_sleep=true"]), engine=object())
+    run = types.SimpleNamespace(cfg=load_run_config("grpo", ["system.engine_sleep=true"]), engine=object())
     with caplog.at_level(logging.WARNING, logger="posttrain"):  # the loop's logger, whatever its level before
         assert Run.release_engine(run) is False  # type: ignore[arg-type]
         assert Run.release_engine(run) is False  # type: ignore[arg-type]
     lines = [r.getMessage() for r in caplog.records if "system.engine_sleep" in r.getMessage()]
     assert lines == ["system.engine_sleep: the engine keeps its memory during updates (object has no sleep() hook)"]
-    run.cfg = load_config("grpo")
+    run.cfg = load_run_config("grpo")
     assert Run.release_engine(run) is False  # type: ignore[arg-type]

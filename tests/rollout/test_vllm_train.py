@@ -54,10 +54,10 @@ def _varied_tiny(d: Path) -> str:
     over 1..12 tokens (measured with the built-in engine) instead of nearly all hitting the limit."""
     import torch
 
-    from posttrain.config import load_config
     from posttrain.loop.builders import build_model
+    from posttrain.loop.validate import load_run_config
 
-    tok, model = build_model(load_config("grpo", ["model.path=builtin:tiny"]))
+    tok, model = build_model(load_run_config("grpo", ["model.path=builtin:tiny"]))
     with torch.no_grad():
         emb = model.get_input_embeddings().weight
         emb[tok.eos_token_id] += 4.0 * emb.mean(0) / emb.mean(0).norm()
