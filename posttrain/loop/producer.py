@@ -292,7 +292,9 @@ class ThreadedProducer:
                     return
                 if fresh:
                     groups, info = self.rollout.run_call(self._call)
-                    self._call += 1
+                    with self._cv:
+                        self._call += 1
+                        self._cv.notify_all()  # one_step_off's quiesce waits for this call
                 else:  # the staleness bound holds new prompts back: finish the paused samples meanwhile
                     groups, info = self.rollout.run_call(self._call, n_prompts=0)
                 self.run.state.rollout_calls = self._call
@@ -310,6 +312,19 @@ class ThreadedProducer:
             self._stop.set()
 
     # ------------------------------------------------------------------ learner side
+    def _wait_for_calls(self, n: int) -> None:
+        """Block until the worker has returned from ``n`` calls (bounded by ``system.queue_timeout_s``)."""
+        deadline = time.monotonic() + self.cfg.system.queue_timeout_s
+        with self._cv:
+            while self._call < n and not self._stop.is_set():
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    raise TimeoutError(f"the rollout call of the next step did not return within "
+                                       f"system.queue_timeout_s={self.cfg.system.queue_timeout_s}s (mode {self.mode})")
+                self._cv.wait(min(left, _WAIT_S))
+        if self._error is not None:
+            raise RuntimeError(f"rollout worker failed: {type(self._error).__name__}: {self._error}") from self._error
+
     def _get(self, deadline: float) -> list[Trajectory]:
         while True:
             if self._error is not None:
@@ -355,7 +370,14 @@ class ThreadedProducer:
 
     @contextlib.contextmanager
     def quiesce(self) -> Iterator[None]:
-        """No call starts inside; async with ``interrupt_on_update`` also pauses the running one."""
+        """No call starts inside; async with ``interrupt_on_update`` also pauses the running one.
+
+        one_step_off first waits until the call of the next step has returned (``min(v + 1, steps)``
+        calls done, ``v`` = the learner's version): that call samples under the weights before this
+        sync whatever the threads' timing, so every sample's lag is exactly 1 (a starved worker thread
+        would otherwise start it after the sync, or sample part of it under the new weights)."""
+        if self.mode == "one_step_off":
+            self._wait_for_calls(min(int(self.run.learner.version) + 1, self.cfg.steps))
         with self._cv:
             self._hold += 1
         if self.interrupt:

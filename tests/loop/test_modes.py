@@ -324,6 +324,29 @@ def test_one_step_off_has_lag_one_and_is_deterministic(tmp_path):
     assert all(torch.equal(wa[k], wb[k]) for k in wa)
 
 
+def test_one_step_off_lag_is_exactly_one_when_the_worker_thread_is_starved(tmp_path, monkeypatch):
+    """The call of step k+1 must sample under the weights before step k's sync whatever the threads'
+    timing. A worker that starts that call late (here: 1.5 s, as a starved thread on a loaded machine
+    does) used to start it after the sync, so its samples had lag 0 and the run depended on timing;
+    the sync now waits for that call to return."""
+    from posttrain.loop.rollout import Rollout
+
+    real = Rollout.run_call
+
+    def late(self, call, **kw):
+        if call == 1:
+            time.sleep(1.5)
+        return real(self, call, **kw)
+
+    monkeypatch.setattr(Rollout, "run_call", late)
+    train(_cfg(tmp_path, *LEARNABLE, "steps=3", "seed=2", "optim.lr=1e-2", "system.mode=one_step_off",
+               "loss.policy_loss=decoupled_ppo", "correction.name=tis"))
+    led = Ledger(tmp_path / "ledger")
+    for step, t in led.iter_trajectories():
+        acts = t.behavior_version[t.action_mask.astype(bool)]
+        assert set(acts.tolist()) == {max(step - 2, 0)} and t.policy_lag == (0 if step == 1 else 1), step
+
+
 def test_async_bounded_staleness_and_accounting(tmp_path):
     st = train(_cfg(tmp_path, "steps=4", "system.mode=async", "system.max_staleness=1", "system.max_queue=8",
                     "optim.lr=1e-2"))
