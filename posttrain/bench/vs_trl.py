@@ -102,8 +102,8 @@ def _heldout(cfg: Any) -> tuple[Any, list[Any]]:
 
 def evaluate_model(model: torch.nn.Module, tokenizer: Any, cfg: Any) -> dict[str, Any]:
     """Greedy held-out accuracy of ``model`` with posttrain's evaluator (the same for both sides)."""
-    from posttrain.evaluation.heldout import evaluate
     from posttrain.loop.builders import build_engine, build_renderer
+    from posttrain.loop.heldout import evaluate
 
     task, heldout = _heldout(cfg)
     engine = build_engine(model, tokenizer)

@@ -61,7 +61,7 @@ def _episode_trajectories(cfg: RunConfig, prompts: int, tok: Decoder, model: tor
     run = types.SimpleNamespace(cfg=cfg, engine=engine, tokenizer=tok, task=task, plain_model=model,
                                 next_prompts=lambda n: task.examples("train", n, seed=cfg.seed))
     whole = cfg.model_copy(update={"system": cfg.system.model_copy(update={"partial_fraction": 1.0})})
-    groups, _ = build_rollout(whole, run, RolloutStage.from_config(cfg, run)).run_call(0, n_prompts=prompts)
+    groups, _ = build_rollout(whole, run, RolloutStage.from_config(cfg)).run_call(0, n_prompts=prompts)
     return [t for g in groups for t in g]
 
 

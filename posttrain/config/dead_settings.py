@@ -71,6 +71,11 @@ RULES: tuple[Rule, ...] = (
          "in system.mode=sync without partial rollout every sample is consumed at the version that sampled it"),
     # posttrain/loop/run_state.py: Ray actors are built only with system.backend=ray.
     Rule(("system.ray",), lambda c: c.system.backend != "ray", "system.backend is not ray"),
+    # posttrain/loop/backends/: no learner runs as a Ray actor (learner ranks are processes the driver
+    # spawns, learner.strategy); nothing reads these keys until one does.
+    Rule(("system.ray.cpus_per_learner", "system.ray.gpus_per_learner", "system.ray.learner_resources",
+          "system.ray.learner_timeout_s"), lambda c: True,
+         "no learner runs as a Ray actor (learner ranks are processes on the driver's machine, learner.strategy)"),
     # posttrain/loop/builders.py engine_factory: each engine section is read by its engine only.
     Rule(("rollout.vllm",), lambda c: c.rollout.engine != "vllm", "rollout.engine is not vllm"),
     Rule(("rollout.http",), lambda c: c.rollout.engine != "http", "rollout.engine is not http"),
@@ -97,7 +102,7 @@ RULES: tuple[Rule, ...] = (
     Rule(("sampling.replay_truncation",),
          lambda c: c.sampling.temperature == 0 or (c.sampling.top_k == 0 and c.sampling.top_p >= 1.0),
          "the sampler does not truncate (top_k=0, top_p=1, or greedy temperature 0)"),
-    # posttrain/loop/scoring.py overlong_shaping: no L_max, no penalty.
+    # posttrain/rewards/scoring.py overlong shaping: no L_max, no penalty.
     Rule(("reward.overlong_cache_len",), lambda c: c.reward.overlong_max_len is None,
          "reward.overlong_max_len is not set (overlong shaping is off)"),
     # posttrain/loop/builders.py build_task: with env.name the EnvTask replaces the task; the environment

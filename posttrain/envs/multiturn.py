@@ -350,11 +350,8 @@ class EpisodeState:
             except ValueError as e:
                 status, explanation = Status.ENV_FAILURE, f"environment reward: {e}"
         act = np.asarray([ro is Role.ACTION for ro in self.roles], dtype=np.int8)
-        # The step record travels typed (``steps``); the JSON copies in meta are kept for readers of the
-        # meta column that predate it.
+        # The step record travels typed (``steps``); meta holds what a reader of the transcript wants.
         meta = {"turns": self.turns, "explanation": explanation[:500], "transcript": "\n".join(self.transcript)[:2000],
-                "step_anchors": json.dumps(self.step_anchors), "step_rewards": json.dumps(self.step_rewards),
-                "turn_tokens": json.dumps(self.turn_tokens),
                 **dict(rest.pop("meta", {}))}
         return Trajectory(
             traj_id=self.traj_id, prompt_id=self.prompt_id, group_id=self.group_id,

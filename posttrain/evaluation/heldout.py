@@ -2,25 +2,13 @@
 
 The evaluation itself is the run's (:mod:`posttrain.loop.heldout`: :func:`heldout_metrics` over the
 rollout's one path); :class:`HeldoutRun` supplies what it reads of a run when there is no run, only
-a checkpoint and its ``config.yaml``. ``evaluate``, ``evaluate_run``, ``heldout_metrics``,
-``EvalResult`` and ``pass_at_k`` are re-exported for the callers of this module's former contents
-(posttrain/bench/vs_trl.py, tests/loop/test_faults_verify.py) until they import them from
-:mod:`posttrain.loop.heldout`.
+a checkpoint and its ``config.yaml``.
 """
 
 from __future__ import annotations
 
 import dataclasses
 from typing import TYPE_CHECKING, Any
-
-from posttrain.loop.heldout import (
-    EvalResult,
-    EvaluatedRun,
-    evaluate,
-    evaluate_run,
-    heldout_metrics,
-    pass_at_k,
-)
 
 if TYPE_CHECKING:
     import torch
@@ -33,7 +21,7 @@ if TYPE_CHECKING:
     from posttrain.rewards.verifier import Verifier
     from posttrain.rollout.engine import RolloutEngine
 
-__all__ = ["EvalResult", "EvaluatedRun", "HeldoutRun", "evaluate", "evaluate_run", "heldout_metrics", "pass_at_k"]
+__all__ = ["HeldoutRun"]
 
 
 @dataclasses.dataclass

@@ -220,7 +220,7 @@ def evaluate_run(run: EvaluatedRun, temperature: float | None = None, samples: i
     if cfg.env.name is not None:  # multi-turn: whole held-out episodes
         from posttrain.loop.rollout_stage import RolloutStage
 
-        ro = EpisodeRollout(cfg, run, RolloutStage.from_config(cfg, run))
+        ro = EpisodeRollout(cfg, run, RolloutStage.from_config(cfg))
         res: EvalResult = evaluate_episodes(ro, run.heldout, temperature=temp, max_new_tokens=e.max_new_tokens,
                                             env_overrides=env_overrides, samples=samples, k=min(e.k, samples))
         return res

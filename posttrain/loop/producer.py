@@ -404,7 +404,7 @@ class ThreadedProducer:
 def build_producer(cfg: RunConfig, run: TrainingRun) -> SyncProducer | ThreadedProducer:
     """The producer of ``cfg.system.mode`` over the run's rollout driver (:func:`build_rollout`: single-turn
     samples, or multi-turn episodes with ``env.name`` set)."""
-    rollout = build_rollout(cfg, run, RolloutStage.from_config(cfg, run))
+    rollout = build_rollout(cfg, run, RolloutStage.from_config(cfg))
     if cfg.system.mode == "sync":
         return SyncProducer(cfg, run, rollout)
     return ThreadedProducer(cfg, run, rollout)

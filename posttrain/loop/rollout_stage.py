@@ -37,21 +37,20 @@ class RolloutRun(RolloutSource, Protocol):
 class RolloutStage:
     """Sampler parameters and scoring spec of one run (the rollout itself is the driver's)."""
 
-    run: Any
     prompts_per_step: int
     group_size: int
     sampling: SamplingParams
     spec: ScoringSpec
 
     @classmethod
-    def from_config(cls, cfg: RunConfig, run: Any) -> RolloutStage:
-        """The stage of ``cfg.sampling`` / ``cfg.reward`` for ``run``."""
+    def from_config(cls, cfg: RunConfig) -> RolloutStage:
+        """The stage of ``cfg.sampling`` / ``cfg.reward``."""
         s = cfg.sampling
         params = SamplingParams(
             temperature=s.temperature, top_p=s.top_p, top_k=s.top_k, max_new_tokens=s.max_new_tokens, n=s.group_size
         )
         spec = ScoringSpec(cfg.reward.weights, cfg.reward.overlong_max_len, cfg.reward.overlong_cache_len)
-        return cls(run, s.prompts_per_step, s.group_size, params, spec)
+        return cls(s.prompts_per_step, s.group_size, params, spec)
 
 
 def build_rollout(cfg: RunConfig, run: RolloutRun, stage: RolloutStage) -> Rollout[Any]:

@@ -275,7 +275,7 @@ class Run:
                 from posttrain.loop.episode_rollout import EpisodeRollout, sft_pairs
                 from posttrain.loop.rollout_stage import RolloutStage
 
-                pairs = sft_pairs(EpisodeRollout(cfg, self, RolloutStage.from_config(cfg, self)), pool)
+                pairs = sft_pairs(EpisodeRollout(cfg, self, RolloutStage.from_config(cfg)), pool)
             else:
                 pairs = [(self.renderer.ids(ex), tok(reference_answer(self.task, ex)).input_ids + [eos]) for ex in pool]
             g = torch.Generator().manual_seed(cfg.seed)

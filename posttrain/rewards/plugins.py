@@ -121,7 +121,7 @@ class RewardFunctionVerifier:
 
     Picklable (the functions travel as paths and are imported again in a pool worker). Verifies
     with ``base`` first; an ``infra_error`` there stays one. ``verify`` takes the context
-    ``prompt`` / ``meta`` (:func:`posttrain.loop.scoring.verify_context` passes them).
+    ``prompt`` / ``meta`` (:func:`posttrain.rewards.scoring.verify_context` passes them).
     """
 
     base: Any

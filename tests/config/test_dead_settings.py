@@ -33,6 +33,8 @@ REFUSED = [
      "system.max_version_span"),  # async without interruption pauses nothing
     (["system.max_staleness=2"], "system.max_staleness"),  # sync, no partial rollout: lag 0
     (["system.ray.num_rollout_workers=3"], "system.ray.num_rollout_workers"),  # backend local
+    (["system.backend=ray", "system.ray.cpus_per_learner=2"], "system.ray.cpus_per_learner"),  # no Ray learner
+    (["system.backend=ray", "system.ray.learner_timeout_s=60"], "system.ray.learner_timeout_s"),
     (["rollout.vllm.kv_cache_gib=2"], "rollout.vllm.kv_cache_gib"),  # engine builtin
     (["rollout.http.timeout_s=5"], "rollout.http.timeout_s"),
     (["learner.device=cpu"], "learner.device"),  # the embedded learner runs in the driver (cpu)

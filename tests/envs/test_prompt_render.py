@@ -194,9 +194,9 @@ def test_smollm2_engine_ids_equal_learner_ids(smol_tok) -> None:
     equal the tokenizer's own apply_chat_template(tokenize=True) of [system, user]."""
     import torch
 
-    from posttrain.loop.scoring import ScoringSpec, score
     from posttrain.models import build_tiny_model
     from posttrain.rewards.basic import IntegerVerifier
+    from posttrain.rewards.scoring import ScoringSpec, score
     from posttrain.rollout.builtin import BuiltinEngine
     from posttrain.rollout.sampling import SamplingParams
     from posttrain.rollout.types import GenerationRequest

@@ -4,7 +4,6 @@ records per-token roles, masks and versions across turns."""
 
 from __future__ import annotations
 
-import json
 import os
 import re
 import subprocess
@@ -51,7 +50,7 @@ def _check_turns(trajs: list, steps: int, episodes: int) -> int:
         assert t.action_mask.tolist() == [int(a) for a in act]
         assert all((v >= 0) == a for v, a in zip(t.behavior_version.tolist(), act, strict=True))
         assert all(lp == 0.0 for lp, a in zip(t.behavior_logprob.tolist(), act, strict=True) if not a)
-        turns = json.loads(t.meta["turn_tokens"])
+        turns = list(t.steps.action_tokens)
         assert sum(turns) == t.num_actions and len(turns) == t.meta["turns"]
         if len(turns) >= 2:
             multi += 1
@@ -66,7 +65,7 @@ def test_tool_env_example_trains_through_posttrain_train(tmp_path: Path) -> None
     assert _check_turns(trajs, 2, 2 * 4) > 0
     assert {t.verifier for t in trajs} == {"shop@1"}
     # GiGPO's step record is in the ledger
-    assert all(len(json.loads(t.meta["step_anchors"])) == t.meta["turns"] for t in trajs)
+    assert all(len(t.steps.anchors) == t.meta["turns"] for t in trajs)
 
 
 def test_tool_calc_recipe_two_steps_ledger_roles_masks_versions(tmp_path: Path) -> None:

@@ -63,7 +63,7 @@ def _producer(tmp_path, failing=(), rounds=3):
     run = types.SimpleNamespace(engine=engine, tokenizer=tok, task=TASKS["chain_sum"](terms=2), verify_batch=None,
                                 next_prompts=next_prompts, cfg=cfg, learner=types.SimpleNamespace(version=0),
                                 state=types.SimpleNamespace(rollout_calls=0, rollout_dropped=0))
-    stage = RolloutStage.from_config(cfg, run)
+    stage = RolloutStage.from_config(cfg)
     return SyncProducer(cfg, run, build_rollout(cfg, run, stage)), engine
 
 

@@ -84,7 +84,7 @@ def make_run(engine, *extra, env_factory=None):
 
     run = types.SimpleNamespace(cfg=cfg, engine=engine, tokenizer=TOK, task=task, next_prompts=next_prompts,
                                 plain_model=None)
-    return cfg, run, build_rollout(cfg, run, RolloutStage.from_config(cfg, run))
+    return cfg, run, build_rollout(cfg, run, RolloutStage.from_config(cfg))
 
 
 def runs_of(t):

@@ -12,9 +12,9 @@ from pathlib import Path
 
 import pytest
 
-from posttrain.evaluation.heldout import evaluate
 from posttrain.learner.checkpoint import latest_checkpoint
 from posttrain.loop import sync
+from posttrain.loop.heldout import evaluate
 from posttrain.loop.sync import train
 from posttrain.loop.validate import load_run_config
 from posttrain.trajectory import Ledger, Status

@@ -200,7 +200,7 @@ def _scripted(tmp_path, lengths, *extra):
                                 next_prompts=next_prompts, cfg=cfg)
     for ch, ls in lengths.items():
         engine.lengths[tok(ch).input_ids[0]] = ls
-    return build_rollout(cfg, run, RolloutStage.from_config(cfg, run)), engine
+    return build_rollout(cfg, run, RolloutStage.from_config(cfg)), engine
 
 
 def test_partial_rollout_by_hand(tmp_path):

@@ -16,10 +16,10 @@ import posttrain.algos as A
 from posttrain.algos.registry import Registry
 from posttrain.config import ConfigError
 from posttrain.envs.task import TaskExample
-from posttrain.loop.scoring import ScoringSpec
 from posttrain.loop.targets import build_targets, greedy_baseline
 from posttrain.loop.validate import load_run_config
 from posttrain.rewards import Verdict
+from posttrain.rewards.scoring import ScoringSpec
 from posttrain.rollout.types import Completion
 from posttrain.trajectory import Reward, Status
 

@@ -10,7 +10,6 @@ import pytest
 
 from posttrain.config import ConfigError
 from posttrain.envs.task import TaskExample
-from posttrain.loop.scoring import ScoringSpec, score
 from posttrain.loop.validate import load_run_config
 from posttrain.rewards import Verdict, VerifierPool
 from posttrain.rewards.basic import IntegerVerifier
@@ -21,6 +20,7 @@ from posttrain.rewards.plugins import (
     check_reward_function,
     with_reward_functions,
 )
+from posttrain.rewards.scoring import ScoringSpec, score
 from posttrain.rollout.types import Completion
 from posttrain.trajectory import Status
 
