@@ -14,7 +14,7 @@ How the contract maps onto vLLM (API names as of vLLM 0.10-0.11, V1 engine):
   each request asks ``SamplingParams(logprobs=1)``, whose per-position dict
   ``{token_id: Logprob(logprob, rank, decoded_token)}`` always contains the sampled token.
   Whether top-k / top-p renormalisation is part of "processed" depends on the vLLM version:
-  :func:`posttrain.rollout.mismatch.measure_mismatch` measures it on your setup.
+  ``posttrain check`` (its ``behavior_vs_old`` check) measures it on your setup.
 - **n samples**: one vLLM request per sample (``n=1``) with a per-sample seed derived from the
   request seed (:func:`sample_seed`); vLLM's prefix cache shares the prompt's KV blocks, and one
   request <-> one :class:`Completion` keeps the translation simple.

@@ -14,7 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from posttrain.cli import UserError, main
+from posttrain.cli import main
+from posttrain.errors import UserError
 from posttrain.learner import checkpoint as ckpt
 from posttrain.loop import sync
 from posttrain.loop.sync import train

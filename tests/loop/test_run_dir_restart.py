@@ -19,7 +19,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from posttrain.cli import UserError, main
+from posttrain.cli import main
+from posttrain.errors import UserError
 from posttrain.loop import sync
 from posttrain.loop.run_dir import PLACEMENT_ONLY, placement_changes, recipe_diff, refuse_to_overwrite
 from posttrain.loop.sync import train
