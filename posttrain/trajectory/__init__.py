@@ -1,6 +1,6 @@
 """The trajectory contract and its on-disk ledger. Imports nothing above it."""
 
-from posttrain.trajectory.collate import TrajectoryBatch, collate, uncollate, with_logprobs
+from posttrain.trajectory.collate import TrajectoryBatch, collate
 from posttrain.trajectory.enums import Finish, Role, Status
 from posttrain.trajectory.ledger import Ledger
 from posttrain.trajectory.record import Reward, Trajectory, TrajectoryError, make_trajectory
@@ -16,6 +16,4 @@ __all__ = [
     "TrajectoryError",
     "collate",
     "make_trajectory",
-    "uncollate",
-    "with_logprobs",
 ]

@@ -25,7 +25,7 @@ class TrajectoryBatch:
     The loop collates a step's trajectories once; everything the learner freezes or derives is then
     attached to this object as tensors (:meth:`freeze`, :meth:`with_targets`) — never written back
     into the records and re-collated — and the records are rebuilt once, for the ledger, by
-    :func:`uncollate`.
+    :func:`with_update_record`.
 
     From the records (:func:`collate`):
 
@@ -74,8 +74,8 @@ class TrajectoryBatch:
     def freeze(self, field: str, logprob: torch.Tensor, version: int) -> TrajectoryBatch:
         """This batch with ``{field}_logprob`` (``'old'`` or ``'ref'``) frozen from ``logprob [B, T]``.
 
-        Stored float64 on CPU, times the action mask (0 elsewhere), as ``with_logprobs`` + ``collate``
-        would have stored it, with ``{field}_version = version`` for the ledger (:func:`uncollate`).
+        Stored float64 on CPU, times the action mask (0 elsewhere), with ``{field}_version = version``
+        for the ledger (:func:`with_update_record` writes both into each row's record).
         """
         if field not in ("old", "ref"):
             raise ValueError(f"field must be 'old' or 'ref', got {field!r}")
@@ -163,28 +163,11 @@ def token_field_to_rows(batch: TrajectoryBatch, values: torch.Tensor) -> list[np
     return [masked[i, : int(n)].copy() for i, n in enumerate(batch.lengths.tolist())]
 
 
-def with_logprobs(
-    batch: TrajectoryBatch, field: str, values: torch.Tensor, version: int
-) -> list[Trajectory]:
-    """Freeze learner log-probs into the records: ``field`` is ``'old'`` or ``'ref'``.
-
-    Returns new trajectories with ``{field}_logprob`` set from ``values [B, T]`` and
-    ``{field}_version = version``.
-    """
-    if field not in ("old", "ref"):
-        raise ValueError(f"field must be 'old' or 'ref', got {field!r}")
-    rows = token_field_to_rows(batch, values)
-    return [
-        t.replace(**{f"{field}_logprob": r, f"{field}_version": version})
-        for t, r in zip(batch.trajectories, rows, strict=True)
-    ]
-
-
 def with_update_record(
     batch: TrajectoryBatch, current_logprob: torch.Tensor | None, advantages: torch.Tensor
 ) -> list[Trajectory]:
     """The batch's trajectories with what the update saw: ``current_logprob`` and ``advantage``,
-    and the coordinates frozen on the batch (old / ref log-probs and versions, as :func:`uncollate`)
+    and the coordinates frozen on the batch (old / ref log-probs and versions, cut to each row's length)
     — one validated record per row, the step's only rebuild of its records.
 
     ``current_logprob`` ``[B, T]`` (pi_theta per token as the update's last optimiser step saw it,
@@ -224,16 +207,3 @@ def _frozen_rows(batch: TrajectoryBatch) -> list[dict[str, object]]:
             kw[f"{field}_logprob"], kw[f"{field}_version"] = col[i, :n].copy(), version
         rows.append(kw)
     return rows
-
-
-def uncollate(batch: TrajectoryBatch) -> list[Trajectory]:
-    """The batch's trajectories with the coordinates the step froze on the batch written back.
-
-    The inverse of :func:`collate` followed by :meth:`TrajectoryBatch.freeze`: per row, the record
-    ``batch.trajectories[i]`` with ``old_logprob`` / ``old_version`` (and ``ref_...``) cut from the
-    batch tensors to the row's length when the batch froze them (``old_version`` / ``ref_version``
-    set); the other fields are the record's own (the batch never changes tokens, masks or behaviour
-    log-probs). The loop's ledger records come from :func:`with_update_record`, which writes the
-    same fields in the same single rebuild.
-    """
-    return [t.replace(**kw) if kw else t for t, kw in zip(batch.trajectories, _frozen_rows(batch), strict=True)]

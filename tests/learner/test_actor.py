@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 from posttrain.algos.kl import AdaptiveKLController
 from posttrain.algos.registry import REDUCTIONS
 from posttrain.learner.actor import PolicyLearner
-from posttrain.trajectory import collate, make_trajectory, with_logprobs
+from posttrain.trajectory import collate, make_trajectory
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from _tolerance import assert_grads_close, shape_rtol, update_rel_diff  # noqa: E402
@@ -58,7 +58,7 @@ def test_gradients_invariant_to_microbatch_split(make_model, make_batch, make_ad
     ref_model = make_model(seed=7)
     ref = PolicyLearner(ref_model, lr=0.0, **{k: v for k, v in kw.items() if k.startswith("red")})
     ref_lp = ref.compute_logprobs(batch)
-    batch = collate(with_logprobs(batch, "ref", ref_lp, 0), pad_token_id=0)
+    batch = batch.freeze("ref", ref_lp, 0)
     results = []
     for budget in BUDGETS:
         learner = PolicyLearner(make_model(), lr=1e-3, microbatch_tokens=budget, **kw)
@@ -211,7 +211,7 @@ def test_zero_advantages_and_empty_minibatch_are_safe(make_model, make_batch):
 def test_adaptive_kl_controller_and_state_round_trip(make_model, make_batch, make_advantages):
     batch = make_batch(n=8)
     ref = PolicyLearner(make_model(seed=9), lr=0.0)
-    batch = collate(with_logprobs(batch, "ref", ref.compute_logprobs(batch), 0))
+    batch = batch.freeze("ref", ref.compute_logprobs(batch), 0)
     adv = make_advantages(batch)
 
     def build():
@@ -418,7 +418,7 @@ def test_fused_old_logprob_equals_the_two_forward_update(make_model, make_batch,
     kw = dict(lr=1e-2, microbatch_tokens=40, entropy_coef=0.01)
     if kl:
         ref = PolicyLearner(make_model(seed=7), lr=0.0).compute_logprobs(batch)
-        batch = collate(with_logprobs(batch, "ref", ref, 0), pad_token_id=0)
+        batch = batch.freeze("ref", ref, 0)
         kw.update(kl_estimator="k3", kl_coef=0.1)
     two = PolicyLearner(make_model(), **kw)
     old = two.compute_logprobs(batch)

@@ -1,6 +1,6 @@
 """The one typed batch of an update step (issue 12): frozen log-probs and targets live on the
-collated batch as tensors, and the records are rebuilt from it once, equal to the old record
-round trip (``with_logprobs`` + ``collate``)."""
+collated batch as tensors, and the records are rebuilt from it once, equal to the record round
+trip (write the log-probs into each record, re-collate) that the test spells out itself."""
 
 from __future__ import annotations
 
@@ -10,8 +10,25 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from posttrain.trajectory import TrajectoryError, collate, make_trajectory, uncollate, with_logprobs
+from posttrain.trajectory import TrajectoryBatch, TrajectoryError, collate, make_trajectory
 from posttrain.trajectory.collate import with_update_record
+
+
+def with_logprobs(batch: TrajectoryBatch, field: str, values: torch.Tensor, version: int) -> list:
+    """The oracle: ``{field}_logprob`` written into each record (masked, float64, cut to its length)."""
+    masked = (values.to(torch.float64) * batch.action_mask.to(torch.float64)).numpy()
+    return [t.replace(**{f"{field}_logprob": masked[i, :n].copy(), f"{field}_version": version})
+            for i, (t, n) in enumerate(zip(batch.trajectories, batch.lengths.tolist(), strict=True))]
+
+
+def uncollate(batch: TrajectoryBatch) -> list:
+    """The records with the coordinates the batch froze written back (the oracle of the rebuild)."""
+    out = list(batch.trajectories)
+    for field in ("old", "ref"):
+        lp, version = getattr(batch, f"{field}_logprob"), getattr(batch, f"{field}_version")
+        if lp is not None:
+            out = with_logprobs(collate(out), field, lp, version)
+    return out
 
 
 def _traj(i: int, p: int, a: int):

@@ -1,11 +1,7 @@
 """Collate to padded learner tensors and back."""
 
-import numpy as np
-import torch
-from hypothesis import given, settings
-from hypothesis import strategies as st
 
-from posttrain.trajectory import collate, make_trajectory, uncollate, with_logprobs
+from posttrain.trajectory import collate, make_trajectory
 
 
 def _traj(i, p, a, lp=None):
@@ -33,20 +29,3 @@ def test_layout_is_right_padded_and_aligned():
     assert b.old_logprob is None
 
 
-@settings(max_examples=30, deadline=None)
-@given(st.lists(st.tuples(st.integers(1, 6), st.integers(1, 6)), min_size=1, max_size=5))
-def test_collate_uncollate_round_trip(shapes):
-    trajs = [_traj(i, p, a) for i, (p, a) in enumerate(shapes)]
-    assert uncollate(collate(trajs)) == trajs
-
-
-def test_with_logprobs_freezes_masked_values():
-    trajs = [_traj(0, 2, 2), _traj(1, 1, 1)]
-    b = collate(trajs)
-    values = torch.full(b.input_ids.shape, -0.7, dtype=torch.float64)
-    out = with_logprobs(b, "old", values, version=5)
-    assert out[0].old_logprob.tolist() == [0.0, 0.0, -0.7, -0.7]
-    assert out[1].old_logprob.tolist() == [0.0, -0.7]
-    assert all(t.old_version == 5 for t in out)
-    b2 = collate(out)
-    np.testing.assert_array_equal(b2.old_logprob.numpy(), (values * b.action_mask).numpy())
