@@ -44,7 +44,7 @@ def _arm(args: argparse.Namespace) -> dict[str, Any]:
 
     import torch
 
-    from posttrain.loop.builders import build_learner, build_model
+    from posttrain.loop.builders import build_model, build_policy_learner
     from posttrain.loop.validate import load_run_config
     from posttrain.trajectory.collate import collate
     from posttrain.trajectory.record import make_trajectory
@@ -55,7 +55,7 @@ def _arm(args: argparse.Namespace) -> dict[str, Any]:
                                                         f"lora.target_modules={args.lora_target}"]
     cfg = load_run_config(args.recipe, over)
     tok, model = build_model(cfg)
-    learner = build_learner(cfg, model)
+    learner = build_policy_learner(cfg, model)
     g = torch.Generator().manual_seed(0)
     vocab = int(model.config.vocab_size)
     trajs = [make_trajectory(traj_id=f"t{i}", prompt_id=f"p{i // 4}", group_id=f"g{i // 4}",

@@ -69,7 +69,13 @@ def run_checks(cfg: RunConfig, prompts: int = 4) -> list[tuple[str, bool, str]]:
     """Run the five checks on ``cfg``; returns ``[(name, passed, detail)]``."""
     from posttrain.envs.task import check_prompts, task_rows
     from posttrain.learner.checkpoint import load_checkpoint, restore_actor, save_checkpoint
-    from posttrain.loop.builders import build_engine, build_learner, build_model, build_renderer, build_task
+    from posttrain.loop.builders import (
+        build_engine,
+        build_model,
+        build_policy_learner,
+        build_renderer,
+        build_task,
+    )
     from posttrain.loop.single_turn import play_once
     from posttrain.loop.targets import build_targets
     from posttrain.rewards.scoring import ScoringSpec
@@ -80,7 +86,7 @@ def run_checks(cfg: RunConfig, prompts: int = 4) -> list[tuple[str, bool, str]]:
     tok, model = build_model(cfg)
     renderer = build_renderer(cfg, tok)
     task = build_task(cfg)
-    learner = build_learner(cfg, model)
+    learner = build_policy_learner(cfg, model)
     engine = build_engine(learner.model, tok)
     if cfg.env.name is not None:
         trajs = _episode_trajectories(cfg, prompts, tok, model, task, engine)
@@ -113,7 +119,7 @@ def run_checks(cfg: RunConfig, prompts: int = 4) -> list[tuple[str, bool, str]]:
     mask = batch.action_mask > 0
 
     # 1. ratio = 1 at lr = 0
-    frozen = build_learner(cfg.model_copy(update={"optim": cfg.optim.model_copy(update={"lr": 0.0})}),
+    frozen = build_policy_learner(cfg.model_copy(update={"optim": cfg.optim.model_copy(update={"lr": 0.0})}),
                            copy.deepcopy(learner.model))
     m = frozen.update(batch, adv, old_logprob=old)
     dev = max(abs(m["ratio_min"] - 1), abs(m["ratio_max"] - 1))
@@ -141,9 +147,9 @@ def run_checks(cfg: RunConfig, prompts: int = 4) -> list[tuple[str, bool, str]]:
                     f"|log k| mean {float(lk.mean()):.2e}, p99 {p99:.2e}, max {float(lk.max()):.2e} (limit {thr:g})"))
 
     # 4. micro-batch split invariance
-    whole = build_learner(cfg.model_copy(update={"optim": cfg.optim.model_copy(update={"microbatch_tokens": 10**9})}),
+    whole = build_policy_learner(cfg.model_copy(update={"optim": cfg.optim.model_copy(update={"microbatch_tokens": 10**9})}),
                           learner.model)
-    one_row = build_learner(cfg.model_copy(update={"optim": cfg.optim.model_copy(update={"microbatch_tokens": 1})}),
+    one_row = build_policy_learner(cfg.model_copy(update={"optim": cfg.optim.model_copy(update={"microbatch_tokens": 1})}),
                             learner.model)
     la, ga = whole.compute_gradients(batch, adv, old_logprob=old)
     lb, gb = one_row.compute_gradients(batch, adv, old_logprob=old)
@@ -159,7 +165,7 @@ def run_checks(cfg: RunConfig, prompts: int = 4) -> list[tuple[str, bool, str]]:
         ck = load_checkpoint(path)
         _, fresh = build_model(cfg.model_copy(update={"model": cfg.model.model_copy(update={"init_seed": cfg.model.init_seed + 1})}))
         restore_actor(fresh, ck)
-        lp2 = build_learner(cfg, fresh).compute_logprobs(batch)
+        lp2 = build_policy_learner(cfg, fresh).compute_logprobs(batch)
         dlp = float((lp2 - old).abs().max())
         same_extra = ck.extra == extra
     results.append(("save_resume", dlp == 0.0 and same_extra,
