@@ -696,6 +696,10 @@ class PolicyLearner:
         return m
 
     # ------------------------------------------------------------------ weights and state
+    def close(self) -> None:
+        """Nothing to release: the learner lives in this process (the :class:`~posttrain.learner.protocol.Learner`
+        contract; learner ranks stop their processes here)."""
+
     def weights_for_rollout(self) -> Mapping[str, torch.Tensor]:
         """Weights for the rollout engine under the plain model's parameter names.
 

@@ -18,6 +18,7 @@ import torch
 from posttrain.algos.kl import AdaptiveKLController
 from posttrain.config import RunConfig
 from posttrain.learner.grad_sync import GradientSync
+from posttrain.learner.protocol import Learner
 from posttrain.learner.settings import (
     BatchingSettings,
     ComputeSettings,
@@ -64,8 +65,9 @@ def build_model(cfg: RunConfig) -> tuple[Any, torch.nn.Module]:
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     tok = AutoTokenizer.from_pretrained(path)
-    model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype)
-    return tok, model.eval()
+    hf: torch.nn.Module = AutoModelForCausalLM.from_pretrained(path, dtype=dtype)
+    hf.eval()
+    return tok, hf
 
 
 def is_char_preset(model_path: str, tokenizer: Any = None) -> bool:
@@ -205,7 +207,7 @@ def engine_factory(cfg: RunConfig, model: torch.nn.Module, tokenizer: Any, workd
         # Stop strings (env.stop_strings of multi-turn episodes) need the tokenizer on the worker side;
         # otherwise the factory stays tokenizer-free (less to pickle per worker start).
         extra = {"tokenizer": tokenizer} if cfg.env.name is not None and cfg.env.stop_strings else {}
-        return builtin_engine_factory(model, eos_token_id=eos, pad_token_id=pad, **extra)  # type: ignore[no-any-return]
+        return builtin_engine_factory(model, eos_token_id=eos, pad_token_id=pad, **extra)
     if rc.engine == "http":
         return _HTTPEngineFactory(rc.http.model_dump(), {k: v.detach().cpu().clone() for k, v in model.state_dict().items()})
     export = Path(workdir) / "engine_model"
@@ -322,8 +324,8 @@ def policy_settings(cfg: RunConfig, *, autocast_dtype: str | None = None) -> Pol
 
 
 def build_learner(cfg: RunConfig, model: torch.nn.Module, *, grad_sync: GradientSync | None = None,
-                  autocast_dtype: str | None = None) -> PolicyLearner | LearnerRanks:
-    """The policy learner with the recipe's settings (:func:`policy_settings`) and KL coefficient
+                  autocast_dtype: str | None = None) -> Learner:
+    """The policy learner (the :class:`~posttrain.learner.protocol.Learner` the loop calls) with the recipe's settings (:func:`policy_settings`) and KL coefficient
     (:func:`build_kl_coef`: held in both KL placements and checkpointed; applied in the loss only without
     ``credit.kl_in_reward``).
 

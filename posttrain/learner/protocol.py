@@ -1,0 +1,84 @@
+"""The learner as the training loop sees it: one Protocol, met by the in-process learner
+(:class:`~posttrain.learner.actor.PolicyLearner`) and by the learner ranks
+(:class:`~posttrain.learner.ranks.LearnerRanks`, ``learner.strategy=ddp|fsdp2``).
+
+The members follow the few primitives post-training services have converged on (Thinking Machines'
+Tinker API: ``forward`` / ``forward_backward`` / ``optim_step`` / ``save_weights_for_sampler`` /
+``save_state`` / ``load_state``), so a remote or sharded learner is one more implementation:
+
+==========================  =====================================================================
+Tinker primitive            here
+==========================  =====================================================================
+``forward`` (log-probs)     :meth:`Learner.compute_logprobs` — pi_old / pi_theta of a batch, frozen
+``forward_backward`` +      :meth:`Learner.update` — every optimizer step of one rollout batch
+``optim_step``              (epochs x mini-batches x micro-batches, :mod:`posttrain.learner.trainer`);
+                            ``version`` + 1
+``save_weights_for_sampler`` :meth:`Learner.weights_for_rollout` — the plain (LoRA-merged) weights
+                            the engine loads under :attr:`Learner.version`
+``save_state``/``load_state`` :meth:`Learner.state_dict` / :meth:`Learner.load_state_dict`
+==========================  =====================================================================
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Protocol, runtime_checkable
+
+import torch
+
+from posttrain.trajectory import TrajectoryBatch
+
+
+@runtime_checkable
+class Learner(Protocol):
+    """What the loop calls on a policy learner (see the module docstring for the primitive each is).
+
+    ``model``: the driver's copy of the actor (checkpoints, SFT warm-up, promotion snapshots);
+    ``temperature`` / ``top_k`` / ``top_p``: the sampler settings its log-probs replay (the reference
+    model reads them); ``last_old_logprob`` / ``last_current_logprob``: pi_old of a fused update and
+    pi_theta as the last update saw it, ``[B, T]`` float64, for the ledger.
+    """
+
+    model: torch.nn.Module
+    version: int
+    temperature: float
+    top_k: int
+    top_p: float
+    last_old_logprob: torch.Tensor | None
+    last_current_logprob: torch.Tensor | None
+
+    def compute_logprobs(self, batch: TrajectoryBatch) -> torch.Tensor:
+        """Frozen per-token log-probs ``[B, T]`` (float64, CPU, 0 off the action mask) under the current weights."""
+        ...
+
+    def update(self, batch: TrajectoryBatch, advantages: torch.Tensor | None = None, *,
+               old_logprob: torch.Tensor | None = None, fuse_old: bool = False) -> dict[str, float]:
+        """Train on one rollout batch (all its optimizer steps); ``version`` + 1; the step's metrics."""
+        ...
+
+    def can_fuse_old_logprob(self) -> bool:
+        """Whether pi_old may come from the update's own forward (one optimizer step, one process)."""
+        ...
+
+    def current_kl_coef(self) -> float:
+        """beta this step applies (a fixed coefficient or the adaptive controller's value)."""
+        ...
+
+    def weights_for_rollout(self) -> Mapping[str, torch.Tensor]:
+        """The weights the engine loads, with plain parameter names (LoRA merged)."""
+        ...
+
+    def state_dict(self) -> dict[str, object]:
+        """Everything needed to resume exactly (optimizer, schedule, shuffle generator, version, KL controller)."""
+        ...
+
+    def load_state_dict(self, state: Mapping[str, object]) -> None:
+        """Restore :meth:`state_dict`."""
+        ...
+
+    def close(self) -> None:
+        """Release processes or memory the learner holds (idempotent)."""
+        ...
+
+
+__all__ = ["Learner"]
