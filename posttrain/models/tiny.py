@@ -50,13 +50,19 @@ def build_tiny_model(
         pad_token_id=pad_token_id,
         eos_token_id=eos_token_id,
         bos_token_id=bos_token_id,
-        attn_implementation="eager",
+        # transformers' @strict(accept_kwargs=True) configs take attn_implementation as an extra
+        # keyword, which their dataclass_transform signature cannot declare.
+        attn_implementation="eager",  # type: ignore[call-arg]
         **kw,
     )
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
         model = Qwen2ForCausalLM(cfg)
-    return model.to(dtype).eval()
+    # Both convert in place. transformers wraps PreTrainedModel.to with functools.wraps (mypy reads it
+    # unbound) and leaves PreTrainedModel.eval unannotated.
+    model.to(dtype)  # type: ignore[arg-type]
+    model.eval()  # type: ignore[no-untyped-call]
+    return model
 
 
 def count_parameters(model: torch.nn.Module) -> int:

@@ -72,7 +72,7 @@ def check_encodable(text: str) -> None:
                          f"tokenizer (printable ASCII only); text starts {text[:40]!r}")
 
 
-def _check_input(x: Any) -> None:
+def _check_input(x: object) -> None:
     if isinstance(x, str):
         check_encodable(x)
     elif isinstance(x, list | tuple):
@@ -117,7 +117,7 @@ def build_char_tokenizer() -> PreTrainedTokenizerFast:
     # Special tokens stay whole; every other character is its own token.
     tok.pre_tokenizer = pre_tokenizers.Split(Regex(f"{special}|."), behavior="isolated")
     tok.decoder = decoders.Fuse()
-    fast = CharTokenizer(
+    fast = CharTokenizer(  # type: ignore[no-untyped-call]  # PreTrainedTokenizerFast.__init__ is unannotated
         tokenizer_object=tok,
         pad_token="<pad>",
         eos_token="<eos>",

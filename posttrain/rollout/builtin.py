@@ -247,16 +247,16 @@ class BuiltinEngine:
         T = max(len(p) for p in plist)
         ids = torch.full((len(plist), T), self.pad_token_id, dtype=torch.long)
         mask = torch.zeros((len(plist), T), dtype=torch.long)
-        for u, p in enumerate(plist):
-            ids[u, T - len(p) :] = torch.tensor(p, dtype=torch.long)
-            mask[u, T - len(p) :] = 1
+        for unit, p in enumerate(plist):
+            ids[unit, T - len(p) :] = torch.tensor(p, dtype=torch.long)
+            mask[unit, T - len(p) :] = 1
         capacity = T + max(r.budget - len(r.tokens) for r in rows)
-        logits, state = self.runner.prefill(ids.to(dev), mask.to(dev), capacity)
+        logits, session = self.runner.prefill(ids.to(dev), mask.to(dev), capacity)
         self.stats["prefill_rows"] += len(plist)
         self.stats["prefill_tokens"] += int(mask.sum())
         idx = torch.tensor(unit_of_row, dtype=torch.long, device=dev)
         if len(plist) != len(rows) or unit_of_row != list(range(len(rows))):
-            state = self.runner.select(state, idx)
+            session.select(idx)
             logits = logits.index_select(0, idx)
 
         active = list(rows)
@@ -298,7 +298,7 @@ class BuiltinEngine:
                 return
             if len(keep) < len(active):
                 kidx = torch.tensor(keep, dtype=torch.long, device=dev)
-                state = self.runner.select(state, kidx)
+                session.select(kidx)
                 tok = tok.index_select(0, kidx)
                 temp, topk, topp, minp = (x.index_select(0, kidx) for x in (temp, topk, topp, minp))
                 active = [active[i] for i in keep]
@@ -306,7 +306,7 @@ class BuiltinEngine:
                 samples = [samples[i] for i in keep]
             if self._stop_now(counter[0], target):
                 return
-            logits = self.runner.decode(state, tok)
+            logits = session.decode(tok)
             self.stats["decode_row_steps"] += len(active)
 
     def _finish_of(self, r: _Row, t: int) -> str | None:

@@ -13,17 +13,54 @@ real tokens before it (``cumsum(mask) - 1``), so left padding changes nothing a 
   Same arithmetic as the model, so greedy tokens match ``generate`` (tested).
 
 Both keep per-row state that :meth:`select` re-indexes: repeated indices share a prefilled
-prompt across ``n`` samples, a subset drops finished rows so they cost no compute.
+prompt across ``n`` samples, a subset drops finished rows so they cost no compute. ``prefill``
+returns that state inside a :class:`DecodeSession`, which threads it through ``select`` and
+``decode``, so the engine drives either runner without knowing its state type.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import inspect
-from typing import Any
+from typing import TYPE_CHECKING, Generic, Protocol, TypeGuard, TypeVar
 
 import torch
 import torch.nn.functional as F
+
+from posttrain.rollout.decoder_layout import FastPathDecoder
+
+if TYPE_CHECKING:  # transformers is imported when a runner is built, not with this module
+    from transformers import DynamicCache, PreTrainedModel
+
+StateT = TypeVar("StateT")
+
+
+class StateOps(Protocol[StateT]):
+    """A runner's per-row state operations (see the module docstring)."""
+
+    def select(self, state: StateT, index: torch.Tensor) -> StateT:
+        """Rows ``index`` of ``state``."""
+        ...
+
+    def decode(self, state: StateT, tokens: torch.Tensor) -> torch.Tensor:
+        """Append ``tokens [B]`` to ``state`` (in place) and return the next logits ``[B, V]``."""
+        ...
+
+
+@dataclasses.dataclass
+class DecodeSession(Generic[StateT]):
+    """A prefilled batch: its runner and the runner's current per-row state."""
+
+    runner: StateOps[StateT]
+    state: StateT
+
+    def select(self, index: torch.Tensor) -> None:
+        """Keep rows ``index`` (repeats expand, subsets compact)."""
+        self.state = self.runner.select(self.state, index)
+
+    def decode(self, tokens: torch.Tensor) -> torch.Tensor:
+        """Append ``tokens [B]`` and return the next logits ``[B, V]``."""
+        return self.runner.decode(self.state, tokens)
 
 
 def position_ids_from_mask(mask: torch.Tensor) -> torch.Tensor:
@@ -35,14 +72,14 @@ def position_ids_from_mask(mask: torch.Tensor) -> torch.Tensor:
 class HFState:
     """Generic runner state: Hugging Face cache plus the growing ``[B, T_total]`` attention mask."""
 
-    cache: Any
+    cache: DynamicCache
     mask: torch.Tensor
 
 
 class HFRunner:
     """Any HF causal LM: ``model(input_ids, attention_mask, position_ids, cache)`` per step."""
 
-    def __init__(self, model: torch.nn.Module) -> None:
+    def __init__(self, model: PreTrainedModel) -> None:
         from transformers import DynamicCache
 
         self.model = model
@@ -51,21 +88,24 @@ class HFRunner:
         # transformers 5 renamed past_key_values -> cache; accept either spelling.
         self._cache_kw = "cache" if "cache" in params else "past_key_values"
 
-    def _forward(self, ids: torch.Tensor, mask: torch.Tensor, pos: torch.Tensor, cache: Any) -> torch.Tensor:
+    def _forward(self, ids: torch.Tensor, mask: torch.Tensor, pos: torch.Tensor, cache: DynamicCache) -> torch.Tensor:
         out = self.model(
             input_ids=ids, attention_mask=mask, position_ids=pos, use_cache=True, **{self._cache_kw: cache}
         )
-        return out.logits[:, -1, :]
+        logits: torch.Tensor = out.logits[:, -1, :]
+        return logits
 
-    def prefill(self, ids: torch.Tensor, mask: torch.Tensor, capacity: int) -> tuple[torch.Tensor, HFState]:
-        """Logits ``[U, V]`` at the last prompt position and the cache of the ``U`` prompts."""
+    def prefill(
+        self, ids: torch.Tensor, mask: torch.Tensor, capacity: int
+    ) -> tuple[torch.Tensor, DecodeSession[HFState]]:
+        """Logits ``[U, V]`` at the last prompt position and a session over the cache of the ``U`` prompts."""
         try:
             cache = self._cache_cls(config=self.model.config)
         except TypeError:  # older transformers: no config argument
             cache = self._cache_cls()
         mask = mask.long()
         logits = self._forward(ids, mask, position_ids_from_mask(mask), cache)
-        return logits, HFState(cache, mask)
+        return logits, DecodeSession(self, HFState(cache, mask))
 
     def select(self, state: HFState, index: torch.Tensor) -> HFState:
         """Rows ``index`` of the state (repeats expand, subsets compact)."""
@@ -99,8 +139,9 @@ class StaticState:
 FAST_PATH_MODEL_TYPES: frozenset[str] = frozenset({"qwen2", "llama"})
 
 
-def supports_fast_path(model: torch.nn.Module) -> bool:
-    """Decoders of :data:`FAST_PATH_MODEL_TYPES` without sliding-window attention."""
+def supports_fast_path(model: torch.nn.Module) -> TypeGuard[FastPathDecoder]:
+    """Decoders of :data:`FAST_PATH_MODEL_TYPES` without sliding-window attention (the families
+    with the :class:`~posttrain.rollout.decoder_layout.FastPathDecoder` layout)."""
     cfg = getattr(model, "config", None)
     return (
         cfg is not None
@@ -114,7 +155,7 @@ def supports_fast_path(model: torch.nn.Module) -> bool:
 class StaticCacheRunner:
     """Static-cache decode calling a Qwen2 / Llama decoder's modules directly (see the module docstring)."""
 
-    def __init__(self, model: torch.nn.Module) -> None:
+    def __init__(self, model: FastPathDecoder) -> None:
         # The same rotary application in both families (rotate_half on [B, H, S, D] with cos/sin [B, S, D]).
         from transformers.models.llama.modeling_llama import apply_rotary_pos_emb
 
@@ -169,8 +210,11 @@ class StaticCacheRunner:
     def _logits(self, x_last: torch.Tensor) -> torch.Tensor:
         return self.model.lm_head(self.core.norm(x_last))
 
-    def prefill(self, ids: torch.Tensor, mask: torch.Tensor, capacity: int) -> tuple[torch.Tensor, StaticState]:
-        """Prefill ``U`` left-padded prompts into a cache of ``capacity`` columns; last-position logits ``[U, V]``."""
+    def prefill(
+        self, ids: torch.Tensor, mask: torch.Tensor, capacity: int
+    ) -> tuple[torch.Tensor, DecodeSession[StaticState]]:
+        """Prefill ``U`` left-padded prompts into a cache of ``capacity`` columns; last-position logits
+        ``[U, V]`` and a session over that cache."""
         U, T = ids.shape
         mask = mask.bool()
         ref = self.core.embed_tokens.weight
@@ -192,7 +236,7 @@ class StaticCacheRunner:
             am |= torch.eye(T, dtype=torch.bool, device=ids.device)[None]
             am = am[:, None]
         x = self._layers(self.core.embed_tokens(ids), position_ids_from_mask(mask), state, 0, am)
-        return self._logits(x[:, -1]), state
+        return self._logits(x[:, -1]), DecodeSession(self, state)
 
     def select(self, state: StaticState, index: torch.Tensor) -> StaticState:
         """Rows ``index`` of the state (copies the used columns only)."""

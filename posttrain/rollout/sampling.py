@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 
 import numpy as np
 import torch
@@ -209,7 +209,7 @@ def _splitmix64(x: np.ndarray) -> np.ndarray:
         return x ^ (x >> np.uint64(31))
 
 
-def uniforms(seeds: np.ndarray, sample_index: np.ndarray, step: np.ndarray) -> torch.Tensor:
+def uniforms(seeds: Sequence[int], sample_index: Sequence[int], step: Sequence[int]) -> torch.Tensor:
     """One uniform in ``[0, 1)`` per row, a pure function of ``(seed, sample_index, step)``.
 
     Counter-based (hash of the key, SplitMix64 rounds), so a sample's random stream does not
