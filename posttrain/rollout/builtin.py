@@ -24,7 +24,7 @@ from __future__ import annotations
 import dataclasses
 import threading
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -32,6 +32,9 @@ from posttrain.rollout.engine import eos_id_set, validate_requests
 from posttrain.rollout.runners import HFRunner, StaticCacheRunner, supports_fast_path
 from posttrain.rollout.sampling import behaviour_logprobs, sample_tokens, uniforms
 from posttrain.rollout.types import Completion, GenerationRequest
+
+if TYPE_CHECKING:  # transformers is imported by whoever builds the model
+    from transformers import PreTrainedTokenizerBase
 
 
 @dataclasses.dataclass
@@ -70,7 +73,7 @@ class BuiltinEngine:
     def __init__(
         self,
         model: Any,
-        tokenizer: Any = None,
+        tokenizer: PreTrainedTokenizerBase | None = None,
         *,
         eos_token_id: int | Sequence[int] | None = None,
         pad_token_id: int = 0,
@@ -315,7 +318,7 @@ class BuiltinEngine:
             return "eos"
         if t in p.stop_token_ids:
             return "stop"
-        if p.stop_strings:
+        if p.stop_strings and self.tokenizer is not None:  # validate_requests refused stop strings without one
             text = self.tokenizer.decode(r.tokens)
             if any(s in text for s in p.stop_strings):
                 return "stop"
