@@ -122,7 +122,7 @@ def check_scoring(cfg: RunConfig, task: Task) -> None:
         return
     ex = examples[0]
     if cfg.sft.steps > 0:
-        from posttrain.loop.run_state import reference_answer
+        from posttrain.loop.warmup import reference_answer
 
         try:
             reference_answer(task, ex)

@@ -15,54 +15,63 @@ restored step are dropped so no step appears twice.
 from __future__ import annotations
 
 import copy
-import dataclasses
-import json
 import logging
 import os
 import shutil
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol, runtime_checkable
 
 import torch
 
+from posttrain.algos.kl import AdaptiveKLController
 from posttrain.config import RunConfig, dump_config
+from posttrain.learner.actor import KLCoefficient
+from posttrain.learner.critic import CriticLearner, ValueModel
+from posttrain.learner.settings import BatchingSettings, OptimizerSettings
+from posttrain.loop import checkpointing
 from posttrain.loop.builders import build_engine, build_learner, build_model, build_renderer, build_task
+from posttrain.loop.checkpointing import RunState, check_resumable
 from posttrain.loop.guards import VerdictTally, check_guards
 from posttrain.loop.metrics_log import MetricsLog
-from posttrain.trajectory import Ledger, Trajectory
+from posttrain.loop.promotion import Promotion
+from posttrain.loop.warmup import sft_warmup
+from posttrain.trajectory import Ledger, Trajectory, TrajectoryBatch
 
 log = logging.getLogger("posttrain")
 
 
-@dataclasses.dataclass
-class RunState:
-    """Everything that must survive a crash besides weights and optimizer state."""
+@runtime_checkable
+class HoldsKLCoefficient(Protocol):
+    """A learner holding the run's KL coefficient (``builders.build_kl_coef``): a float or a controller."""
 
-    step: int = 0
-    cursor: int = 0  # training prompts consumed
-    ref_version: int = 0
-    best_heldout_accuracy: float = -1.0
-    last_heldout_accuracy: float = float("nan")
-    promoted_step: int = 0
-    heldout_curve: list[tuple[int, float, float]] = dataclasses.field(default_factory=list)  # step, acc, reward
-    reward_curve: list[tuple[int, float]] = dataclasses.field(default_factory=list)
-    decisions: list[dict[str, Any]] = dataclasses.field(default_factory=list)
-    stopped: str | None = None
-    wall_seconds: float = 0.0
-    rollout_calls: int = 0  # rollout calls started (non-sync modes run ahead of ``step``)
-    inflight_at_checkpoint: int = 0  # samples queued / paused when the checkpoint was written
-    discarded_on_resume: int = 0  # in-flight samples of the checkpoint that a resume discarded (counted)
-    unconsumed_samples: int = 0  # samples generated but never trained on when the run ended
-    rollout_dropped: int = 0  # paused samples dropped before resuming (max_version_span / max_staleness)
+    kl_coef: float | KLCoefficient
 
 
-def reference_answer(task: Any, ex: Any) -> str:
-    """The model-free reference response of an example (``meta['answer']``), for SFT warm-up."""
-    ans = ex.meta.get("answer")
-    if ans is None:
-        raise ValueError(f"task {task.name!r}: example {ex.prompt_id!r} has no meta['answer'] for the SFT warm-up")
-    return str(ans)
+def kl_coefficient(learner: object) -> float | KLCoefficient:
+    """The KL coefficient ``learner`` holds (``PolicyLearner`` and ``LearnerRanks`` both do)."""
+    if not isinstance(learner, HoldsKLCoefficient):
+        raise TypeError(f"{type(learner).__name__} holds no kl_coef")
+    return learner.kl_coef
+
+
+def kl_coef_of(coef: float | KLCoefficient) -> float:
+    """beta of a learner's ``kl_coef``: the fixed float, or the controller's current ``value``."""
+    return float(coef) if isinstance(coef, (int, float)) else float(coef.value)
+
+
+def build_critic(cfg: RunConfig, plain_model: torch.nn.Module) -> CriticLearner:
+    """The critic of ``critic.enabled``: a value head on a copy of ``plain_model`` (or on its backbone with
+    ``critic.shared_backbone``), trained at ``critic.lr`` with the policy's epochs, mini-batches,
+    micro-batch budget and gradient clip, and PPO's value clip ``critic.value_clip``."""
+    vm = ValueModel.from_actor(plain_model, shared_backbone=cfg.critic.shared_backbone, seed=cfg.seed)
+    return CriticLearner(
+        vm, clip_eps=cfg.critic.value_clip,
+        optim=OptimizerSettings(lr=cfg.critic.lr, max_grad_norm=cfg.optim.max_grad_norm),
+        batching=BatchingSettings(epochs=cfg.optim.ppo_epochs, num_minibatches=cfg.optim.num_minibatches,
+                                  microbatch_tokens=cfg.optim.microbatch_tokens, seed=cfg.seed),
+    )
 
 
 class Run:
@@ -94,15 +103,7 @@ class Run:
         self.ref_model: torch.nn.Module | None = None
         if cfg.loss.kl_estimator is not None:
             self.ref_model = copy.deepcopy(self.plain_model).eval().requires_grad_(False)
-        self.critic = None
-        if cfg.critic.enabled:
-            from posttrain.learner.critic import CriticLearner, ValueModel
-
-            vm = ValueModel.from_actor(self.plain_model, shared_backbone=cfg.critic.shared_backbone, seed=cfg.seed)
-            self.critic = CriticLearner(vm, lr=cfg.critic.lr, clip_eps=cfg.critic.value_clip,
-                                        microbatch_tokens=cfg.optim.microbatch_tokens,
-                                        max_grad_norm=cfg.optim.max_grad_norm, epochs=cfg.optim.ppo_epochs,
-                                        num_minibatches=cfg.optim.num_minibatches, seed=cfg.seed)
+        self.critic = build_critic(cfg, self.plain_model) if cfg.critic.enabled else None
         self.heldout = self.task.examples("heldout", cfg.eval.size, seed=cfg.seed)
         self.hidden_verifier: Any = None  # eval.hidden_verifier: judges beside the task's, never rewards
         if cfg.eval.hidden_verifier is not None:
@@ -129,11 +130,10 @@ class Run:
             self._pool = VerifierPool(workers=cfg.reward.workers, timeout_s=cfg.reward.timeout_s,
                                       retries=cfg.reward.retries)
             self.verify_batch = self._pool.verify_batch
-        self._promoted: dict[str, torch.Tensor] | None = None
+        self.promotion = Promotion(self.learner.model, self.state, reject_drop=cfg.eval.reject_drop)
         self.verdicts = VerdictTally()  # this invocation's verifications: nothing judged at all -> an error
-        self.inflight_count: Any = None  # set by the loop: samples queued / paused in the producer
-        self._t_start = time.perf_counter()
-        self._wall_before = 0.0
+        self.inflight_count: Callable[[], int] | None = None  # set by the loop: samples queued / paused
+        self.restart_clock(0.0)
 
     def _open_ray_backend(self) -> None:
         """Rollout (and reward) workers as Ray actors behind the same calls the loop already makes.
@@ -162,7 +162,7 @@ class Run:
         return out
 
     # ------------------------------------------------------------------ policy
-    def ref_logprobs(self, batch: Any) -> torch.Tensor:
+    def ref_logprobs(self, batch: TrajectoryBatch) -> torch.Tensor:
         """Reference log-probs (frozen model, the learner's temperature and replayed truncation)."""
         from posttrain.learner.logprobs import token_logprobs
 
@@ -171,14 +171,14 @@ class Run:
                                temperature=self.learner.temperature,
                                top_k=self.learner.top_k, top_p=self.learner.top_p,
                                microbatch_tokens=self.cfg.optim.microbatch_tokens, action_mask=batch.action_mask)
-        return lp * batch.action_mask.to(lp.dtype)
+        masked: torch.Tensor = lp * batch.action_mask.to(lp.dtype)
+        return masked
 
     def kl_coef_value(self) -> float:
         """beta for this step: ``loss.kl_coef`` or the adaptive controller's current value. The learner
         holds the coefficient in both placements (``builders.build_kl_coef``): this step's loss reads it,
         or with ``credit.kl_in_reward`` the token rewards (``build_targets(kl_coef=...)``) do."""
-        c = self.learner.kl_coef
-        return float(getattr(c, "value", c))
+        return kl_coef_of(kl_coefficient(self.learner))
 
     def observe_kl(self, metrics: dict[str, Any]) -> None:
         """Feed this step's observed KL to an adaptive controller (Ziegler et al. 2019; bounded update,
@@ -189,12 +189,12 @@ class Run:
         in the reward (``kl/ref_mean``, pi_old vs pi_ref) with ``credit.kl_in_reward``, else the
         loss's ``kl``. ``metrics["kl_coef"]`` is set to the beta this step applied (read before the
         update); the updated one, which the next step applies, goes to ``kl_coef_next``."""
-        ctl = self.learner.kl_coef
-        metrics["kl_coef"] = float(getattr(ctl, "value", ctl))  # what this step applied (the learner's too)
+        ctl = kl_coefficient(self.learner)
+        metrics["kl_coef"] = kl_coef_of(ctl)  # what this step applied (the learner's too)
         key = "kl/ref_mean" if self.cfg.credit.kl_in_reward else "kl"
-        if hasattr(ctl, "update") and metrics.get(key) is not None:
+        if isinstance(ctl, AdaptiveKLController) and metrics.get(key) is not None:
             ctl.update(float(metrics[key]), self.cfg.sampling.prompts_per_step * self.cfg.sampling.group_size)
-            metrics["kl_coef_next"] = float(ctl.value)
+            metrics["kl_coef_next"] = ctl.value
 
     def release_engine(self) -> bool:
         """``system.engine_sleep``: the engine's ``sleep()`` before an update (colocation); True when it
@@ -213,15 +213,10 @@ class Run:
         """Push the learner's weights to the engine under the learner's version."""
         self.engine.update_weights(self.learner.weights_for_rollout(), version=self.learner.version)
 
-    def _snapshot(self) -> dict[str, torch.Tensor]:
-        return {k: v.detach().clone() for k, v in self.learner.model.state_dict().items()}
-
     def reject(self, step: int, reason: str) -> None:
-        """Restore the last promoted weights and log why (the revision is rejected)."""
-        if self._promoted is not None:
-            self.learner.model.load_state_dict(self._promoted)
-        self.state.decisions.append({"step": step, "decision": "rejected", "reason": reason})
-        log.warning("step %d: revision rejected: %s", step, reason)
+        """Reject the revision of ``step``: restore the promoted weights and record ``reason``
+        (:meth:`Promotion.reject <posttrain.loop.promotion.Promotion.reject>`)."""
+        self.promotion.reject(step, reason)
 
     def evaluate(self, temperature: float | None = None, samples: int = 1) -> Any:
         """Held-out evaluation of the engine's current weights (default: ``eval.temperature``);
@@ -243,59 +238,19 @@ class Run:
         from posttrain.loop.heldout import heldout_metrics  # shared with `posttrain eval`
 
         res, metrics = heldout_metrics(self)
-        st = self.state
-        acc = res.accuracy
-        decision, reason = "retained", ""
-        if st.best_heldout_accuracy >= 0 and acc < st.best_heldout_accuracy - self.cfg.eval.reject_drop:
-            decision = "rejected"
-            reason = f"held-out accuracy {acc:.3f} collapsed below best {st.best_heldout_accuracy:.3f}"
-            self.reject(step, reason)
-            self.sync_weights()
-        elif acc >= st.best_heldout_accuracy:
-            decision = "promoted"
-            st.best_heldout_accuracy, st.promoted_step = acc, step
-            self._promoted = self._snapshot()
-        if decision != "rejected":
-            st.decisions.append({"step": step, "decision": decision, "accuracy": acc})
-        st.last_heldout_accuracy = acc
-        st.heldout_curve.append((step, acc, res.reward_mean))
+        decision, reason = self.promotion.judge(step, res.accuracy)  # (:mod:`posttrain.loop.promotion`)
+        if decision == "rejected":
+            self.sync_weights()  # the engine gets the restored weights
+        self.state.last_heldout_accuracy = res.accuracy
+        self.state.heldout_curve.append((step, res.accuracy, res.reward_mean))
         return {**metrics, "revision": decision, "revision_reason": reason}
 
     # ------------------------------------------------------------------ warm-up
     def warmup_and_baseline(self, progress: Any = None) -> None:
-        """SFT warm-up on reference answers (if ``sft.steps``), then the step-0 held-out eval."""
-        cfg = self.cfg
-        if cfg.sft.steps > 0:
-            from posttrain.learner.sft import run_sft
-
-            pool = self.task.examples("train", cfg.sft.examples, seed=cfg.seed + 12_345)
-            tok = self.tokenizer
-            eos = tok.eos_token_id
-            if cfg.env.name is not None:  # multi-turn: the environment's demonstrations, one pair per turn
-                from posttrain.loop.episode_rollout import EpisodeRollout, sft_pairs
-                from posttrain.loop.rollout_stage import RolloutStage
-
-                pairs = sft_pairs(EpisodeRollout(cfg, self, RolloutStage.from_config(cfg)), pool)
-            else:
-                pairs = [(self.renderer.ids(ex), tok(reference_answer(self.task, ex)).input_ids + [eos]) for ex in pool]
-            g = torch.Generator().manual_seed(cfg.seed)
-            bar = progress.add_task("SFT warm-up", total=cfg.sft.steps) if progress else None
-
-            def batches(s: int) -> list[tuple[list[int], list[int]]]:
-                idx = torch.randint(len(pairs), (cfg.sft.batch_size,), generator=g).tolist()
-                return [pairs[i] for i in idx]
-
-            def on_step(s: int, loss: float) -> None:
-                if progress is not None:
-                    progress.update(bar, advance=1, description=f"SFT warm-up loss {loss:.3f}")
-
-            losses = run_sft(self.learner.model, batches, steps=cfg.sft.steps, lr=cfg.sft.lr,
-                             pad_token_id=self.pad_token_id, on_step=on_step)
-            self.learner.model.eval()
-            (self.dir / "sft_losses.json").write_text(json.dumps(losses))
-            if self.ref_model is not None:
-                self.ref_model.load_state_dict(self.learner.weights_for_rollout())  # plain names (LoRA merged)
-            self.sync_weights()
+        """SFT warm-up on reference answers (if ``sft.steps``, :func:`~posttrain.loop.warmup.sft_warmup`),
+        then the step-0 held-out eval."""
+        if self.cfg.sft.steps > 0:
+            sft_warmup(self, progress)
         m = self.evaluate_and_judge(0)
         check_guards(self.cfg.guards, m)  # step 0: a breach (e.g. every verification failed) warns
         self.verdicts.add(m)
@@ -318,105 +273,22 @@ class Run:
             self.checkpoint()
 
     def checkpoint(self) -> Path:
-        """Atomic checkpoint of everything needed to resume exactly."""
-        from posttrain.learner.checkpoint import save_checkpoint
-
-        self.state.wall_seconds = self._wall_before + time.perf_counter() - self._t_start
-        # Queued / paused samples are not in the checkpoint: a resume discards them and counts them.
-        self.state.inflight_at_checkpoint = int(self.inflight_count()) if self.inflight_count is not None else 0
-        extra = {"run_state": dataclasses.asdict(self.state), "engine_version": self.engine.version}
-        if self.ref_model is not None:
-            extra["has_ref"] = True
-        return save_checkpoint(
-            self.dir / "checkpoints" / f"step_{self.state.step:06d}",
-            step=self.state.step, actor=self.learner.model, tokenizer=self.tokenizer,
-            critic=None if self.critic is None else self.critic.model,
-            learner_state=self._learner_state, extra=extra,
-        )
-
-    def _learner_state(self, directory: Path) -> dict[str, Any]:
-        # Learner ranks write their model + optimizer shards into the checkpoint (learner_dcp/).
-        from posttrain.learner.sharded_checkpoint import SHARDED_DIR
-
-        save_sharded = getattr(self.learner, "save_sharded", None)
-        s: dict[str, Any] = {"learner": save_sharded(directory / SHARDED_DIR) if save_sharded is not None
-                             else self.learner.state_dict()}
-        if self.ref_model is not None:
-            s["ref_model"] = self.ref_model.state_dict()
-        if self._promoted is not None:
-            s["promoted"] = self._promoted
-        if self.critic is not None:
-            s["critic"] = self.critic.state_dict()
-        return s
+        """Atomic checkpoint of everything needed to resume exactly (:mod:`posttrain.loop.checkpointing`)."""
+        return checkpointing.write_checkpoint(self)
 
     def resume(self) -> bool:
-        """Restore the newest checkpoint that loads; returns False when there is no complete one.
+        """Restore the newest checkpoint that loads; False when there is no complete one
+        (:func:`posttrain.loop.checkpointing.resume`)."""
+        return checkpointing.resume(self)
 
-        A checkpoint that fails to load (truncated or corrupt file) is skipped with a warning and
-        the previous complete one is used; when none loads, ``UserError`` names the newest and why.
-        Ledger steps and ``metrics.jsonl`` lines after the restored step are set aside / dropped.
-        """
-        from posttrain.learner.checkpoint import complete_checkpoints
+    def restart_clock(self, wall_before: float) -> None:
+        """Count this invocation's wall time from now, on top of ``wall_before`` seconds of earlier ones."""
+        self._t_start = time.perf_counter()
+        self._wall_before = wall_before
 
-        paths = complete_checkpoints(self.dir / "checkpoints")
-        if not paths:
-            return False
-        first_err: str | None = None
-        for path in reversed(paths):
-            try:
-                self._restore(path)
-            except Exception as e:  # noqa: BLE001 - any unreadable checkpoint: fall back to the previous one
-                why = f"{type(e).__name__}: {e}".splitlines()[0][:300]
-                first_err = first_err or f"{path}: {why}"
-                log.warning("resume: checkpoint %s cannot be loaded (%s); falling back to the previous one", path, why)
-                continue
-            break
-        else:
-            from posttrain.loop.run_dir import RunDirError
-
-            raise RunDirError(f"resume: no checkpoint under {self.dir / 'checkpoints'} can be loaded ({first_err})")
-        dropped = self.log.truncate_after(self.state.step)
-        if dropped:
-            log.warning("resume: dropped %d metrics.jsonl lines written after step %d", dropped, self.state.step)
-        return True
-
-    def _restore(self, path: Path) -> None:
-        """Load checkpoint ``path`` into the learner, engine, state and RNGs (raises if it is unreadable)."""
-        from posttrain.learner.checkpoint import load_checkpoint, restore_actor, restore_rng
-
-        ck = load_checkpoint(path)
-        restore_actor(self.learner.model, ck)
-        ls = ck.learner_state
-        if "sharded" in ls["learner"]:  # learner ranks' DCP shards: any world size, or the embedded learner
-            from posttrain.learner.sharded_checkpoint import load_sharded_into_learner
-
-            load_sharded_into_learner(self.learner, path / ls["learner"]["sharded"], ls["learner"])
-        else:
-            self.learner.load_state_dict(ls["learner"])
-        if self.ref_model is not None and "ref_model" in ls:
-            self.ref_model.load_state_dict(ls["ref_model"])
-        if self.critic is not None:
-            if ck.critic_dir is None:
-                raise ValueError(f"{path}: checkpoint has no critic/ but this run has a critic")
-            self.critic.model.load(ck.critic_dir)
-            self.critic.load_state_dict(ls["critic"])
-        self._promoted = ls.get("promoted")
-        rs = dict(ck.extra["run_state"])
-        rs["heldout_curve"] = [tuple(x) for x in rs["heldout_curve"]]
-        rs["reward_curve"] = [tuple(x) for x in rs["reward_curve"]]
-        self.state = RunState(**rs)
-        self._wall_before = self.state.wall_seconds
-        if self.state.inflight_at_checkpoint:
-            self.state.discarded_on_resume += self.state.inflight_at_checkpoint
-            log.warning("resume: %d samples that were queued or paused at the checkpoint are discarded (counted in "
-                        "run_state.discarded_on_resume)", self.state.inflight_at_checkpoint)
-            self.state.inflight_at_checkpoint = 0
-        self.engine.update_weights(self.learner.weights_for_rollout(), version=int(ck.extra["engine_version"]))
-        restore_rng(ck.rng)
-        moved = self.ledger.discard_after(self.state.step)
-        if moved:
-            log.warning("resume: moved %d ledger files written after step %d to ledger/discarded/",
-                        len(moved), self.state.step)
+    def wall_seconds(self) -> float:
+        """Wall time of the run: earlier invocations (restored from a checkpoint) plus this one."""
+        return self._wall_before + time.perf_counter() - self._t_start
 
     def stop(self, reason: str) -> None:
         """Stop the run with a reason (logged, ledger-visible via metrics, checkpointed)."""
@@ -428,7 +300,7 @@ class Run:
     def close(self) -> None:
         """Close the sinks, verifier pool, backend and learner ranks, then release the run-directory lock
         (idempotent)."""
-        self.state.wall_seconds = self._wall_before + time.perf_counter() - self._t_start
+        self.state.wall_seconds = self.wall_seconds()
         try:
             if hasattr(self.learner, "close"):  # learner rank processes (learner.strategy ddp / fsdp2)
                 self.learner.close()
@@ -448,35 +320,6 @@ class Run:
 def run_dir_of(cfg: RunConfig) -> Path:
     """The run directory of ``cfg``: ``run_dir``, default ``runs/<name>``."""
     return Path(cfg.run_dir or f"runs/{cfg.name}")
-
-
-def check_resumable(cfg: RunConfig, run_dir: Path) -> str | None:
-    """Before building anything: refuse a ``resume=true`` that would start afresh or change the recipe.
-
-    Raises ``UserError`` when there is no complete checkpoint, or when the resolved config differs
-    from the run's ``config.yaml`` outside :data:`~posttrain.loop.run_dir.RESUME_MAY_CHANGE` and
-    ``resume_force`` is off (the message lists ``key: old -> new``). Returns a one-line summary
-    of the differences a forced resume accepts, else None.
-    """
-    from posttrain.learner.checkpoint import complete_checkpoints
-    from posttrain.loop.run_dir import RunDirError, placement_changes, read_config_yaml, recipe_diff
-
-    if not complete_checkpoints(run_dir / "checkpoints"):
-        raise RunDirError(f"resume=true but {run_dir / 'checkpoints'} holds no complete checkpoint; "
-                        "drop resume=true to start a new run there")
-    old = read_config_yaml(run_dir / "config.yaml")
-    if old is None:
-        log.warning("resume: %s is missing or unreadable; the recipe cannot be compared", run_dir / "config.yaml")
-        return None
-    new = cfg.model_dump(mode="json")
-    diff = recipe_diff(old, new)
-    if diff and not cfg.resume_force:
-        raise RunDirError(f"resume=true with a recipe that differs from {run_dir / 'config.yaml'}: "
-                        f"{'; '.join(diff)} (set resume_force=true to resume anyway)")
-    moved = placement_changes(old, new)  # change no arithmetic: resumed as is, config.yaml gets the new values
-    if moved:
-        log.warning("resume: placement-only keys changed (%s); config.yaml records the new values", "; ".join(moved))
-    return "; ".join(diff) if diff else None
 
 
 def open_run(cfg: RunConfig) -> Run:

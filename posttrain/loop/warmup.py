@@ -1,0 +1,68 @@
+"""The SFT warm-up before RL (``sft.steps`` > 0): supervised steps on reference responses.
+
+Single-turn, the pairs are (rendered prompt, the example's ``meta['answer']`` + EOS); with ``env.name``,
+the environment's demonstrations, one pair per turn. ``sft.batch_size`` pairs are drawn per step with
+replacement (seeded by ``seed``) from ``sft.examples`` training examples; the per-step losses go to
+``sft_losses.json``. The reference model and the engine then take the warmed weights, so the step-0
+held-out evaluation and the KL are measured from them.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import TYPE_CHECKING
+
+import torch
+
+if TYPE_CHECKING:
+    from rich.progress import Progress
+
+    from posttrain.envs.task import Task, TaskExample
+    from posttrain.loop.run_state import Run
+
+
+def reference_answer(task: Task, ex: TaskExample) -> str:
+    """The model-free reference response of an example (``meta['answer']``), for SFT warm-up."""
+    ans = ex.meta.get("answer")
+    if ans is None:
+        raise ValueError(f"task {task.name!r}: example {ex.prompt_id!r} has no meta['answer'] for the SFT warm-up")
+    return str(ans)
+
+
+def sft_warmup(run: Run, progress: Progress | None = None) -> None:
+    """``run.cfg.sft.steps`` SFT steps on ``run``'s learner model (:func:`posttrain.learner.sft.run_sft`,
+    a ``rich`` ``progress`` bar when given); then the reference model and the engine get its weights."""
+    from posttrain.learner.sft import run_sft
+
+    cfg = run.cfg
+    pool = run.task.examples("train", cfg.sft.examples, seed=cfg.seed + 12_345)
+    tok = run.tokenizer
+    eos = tok.eos_token_id
+    if cfg.env.name is not None:  # multi-turn: the environment's demonstrations, one pair per turn
+        from posttrain.loop.episode_rollout import EpisodeRollout, sft_pairs
+        from posttrain.loop.rollout_stage import RolloutStage
+
+        pairs = sft_pairs(EpisodeRollout(cfg, run, RolloutStage.from_config(cfg)), pool)
+    else:
+        pairs = [(run.renderer.ids(ex), tok(reference_answer(run.task, ex)).input_ids + [eos]) for ex in pool]
+    g = torch.Generator().manual_seed(cfg.seed)
+    bar = progress.add_task("SFT warm-up", total=cfg.sft.steps) if progress else None
+
+    def batches(s: int) -> list[tuple[list[int], list[int]]]:
+        idx = torch.randint(len(pairs), (cfg.sft.batch_size,), generator=g).tolist()
+        return [pairs[i] for i in idx]
+
+    def on_step(s: int, loss: float) -> None:
+        if progress is not None and bar is not None:
+            progress.update(bar, advance=1, description=f"SFT warm-up loss {loss:.3f}")
+
+    losses = run_sft(run.learner.model, batches, steps=cfg.sft.steps, lr=cfg.sft.lr,
+                     pad_token_id=run.pad_token_id, on_step=on_step)
+    run.learner.model.eval()
+    (run.dir / "sft_losses.json").write_text(json.dumps(losses))
+    if run.ref_model is not None:
+        run.ref_model.load_state_dict(run.learner.weights_for_rollout())  # plain names (LoRA merged)
+    run.sync_weights()
+
+
+__all__ = ["reference_answer", "sft_warmup"]
