@@ -75,7 +75,7 @@ def _base(p: dict[str, Any], seed: int) -> list[str]:
 
 def warm_start(p: dict[str, Any], seed: int, work: Path) -> Path:
     """SFT warm-up once; returns the actor directory (HF format) every mode starts from."""
-    from posttrain.loop.run_state import open_run
+    from posttrain.loop.run import open_run
     from posttrain.loop.validate import load_run_config
 
     cfg = load_run_config("grpo", [*_base(p, seed), f"model.path={p['model']}", f"sft.steps={p['sft_steps']}",
@@ -92,7 +92,7 @@ def run_mode(mode: str, p: dict[str, Any], seed: int, model_dir: Path, work: Pat
     """Train ``p['steps']`` steps in ``mode`` from ``model_dir``; return the mode's figures."""
     import torch
 
-    from posttrain.loop.sync import train
+    from posttrain.loop.training_loop import train
     from posttrain.loop.validate import load_run_config
     from posttrain.trajectory import Ledger
 

@@ -159,7 +159,7 @@ def prepare_sft(cfg: Any, work: Path, fresh: bool = False) -> tuple[Path, float]
     Reused when ``work/sft_model/sft.json`` records the same model / task / SFT settings.
     Returns the checkpoint directory and the SFT time in seconds (0 when reused).
     """
-    from posttrain.loop.run_state import open_run
+    from posttrain.loop.run import open_run
 
     out = work / "sft_model"
     key = {"model": cfg.model.model_dump(), "task": cfg.task.model_dump(), "sft": cfg.sft.model_dump(),
@@ -195,7 +195,7 @@ def prepare_sft(cfg: Any, work: Path, fresh: bool = False) -> tuple[Path, float]
 def run_posttrain(cfg: Any, sft_dir: Path, work: Path, steps: int) -> dict[str, Any]:
     """posttrain's synchronous GRPO loop from ``sft_dir`` for ``steps`` steps; timings + held-out."""
     from posttrain.learner.checkpoint import latest_checkpoint
-    from posttrain.loop.sync import train
+    from posttrain.loop.training_loop import train
 
     run_dir = work / "posttrain"
     if run_dir.exists():  # a fresh run each time; keep the old one aside rather than deleting it

@@ -35,7 +35,7 @@ def run(args: argparse.Namespace) -> int:
         write_report,
     )
     from posttrain.loop.console import progress_bars
-    from posttrain.loop.sync import train
+    from posttrain.loop.training_loop import train
 
     cfg = load_run_config("demo", [f"run_dir={args.run_dir}", *args.overrides])
     from posttrain.loop.preflight import preflight

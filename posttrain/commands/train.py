@@ -83,7 +83,7 @@ def resume_command(args: argparse.Namespace) -> str:
 def _where_to_go_on(cfg: RunConfig, args: argparse.Namespace) -> str:
     """``the last checkpoint X is intact; continue with: <resume command>`` (or how to start over)."""
     from posttrain.learner.checkpoint import latest_checkpoint
-    from posttrain.loop.run_state import run_dir_of
+    from posttrain.loop.run import run_dir_of
 
     ck = latest_checkpoint(run_dir_of(cfg) / "checkpoints")
     if ck is None:
@@ -96,7 +96,7 @@ def _where_to_go_on(cfg: RunConfig, args: argparse.Namespace) -> str:
 def print_rise(cfg: RunConfig) -> None:
     """Print the measured held-out rise of the run (greedy, sampled, pass@k: first -> last evaluation)."""
     from posttrain.evaluation.report import heldout_series, rise_lines
-    from posttrain.loop.run_state import run_dir_of
+    from posttrain.loop.run import run_dir_of
 
     for line in rise_lines(heldout_series(run_dir_of(cfg)), cfg.eval.temperature, cfg.eval.sampled_temperature):
         print(f"  {line}")
@@ -113,7 +113,7 @@ def run(args: argparse.Namespace) -> int:
         return 0
     from posttrain.loop.console import progress_bars
     from posttrain.loop.run_dir import RunDirError, describe_os_error
-    from posttrain.loop.sync import train
+    from posttrain.loop.training_loop import train
 
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(message)s")
     try:

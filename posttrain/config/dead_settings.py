@@ -69,7 +69,7 @@ RULES: tuple[Rule, ...] = (
          "interrupt_on_update)"),
     Rule(("system.max_staleness",), lambda c: c.system.mode == "sync" and c.system.partial_fraction >= 1.0,
          "in system.mode=sync without partial rollout every sample is consumed at the version that sampled it"),
-    # posttrain/loop/run_state.py: Ray actors are built only with system.backend=ray.
+    # posttrain/loop/run.py: Ray actors are built only with system.backend=ray.
     Rule(("system.ray",), lambda c: c.system.backend != "ray", "system.backend is not ray"),
     # posttrain/loop/backends/: no learner runs as a Ray actor (learner ranks are processes the driver
     # spawns, learner.strategy); nothing reads these keys until one does.
@@ -110,7 +110,7 @@ RULES: tuple[Rule, ...] = (
     Rule(("reward.extract", "reward.functions", "reward.overlong_max_len", "reward.overlong_cache_len"),
          lambda c: c.env.name is not None,
          "env.name is set: the environment scores its own episodes (no task verifier to extend)"),
-    # posttrain/loop/run_state.py: verification goes through a VerifierPool of reward.* unless the Ray reward
+    # posttrain/loop/run.py: verification goes through a VerifierPool of reward.* unless the Ray reward
     # actors verify (system.ray.verify_*); an environment's episodes are never verified.
     Rule(("reward.workers", "reward.timeout_s", "reward.retries"), lambda c: c.env.name is not None,
          "env.name is set: the environment scores its own episodes (no verifier runs)"),
@@ -132,7 +132,7 @@ RULES: tuple[Rule, ...] = (
     # posttrain/loop/builders.py build_model: init_seed seeds the random init of builtin tiny presets.
     Rule(("model.init_seed",), _not_builtin_tiny,
          "model.path is not a randomly initialised builtin preset (its weights are loaded)"),
-    # posttrain/loop/sync.py: pi_old is fused only with exactly one optimizer step per update.
+    # posttrain/loop/training_loop.py: pi_old is fused only with exactly one optimizer step per update.
     Rule(("optim.fuse_old_logprob",), lambda c: c.optim.ppo_epochs > 1 or c.optim.num_minibatches > 1
          or c.correction.name is not None or c.credit.kl_in_reward or c.learner.world_size > 1,
          "the update takes more than one optimizer step (or has a correction, KL in the reward or several "

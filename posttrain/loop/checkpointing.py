@@ -23,7 +23,7 @@ from posttrain.loop.promotion import Decision
 
 if TYPE_CHECKING:
     from posttrain.learner.checkpoint import CheckpointState
-    from posttrain.loop.run_state import Run
+    from posttrain.loop.run import Run
 
 log = logging.getLogger("posttrain")
 

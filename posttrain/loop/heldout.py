@@ -11,7 +11,7 @@ evaluation plays and judges through the rollout's one single-turn path
 the rollout's episode player (:func:`evaluate_episodes`); verification goes through the same
 guarded path as training (``verify_batch``, a :class:`~posttrain.rewards.VerifierPool`): a
 verifier that raises, hangs or returns garbage on a held-out sample is an infra error there too,
-never a crash or a freeze. The trainer (:class:`~posttrain.loop.run_state.Run`) and
+never a crash or a freeze. The trainer (:class:`~posttrain.loop.run.Run`) and
 ``posttrain eval`` (:mod:`posttrain.evaluation.heldout`) both call :func:`heldout_metrics`.
 """
 
@@ -171,7 +171,7 @@ def evaluate(
 
 
 class EvaluatedRun(Protocol):
-    """What a held-out evaluation reads of a run: met by :class:`~posttrain.loop.run_state.Run` (training)
+    """What a held-out evaluation reads of a run: met by :class:`~posttrain.loop.run.Run` (training)
     and :class:`HeldoutRun` (``posttrain eval`` of a checkpoint)."""
 
     @property
@@ -203,7 +203,7 @@ def evaluate_run(run: EvaluatedRun, temperature: float | None = None, samples: i
                  env_overrides: dict[str, JSONScalar] | None = None) -> EvalResult:
     """A run's held-out evaluation of its engine's current weights: the one path of training and ``posttrain eval``.
 
-    ``run`` is a :class:`~posttrain.loop.run_state.Run` or a :class:`HeldoutRun` (the same attributes:
+    ``run`` is a :class:`~posttrain.loop.run.Run` or a :class:`HeldoutRun` (the same attributes:
     ``cfg``, ``engine``, ``tokenizer``, ``task``, ``heldout``, ``renderer``, ``verify_batch``,
     ``hidden_verifier``, ``plain_model``). Single-turn (``env.name`` unset): :func:`evaluate` on
     ``run.heldout`` rendered by ``run.renderer`` (task.chat_template / task.system_prompt), judged by
@@ -239,7 +239,7 @@ def heldout_metrics(run: EvaluatedRun) -> tuple[EvalResult, dict[str, float]]:
     dict holds its ``heldout/*`` keys plus, as configured: ``heldout_sampled/*`` at
     ``eval.sampled_temperature``; pass@k over ``eval.samples`` responses of whichever evaluation
     samples (``heldout/pass@k``, Chen et al. 2021); ``heldout_notool/*`` (``env.eval_without_tools``).
-    Both :meth:`Run.evaluate_and_judge <posttrain.loop.run_state.Run.evaluate_and_judge>` and
+    Both :meth:`Run.evaluate_and_judge <posttrain.loop.run.Run.evaluate_and_judge>` and
     ``posttrain eval`` call it, so a checkpoint's evaluation reproduces the run's record.
     """
     cfg = run.cfg

@@ -1,6 +1,6 @@
 """How batches of trajectories are produced: the ``system.mode`` knob of the one training loop.
 
-The loop (:func:`posttrain.loop.sync.train`) asks a producer for the next batch, updates, then
+The loop (:func:`posttrain.loop.training_loop.train`) asks a producer for the next batch, updates, then
 syncs weights inside :meth:`Producer.quiesce`. Three producers, one rollout driver
 (:class:`posttrain.loop.rollout.Rollout`, which also does partial rollout and dynamic sampling):
 
@@ -58,7 +58,7 @@ class Produced:
 
 
 class RolloutCounters(Protocol):
-    """The rollout counters a run keeps across a crash (:class:`~posttrain.loop.run_state.RunState`)."""
+    """The rollout counters a run keeps across a crash (:class:`~posttrain.loop.checkpointing.RunState`)."""
 
     rollout_calls: int  # rollout calls started (non-sync modes run ahead of the step)
     rollout_dropped: int  # carried members dropped before resuming
@@ -81,7 +81,7 @@ class PausableEngine(Protocol):
 
 
 class ProducerRun(Protocol):
-    """What a producer reads and writes of a run (met by :class:`~posttrain.loop.run_state.Run`):
+    """What a producer reads and writes of a run (met by :class:`~posttrain.loop.run.Run`):
     the engine, the learner's version, the rollout counters and the prompt stream."""
 
     @property

@@ -20,7 +20,7 @@ from posttrain.rollout.sampling import SamplingParams
 
 class RolloutRun(RolloutSource, Protocol):
     """What building a run's rollout reads of it besides the engine and prompts (met by
-    :class:`~posttrain.loop.run_state.Run`). Read when present: ``renderer`` (default raw text),
+    :class:`~posttrain.loop.run.Run`). Read when present: ``renderer`` (default raw text),
     ``verify_batch`` (default in-process), ``state.rollout_dropped``, ``plain_model`` (episodes)."""
 
     @property

@@ -18,7 +18,7 @@ if TYPE_CHECKING:
     from rich.progress import Progress
 
     from posttrain.envs.task import Task, TaskExample
-    from posttrain.loop.run_state import Run
+    from posttrain.loop.run import Run
 
 
 def reference_answer(task: Task, ex: TaskExample) -> str:

@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 
 from posttrain.cli import main
-from posttrain.loop.sync import train
+from posttrain.loop.training_loop import train
 from posttrain.loop.validate import load_run_config
 
 pytestmark = pytest.mark.timeout(300)

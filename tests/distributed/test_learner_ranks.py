@@ -87,7 +87,7 @@ def _run(key: str, tmp_root: Path, overrides: list[str], monkeypatch: pytest.Mon
     if key in _CACHE:
         return _CACHE[key]
     import posttrain.loop.builders as builders
-    from posttrain.loop.sync import train
+    from posttrain.loop.training_loop import train
 
     run_dir = tmp_root / key
     cfg = load_run_config("grpo", [*BASE, *overrides, f"run_dir={run_dir}"])
@@ -194,7 +194,7 @@ def test_a_wrong_reduction_is_caught_by_the_same_tolerance(bug: dict[str, Any], 
 def test_sigkilled_rank_fails_the_run_naming_it_then_resume_on_one_rank(tmp_root: Path,
                                                                         monkeypatch: pytest.MonkeyPatch) -> None:
     from posttrain.learner.ranks import LearnerRanks
-    from posttrain.loop.sync import train
+    from posttrain.loop.training_loop import train
 
     run_dir = tmp_root / "killed"
     over = ["system.mode=sync", "checkpoint_every=2", f"run_dir={run_dir}"]
@@ -264,7 +264,7 @@ def dcp_run(tmp_root: Path) -> Path:
     """A fsdp2 x 2 run stopped during its fifth update, with sharded (DCP) checkpoints at steps 2 (no
     optimizer step yet: a stateless AdamW) and 4 (after the first optimizer step, at step 4)."""
     from posttrain.learner.ranks import LearnerRanks
-    from posttrain.loop.sync import train
+    from posttrain.loop.training_loop import train
 
     run_dir = tmp_root / "dcp"
     cfg = load_run_config("grpo", [*BASE, *NO_KL, "system.mode=sync", "checkpoint_every=2", f"run_dir={run_dir}",
@@ -324,7 +324,7 @@ def test_sharded_checkpoint_resumes_to_the_uninterrupted_weights(target: str, st
     shards hold AdamW state that step 5 uses; step 2's a stateless optimizer."""
     import shutil
 
-    from posttrain.loop.sync import train
+    from posttrain.loop.training_loop import train
 
     run_dir = tmp_root / f"dcp-resume-{target}-{step}"
     shutil.copytree(dcp_run, run_dir)
@@ -350,7 +350,7 @@ def test_a_damaged_shard_is_named_in_one_line(damage: str, dcp_run: Path, tmp_pa
 
     from posttrain.learner.checkpoint import load_checkpoint
     from posttrain.loop.run_dir import RunDirError
-    from posttrain.loop.sync import train
+    from posttrain.loop.training_loop import train
 
     run_dir = tmp_path / "run"
     shutil.copytree(dcp_run, run_dir)
@@ -416,7 +416,7 @@ def test_weights_streamed_in_many_buckets_equal_one_bucket(strategy: str, tmp_ro
 
 def test_a_corrupted_weight_bucket_fails_the_run_naming_it(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     import posttrain.loop.builders as builders
-    from posttrain.loop.sync import train
+    from posttrain.loop.training_loop import train
 
     orig = builders.build_learner_ranks
     monkeypatch.setattr(builders, "build_learner_ranks", lambda c, m, **k: orig(c, m, corrupt_bucket=3))
@@ -433,7 +433,7 @@ def test_an_embedded_learner_checkpoint_resumes_on_fsdp2_ranks(tmp_root: Path, m
     """The other direction: a full-state checkpoint of the embedded learner (id-keyed AdamW state in
     ``learner_state.pt``, no shards) resumes on fsdp2 x 2 without ``resume_force``."""
     from posttrain.learner.actor import PolicyLearner
-    from posttrain.loop.sync import train
+    from posttrain.loop.training_loop import train
 
     run_dir = tmp_root / "embedded-then-fsdp2"
     over = ["system.mode=sync", "checkpoint_every=4", f"run_dir={run_dir}"]

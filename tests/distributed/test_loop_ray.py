@@ -8,7 +8,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from posttrain.loop.sync import train
+from posttrain.loop.training_loop import train
 from posttrain.loop.validate import load_run_config
 from posttrain.trajectory import Ledger
 

@@ -14,7 +14,7 @@ import torch
 
 from posttrain.config import load_config
 from posttrain.learner.logprobs import forward_logprobs, kept_set_mask
-from posttrain.loop.sync import train
+from posttrain.loop.training_loop import train
 from posttrain.rollout.sampling import behaviour_logprobs
 from posttrain.trajectory import Ledger
 

@@ -8,7 +8,7 @@ from pathlib import Path
 
 from safetensors.torch import load_file
 
-from posttrain.loop.sync import train
+from posttrain.loop.training_loop import train
 from posttrain.loop.validate import load_run_config
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))

@@ -45,13 +45,13 @@ def capture(name: str, run_dir: Path) -> dict[str, np.ndarray]:
     """Train case ``name`` into ``run_dir`` and return its arrays (keys prefixed ``name/``)."""
     from safetensors.torch import load_file
 
-    import posttrain.loop.sync as sync
+    import posttrain.loop.training_loop as training_loop
     from posttrain.loop.validate import load_run_config
     from posttrain.trajectory import Ledger
 
     recipe, over = CASES[name]
     seen: list[tuple[list[str], np.ndarray, np.ndarray | None]] = []
-    real = sync.step_metrics
+    real = training_loop.step_metrics
 
     def spy(batch: Any, trajs: Any, tg: Any, *args: Any, **kwargs: Any) -> Any:
         mask = batch.action_mask.double()
@@ -60,11 +60,11 @@ def capture(name: str, run_dir: Path) -> dict[str, np.ndarray]:
         return real(batch, trajs, tg, *args, **kwargs)
 
     sys.path.insert(0, str(HERE))  # flaky_task
-    sync.step_metrics = spy
+    training_loop.step_metrics = spy
     try:
-        sync.train(load_run_config(recipe, [*_BASE, *over, f"run_dir={run_dir}"]))
+        training_loop.train(load_run_config(recipe, [*_BASE, *over, f"run_dir={run_dir}"]))
     finally:
-        sync.step_metrics = real
+        training_loop.step_metrics = real
         sys.path.remove(str(HERE))
     led = Ledger(run_dir / "ledger")
     trajs = led.read_trajectories()

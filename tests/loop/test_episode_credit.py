@@ -196,7 +196,7 @@ def test_critic_values_at_observation_tokens_never_reach_gae():
 
 
 def test_episodes_train_with_a_critic_from_a_recipe(tmp_path):
-    from posttrain.loop.sync import train
+    from posttrain.loop.training_loop import train
 
     cfg = load_run_config(None, ["model.path=builtin:micro", "env.name=calculator_tool", "env.tool_prompt=none",
                              "env.max_turns=2", "env.max_tokens=120", "env.stop_strings=['e', 'o']",
@@ -229,7 +229,7 @@ def test_pass_at_k_over_held_out_episodes_hand_computed():
 
 
 def test_episode_recipe_reports_pass_at_k(tmp_path):
-    from posttrain.loop.sync import train
+    from posttrain.loop.training_loop import train
 
     cfg = load_run_config(None, ["model.path=builtin:micro", "env.name=calculator_tool", "env.tool_prompt=none",
                              "env.max_turns=2", "env.max_tokens=120", "env.stop_strings=['e', 'o']",

@@ -120,7 +120,7 @@ def test_without_partial_rollout_a_call_runs_every_episode_to_its_end():
 
 @pytest.mark.parametrize("mode", ["sync", "async"])
 def test_partial_rollout_of_episodes_trains_from_a_recipe(tmp_path, mode):
-    from posttrain.loop.sync import train
+    from posttrain.loop.training_loop import train
     from posttrain.loop.validate import load_run_config
     from posttrain.trajectory import Ledger
 

@@ -166,7 +166,7 @@ def test_environment_exception_is_env_failure_and_tool_crash_is_an_observation()
 
 
 def test_env_failure_is_excluded_from_the_update_not_zero():
-    from posttrain.loop.sync import update_step
+    from posttrain.loop.training_loop import update_step
 
     _, _, ro = make_run(ScriptedEngine(lambda text: "x"), "sampling.prompts_per_step=1",
                         env_factory=lambda **kw: BrokenStep())
@@ -237,7 +237,7 @@ def test_env_config_errors_name_the_key():
 
 @pytest.mark.parametrize("mode", ["one_step_off", "async"])
 def test_episodes_train_in_background_modes(tmp_path, mode):
-    from posttrain.loop.sync import train
+    from posttrain.loop.training_loop import train
     from posttrain.trajectory import Ledger
 
     cfg = load_run_config(None, ["model.path=builtin:micro", "env.name=calculator_tool", "env.tool_prompt=none",

@@ -17,8 +17,8 @@ import pytest
 from posttrain.cli import main
 from posttrain.errors import UserError
 from posttrain.learner import checkpoint as ckpt
-from posttrain.loop import sync
-from posttrain.loop.sync import train
+from posttrain.loop import training_loop
+from posttrain.loop.training_loop import train
 from posttrain.loop.validate import load_run_config
 from posttrain.trajectory import Ledger
 
@@ -37,14 +37,14 @@ def _metric_steps(run_dir: Path) -> list[int]:
 
 def _interrupt_at(monkeypatch, step_k: int, exc: BaseException) -> None:
     """Make the training loop raise ``exc`` when step ``step_k`` starts its update."""
-    real = sync.update_step
+    real = training_loop.update_step
 
     def hooked(run, producer, step, produced, t_step):
         if step == step_k:
             raise exc
         return real(run, producer, step, produced, t_step)
 
-    monkeypatch.setattr(sync, "update_step", hooked)
+    monkeypatch.setattr(training_loop, "update_step", hooked)
 
 
 def _error_lines(err: str) -> list[str]:

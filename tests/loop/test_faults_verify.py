@@ -13,9 +13,9 @@ from pathlib import Path
 import pytest
 
 from posttrain.learner.checkpoint import latest_checkpoint
-from posttrain.loop import sync
+from posttrain.loop import training_loop
 from posttrain.loop.heldout import evaluate
-from posttrain.loop.sync import train
+from posttrain.loop.training_loop import train
 from posttrain.loop.validate import load_run_config
 from posttrain.trajectory import Ledger, Status
 
@@ -124,14 +124,14 @@ def test_default_checkpointing_bounds_the_loss_of_a_crash(tmp_path, monkeypatch)
     """checkpoint_every defaults to 10: a crash at step 11 keeps checkpoint 10 (the old default 0
     checkpointed only at the end, so the crash lost every step)."""
     assert load_run_config(None).checkpoint_every == 10
-    real = sync.update_step
+    real = training_loop.update_step
 
     def crash_at_11(run, producer, step, produced, t_step):
         if step == 11:
             raise RuntimeError("simulated crash")
         return real(run, producer, step, produced, t_step)
 
-    monkeypatch.setattr(sync, "update_step", crash_at_11)
+    monkeypatch.setattr(training_loop, "update_step", crash_at_11)
     cfg = load_run_config("grpo", [*SMALL, "task.name=chain_sum", f"run_dir={tmp_path}", "steps=12",
                                "sampling.prompts_per_step=2", "sampling.group_size=2", "eval.every=100",
                                "eval.size=4", "sampling.max_new_tokens=2"])

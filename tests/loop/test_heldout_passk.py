@@ -115,7 +115,7 @@ def test_run_logs_heldout_pass_at_k(tmp_path) -> None:
     """From the recipe keys: a micro run logs heldout/pass@k from the sampled held-out evaluation."""
     import json
 
-    from posttrain.loop.sync import train
+    from posttrain.loop.training_loop import train
 
     cfg = load_run_config("grpo", ["model.path=builtin:micro", "task.name=chain_sum", "task.kwargs={terms: 2}",
                                "sampling.prompts_per_step=2", "sampling.group_size=2", "sampling.max_new_tokens=2",

@@ -13,7 +13,7 @@ import pytest
 
 from posttrain.config import ConfigError
 from posttrain.diagnostics.build import build_report
-from posttrain.loop.sync import train
+from posttrain.loop.training_loop import train
 from posttrain.loop.validate import load_run_config
 from posttrain.rewards.hidden import heldout_metrics, judge_trajectories
 from posttrain.trajectory import Ledger, Status, make_trajectory

@@ -13,10 +13,10 @@ import pytest
 
 from posttrain.algos.kl import AdaptiveKLController
 from posttrain.learner.actor import PolicyLearner
-from posttrain.loop import sync
+from posttrain.loop import training_loop
 from posttrain.loop.builders import build_learner, build_model
-from posttrain.loop.run_state import Run
-from posttrain.loop.sync import train
+from posttrain.loop.run import Run
+from posttrain.loop.training_loop import train
 from posttrain.loop.validate import load_run_config
 
 # 4 prompts x 2 samples = n = 8 samples per step; a learning rate of 0 keeps pi_theta = pi_old = pi_ref, so
@@ -49,7 +49,7 @@ def _record_applied(monkeypatch: pytest.MonkeyPatch) -> list[float]:
     """The beta each step applied: the ``kl_coef`` handed to build_targets (KL in the reward) or the
     learner's coefficient when its update starts (KL in the loss; the update reads it per micro-batch)."""
     applied: list[float] = []
-    real_targets, real_update = sync.build_targets, PolicyLearner.update
+    real_targets, real_update = training_loop.build_targets, PolicyLearner.update
 
     def targets(batch: Any, **kw: Any) -> Any:
         if kw.get("kl_in_reward"):
@@ -61,7 +61,7 @@ def _record_applied(monkeypatch: pytest.MonkeyPatch) -> list[float]:
             applied.append(self.current_kl_coef())
         return real_update(self, *a, **kw)
 
-    monkeypatch.setattr(sync, "build_targets", targets)
+    monkeypatch.setattr(training_loop, "build_targets", targets)
     monkeypatch.setattr(PolicyLearner, "update", update)
     return applied
 

@@ -18,7 +18,7 @@ import pytest
 
 from posttrain.cli import main
 from posttrain.loop.guards import NothingJudgedError, breaches, check_guards
-from posttrain.loop.sync import train
+from posttrain.loop.training_loop import train
 from posttrain.loop.validate import load_run_config
 from posttrain.trajectory import Ledger, Status
 

@@ -22,7 +22,7 @@ from posttrain.config import ConfigError
 from posttrain.envs.task import TaskExample
 from posttrain.loop.producer import SampleQueue, tag_and_filter
 from posttrain.loop.rollout_stage import RolloutStage, build_rollout
-from posttrain.loop.sync import train
+from posttrain.loop.training_loop import train
 from posttrain.loop.validate import load_run_config
 from posttrain.rollout.types import Completion
 from posttrain.trajectory import Finish, Ledger, Status, make_trajectory

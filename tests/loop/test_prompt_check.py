@@ -12,8 +12,8 @@ import pytest
 from posttrain.config import RunConfig
 from posttrain.envs.prompt_render import PromptMismatchError, PromptRenderer
 from posttrain.loop.producer import build_producer
-from posttrain.loop.run_state import open_run
-from posttrain.loop.sync import update_step
+from posttrain.loop.run import open_run
+from posttrain.loop.training_loop import update_step
 
 
 def test_learner_side_rerendering_mismatch_is_caught_in_a_run(tmp_path) -> None:

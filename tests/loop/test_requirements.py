@@ -141,7 +141,7 @@ def test_greedy_baseline_and_remax_advantages_hand_computed() -> None:
 
 
 def test_remax_runs_from_a_recipe(tmp_path) -> None:
-    from posttrain.loop.sync import train
+    from posttrain.loop.training_loop import train
 
     st = train(load_run_config("grpo", [*SMALL, "credit.estimator=remax", "credit.kwargs={}", "steps=2", f"run_dir={tmp_path}"]))
     assert st.step == 2
@@ -183,7 +183,7 @@ def test_estimator_and_loss_by_dotted_path_checked_at_config_load(user_algos: st
 
 
 def test_user_estimator_and_loss_run_from_a_recipe(user_algos: str, tmp_path) -> None:
-    from posttrain.loop.sync import train
+    from posttrain.loop.training_loop import train
 
     st = train(load_run_config("grpo", [*SMALL, f"credit.estimator={user_algos}:scaled_grpo", "credit.kwargs={scale: 2}",
                                     f"loss.policy_loss={user_algos}:clip_loss", "loss.kwargs={}", "steps=1",

@@ -21,9 +21,9 @@ import yaml
 
 from posttrain.cli import main
 from posttrain.errors import UserError
-from posttrain.loop import sync
+from posttrain.loop import training_loop
 from posttrain.loop.run_dir import PLACEMENT_ONLY, placement_changes, recipe_diff, refuse_to_overwrite
-from posttrain.loop.sync import train
+from posttrain.loop.training_loop import train
 from posttrain.loop.validate import load_run_config
 from posttrain.trajectory import Ledger
 
@@ -37,14 +37,14 @@ def _cfg(run_dir: Path, *extra: str):
 
 
 def _crash_at(monkeypatch: pytest.MonkeyPatch, step_k: int) -> None:
-    real = sync.update_step
+    real = training_loop.update_step
 
     def hooked(run, producer, step, produced, t_step):
         if step == step_k:
             raise RuntimeError(f"crash in step {step_k}")
         return real(run, producer, step, produced, t_step)
 
-    monkeypatch.setattr(sync, "update_step", hooked)
+    monkeypatch.setattr(training_loop, "update_step", hooked)
 
 
 def _files(d: Path) -> dict[str, bytes]:
@@ -157,14 +157,14 @@ def test_after_ctrl_c_before_the_first_checkpoint_the_printed_command_starts_aga
 
     recipe = tmp_path.parent / f"{tmp_path.name}.yaml"
     recipe.write_text("name: t\n")
-    real = sync.update_step
+    real = training_loop.update_step
 
     def interrupt(run, producer, step, produced, t_step):
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(sync, "update_step", interrupt)
+    monkeypatch.setattr(training_loop, "update_step", interrupt)
     assert main(["train", str(recipe), *TINY, f"run_dir={tmp_path}", "steps=2", "--no-progress"]) == 130
-    monkeypatch.setattr(sync, "update_step", real)
+    monkeypatch.setattr(training_loop, "update_step", real)
     (line,) = [ln for ln in capsys.readouterr().err.splitlines() if ln.startswith("posttrain train:")]
     assert "no checkpoint was written yet; start again with: posttrain train" in line
     assert f"{tmp_path}/failed_<time>/" in line

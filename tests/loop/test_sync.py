@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from posttrain.config import RECIPES_DIR
-from posttrain.loop.sync import train
+from posttrain.loop.training_loop import train
 from posttrain.loop.validate import load_run_config
 from posttrain.trajectory import Ledger, Status
 

@@ -18,7 +18,7 @@ import pytest
 
 from posttrain import cli
 from posttrain.config import ConfigError
-from posttrain.loop.sync import train
+from posttrain.loop.training_loop import train
 from posttrain.loop.validate import load_run_config
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))

@@ -26,8 +26,8 @@ from typing import Any
 import pytest
 
 from posttrain.config import RunConfig
-from posttrain.loop.run_state import open_run
-from posttrain.loop.sync import train
+from posttrain.loop.run import open_run
+from posttrain.loop.training_loop import train
 from posttrain.loop.validate import load_run_config
 
 pytestmark = pytest.mark.timeout(300)

@@ -118,7 +118,7 @@ def test_score_weights_functions_once_in_the_total_and_never_zero_rewards_a_fail
 
 
 def test_recipe_key_reaches_the_ledger(tmp_path) -> None:
-    from posttrain.loop.sync import train
+    from posttrain.loop.training_loop import train
     from posttrain.trajectory import Ledger
 
     cfg = load_run_config("grpo", ["model.path=builtin:micro", "task.name=chain_sum", "task.kwargs={terms: 2}",

@@ -13,7 +13,7 @@ import pytest
 
 from posttrain.config import ConfigError
 from posttrain.loop.builders import build_engine, build_model, engine_factory
-from posttrain.loop.sync import train
+from posttrain.loop.training_loop import train
 from posttrain.loop.validate import load_run_config
 from posttrain.rollout.http_engine import HTTPEngine
 from posttrain.rollout.server_process import SpawnedEngine

@@ -131,7 +131,7 @@ BASE = ["model.path=builtin:micro", "model.dtype=float64", "task.name=flaky_task
 def _train(run_dir: Path, extra: list[str]) -> dict[str, torch.Tensor]:
     from safetensors.torch import load_file
 
-    from posttrain.loop.sync import train
+    from posttrain.loop.training_loop import train
     from posttrain.loop.validate import load_run_config
 
     assert train(load_run_config("grpo", [*BASE, *extra, f"run_dir={run_dir}"])).step == 4
@@ -187,7 +187,7 @@ def test_an_engine_that_cannot_sleep_is_logged_once_not_silently_skipped(caplog:
     import logging
     import types
 
-    from posttrain.loop.run_state import Run
+    from posttrain.loop.run import Run
     from posttrain.loop.validate import load_run_config
 
     run = types.SimpleNamespace(cfg=load_run_config("grpo", ["system.engine_sleep=true"]), engine=object())

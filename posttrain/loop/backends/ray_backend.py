@@ -3,7 +3,7 @@
 :func:`build_ray_backend` joins or starts the cluster (:mod:`~posttrain.loop.backends.ray_cluster`),
 reserves the placement, and starts the rollout actors (:mod:`~posttrain.loop.backends.ray_rollout`)
 and, with ``num_reward_workers > 0``, the reward actors (:mod:`~posttrain.loop.backends.ray_reward`).
-The loop (``system.backend=ray``, ``posttrain.loop.run_state``) uses the rollout workers as its
+The loop (``system.backend=ray``, ``posttrain.loop.run``) uses the rollout workers as its
 engine and the reward workers' ``verify_batch`` as its verifier; see docs/distributed.md.
 """
 

@@ -1,9 +1,11 @@
-"""A run's parts and its resumable state: what a checkpoint holds and how a step is recorded.
+"""The run: its composed parts (:class:`Run`), built and locked in its run directory by :func:`open_run`.
 
-``open_run`` builds the tokenizer, actor, frozen reference, engine, learner, task and held-out
-set; with ``resume=true`` it restores the latest atomic checkpoint (weights, optimizer,
-scheduler, RNG, data cursor, versions, adaptive-KL state) and moves ledger steps written after
-that checkpoint to ``ledger/discarded/`` so the ledger continues without gaps or duplicates.
+``open_run`` builds the tokenizer, actor, frozen reference, critic, engine, learner, task and held-out
+set; with ``resume=true`` it restores the latest atomic checkpoint (weights, optimizer, scheduler,
+RNG, data cursor, versions, adaptive-KL state; :mod:`posttrain.loop.checkpointing`) and moves ledger
+steps written after that checkpoint to ``ledger/discarded/`` so the ledger continues without gaps or
+duplicates. ``Run`` delegates the revision judgement to :mod:`posttrain.loop.promotion` and the SFT
+warm-up to :mod:`posttrain.loop.warmup`; it records each step (ledger, metrics, checkpoint when due).
 
 The run directory is protected (see :mod:`posttrain.loop.run_dir`): it is locked for the run's
 lifetime; ``resume=true`` with no complete checkpoint is an error, as is a recipe that differs

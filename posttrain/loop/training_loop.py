@@ -11,7 +11,7 @@ one_step_off); :func:`update_step` â€” everything from the batch to the ledger â
 in every mode. Trajectories with ``infra_error`` are excluded from the update and counted; stale
 samples (``system.max_staleness``) are dropped and counted. Every step writes its trajectories
 and metrics to the Parquet ledger and ``metrics.jsonl``; checkpoints are atomic and a sync run
-resumes exactly (see :mod:`posttrain.loop.run_state`).
+resumes exactly (see :mod:`posttrain.loop.checkpointing`).
 """
 
 from __future__ import annotations
@@ -21,11 +21,10 @@ import math
 import time
 from typing import Any
 
-import torch
-
 from posttrain.config import RunConfig
+from posttrain.loop.checkpointing import RunState
 from posttrain.loop.guards import check_guards
-from posttrain.loop.run_state import RunState, open_run
+from posttrain.loop.run import open_run
 from posttrain.loop.step_metrics import status_counts, step_metrics
 from posttrain.loop.targets import build_targets, ref_token_kl, run_baseline
 from posttrain.rewards.hidden import judge_trajectories
@@ -229,4 +228,4 @@ def consumption_metrics(trajs: list[Any], dropped: list[Any]) -> dict[str, float
     return m
 
 
-__all__ = ["consumption_metrics", "eval_due", "train", "torch", "update_step"]
+__all__ = ["consumption_metrics", "eval_due", "producer_inflight", "train", "update_step"]
