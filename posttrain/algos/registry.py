@@ -12,6 +12,10 @@ import inspect
 from collections.abc import Callable, Collection, Mapping
 from typing import Any, TypeVar
 
+from pydantic import BaseModel
+
+from posttrain.algos.hyperparameters import kwargs_model, validated_kwargs
+
 F = TypeVar("F", bound=Callable[..., Any])
 
 
@@ -39,13 +43,18 @@ class Registry(dict[str, Callable[..., Any]]):
     """A named mapping of string keys to pure functions.
 
     ``register(name)`` is a decorator; ``get(name)`` (or ``[name]``) raises ``KeyError`` naming
-    the registry and listing every valid key when ``name`` is unknown.
+    the registry and listing every valid key when ``name`` is unknown. Every function takes
+    ``data_args`` positional data arguments first; its other keywords, except the ``supplied`` ones
+    the framework fills at run time, are its hyper-parameters (:meth:`kwargs_model`).
     """
 
-    def __init__(self, kind: str) -> None:
+    def __init__(self, kind: str, *, data_args: int = 1, supplied: Collection[str] = ()) -> None:
         super().__init__()
         self.kind = kind
+        self.data_args = data_args
+        self.supplied = frozenset(supplied)
         self._needs: dict[str, frozenset[str]] = {}
+        self._models: dict[str, type[BaseModel]] = {}
 
     def register(self, name: str, *, needs: Collection[str] = ()) -> Callable[[F], F]:
         """Register ``fn`` under ``name``; a taken name is a ``ValueError``.
@@ -72,9 +81,9 @@ class Registry(dict[str, Callable[..., Any]]):
         registered under that very string (so every ``self[name]`` of the run finds it).
 
         The function must take the registry's data arguments positionally first (the inputs
-        dataclass for estimators and losses; checked further by :meth:`check_kwargs` and the
-        config's probe call); an optional ``needs`` attribute (a collection of :data:`NEEDS`
-        names) declares its needs. Raises ``ValueError`` naming ``key`` (one line).
+        dataclass for estimators and losses; its keywords are typed by :meth:`kwargs_model`); an
+        optional ``needs`` attribute (a collection of :data:`NEEDS` names) declares its needs.
+        Raises ``ValueError`` naming ``key`` (one line).
         """
         if name in self:
             return name
@@ -100,6 +109,7 @@ class Registry(dict[str, Callable[..., Any]]):
         self[name]  # noqa: B018 - raises KeyError listing the valid names
         super().pop(name)
         self._needs.pop(name, None)
+        self._models.pop(name, None)
 
     def needs(self, name: str) -> frozenset[str]:
         """What entry ``name`` declared it needs (see :data:`NEEDS`); unknown names raise like ``[name]``."""
@@ -112,31 +122,20 @@ class Registry(dict[str, Callable[..., Any]]):
     def __missing__(self, key: str) -> Callable[..., Any]:
         raise KeyError(f"unknown {self.kind} {key!r}; valid: {', '.join(sorted(self))}")
 
-    def check_kwargs(
-        self, name: str, kwargs: Mapping[str, Any], *, key: str, data_args: int = 1, supplied: Collection[str] = ()
-    ) -> None:
-        """Raise ``ValueError`` naming ``key`` when ``kwargs`` do not fit the signature of ``self[name]``.
+    def kwargs_model(self, name: str) -> type[BaseModel]:
+        """The pydantic model of ``self[name]``'s hyper-parameters, derived once from its signature
+        (:func:`posttrain.algos.hyperparameters.kwargs_model`: the keywords after the registry's
+        ``data_args``, less its ``supplied`` ones, with their annotations and defaults)."""
+        if name not in self._models:
+            self._models[name] = kwargs_model(self[name], title=f"{self.kind} {name}", data_args=self.data_args,
+                                              supplied=self.supplied)
+        return self._models[name]
 
-        The first ``data_args`` positional parameters are the tensors the framework passes, and
-        ``supplied`` names keyword parameters it fills at run time (e.g. ``current_version``);
-        neither may be set by a recipe. Every other name must be a parameter of the function (any
-        name is accepted when it takes ``**kwargs``), and every parameter without a default that
-        the framework does not supply must be given. Values are not checked here.
-        """
-        fn = self[name]
-        params = list(inspect.signature(fn).parameters.values())
-        if any(p.kind is p.VAR_POSITIONAL for p in params[:data_args]):
-            return  # fn(*args, ...): cannot tell data from hyper-parameters
-        tunable = {p.name: p for p in params[data_args:]
-                   if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY) and p.name not in supplied}
-        takes_any = any(p.kind is p.VAR_KEYWORD for p in params)
-        for k in kwargs:
-            if k not in tunable and not takes_any:
-                valid = ", ".join(tunable) or "none"
-                raise ValueError(f"{key}.{k}: unknown keyword of {self.kind} {name!r} (valid: {valid})")
-        missing = [n for n, p in tunable.items() if p.default is p.empty and n not in kwargs]
-        if missing:
-            raise ValueError(f"{key}: {self.kind} {name!r} needs {', '.join(missing)}")
+    def validate_kwargs(self, name: str, kwargs: Mapping[str, object], *, key: str) -> dict[str, object]:
+        """``kwargs`` for ``self[name]`` validated by :meth:`kwargs_model`: the keys given, with the typed
+        values the function is to be called with. Raises ``ValueError``, one line naming each bad key
+        under ``key`` (an unknown keyword, a missing required one, a value of the wrong type)."""
+        return validated_kwargs(self.kwargs_model(name), kwargs, key=key, what=f"{self.kind} {name!r}")
 
     def get(self, key: str, default: Any = None) -> Callable[..., Any]:
         """Like ``self[key]``: unknown names raise, they never return a silent default."""
@@ -155,7 +154,9 @@ NEEDS: dict[str, str] = {
 
 ADVANTAGES = Registry("advantage estimator")
 POLICY_LOSSES = Registry("policy loss")
-KL_ESTIMATORS = Registry("KL estimator")
-REDUCTIONS = Registry("loss reduction")
-CORRECTIONS = Registry("behavior correction")
-PREFERENCE_LOSSES = Registry("preference loss")
+KL_ESTIMATORS = Registry("KL estimator", data_args=2)
+REDUCTIONS = Registry("loss reduction", supplied=("num_sequences", "num_tokens"))
+# The learner passes the versions to a correction itself (posttrain/learner/actor.py).
+CORRECTIONS = Registry("behavior correction", data_args=3, supplied=("behavior_version", "current_version"))
+PREFERENCE_LOSSES = Registry("preference loss", data_args=4,
+                             supplied=("chosen_lengths", "rejected_lengths", "score_diff"))

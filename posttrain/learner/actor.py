@@ -98,9 +98,10 @@ class PolicyLearner:
     micro-batches of at most ``microbatch_tokens`` padded tokens — the
     :class:`~posttrain.learner.trainer.Trainer` skeleton runs them. ``loss``: registry names with their
     keyword arguments (``seq_mean_token_sum_norm`` needs ``reduction_kwargs={"max_len": L_max}``, the
-    generation budget); ``compute_entropy`` reports the token entropy (same logits, no extra forward)
-    even when ``entropy_coef == 0``. ``sampler``: the temperature (equal to the sampler's) and the replayed
-    truncation. ``compute``: ``autocast_dtype`` (``"bfloat16"``) turns on mixed precision where the device
+    generation budget), validated at construction by each function's typed model
+    (``Registry.validate_kwargs``), whose typed values the functions then get; ``compute_entropy``
+    reports the token entropy (same logits, no extra forward) even when ``entropy_coef == 0``.
+    ``sampler``: the temperature (equal to the sampler's) and the replayed truncation. ``compute``: ``autocast_dtype`` (``"bfloat16"``) turns on mixed precision where the device
     supports it (``None``, the CPU default: the model's dtype). ``lora.rank > 0`` wraps the model with
     peft LoRA adapters (then :attr:`model` is the peft model). ``kl_coef`` is a float or a controller
     with ``.value`` (the loop calls ``controller.update`` with the reported ``kl``); without a KL
@@ -155,12 +156,18 @@ class PolicyLearner:
         self._reduction = REDUCTIONS[ls.reduction]
         self._kl = KL_ESTIMATORS[ls.kl_estimator] if ls.kl_estimator is not None else None
         self._correction = CORRECTIONS[ls.correction] if ls.correction is not None else None
-        # Fail at construction, not mid-update, on bad reduction kwargs (e.g. a missing max_len).
-        self._reduction(torch.ones(1, 1), num_sequences=1, num_tokens=1.0, **dict(ls.reduction_kwargs))
+        # The functions get their kwargs as typed by their models (Registry.validate_kwargs: an int for
+        # a float parameter is a float); a wrong key or type fails here, not mid-update.
+        self.policy_loss_kwargs = POLICY_LOSSES.validate_kwargs(ls.policy_loss, ls.policy_loss_kwargs,
+                                                                key="policy_loss_kwargs")
+        self.reduction_kwargs = REDUCTIONS.validate_kwargs(ls.reduction, ls.reduction_kwargs,
+                                                           key="reduction_kwargs")
+        self.correction_kwargs = (CORRECTIONS.validate_kwargs(ls.correction, ls.correction_kwargs,
+                                                              key="correction_kwargs")
+                                  if ls.correction is not None else {})
+        # Fail at construction, not mid-update, on bad reduction values (e.g. a missing max_len).
+        self._reduction(torch.ones(1, 1), num_sequences=1, num_tokens=1.0, **self.reduction_kwargs)
         self.kl_estimator_name = ls.kl_estimator
-        self.policy_loss_kwargs = dict(ls.policy_loss_kwargs)
-        self.reduction_kwargs = dict(ls.reduction_kwargs)
-        self.correction_kwargs = dict(ls.correction_kwargs)
         self.kl_coef = kl_coef
         self.entropy_coef = float(ls.entropy_coef)
         self.temperature = float(s.sampler.temperature)

@@ -23,7 +23,8 @@ if TYPE_CHECKING:
 
 _Settings = TypeVar("_Settings", bound="DataclassInstance")
 
-#: Keyword arguments of a registry function (a policy loss, reduction or correction), as the recipe gives them.
+#: Keyword arguments of a registry function (a policy loss, reduction or correction), as the recipe gives
+#: them; the learner calls the function with them as validated by its typed model (``Registry.validate_kwargs``).
 RegistryKwargs = Mapping[str, object]
 
 

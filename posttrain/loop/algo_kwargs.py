@@ -1,14 +1,14 @@
 """Load-time check of the algorithm hyper-parameters: ``credit`` / ``loss`` / ``correction`` ``.kwargs``
-against the registered functions of :mod:`posttrain.algos`, by signature and by one dry call.
+against the registered functions of :mod:`posttrain.algos`, by their typed models and by one dry call.
 
 Called by :func:`posttrain.loop.validate.validate_run`; the algorithm functions stay pure (nothing
-is added to them).
+is added to them: a function's model is derived from its signature, ``Registry.kwargs_model``).
 """
 
 from __future__ import annotations
 
 import inspect
-from collections.abc import Callable, Collection, Mapping
+from collections.abc import Callable, Mapping
 
 import torch
 
@@ -17,12 +17,10 @@ from posttrain.algos.advantages import AdvantageInputs
 from posttrain.algos.policy_losses import PolicyLossInputs
 from posttrain.algos.registry import Registry
 from posttrain.config import RunConfig
+from posttrain.config.algorithm import CorrectionConfig, CreditConfig, LossConfig
 
 AlgoFn = Callable[..., object]
 ProbeCall = Callable[[AlgoFn, Mapping[str, object]], None]
-
-# The learner passes the versions to a correction itself (posttrain/learner/actor.py).
-_CORRECTION_SUPPLIED = ("behavior_version", "current_version")
 
 
 def _probe(fn: AlgoFn, kwargs: Mapping[str, object], key: str, call: ProbeCall) -> None:
@@ -70,20 +68,24 @@ def _advantage_call(fn: AlgoFn, kw: Mapping[str, object]) -> None:
 
 
 def check_algo_kwargs(cfg: RunConfig) -> None:
-    """Validate ``credit`` / ``loss`` / ``correction`` ``.kwargs`` against the registered functions.
+    """Validate ``credit`` / ``loss`` / ``correction`` ``.kwargs`` against the registered functions and
+    keep the validated values.
 
-    Names are checked against each function's signature (unknown keyword -> error naming the key);
-    values by calling the function once on tiny dummy tensors, so the constraints each function
-    declares (``eps_low`` in [0, 1), ``cap > 0``...) fail at config load, before the run directory,
-    the SFT warm-up or the first evaluation. The names must resolve already (``Registry.resolve``).
-    Raises ``ValueError`` naming the key.
+    Each kwargs is validated by its function's typed model (``Registry.validate_kwargs``: an unknown or
+    missing keyword, a value of the wrong type -> error naming the key), then the function is called
+    once on tiny dummy tensors with the validated values, so the constraints each function declares
+    (``eps_low`` in [0, 1), ``cap > 0``...) fail at config load, before the run directory, the SFT
+    warm-up or the first evaluation. On success each section's ``kwargs`` holds the validated values
+    (an int given for a float parameter is a float), which the run records in ``config.yaml`` and
+    its functions receive. The names must resolve already (``Registry.resolve``). Raises ``ValueError``
+    naming the key.
     """
-    checks: list[tuple[str, Registry, str, Mapping[str, object], int, Collection[str], ProbeCall]] = [
-        ("credit.kwargs", A.ADVANTAGES, cfg.credit.estimator, cfg.credit.kwargs, 1, (), _advantage_call),
-        ("loss.kwargs", A.POLICY_LOSSES, cfg.loss.policy_loss, cfg.loss.kwargs, 1, (), _loss_call)]
+    checks: list[tuple[str, Registry, str, CreditConfig | LossConfig | CorrectionConfig, ProbeCall]] = [
+        ("credit.kwargs", A.ADVANTAGES, cfg.credit.estimator, cfg.credit, _advantage_call),
+        ("loss.kwargs", A.POLICY_LOSSES, cfg.loss.policy_loss, cfg.loss, _loss_call)]
     if cfg.correction.name is not None:
-        checks.append(("correction.kwargs", A.CORRECTIONS, cfg.correction.name, cfg.correction.kwargs, 3,
-                       _CORRECTION_SUPPLIED, _correction_call))
-    for key, reg, name, kwargs, data_args, supplied, call in checks:
-        reg.check_kwargs(name, kwargs, key=key, data_args=data_args, supplied=supplied)
-        _probe(reg[name], dict(kwargs), key, call)
+        checks.append(("correction.kwargs", A.CORRECTIONS, cfg.correction.name, cfg.correction, _correction_call))
+    for key, reg, name, section, call in checks:
+        typed = reg.validate_kwargs(name, section.kwargs, key=key)
+        _probe(reg[name], typed, key, call)
+        section.kwargs = typed

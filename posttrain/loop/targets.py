@@ -10,7 +10,7 @@ from __future__ import annotations
 import dataclasses
 import math
 from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Protocol
 
 import torch
 
@@ -223,14 +223,16 @@ def build_targets(
     values: torch.Tensor | None = None,
     final_values: torch.Tensor | None = None,
     estimator: str = "grpo",
-    estimator_kwargs: dict[str, Any] | None = None,
+    estimator_kwargs: Mapping[str, object] | None = None,
     kl_in_reward: bool = False,
     kl_estimator: str | None = None,
     kl_coef: float = 0.0,
     baseline: torch.Tensor | None = None,
 ) -> Targets:
     """Compute advantages (and returns) with the registered ``estimator``; ``baseline`` [B] is
-    ReMax's greedy-rollout reward per row (:func:`greedy_baseline`).
+    ReMax's greedy-rollout reward per row (:func:`greedy_baseline`). The estimator is called with
+    ``estimator_kwargs`` as validated by its typed model (``Registry.validate_kwargs``; a ``ValueError``
+    names the bad ``credit.kwargs`` key).
 
     ``kl_in_reward``: each action token's reward gets ``-kl_coef * token_kl`` (Ouyang et al. 2022,
     arXiv:2203.02155); ``kl_coef`` is this step's beta, in a run the learner's fixed coefficient or its
@@ -275,7 +277,8 @@ def build_targets(
         baseline=None if baseline is None else baseline.to(torch.float64),
         **steps,
     )
-    out = A.ADVANTAGES[estimator](inputs, **(estimator_kwargs or {}))
+    hyper = A.ADVANTAGES.validate_kwargs(estimator, estimator_kwargs or {}, key="credit.kwargs")  # typed values
+    out = A.ADVANTAGES[estimator](inputs, **hyper)
     return Targets(
         old_logprob=old_logprob,
         ref_logprob=ref_logprob,

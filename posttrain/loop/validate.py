@@ -8,7 +8,8 @@ and this machine:
 - the algorithm names resolve in the registries of :mod:`posttrain.algos` (a ``module:function``
   plug-in is imported and registered now), the estimator's declared needs are met
   (:func:`posttrain.loop.targets.check_estimator_needs`) and the ``kwargs`` fit their functions
-  (:func:`posttrain.loop.algo_kwargs.check_algo_kwargs`, one dry call on tiny tensors);
+  (:func:`posttrain.loop.algo_kwargs.check_algo_kwargs`: each function's typed model, derived from its
+  signature, then one dry call on tiny tensors; the config keeps the validated values);
 - user modules import: ``reward.functions``, ``eval.hidden_verifier``, an ``env.name`` plug-in,
   whose declared reward parts must cover ``reward.weights``;
 - this machine has what the recipe asks for: the ``model.path`` directory, the vLLM environment,
