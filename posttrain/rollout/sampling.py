@@ -111,7 +111,7 @@ class SamplingParams:
         for name in ("stop_token_ids", "stop_strings"):
             if isinstance(kw.get(name), str):
                 kw[name] = tuple(json.loads(str(kw[name])))
-        return cls(**kw)  # type: ignore[arg-type]
+        return cls(**kw)  # type: ignore[arg-type]  # the values are the fields' own JSON scalars (to_record)
 
 
 def behaviour_logprobs(

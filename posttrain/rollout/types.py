@@ -113,9 +113,12 @@ class Completion:
         for key in ("request_id", "sample_index", "finish_reason"):
             if key not in traj.meta:
                 raise ValueError(f"trajectory {traj.traj_id!r}: meta lacks {key!r} (not made by to_trajectory)")
+        sample_index = traj.meta["sample_index"]
+        if sample_index is None:
+            raise TypeError(f"trajectory {traj.traj_id!r}: meta sample_index is None")
         return cls(
             request_id=str(traj.meta["request_id"]),
-            sample_index=int(traj.meta["sample_index"]),  # type: ignore[arg-type]
+            sample_index=int(sample_index),
             prompt_ids=[int(t) for t in traj.token_ids[:P]],
             token_ids=[int(t) for t in traj.token_ids[P:]],
             logprobs=[float(x) for x in traj.behavior_logprob[P:]],

@@ -312,17 +312,20 @@ class VLLMEngine:
             results: dict[str, Completion] = {}
             for qi, r in enumerate(requests):
                 base = r.params.seed if r.params.seed is not None else int(torch.randint(0, 2**62, (1,)).item())
+                # (sample index, seed, tokens, log-probs and versions so far)
+                samples: list[tuple[int, int, list[int], list[float], list[int]]]
                 if r.resume is not None:
                     c = r.resume
-                    samples = [(c.sample_index, c.seed if c.seed is not None else base, list(c.token_ids))]
+                    samples = [(c.sample_index, c.seed if c.seed is not None else base, list(c.token_ids),
+                                list(c.logprobs), list(c.versions))]
                 else:
-                    samples = [(i, base, []) for i in range(r.params.n)]
-                for si, seed, done in samples:
+                    samples = [(i, base, [], [], []) for i in range(r.params.n)]
+                for si, seed, done, done_logprobs, done_versions in samples:
                     vid = f"{r.request_id}#{si}#{len(done)}"
                     plan[vid] = (qi, r, si, int(seed))
                     if len(done) >= r.params.max_new_tokens:  # nothing left: finished by length
                         results[vid] = Completion(r.request_id, si, list(r.prompt_ids), list(done),
-                                                  list(r.resume.logprobs), list(r.resume.versions),  # type: ignore[union-attr]
+                                                  done_logprobs, done_versions,
                                                   "length", params=r.params, seed=int(seed))
                         continue
                     kw = to_vllm_sampling_kwargs(r.params, seed=sample_seed(int(seed), si, len(done)), done_tokens=len(done))
