@@ -23,7 +23,7 @@ import shutil
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 import torch
 
@@ -40,6 +40,14 @@ from posttrain.loop.metrics_log import MetricsLog
 from posttrain.loop.promotion import Promotion
 from posttrain.loop.warmup import sft_warmup
 from posttrain.trajectory import Ledger, Trajectory, TrajectoryBatch
+from posttrain.trajectory.record import JSONScalar
+
+if TYPE_CHECKING:
+    from rich.progress import Progress
+
+    from posttrain.envs.task import TaskExample
+    from posttrain.loop.heldout import EvalResult
+    from posttrain.loop.run_dir import RunDirLock
 
 log = logging.getLogger("posttrain")
 
@@ -79,7 +87,7 @@ def build_critic(cfg: RunConfig, plain_model: torch.nn.Module) -> CriticLearner:
 class Run:
     """The composed parts of one run (built by :func:`open_run`)."""
 
-    def __init__(self, cfg: RunConfig, lock: Any = None) -> None:
+    def __init__(self, cfg: RunConfig, lock: RunDirLock | None = None) -> None:
         self.cfg = cfg
         self.dir = run_dir_of(cfg)
         self.dir.mkdir(parents=True, exist_ok=True)
@@ -119,7 +127,7 @@ class Run:
         check_prompts(task_rows(self.task) or self.heldout, self.tokenizer,
                       max_context=getattr(getattr(self.plain_model, "config", None), "max_position_embeddings", None),
                       max_new_tokens=cfg.sampling.max_new_tokens, renderer=self.renderer)
-        self.step_examples: dict[str, Any] = {}  # prompt_id -> TaskExample drawn this step (see next_prompts)
+        self.step_examples: dict[str, TaskExample] = {}  # prompt_id -> TaskExample drawn this step (see next_prompts)
         self.ledger = Ledger(self.dir / "ledger")
         self.log = MetricsLog.for_run(self.dir, cfg)  # metrics.jsonl + the trackers of cfg.logging
         self.state = RunState()
@@ -154,7 +162,7 @@ class Run:
         self.verify_batch = self.backend.reward.verify_batch if self.cfg.system.ray.num_reward_workers > 0 else None
 
     # ------------------------------------------------------------------ data
-    def next_prompts(self, n: int) -> list[Any]:
+    def next_prompts(self, n: int) -> list[TaskExample]:
         """``n`` training prompts at the data cursor (deterministic by seed and cursor)."""
         seed = self.cfg.seed * 7_919 + self.state.cursor
         self.state.cursor += n
@@ -220,15 +228,15 @@ class Run:
         (:meth:`Promotion.reject <posttrain.loop.promotion.Promotion.reject>`)."""
         self.promotion.reject(step, reason)
 
-    def evaluate(self, temperature: float | None = None, samples: int = 1) -> Any:
+    def evaluate(self, temperature: float | None = None, samples: int = 1) -> EvalResult:
         """Held-out evaluation of the engine's current weights (default: ``eval.temperature``);
         ``samples`` > 1 draws that many responses per prompt for pass@``eval.k``."""
         from posttrain.loop.heldout import evaluate_run  # one path, shared with `posttrain eval`
 
         return evaluate_run(self, temperature, samples=samples)
 
-    def evaluate_episodes(self, temperature: float | None = None, env_overrides: dict[str, Any] | None = None,
-                          samples: int = 1) -> Any:
+    def evaluate_episodes(self, temperature: float | None = None, env_overrides: dict[str, JSONScalar] | None = None,
+                          samples: int = 1) -> EvalResult:
         """Held-out evaluation of an ``env.name`` run: ``samples`` episodes per held-out start (default
         temperature ``eval.temperature``; ``env_overrides`` e.g. ``{"use_tools": False}``)."""
         from posttrain.loop.heldout import evaluate_run
@@ -248,7 +256,7 @@ class Run:
         return {**metrics, "revision": decision, "revision_reason": reason}
 
     # ------------------------------------------------------------------ warm-up
-    def warmup_and_baseline(self, progress: Any = None) -> None:
+    def warmup_and_baseline(self, progress: Progress | None = None) -> None:
         """SFT warm-up on reference answers (if ``sft.steps``, :func:`~posttrain.loop.warmup.sft_warmup`),
         then the step-0 held-out eval."""
         if self.cfg.sft.steps > 0:

@@ -19,20 +19,25 @@ from __future__ import annotations
 import dataclasses
 import math
 import time
-from typing import Any
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
 
 from posttrain.config import RunConfig
 from posttrain.loop.checkpointing import RunState
 from posttrain.loop.guards import check_guards
-from posttrain.loop.run import open_run
+from posttrain.loop.producer import Produced, Producer
+from posttrain.loop.run import Run, open_run
 from posttrain.loop.step_metrics import status_counts, step_metrics
 from posttrain.loop.targets import build_targets, ref_token_kl, run_baseline
 from posttrain.rewards.hidden import judge_trajectories
-from posttrain.trajectory import Status, collate
+from posttrain.trajectory import Status, Trajectory, collate
 from posttrain.trajectory.collate import with_update_record
 
+if TYPE_CHECKING:
+    from rich.progress import Progress
 
-def train(cfg: RunConfig, *, progress: Any = None) -> RunState:
+
+def train(cfg: RunConfig, *, progress: Progress | None = None) -> RunState:
     """Run ``cfg.steps`` RL steps (after optional SFT warm-up) in ``cfg.system.mode``; returns the final state.
 
     Contract: the producer of the mode hands over each step's trajectories; :func:`update_step`
@@ -63,7 +68,7 @@ def train(cfg: RunConfig, *, progress: Any = None) -> RunState:
             t_step = time.perf_counter()
             produced = producer.next_batch(step)  # 1. rollout + 2. validate + 3. score (+ staleness filter)
             metrics, stop_reason = update_step(run, producer, step, produced, t_step)
-            if progress is not None:
+            if progress is not None and task_bar is not None:
                 progress.update(task_bar, advance=1, description=(
                     f"RL step {step} reward {metrics.get('reward/mean', float('nan')):.3f} "
                     f"held-out {st.last_heldout_accuracy:.3f}"))
@@ -79,7 +84,7 @@ def train(cfg: RunConfig, *, progress: Any = None) -> RunState:
     return st
 
 
-def producer_inflight(producer: Any) -> Any:
+def producer_inflight(producer: Producer) -> Callable[[], int]:
     """A callable counting the producer's samples in flight (queued, carried), for checkpoints."""
     def count() -> int:
         rollout = getattr(producer, "rollout", None)
@@ -89,7 +94,8 @@ def producer_inflight(producer: Any) -> Any:
     return count
 
 
-def update_step(run: Any, producer: Any, step: int, produced: Any, t_step: float) -> tuple[dict[str, Any], str | None]:
+def update_step(run: Run, producer: Producer, step: int, produced: Produced,
+                t_step: float) -> tuple[dict[str, Any], str | None]:
     """Train on one produced batch and record the step; the shared half of every mode.
 
     Collates the usable trajectories once into one :class:`~posttrain.trajectory.TrajectoryBatch`;
@@ -194,7 +200,7 @@ def eval_due(cfg: RunConfig, step: int) -> bool:
     return step % cfg.eval.every == 0 or step == cfg.steps
 
 
-def consumption_metrics(trajs: list[Any], dropped: list[Any]) -> dict[str, float]:
+def consumption_metrics(trajs: list[Trajectory], dropped: list[Trajectory]) -> dict[str, float]:
     """Policy lag, version span and staleness drops of one consumed batch.
 
     ``lag/mean|max`` and ``lag/count_0|1|2|3plus`` (histogram of ``policy_lag`` = learner version
