@@ -23,7 +23,7 @@ import shutil
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
 import torch
 
@@ -46,10 +46,17 @@ if TYPE_CHECKING:
     from rich.progress import Progress
 
     from posttrain.envs.task import TaskExample
+    from posttrain.loop.backends import Backend
     from posttrain.loop.heldout import EvalResult
     from posttrain.loop.run_dir import RunDirLock
+    from posttrain.rewards.scoring import VerifyBatch
+    from posttrain.rewards.verifier import Verifier
 
 log = logging.getLogger("posttrain")
+
+
+#: A step's metrics by key: scalars (``revision`` and ``guards`` are strings; a missing figure is None).
+StepMetrics = dict[str, float | int | str | bool | None]
 
 
 @runtime_checkable
@@ -104,8 +111,8 @@ class Run:
         self.learner = build_learner(cfg, actor)
         self.plain_model: torch.nn.Module = plain if plain is not None else self.learner.model
         # The rollout side: an in-process engine, or Ray rollout (and reward) workers behind the same calls.
-        self.backend: Any = None
-        self.verify_batch: Any = None  # None: verify in this process; set by a pool or reward actors
+        self.backend: Backend | None = None
+        self.verify_batch: VerifyBatch | None = None  # None: verify in this process; set by a pool or reward actors
         if cfg.system.backend == "ray":
             self._open_ray_backend()
         else:
@@ -115,7 +122,7 @@ class Run:
             self.ref_model = copy.deepcopy(self.plain_model).eval().requires_grad_(False)
         self.critic = build_critic(cfg, self.plain_model) if cfg.critic.enabled else None
         self.heldout = self.task.examples("heldout", cfg.eval.size, seed=cfg.seed)
-        self.hidden_verifier: Any = None  # eval.hidden_verifier: judges beside the task's, never rewards
+        self.hidden_verifier: Verifier | None = None  # eval.hidden_verifier: judges beside the task's, never rewards
         if cfg.eval.hidden_verifier is not None:
             from posttrain.rewards.hidden import build_hidden_verifier
 
@@ -159,7 +166,8 @@ class Run:
         self.backend = build_ray_backend(factory, self.cfg.system.ray)
         self.engine = self.backend.rollout
         # Verification on the reward actors; with none, the driver verifies (reward.workers as locally).
-        self.verify_batch = self.backend.reward.verify_batch if self.cfg.system.ray.num_reward_workers > 0 else None
+        reward = self.backend.reward if self.cfg.system.ray.num_reward_workers > 0 else None
+        self.verify_batch = reward.verify_batch if reward is not None else None
 
     # ------------------------------------------------------------------ data
     def next_prompts(self, n: int) -> list[TaskExample]:
@@ -190,7 +198,7 @@ class Run:
         or with ``credit.kl_in_reward`` the token rewards (``build_targets(kl_coef=...)``) do."""
         return kl_coef_of(kl_coefficient(self.learner))
 
-    def observe_kl(self, metrics: dict[str, Any]) -> None:
+    def observe_kl(self, metrics: StepMetrics) -> None:
         """Feed this step's observed KL to an adaptive controller (Ziegler et al. 2019; bounded update,
         :class:`~posttrain.algos.kl.AdaptiveKLController`) with the step's sample count
         (``prompts_per_step * group_size``, the unit of ``loss.kl_horizon``).
@@ -202,8 +210,9 @@ class Run:
         ctl = kl_coefficient(self.learner)
         metrics["kl_coef"] = kl_coef_of(ctl)  # what this step applied (the learner's too)
         key = "kl/ref_mean" if self.cfg.credit.kl_in_reward else "kl"
-        if isinstance(ctl, AdaptiveKLController) and metrics.get(key) is not None:
-            ctl.update(float(metrics[key]), self.cfg.sampling.prompts_per_step * self.cfg.sampling.group_size)
+        observed = metrics.get(key)
+        if isinstance(ctl, AdaptiveKLController) and observed is not None:
+            ctl.update(float(observed), self.cfg.sampling.prompts_per_step * self.cfg.sampling.group_size)
             metrics["kl_coef_next"] = ctl.value
 
     def release_engine(self) -> bool:
@@ -267,12 +276,13 @@ class Run:
         self.log.log(0, m)
 
     # ------------------------------------------------------------------ bookkeeping
-    def finish_step(self, step: int, trajs: list[Trajectory], metrics: dict[str, Any], t_step: float) -> None:
+    def finish_step(self, step: int, trajs: list[Trajectory], metrics: StepMetrics, t_step: float) -> None:
         """Ledger + metrics for ``step``, advance the state, checkpoint when due."""
         metrics["time/step_s"] = time.perf_counter() - t_step
         self.state.step = step
-        if "reward/mean" in metrics:
-            self.state.reward_curve.append((step, float(metrics["reward/mean"])))
+        reward = metrics.get("reward/mean")
+        if reward is not None:
+            self.state.reward_curve.append((step, float(reward)))
         scalars = {k: v for k, v in metrics.items() if isinstance(v, (int, float, str, bool)) or v is None}
         self.verdicts.add(scalars, trajs)
         self.ledger.write_trajectories(step, trajs)

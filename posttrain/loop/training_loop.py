@@ -20,13 +20,13 @@ import dataclasses
 import math
 import time
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from posttrain.config import RunConfig
 from posttrain.loop.checkpointing import RunState
 from posttrain.loop.guards import check_guards
 from posttrain.loop.producer import Produced, Producer
-from posttrain.loop.run import Run, open_run
+from posttrain.loop.run import Run, StepMetrics, open_run
 from posttrain.loop.step_metrics import status_counts, step_metrics
 from posttrain.loop.targets import build_targets, ref_token_kl, run_baseline
 from posttrain.rewards.hidden import judge_trajectories
@@ -95,7 +95,7 @@ def producer_inflight(producer: Producer) -> Callable[[], int]:
 
 
 def update_step(run: Run, producer: Producer, step: int, produced: Produced,
-                t_step: float) -> tuple[dict[str, Any], str | None]:
+                t_step: float) -> tuple[StepMetrics, str | None]:
     """Train on one produced batch and record the step; the shared half of every mode.
 
     Collates the usable trajectories once into one :class:`~posttrain.trajectory.TrajectoryBatch`;
@@ -109,7 +109,7 @@ def update_step(run: Run, producer: Producer, step: int, produced: Produced,
     trajs = produced.trajectories
     # No reward to learn from: infra errors and environment failures (multi-turn) are counted, never trained.
     usable = [t for t in trajs if t.status not in (Status.INFRA_ERROR, Status.ENV_FAILURE)]
-    metrics: dict[str, Any] = dict(produced.info)
+    metrics: StepMetrics = dict(produced.info)
     metrics.update(consumption_metrics(trajs, produced.dropped))
     if not usable:  # nothing judged: counted like any step (status/*, what the ledger holds) and guarded
         metrics["skipped"] = 1.0
