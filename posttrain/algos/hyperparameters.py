@@ -21,7 +21,7 @@ import sys
 import types
 import typing
 from collections.abc import Callable, Collection, Mapping
-from typing import Any, Literal
+from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, create_model
 
@@ -49,7 +49,7 @@ def kwargs_model(fn: Callable[..., object], *, title: str, data_args: int,
     for p in tunable_parameters(fn, data_args=data_args, supplied=supplied):
         ann = _annotation(fn, p)
         default = ... if p.default is p.empty else p.default
-        fields[p.name] = (ann, Field(default, strict=_is_scalar(ann)))
+        fields[p.name] = (ann, Field(default, strict=True) if _is_scalar(ann) else Field(default))
     config = ConfigDict(extra="allow" if takes_any else "forbid", arbitrary_types_allowed=True,
                         protected_namespaces=())
     model: type[BaseModel] = create_model(title, __config__=config, **fields)
@@ -109,10 +109,11 @@ def _annotation(fn: Callable[..., object], p: inspect.Parameter) -> object:
 
 
 def _is_scalar(ann: object) -> bool:
-    """True when every member of ``ann`` (a union's, or ``ann`` itself) is a scalar or a ``Literal``."""
+    """True when every member of ``ann`` (a union's, or ``ann`` itself) is ``bool``, ``int``, ``float``,
+    ``str`` or ``None``: such a field is strict (a ``Literal`` matches its values exactly anyway)."""
     members = typing.get_args(ann) if isinstance(ann, types.UnionType) or typing.get_origin(ann) is typing.Union \
         else (ann,)
-    return all(a in _SCALARS or typing.get_origin(a) is Literal for a in members)
+    return all(a in _SCALARS for a in members)
 
 
 def _type_name(ann: object) -> str:

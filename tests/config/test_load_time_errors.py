@@ -214,3 +214,92 @@ def test_the_task_built_by_the_preflight_is_the_runs(plugins):
     preflight(cfg)
     build_task(other)
     assert built == [2, 2, 2, 3]  # a kept task serves only an equal task config
+
+
+# Hyper-parameter kwargs: validated at load against each function's typed model (its signature).
+# (overrides, the start of the one error line)
+KWARGS_TYPE_ERRORS = {
+    "text_for_a_float": (["loss.kwargs.eps_low='0.2'"], "loss.kwargs.eps_low: Input should be a valid number, "
+                                                         "got '0.2' (text, not a number"),
+    "yaml_text_exponent": (["loss.kwargs.eps_low=1e-3"], "loss.kwargs.eps_low: Input should be a valid number, "
+                                                          "got '1e-3' (text, not a number"),
+    "list_for_a_float": (["loss.kwargs.eps_low=[1]"], "loss.kwargs.eps_low: Input should be a valid number, got [1]"),
+    "number_for_a_bool": (["credit.kwargs.norm_std=1"], "credit.kwargs.norm_std: Input should be a valid boolean, "
+                                                         "got 1"),
+    "float_for_an_int": (["correction.name=staleness", "correction.kwargs.max_staleness=1.5"],
+                         "correction.kwargs.max_staleness: Input should be a valid integer, got 1.5"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(KWARGS_TYPE_ERRORS))
+def test_a_kwarg_of_the_wrong_type_fails_at_load_naming_the_key(case, tmp_path, capsys):
+    overrides, start = KWARGS_TYPE_ERRORS[case]
+    run_dir = tmp_path / "run"
+    recipe = tmp_path / "t.yaml"
+    recipe.write_text("name: t\n")
+    assert main(["train", str(recipe), *TINY, *overrides, f"run_dir={run_dir}", "--no-progress"]) == 2
+    line = one_error_line(capsys)
+    assert line.startswith(f"posttrain train: error: {recipe}: {start}"), line
+    assert not run_dir.exists()
+
+
+TYPED_PLUGINS = '''
+from posttrain.algos.advantages import AdvantageInputs, AdvantageOutputs
+from posttrain.algos.policy_losses import PolicyLossInputs, PolicyLossOutputs
+
+SEEN = []
+
+
+def scaled(inputs: AdvantageInputs, scale: float = 1.0) -> AdvantageOutputs:
+    """The reward on every action token, times ``scale``; records what it was given."""
+    SEEN.append(("scale", scale))
+    return AdvantageOutputs(advantages=scale * inputs.rewards[:, None] * inputs.action_mask, returns=None)
+
+
+def plain(inputs: PolicyLossInputs, *, weight: float = 1.0) -> PolicyLossOutputs:
+    """-weight * ratio * A; records what it was given."""
+    SEEN.append(("weight", weight))
+    ratio = (inputs.logprob - inputs.old_logprob).exp()
+    return PolicyLossOutputs(loss=-weight * ratio * inputs.advantages, diagnostics={})
+'''
+
+
+@pytest.fixture
+def typed_plugins(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
+    d = tmp_path_factory.mktemp("typed_plugins")
+    (d / "_typed_plugins.py").write_text(textwrap.dedent(TYPED_PLUGINS))
+    monkeypatch.syspath_prepend(str(d))
+    yield "_typed_plugins"
+    for reg in (A.ADVANTAGES, A.POLICY_LOSSES):  # registration is process-wide
+        for name in [n for n in reg if n.startswith("_typed_plugins:")]:
+            reg.unregister(name)
+
+
+def test_the_functions_receive_the_validated_values(typed_plugins):
+    """An int given for a float parameter reaches the function as a float: in the config the run
+    records, in the load-time probe, in the targets and in the learner."""
+    import importlib
+
+    from posttrain.config import dump_config
+    from posttrain.learner.actor import PolicyLearner
+    from posttrain.loop.targets import build_targets
+    from posttrain.models import build_char_tokenizer, build_tiny_model
+
+    seen = importlib.import_module(typed_plugins).SEEN
+    est, loss = f"{typed_plugins}:scaled", f"{typed_plugins}:plain"
+    cfg = load_run_config(None, [*TINY, f"credit.estimator={est}", "credit.kwargs={scale: 2}",
+                                 f"loss.policy_loss={loss}", "loss.kwargs={weight: 3}"])
+    assert cfg.credit.kwargs == {"scale": 2.0} and type(cfg.credit.kwargs["scale"]) is float
+    assert type(cfg.loss.kwargs["weight"]) is float
+    assert "scale: 2.0" in dump_config(cfg) and "weight: 3.0" in dump_config(cfg)  # config.yaml's record
+    assert seen and all(type(v) is float for _, v in seen)  # the load-time probe calls
+    seen.clear()
+    batch = fake_batch(cfg)
+    adv = build_targets(batch, estimator=est, estimator_kwargs={"scale": 2}).advantages  # as given, untyped
+    assert seen == [("scale", 2.0)] and type(seen[0][1]) is float
+    learner = PolicyLearner(build_tiny_model("micro", vocab_size=len(build_char_tokenizer()), seed=0),
+                            policy_loss=loss, policy_loss_kwargs={"weight": 3}, lr=0.0)
+    assert learner.policy_loss_kwargs == {"weight": 3.0}
+    seen.clear()
+    learner.compute_gradients(batch, adv.to(torch.float32), old_logprob=learner.compute_logprobs(batch))
+    assert seen and all(v == 3.0 and type(v) is float for _, v in seen)
