@@ -45,8 +45,9 @@ import sys
 import threading
 import time
 import urllib.parse
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from types import FrameType
 from typing import Any
 
 import torch
@@ -228,12 +229,13 @@ class EngineHTTPServer(ThreadingHTTPServer):
         return int(self.server_address[1])
 
 
-def load_factory(spec: str) -> Any:
-    """``"package.module:callable"`` -> the callable."""
+def load_factory(spec: str) -> Callable[..., RolloutEngine]:
+    """``"package.module:callable"`` -> the callable (an engine factory: its result is served as one)."""
     mod, _, name = spec.partition(":")
     if not mod or not name:
         raise ValueError(f"factory must be 'module:callable', got {spec!r}")
-    return getattr(importlib.import_module(mod), name)
+    factory: Callable[..., RolloutEngine] = getattr(importlib.import_module(mod), name)
+    return factory
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -254,7 +256,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     engine = load_factory(a.factory)(**json.loads(a.kwargs))
     server = EngineHTTPServer(engine, a.host, a.port, allow_remote=a.allow_remote, verbose=a.verbose)
 
-    def stop(signum: int, frame: Any) -> None:
+    def stop(signum: int, frame: FrameType | None) -> None:
         threading.Thread(target=server.shutdown, daemon=True).start()
 
     signal.signal(signal.SIGTERM, stop)

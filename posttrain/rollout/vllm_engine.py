@@ -37,9 +37,11 @@ How the contract maps onto vLLM (API names as of vLLM 0.10-0.11, V1 engine):
 
 from __future__ import annotations
 
+import importlib
 import os
 import threading
 from collections.abc import Mapping, Sequence
+from types import ModuleType
 from typing import Any
 
 import numpy as np
@@ -52,13 +54,12 @@ from posttrain.rollout.types import Completion, GenerationRequest
 INSTALL_HINT = "the vLLM engine needs vllm: build its environment with `make vllm-env` (docs/rollout.md)"
 
 
-def require_vllm() -> Any:
+def require_vllm() -> ModuleType:
     """Import and return the ``vllm`` module, or raise ``ImportError`` with the install command."""
     try:
-        import vllm
+        return importlib.import_module("vllm")
     except ImportError as e:  # pragma: no cover - depends on the environment
         raise ImportError(INSTALL_HINT) from e
-    return vllm
 
 
 # ---------------------------------------------------------------------------------------------- translation
