@@ -115,7 +115,7 @@ def greedy_baseline(
 
 
 class BaselineRun(Protocol):
-    """What ReMax's baseline reads of a run (met by :class:`~posttrain.loop.run_state.Run`)."""
+    """What ReMax's baseline reads of a run (met by :class:`~posttrain.loop.run.Run`)."""
 
     @property
     def cfg(self) -> RunConfig: ...
