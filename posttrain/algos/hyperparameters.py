@@ -28,7 +28,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, create_model
 _SCALARS: tuple[object, ...] = (bool, int, float, str, type(None))
 
 
-def tunable_parameters(fn: Callable[..., object], *, data_args: int,
+def _tunable_parameters(fn: Callable[..., object], *, data_args: int,
                        supplied: Collection[str] = ()) -> list[inspect.Parameter]:
     """The parameters of ``fn`` a recipe may set: every keyword-capable parameter after the first
     ``data_args`` positional ones (the data the framework passes), except those named in ``supplied``
@@ -41,12 +41,12 @@ def tunable_parameters(fn: Callable[..., object], *, data_args: int,
 
 def kwargs_model(fn: Callable[..., object], *, title: str, data_args: int,
                  supplied: Collection[str] = ()) -> type[BaseModel]:
-    """A pydantic model of ``fn``'s hyper-parameters (:func:`tunable_parameters`): one field per
+    """A pydantic model of ``fn``'s hyper-parameters (:func:`_tunable_parameters`): one field per
     parameter with its resolved annotation (``Any`` when absent or unresolvable) and its default
     (required when it has none); extra keys are forbidden unless ``fn`` takes ``**kwargs``."""
     takes_any = any(p.kind is p.VAR_KEYWORD for p in inspect.signature(fn).parameters.values())
     fields: dict[str, Any] = {}
-    for p in tunable_parameters(fn, data_args=data_args, supplied=supplied):
+    for p in _tunable_parameters(fn, data_args=data_args, supplied=supplied):
         ann = _annotation(fn, p)
         default = ... if p.default is p.empty else p.default
         fields[p.name] = (ann, Field(default, strict=True) if _is_scalar(ann) else Field(default))
