@@ -53,10 +53,10 @@ demo: $(STAMP)
 test: $(STAMP) $(if $(filter 0,$(POSTTRAIN_TEST_VLLM)),,$(VLLM_STAMP))
 	$(BIN)/python -m pytest tests
 
-lint: $(STAMP)
+lint: $(STAMP) mypy-strict
 	$(BIN)/ruff check posttrain tests
 
-# Issue 23's goal for the upper floors; joins `lint` once it passes (it does not yet).
+# The loop and learner floors type-check strictly (tests/test_strict_types.py holds it in the suite).
 mypy-strict: $(STAMP)
 	$(BIN)/mypy --strict posttrain/loop posttrain/learner
 

@@ -1,4 +1,4 @@
-"""``posttrain check RECIPE [key=value ...]``: the seed's verification list on the user's own setup.
+"""``posttrain check RECIPE [key=value ...]``: the rollout-to-update invariants checked on the user's own setup.
 
 On the configured model, engine and recipe (a few prompts, no training) it checks:
 
