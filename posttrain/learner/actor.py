@@ -23,7 +23,7 @@ import dataclasses
 import inspect
 import math
 from collections.abc import Iterator, Mapping, Sequence
-from typing import Protocol, Unpack
+from typing import Unpack
 
 import torch
 
@@ -33,6 +33,7 @@ from posttrain.learner.grad_sync import GradientSync, LocalSync
 from posttrain.learner.logprobs import first_scored_position, forward_logprobs, token_logprobs
 from posttrain.learner.lora import is_peft_model, merged_state_dict, wrap_lora
 from posttrain.learner.microbatch import RowTensors, microbatches
+from posttrain.learner.protocol import KLCoefficient
 from posttrain.learner.settings import (
     BatchingSettings,
     ComputeSettings,
@@ -46,18 +47,6 @@ from posttrain.learner.settings import (
 )
 from posttrain.learner.trainer import Trainer, TrainTally
 from posttrain.trajectory.collate import TrajectoryBatch
-
-
-class KLCoefficient(Protocol):
-    """A KL coefficient controller (``posttrain.algos.kl``): ``.value`` is the current beta."""
-
-    @property
-    def value(self) -> float: ...
-
-    def state_dict(self) -> dict[str, float]: ...
-
-    def load_state_dict(self, state: Mapping[str, float]) -> None: ...
-
 
 _AUTOCAST = {
     "bfloat16": torch.bfloat16,

@@ -157,7 +157,7 @@ class CriticLearner:
         optim, batching = critic_settings(optim or OptimizerSettings(lr=1e-5), batching or BatchingSettings(), flat)
         self.model = value_model
         self._reduction = REDUCTIONS[reduction]
-        self.reduction_kwargs = dict(reduction_kwargs or {})
+        self.reduction_kwargs = REDUCTIONS.validate_kwargs(reduction, dict(reduction_kwargs or {}), key="reduction_kwargs")
         self.clip_eps = clip_eps
         self.trainer = Trainer(list(value_model.parameters()), optim, batching)
 

@@ -29,11 +29,23 @@ import torch
 from posttrain.trajectory import TrajectoryBatch
 
 
+class KLCoefficient(Protocol):
+    """A KL coefficient controller (``posttrain.algos.kl``): ``.value`` is the current beta."""
+
+    @property
+    def value(self) -> float: ...
+
+    def state_dict(self) -> dict[str, float]: ...
+
+    def load_state_dict(self, state: Mapping[str, float]) -> None: ...
+
+
 @runtime_checkable
 class Learner(Protocol):
     """What the loop calls on a policy learner (see the module docstring for the primitive each is).
 
-    ``model``: the driver's copy of the actor (checkpoints, SFT warm-up, promotion snapshots);
+    ``kl_coef``: beta, fixed or an adaptive controller (``builders.build_kl_coef``; the loss applies it,
+    or the token rewards with ``credit.kl_in_reward``); ``model``: the driver's copy of the actor (checkpoints, SFT warm-up, promotion snapshots);
     ``temperature`` / ``top_k`` / ``top_p``: the sampler settings its log-probs replay (the reference
     model reads them); ``last_old_logprob`` / ``last_current_logprob``: pi_old of a fused update and
     pi_theta as the last update saw it, ``[B, T]`` float64, for the ledger.
@@ -41,6 +53,7 @@ class Learner(Protocol):
 
     model: torch.nn.Module
     version: int
+    kl_coef: float | KLCoefficient
     temperature: float
     top_k: int
     top_p: float
@@ -81,4 +94,4 @@ class Learner(Protocol):
         ...
 
 
-__all__ = ["Learner"]
+__all__ = ["KLCoefficient", "Learner"]

@@ -51,8 +51,8 @@ from typing import Any
 
 import torch
 
-from posttrain.learner.actor import KLCoefficient
 from posttrain.learner.distributed import free_port
+from posttrain.learner.protocol import KLCoefficient
 from posttrain.learner.rank_process import RankLearnerFactory, RankSpec, WeightBucket, rank_main
 from posttrain.trajectory.collate import TrajectoryBatch
 

@@ -19,14 +19,15 @@ import json
 import warnings
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 import torch
 
 from posttrain.learner.actor import PolicyLearner
+from posttrain.learner.protocol import Learner
 
 if TYPE_CHECKING:
-    from posttrain.learner.ranks import LearnerRanks
+    pass
 
 FileDigest = list[int | str]
 """``[size in bytes, blake2b-128 hex digest]`` of one shard file (a JSON list in the manifest)."""
@@ -182,7 +183,14 @@ def load_sharded(model: torch.nn.Module, optimizer: torch.optim.Optimizer, direc
         set_model_state_dict(model, sd["model"])
 
 
-def load_sharded_into_learner(learner: PolicyLearner | LearnerRanks, directory: str | Path, state: Mapping[str, Any]) -> None:
+@runtime_checkable
+class LoadsShards(Protocol):
+    """A learner that reads its own shards (:class:`~posttrain.learner.ranks.LearnerRanks`)."""
+
+    def load_sharded(self, directory: Path, state: Mapping[str, Any]) -> None: ...
+
+
+def load_sharded_into_learner(learner: Learner, directory: str | Path, state: Mapping[str, Any]) -> None:
     """Resume ``learner`` from a sharded checkpoint: ``state`` is its ``learner_state.pt`` entry
     (scheduler, generator, counters, ``optimizer_in_shards``). Learner ranks load their shards
     themselves (``learner.load_sharded``); the embedded :class:`PolicyLearner` reads them in this
@@ -190,6 +198,8 @@ def load_sharded_into_learner(learner: PolicyLearner | LearnerRanks, directory: 
     The files were verified by :func:`~posttrain.learner.checkpoint.load_checkpoint`
     (:func:`verify_sharded`)."""
     if not isinstance(learner, PolicyLearner):
+        if not isinstance(learner, LoadsShards):
+            raise TypeError(f"a sharded checkpoint loads into PolicyLearner or LearnerRanks, not {type(learner).__name__}")
         learner.load_sharded(Path(directory), state)
         return
     load_sharded(learner.model, learner.optimizer, directory, with_optimizer=bool(state["optimizer_in_shards"]))

@@ -158,12 +158,8 @@ def _restore_learners(run: Run, path: Path, ck: CheckpointState) -> None:
     model and the critic of checkpoint ``ck`` at ``path``."""
     ls = ck.learner_state
     if "sharded" in ls["learner"]:  # learner ranks' DCP shards: any world size, or the embedded learner
-        from posttrain.learner.actor import PolicyLearner
-        from posttrain.learner.ranks import LearnerRanks
         from posttrain.learner.sharded_checkpoint import load_sharded_into_learner
 
-        if not isinstance(run.learner, (PolicyLearner, LearnerRanks)):
-            raise TypeError(f"{path}: sharded learner state, but the learner is a {type(run.learner).__name__}")
         load_sharded_into_learner(run.learner, path / ls["learner"]["sharded"], ls["learner"])
     else:
         run.learner.load_state_dict(ls["learner"])

@@ -23,14 +23,14 @@ import shutil
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, Protocol, runtime_checkable
+from typing import TYPE_CHECKING
 
 import torch
 
 from posttrain.algos.kl import AdaptiveKLController
 from posttrain.config import RunConfig, dump_config
-from posttrain.learner.actor import KLCoefficient
 from posttrain.learner.critic import CriticLearner, ValueModel
+from posttrain.learner.protocol import KLCoefficient
 from posttrain.learner.settings import BatchingSettings, OptimizerSettings
 from posttrain.loop import checkpointing
 from posttrain.loop.builders import build_engine, build_learner, build_model, build_renderer, build_task
@@ -57,20 +57,6 @@ log = logging.getLogger("posttrain")
 
 #: A step's metrics by key: scalars (``revision`` and ``guards`` are strings; a missing figure is None).
 StepMetrics = dict[str, float | int | str | bool | None]
-
-
-@runtime_checkable
-class HoldsKLCoefficient(Protocol):
-    """A learner holding the run's KL coefficient (``builders.build_kl_coef``): a float or a controller."""
-
-    kl_coef: float | KLCoefficient
-
-
-def kl_coefficient(learner: object) -> float | KLCoefficient:
-    """The KL coefficient ``learner`` holds (``PolicyLearner`` and ``LearnerRanks`` both do)."""
-    if not isinstance(learner, HoldsKLCoefficient):
-        raise TypeError(f"{type(learner).__name__} holds no kl_coef")
-    return learner.kl_coef
 
 
 def kl_coef_of(coef: float | KLCoefficient) -> float:
@@ -196,7 +182,7 @@ class Run:
         """beta for this step: ``loss.kl_coef`` or the adaptive controller's current value. The learner
         holds the coefficient in both placements (``builders.build_kl_coef``): this step's loss reads it,
         or with ``credit.kl_in_reward`` the token rewards (``build_targets(kl_coef=...)``) do."""
-        return kl_coef_of(kl_coefficient(self.learner))
+        return kl_coef_of(self.learner.kl_coef)
 
     def observe_kl(self, metrics: StepMetrics) -> None:
         """Feed this step's observed KL to an adaptive controller (Ziegler et al. 2019; bounded update,
@@ -207,7 +193,7 @@ class Run:
         in the reward (``kl/ref_mean``, pi_old vs pi_ref) with ``credit.kl_in_reward``, else the
         loss's ``kl``. ``metrics["kl_coef"]`` is set to the beta this step applied (read before the
         update); the updated one, which the next step applies, goes to ``kl_coef_next``."""
-        ctl = kl_coefficient(self.learner)
+        ctl = self.learner.kl_coef
         metrics["kl_coef"] = kl_coef_of(ctl)  # what this step applied (the learner's too)
         key = "kl/ref_mean" if self.cfg.credit.kl_in_reward else "kl"
         observed = metrics.get(key)
