@@ -30,8 +30,13 @@ from posttrain.learner.settings import (
 )
 
 if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerBase
+
+    from posttrain.envs.prompt_render import PromptRenderer
+    from posttrain.envs.task import Task
     from posttrain.learner.actor import PolicyLearner
     from posttrain.learner.ranks import LearnerRanks
+    from posttrain.rollout.engine import RolloutEngine
 
 _DTYPES = {"float32": torch.float32, "float64": torch.float64, "bfloat16": torch.bfloat16}
 
@@ -70,7 +75,7 @@ def build_model(cfg: RunConfig) -> tuple[Any, torch.nn.Module]:
     return tok, hf
 
 
-def is_char_preset(model_path: str, tokenizer: Any = None) -> bool:
+def is_char_preset(model_path: str, tokenizer: PreTrainedTokenizerBase | None = None) -> bool:
     """Whether the model is a posttrain char-tokenizer model: a builtin preset (every builtin but
     SmolLM2), or a saved one (a checkpoint's ``actor/``), recognised by the char tokenizer's chat template."""
     from posttrain.models.tokenizer import CHAT_TEMPLATE
@@ -80,7 +85,7 @@ def is_char_preset(model_path: str, tokenizer: Any = None) -> bool:
     return tokenizer is not None and getattr(tokenizer, "chat_template", None) == CHAT_TEMPLATE
 
 
-def build_renderer(cfg: RunConfig, tokenizer: Any) -> Any:
+def build_renderer(cfg: RunConfig, tokenizer: PreTrainedTokenizerBase) -> PromptRenderer:
     """The run's :class:`~posttrain.envs.prompt_render.PromptRenderer` (``task.chat_template``,
     ``task.system_prompt``); ``ValueError`` naming the key when ``true`` meets a template-less tokenizer."""
     from posttrain.envs.prompt_render import PromptRenderer, resolve_chat
@@ -102,7 +107,7 @@ def _task_key(cfg: RunConfig) -> str:
                        [f.model_dump(mode="json") for f in cfg.reward.functions]], sort_keys=True, default=str)
 
 
-def keep_task(cfg: RunConfig, task: Any) -> None:
+def keep_task(cfg: RunConfig, task: Task) -> None:
     """Hand ``task`` (built by :func:`build_task` for ``cfg``) to the next :func:`build_task` of an equal
     task config, once; a newer kept task replaces an older one."""
     _KEPT_TASK.clear()
@@ -148,8 +153,8 @@ def build_task(cfg: RunConfig) -> Any:
     return task
 
 
-def build_engine(model: torch.nn.Module, tokenizer: Any, cfg: RunConfig | None = None,
-                 workdir: Path | None = None) -> Any:
+def build_engine(model: torch.nn.Module, tokenizer: PreTrainedTokenizerBase, cfg: RunConfig | None = None,
+                 workdir: Path | None = None) -> RolloutEngine:
     """The rollout engine of ``cfg.rollout.engine`` in this process (the local backend, every system mode).
 
     builtin (also with ``cfg=None``: evaluation and checks): a :class:`BuiltinEngine` over its own
@@ -169,7 +174,7 @@ def build_engine(model: torch.nn.Module, tokenizer: Any, cfg: RunConfig | None =
     return engine
 
 
-def probe_engine(engine: Any, tokenizer: Any, key: str) -> None:
+def probe_engine(engine: RolloutEngine, tokenizer: PreTrainedTokenizerBase, key: str) -> None:
     """One greedy 1-token request, so an engine that cannot serve this model with these settings (e.g.
     vLLM's CPU attention without a kernel for the model's head size) fails while the run is built, as
     one ``ValueError`` naming ``key``, instead of at the step-0 evaluation. The engine is closed first."""
@@ -190,7 +195,8 @@ def probe_engine(engine: Any, tokenizer: Any, key: str) -> None:
                          f"request failed: {why})") from None
 
 
-def engine_factory(cfg: RunConfig, model: torch.nn.Module, tokenizer: Any, workdir: Path) -> Callable[[], Any]:
+def engine_factory(cfg: RunConfig, model: torch.nn.Module, tokenizer: PreTrainedTokenizerBase, workdir: Path
+                   ) -> Callable[[], RolloutEngine]:
     """A picklable zero-argument factory of the ``cfg.rollout.engine`` engine (the Ray rollout workers
     call it once per process, again after a restart; :func:`build_engine` calls it locally).
 

@@ -19,11 +19,14 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING
 
 import torch
 
 from posttrain.trajectory import Finish, Status, Trajectory, TrajectoryBatch
+
+if TYPE_CHECKING:
+    from posttrain.loop.targets import Targets
 
 
 def _pct(x: torch.Tensor, q: float) -> float:
@@ -41,7 +44,7 @@ def status_counts(all_trajs: Sequence[Trajectory]) -> dict[str, float]:
     return {f"status/{s.value}": float(counts.get(s.value, 0)) for s in Status}
 
 
-def step_metrics(batch: TrajectoryBatch, all_trajs: Sequence[Trajectory], targets: Any, *,
+def step_metrics(batch: TrajectoryBatch, all_trajs: Sequence[Trajectory], targets: Targets, *,
                  learner_version: int | None = None) -> dict[str, float]:
     """Data metrics of one step (see the module docstring for each key); ``learner_version``: the
     version pi_old was computed under (None: every action token counts as same-version)."""
