@@ -357,7 +357,11 @@ class ThreadedProducer:
                     groups += 1
         wait = time.perf_counter() - t0
         with self._cv:
-            infos, self._infos = self._infos, []
+            if self.mode == "one_step_off":  # the consumed call's own metrics: the worker logs a call's
+                infos = self._infos[:1]       # info before queueing its item, one item per call
+                del self._infos[:1]
+            else:
+                infos, self._infos = self._infos, []
         info = merge_infos(infos) if infos else {}
         info.update({
             "time/learner_wait_s": wait,

@@ -1,7 +1,8 @@
-"""The run: its composed parts (:class:`Run`), built and locked in its run directory by :func:`open_run`.
+"""The run: its parts (:mod:`posttrain.loop.parts`) and its own state (:class:`Run`), built and locked
+in its run directory by :func:`open_run`.
 
-``open_run`` builds the tokenizer, actor, frozen reference, critic, engine, learner, task and held-out
-set; with ``resume=true`` it restores the latest atomic checkpoint (weights, optimizer, scheduler,
+``open_run`` builds the parts (tokenizer, actor, frozen reference, critic, engine, learner, task and
+held-out set: :func:`~posttrain.loop.parts.build_parts`); with ``resume=true`` it restores the latest atomic checkpoint (weights, optimizer, scheduler,
 RNG, data cursor, versions, adaptive-KL state; :mod:`posttrain.loop.checkpointing`) and moves ledger
 steps written after that checkpoint to ``ledger/discarded/`` so the ledger continues without gaps or
 duplicates. ``Run`` delegates the revision judgement to :mod:`posttrain.loop.promotion` and the SFT
@@ -16,27 +17,24 @@ restored step are dropped so no step appears twice.
 
 from __future__ import annotations
 
-import copy
 import logging
 import os
 import shutil
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 from posttrain.algos.kl import AdaptiveKLController
 from posttrain.config import RunConfig, dump_config
-from posttrain.learner.critic import CriticLearner, ValueModel
 from posttrain.learner.protocol import KLCoefficient
-from posttrain.learner.settings import BatchingSettings, OptimizerSettings
 from posttrain.loop import checkpointing
-from posttrain.loop.builders import build_engine, build_learner, build_model, build_renderer, build_task
 from posttrain.loop.checkpointing import RunState, check_resumable
 from posttrain.loop.guards import VerdictTally, check_guards
 from posttrain.loop.metrics_log import MetricsLog
+from posttrain.loop.parts import build_parts
 from posttrain.loop.promotion import Promotion
 from posttrain.loop.warmup import sft_warmup
 from posttrain.trajectory import Ledger, Trajectory, TrajectoryBatch
@@ -46,11 +44,8 @@ if TYPE_CHECKING:
     from rich.progress import Progress
 
     from posttrain.envs.task import TaskExample
-    from posttrain.loop.backends import Backend
     from posttrain.loop.heldout import EvalResult
     from posttrain.loop.run_dir import RunDirLock
-    from posttrain.rewards.scoring import VerifyBatch
-    from posttrain.rewards.verifier import Verifier
 
 log = logging.getLogger("posttrain")
 
@@ -64,96 +59,34 @@ def kl_coef_of(coef: float | KLCoefficient) -> float:
     return float(coef) if isinstance(coef, (int, float)) else float(coef.value)
 
 
-def build_critic(cfg: RunConfig, plain_model: torch.nn.Module) -> CriticLearner:
-    """The critic of ``critic.enabled``: a value head on a copy of ``plain_model`` (or on its backbone with
-    ``critic.shared_backbone``), trained at ``critic.lr`` with the policy's epochs, mini-batches,
-    micro-batch budget and gradient clip, and PPO's value clip ``critic.value_clip``."""
-    vm = ValueModel.from_actor(plain_model, shared_backbone=cfg.critic.shared_backbone, seed=cfg.seed)
-    return CriticLearner(
-        vm, clip_eps=cfg.critic.value_clip,
-        optim=OptimizerSettings(lr=cfg.critic.lr, max_grad_norm=cfg.optim.max_grad_norm),
-        batching=BatchingSettings(epochs=cfg.optim.ppo_epochs, num_minibatches=cfg.optim.num_minibatches,
-                                  microbatch_tokens=cfg.optim.microbatch_tokens, seed=cfg.seed),
-    )
-
-
 class Run:
-    """The composed parts of one run (built by :func:`open_run`)."""
+    """One run: its :class:`~posttrain.loop.parts.Parts` (``run.parts``, also reachable by name:
+    ``run.learner``, ``run.engine``, ...) and its own state — data cursor, ledger, metrics, promotion,
+    checkpoints (built by :func:`open_run`)."""
 
     def __init__(self, cfg: RunConfig, lock: RunDirLock | None = None) -> None:
         self.cfg = cfg
         self.dir = run_dir_of(cfg)
         self.dir.mkdir(parents=True, exist_ok=True)
         self._lock = lock  # a RunDirLock held by open_run; released by close()
-        torch.manual_seed(cfg.seed)
-        self.tokenizer, actor = build_model(cfg)
+        self.parts = parts = build_parts(cfg, self.dir)  # the composition root (loop/parts.py)
+        # A Hugging Face tokenizer; scoring reads it through its own narrower Decoder protocol, whose decode
+        # returns str where transformers' is annotated str | list[str]: held untyped here, as before.
+        self.tokenizer: Any = parts.tokenizer
+        self.renderer, self.task, self.heldout = parts.renderer, parts.task, parts.heldout
         self.pad_token_id = int(self.tokenizer.pad_token_id or 0)
-        # One renderer for every single-turn prompt (rollout, learner check, eval, SFT): task.chat_template.
-        self.renderer = build_renderer(cfg, self.tokenizer)
-        self.task = build_task(cfg)
-        # LoRA wraps the actor in place (peft): the engine, the reference and the critic need the
-        # plain architecture, so they are built from a copy taken before the wrap.
-        plain = copy.deepcopy(actor) if cfg.lora.rank > 0 else None
-        self.learner = build_learner(cfg, actor)
-        self.plain_model: torch.nn.Module = plain if plain is not None else self.learner.model
-        # The rollout side: an in-process engine, or Ray rollout (and reward) workers behind the same calls.
-        self.backend: Backend | None = None
-        self.verify_batch: VerifyBatch | None = None  # None: verify in this process; set by a pool or reward actors
-        if cfg.system.backend == "ray":
-            self._open_ray_backend()
-        else:
-            self.engine = build_engine(self.plain_model, self.tokenizer, cfg, self.dir)
-        self.ref_model: torch.nn.Module | None = None
-        if cfg.loss.kl_estimator is not None:
-            self.ref_model = copy.deepcopy(self.plain_model).eval().requires_grad_(False)
-        self.critic = build_critic(cfg, self.plain_model) if cfg.critic.enabled else None
-        self.heldout = self.task.examples("heldout", cfg.eval.size, seed=cfg.seed)
-        self.hidden_verifier: Verifier | None = None  # eval.hidden_verifier: judges beside the task's, never rewards
-        if cfg.eval.hidden_verifier is not None:
-            from posttrain.rewards.hidden import build_hidden_verifier
-
-            self.hidden_verifier = build_hidden_verifier(cfg.eval.hidden_verifier, cfg.eval.hidden_verifier_kwargs)
-        # Every row of a file task (else the held-out prompts) must encode and fit the model's context,
-        # checked by length before tokenizing: one error naming the file and row, before any rollout.
-        from posttrain.envs.task import check_prompts, task_rows
-
-        check_prompts(task_rows(self.task) or self.heldout, self.tokenizer,
-                      max_context=getattr(getattr(self.plain_model, "config", None), "max_position_embeddings", None),
-                      max_new_tokens=cfg.sampling.max_new_tokens, renderer=self.renderer)
+        self.learner, self.plain_model, self.critic, self.ref_model = (parts.learner, parts.plain_model, parts.critic,
+                                                                       parts.ref_model)
+        self.engine, self.backend = parts.engine, parts.backend
+        self.verify_batch, self._pool, self.hidden_verifier = parts.verify_batch, parts.pool, parts.hidden_verifier
         self.step_examples: dict[str, TaskExample] = {}  # prompt_id -> TaskExample drawn this step (see next_prompts)
         self.ledger = Ledger(self.dir / "ledger")
         self.log = MetricsLog.for_run(self.dir, cfg)  # metrics.jsonl + the trackers of cfg.logging
         self.state = RunState()
-        self._pool = None
-        if self.verify_batch is None:
-            from posttrain.rewards import VerifierPool
-
-            # workers=0 too: the in-process pool applies reward.timeout_s / retries (a daemon thread per
-            # call), and training and held-out evaluation both verify through this one guarded path.
-            self._pool = VerifierPool(workers=cfg.reward.workers, timeout_s=cfg.reward.timeout_s,
-                                      retries=cfg.reward.retries)
-            self.verify_batch = self._pool.verify_batch
         self.promotion = Promotion(self.learner.model, self.state, reject_drop=cfg.eval.reject_drop)
         self.verdicts = VerdictTally()  # this invocation's verifications: nothing judged at all -> an error
         self.inflight_count: Callable[[], int] | None = None  # set by the loop: samples queued / paused
         self.restart_clock(0.0)
-
-    def _open_ray_backend(self) -> None:
-        """Rollout (and reward) workers as Ray actors behind the same calls the loop already makes.
-
-        The actors get a copy of the actor model; ``run.engine`` becomes the worker pool (a
-        ``RolloutEngine`` whose ``generate_detailed`` reports failed requests as infra errors) and,
-        with reward workers, ``run.verify_batch`` their ``verify_batch``. See docs/distributed.md.
-        """
-        from posttrain.loop.backends import build_ray_backend
-        from posttrain.loop.builders import engine_factory
-
-        factory = engine_factory(self.cfg, self.plain_model, self.tokenizer, self.dir)  # rollout.engine
-        self.backend = build_ray_backend(factory, self.cfg.system.ray)
-        self.engine = self.backend.rollout
-        # Verification on the reward actors; with none, the driver verifies (reward.workers as locally).
-        reward = self.backend.reward if self.cfg.system.ray.num_reward_workers > 0 else None
-        self.verify_batch = reward.verify_batch if reward is not None else None
 
     # ------------------------------------------------------------------ data
     def next_prompts(self, n: int) -> list[TaskExample]:

@@ -26,7 +26,17 @@ import torch
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent))
 sys.path.insert(0, str(HERE))
-from _house_golden import CASES, GOLDEN_DIR, VARIED_CASES, capture, final_actor, run_case, timing_dependent  # noqa: E402
+from _house_golden import (  # noqa: E402
+    CALL_COUNTERS,
+    CASES,
+    GOLDEN_DIR,
+    VARIED_CASES,
+    capture,
+    final_actor,
+    run_case,
+    threaded,
+    timing_dependent,
+)
 from _tolerance import shape_rtol, update_rel_diff  # noqa: E402
 
 pytestmark = pytest.mark.timeout(300)
@@ -88,6 +98,10 @@ def compare_metrics(new: list[dict[str, float]], old: list[dict[str, float]], ca
         bad = [(k, m[k], v) for k, v in g.items() if not timing_dependent(case, k)
                and not math.isclose(m[k], v, rel_tol=VALUE_RTOL, abs_tol=VALUE_RTOL)]
         assert not bad, f"step {i + 1}: {len(bad)} metrics moved, e.g. {bad[:6]}"
+    if threaded(case):  # which step collected a call's metrics was timing; the run's totals were not
+        for k in CALL_COUNTERS:
+            want, got = sum(g.get(k, 0.0) for g in old), sum(m.get(k, 0.0) for m in new)
+            assert got == want, f"total {k}: {got} != golden {want}"
 
 
 @pytest.mark.parametrize("case", list(CASES))

@@ -1,0 +1,138 @@
+"""The parts of one run, built once from its config: :class:`Parts` and :func:`build_parts`.
+
+The composition root of a run: tokenizer, prompt renderer, task and held-out set, the policy
+:class:`~posttrain.learner.protocol.Learner` (in process or learner ranks), the rollout engine (in
+process, or the Ray worker pool of ``system.backend=ray`` behind the same calls), the frozen
+reference, the critic, the guarded verification path and the evaluation-only verifier. Each member
+is typed by what the loop calls on it; :class:`~posttrain.loop.run.Run` holds the parts beside the
+run's own state (ledger, metrics, checkpoints, promotion) and the modes compose them.
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import torch
+
+from posttrain.config import RunConfig
+from posttrain.learner.critic import CriticLearner, ValueModel
+from posttrain.learner.protocol import Learner
+from posttrain.learner.settings import BatchingSettings, OptimizerSettings
+from posttrain.loop.builders import build_engine, build_learner, build_model, build_renderer, build_task
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerBase
+
+    from posttrain.envs.prompt_render import PromptRenderer
+    from posttrain.envs.task import Task, TaskExample
+    from posttrain.loop.backends import Backend
+    from posttrain.rewards import VerifierPool
+    from posttrain.rewards.scoring import VerifyBatch
+    from posttrain.rewards.verifier import Verifier
+    from posttrain.rollout.engine import RolloutEngine
+
+
+@dataclasses.dataclass(frozen=True)
+class Parts:
+    """The built parts of a run (see the module docstring).
+
+    ``plain_model``: the actor's architecture without LoRA (the engine, reference and critic are built
+    from it); ``backend``: the Ray workers (None with the local backend); ``verify_batch``: the one
+    guarded verification path (reward actors, or ``pool`` in this process)."""
+
+    tokenizer: PreTrainedTokenizerBase
+    renderer: PromptRenderer
+    task: Task
+    heldout: list[TaskExample]
+    learner: Learner
+    plain_model: torch.nn.Module
+    engine: RolloutEngine
+    backend: Backend | None
+    ref_model: torch.nn.Module | None
+    critic: CriticLearner | None
+    hidden_verifier: Verifier | None
+    verify_batch: VerifyBatch
+    pool: VerifierPool | None
+
+
+def build_critic(cfg: RunConfig, plain_model: torch.nn.Module) -> CriticLearner:
+    """The critic of ``critic.enabled``: a value head on a copy of ``plain_model`` (or on its backbone with
+    ``critic.shared_backbone``), trained at ``critic.lr`` with the policy's epochs, mini-batches,
+    micro-batch budget and gradient clip, and PPO's value clip ``critic.value_clip``."""
+    vm = ValueModel.from_actor(plain_model, shared_backbone=cfg.critic.shared_backbone, seed=cfg.seed)
+    return CriticLearner(
+        vm, clip_eps=cfg.critic.value_clip,
+        optim=OptimizerSettings(lr=cfg.critic.lr, max_grad_norm=cfg.optim.max_grad_norm),
+        batching=BatchingSettings(epochs=cfg.optim.ppo_epochs, num_minibatches=cfg.optim.num_minibatches,
+                                  microbatch_tokens=cfg.optim.microbatch_tokens, seed=cfg.seed),
+    )
+
+
+def build_parts(cfg: RunConfig, run_dir: Path) -> Parts:
+    """Every part of the run of ``cfg`` (``run_dir``: where engines keep their files), in a fixed order
+    (``torch.manual_seed(cfg.seed)`` first), after which every prompt of a file task (else the held-out
+    prompts) is checked to encode and fit the model's context: one error naming the file and row."""
+    torch.manual_seed(cfg.seed)
+    tokenizer, actor = build_model(cfg)
+    # One renderer for every single-turn prompt (rollout, learner check, eval, SFT): task.chat_template.
+    renderer = build_renderer(cfg, tokenizer)
+    task = build_task(cfg)
+    # LoRA wraps the actor in place (peft): the engine, the reference and the critic need the
+    # plain architecture, so they are built from a copy taken before the wrap.
+    plain = copy.deepcopy(actor) if cfg.lora.rank > 0 else None
+    learner = build_learner(cfg, actor)
+    plain_model: torch.nn.Module = plain if plain is not None else learner.model
+    # The rollout side: an in-process engine, or Ray rollout (and reward) workers behind the same calls.
+    backend: Backend | None = None
+    remote_verify: VerifyBatch | None = None
+    if cfg.system.backend == "ray":
+        backend, remote_verify = _ray_backend(cfg, plain_model, tokenizer, run_dir)
+        engine: RolloutEngine = backend.rollout
+    else:
+        engine = build_engine(plain_model, tokenizer, cfg, run_dir)
+    ref_model = copy.deepcopy(plain_model).eval().requires_grad_(False) if cfg.loss.kl_estimator is not None else None
+    critic = build_critic(cfg, plain_model) if cfg.critic.enabled else None
+    heldout = task.examples("heldout", cfg.eval.size, seed=cfg.seed)
+    hidden: Verifier | None = None  # eval.hidden_verifier: judges beside the task's, never rewards
+    if cfg.eval.hidden_verifier is not None:
+        from posttrain.rewards.hidden import build_hidden_verifier
+
+        hidden = build_hidden_verifier(cfg.eval.hidden_verifier, cfg.eval.hidden_verifier_kwargs)
+    from posttrain.envs.task import check_prompts, task_rows
+
+    check_prompts(task_rows(task) or heldout, tokenizer,
+                  max_context=getattr(getattr(plain_model, "config", None), "max_position_embeddings", None),
+                  max_new_tokens=cfg.sampling.max_new_tokens, renderer=renderer)
+    pool: VerifierPool | None = None
+    if remote_verify is None:
+        from posttrain.rewards import VerifierPool
+
+        # workers=0 too: the in-process pool applies reward.timeout_s / retries (a daemon thread per
+        # call), and training and held-out evaluation both verify through this one guarded path.
+        pool = VerifierPool(workers=cfg.reward.workers, timeout_s=cfg.reward.timeout_s, retries=cfg.reward.retries)
+        remote_verify = pool.verify_batch
+    return Parts(tokenizer=tokenizer, renderer=renderer, task=task, heldout=list(heldout), learner=learner,
+                 plain_model=plain_model, engine=engine, backend=backend, ref_model=ref_model, critic=critic,
+                 hidden_verifier=hidden, verify_batch=remote_verify, pool=pool)
+
+
+def _ray_backend(cfg: RunConfig, plain_model: torch.nn.Module, tokenizer: PreTrainedTokenizerBase,
+                 run_dir: Path) -> tuple[Backend, VerifyBatch | None]:
+    """Rollout (and reward) workers as Ray actors behind the same calls the loop already makes.
+
+    The actors get a copy of the actor model; the engine becomes the worker pool (a ``RolloutEngine``
+    whose ``generate_detailed`` reports failed requests as infra errors) and, with reward workers,
+    verification their ``verify_batch`` (None: the driver verifies). See docs/distributed.md."""
+    from posttrain.loop.backends import build_ray_backend
+    from posttrain.loop.builders import engine_factory
+
+    factory = engine_factory(cfg, plain_model, tokenizer, run_dir)  # rollout.engine
+    backend = build_ray_backend(factory, cfg.system.ray)
+    reward = backend.reward if cfg.system.ray.num_reward_workers > 0 else None
+    return backend, (reward.verify_batch if reward is not None else None)
+
+
+__all__ = ["Parts", "build_critic", "build_parts"]
