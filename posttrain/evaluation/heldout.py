@@ -8,10 +8,11 @@ a checkpoint and its ``config.yaml``.
 from __future__ import annotations
 
 import dataclasses
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     import torch
+    from transformers import PreTrainedTokenizerBase
 
     from posttrain.config import RunConfig
     from posttrain.envs.prompt_render import PromptRenderer
@@ -37,7 +38,7 @@ class HeldoutRun:
 
     cfg: RunConfig
     engine: RolloutEngine
-    tokenizer: Any
+    tokenizer: PreTrainedTokenizerBase
     task: Task
     heldout: list[TaskExample]
     renderer: PromptRenderer
@@ -47,7 +48,7 @@ class HeldoutRun:
     _pool: VerifierPool | None = None
 
     @classmethod
-    def from_config(cls, cfg: RunConfig, model: torch.nn.Module, tokenizer: Any) -> HeldoutRun:
+    def from_config(cls, cfg: RunConfig, model: torch.nn.Module, tokenizer: PreTrainedTokenizerBase) -> HeldoutRun:
         """The evaluation parts of run config ``cfg`` (a ``RunConfig``) over ``model`` / ``tokenizer``.
 
         Uses the in-process built-in engine (``rollout.engine`` is not started here). Raises the run's

@@ -77,6 +77,7 @@ def compare_arrays(new: dict[str, np.ndarray], old: dict[str, np.ndarray]) -> No
     for k in EXACT:
         np.testing.assert_array_equal(new[k], old[k], err_msg=k)
     np.testing.assert_array_equal(np.isnan(new["reward_total"]), np.isnan(old["reward_total"]))
+    # Rewards are functions of the (exactly equal) tokens: verdicts and weighted sums, no BLAS, so equal on any CPU.
     np.testing.assert_allclose(new["reward_total"], old["reward_total"], rtol=0, atol=1e-12, equal_nan=True)
     for k in ("behavior_logprob", "old_logprob", "ref_logprob"):
         assert (k in new) == (k in old), f"{k}: present in one run only"
