@@ -42,6 +42,7 @@ FLOORS: tuple[str, ...] = (
     "loop",  # the training loop and its parts (backends included)
     "evaluation",  # held-out evaluation, reports
     "bench",  # benchmarks
+    "serve",  # services other clients drive (the Tinker API server)
     "commands",  # one module per posttrain command
     "cli",  # the command line
 )
