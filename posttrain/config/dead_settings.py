@@ -132,6 +132,30 @@ RULES: tuple[Rule, ...] = (
     # posttrain/loop/builders.py build_model: init_seed seeds the random init of builtin tiny presets.
     Rule(("model.init_seed",), _not_builtin_tiny,
          "model.path is not a randomly initialised builtin preset (its weights are loaded)"),
+    # posttrain/commands/train.py run(): preference.* is read by trainer=preference
+    # (posttrain/loop/preference_training.py, online_preference.py) and trainer=reward_model only.
+    Rule(("preference",), lambda c: c.trainer == "rl",
+         "trainer=rl trains on verifier rewards; preference.* is read by trainer=preference and trainer=reward_model"),
+    # posttrain/loop/preference_training.py (offline): pairs from preference.data, no sampling, no RL update.
+    Rule(("preference.online", "preference.pairs_per_group", "preference.loss", "preference.kwargs"),
+         lambda c: c.trainer == "reward_model",
+         "trainer=reward_model trains a Bradley-Terry reward model (its own loss) on preference.data"),
+    Rule(("preference.pairs_per_group",), lambda c: c.trainer == "preference" and not c.preference.online,
+         "preference.online=false: the pairs come from preference.data, not from sampled groups"),
+    Rule(("sampling", "credit", "correction", "loss", "critic", "rollout", "env", "reward", "sft", "system",
+          "task.name", "task.kwargs", "guards", "lora", "learner"),
+         lambda c: c.trainer == "preference" and not c.preference.online,
+         "trainer=preference (offline) updates the policy on preference.data's pairs with the preference loss "
+         "(no sampling, no verifier, no RL update; single process, full fine-tuning)"),
+    # posttrain/loop/online_preference.py: pairs from the task's sampled groups; the preference loss replaces
+    # the RL update (no advantages, no critic, no SFT warm-up), single process, full fine-tuning.
+    Rule(("preference.data", "preference.fields", "preference.batch_size", "preference.heldout_fraction"),
+         lambda c: c.trainer == "preference" and c.preference.online,
+         "preference.online=true: the pairs come from the task's sampled groups (task.*, sampling.*)"),
+    Rule(("credit", "correction", "loss", "critic", "sft", "env", "lora", "learner"),
+         lambda c: c.trainer == "preference" and c.preference.online,
+         "trainer=preference updates the policy with the preference loss (preference.loss) on single-turn task "
+         "groups (no advantages, no critic, no SFT warm-up, no episodes; single process, full fine-tuning)"),
     # posttrain/loop/training_loop.py: pi_old is fused only with exactly one optimizer step per update.
     Rule(("optim.fuse_old_logprob",), lambda c: c.optim.ppo_epochs > 1 or c.optim.num_minibatches > 1
          or c.correction.name is not None or c.credit.kl_in_reward or c.learner.world_size > 1,

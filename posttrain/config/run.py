@@ -7,6 +7,8 @@ Its validator refuses combinations of keys that cannot run and keys that cannot 
 
 from __future__ import annotations
 
+from typing import Literal
+
 from pydantic import Field, model_validator
 
 from posttrain.config.algorithm import (
@@ -22,6 +24,7 @@ from posttrain.config.feedback import EnvConfig, RewardConfig, TaskConfig
 from posttrain.config.learner import LearnerConfig
 from posttrain.config.model import CriticConfig, LoraConfig, ModelConfig
 from posttrain.config.monitoring import EvalConfig, GuardsConfig, LoggingConfig
+from posttrain.config.preference import PreferenceConfig
 from posttrain.config.rollout import RolloutConfig
 from posttrain.config.section import Section
 from posttrain.config.system import SystemConfig
@@ -31,6 +34,10 @@ class RunConfig(Section):
     """A full recipe: the six axes plus model, optimiser and run controls."""
 
     name: str = "run"
+    trainer: Literal["rl", "preference", "reward_model"] = Field(
+        default="rl", description="what trains: rl (the policy on verifiable rewards), preference (a preference loss "
+        "on pairs, preference.*: offline from preference.data or online from the run's own groups), reward_model (a "
+        "Bradley-Terry reward model on preference.data)")
     seed: int = 0
     steps: int = Field(default=50, ge=0)
     run_dir: str | None = Field(default=None, description="default: runs/<name>")
@@ -58,6 +65,8 @@ class RunConfig(Section):
     rollout: RolloutConfig = Field(default_factory=RolloutConfig, description="the rollout engine (docs/rollout.md)")
     eval: EvalConfig = Field(default_factory=EvalConfig)
     sft: SFTConfig = Field(default_factory=SFTConfig)
+    preference: PreferenceConfig = Field(default_factory=PreferenceConfig, description="preference pairs and loss "
+                                         "(trainer=preference, trainer=reward_model)")
     guards: GuardsConfig = Field(default_factory=GuardsConfig)
     logging: LoggingConfig = Field(default_factory=LoggingConfig)
 
@@ -84,6 +93,10 @@ class RunConfig(Section):
                              f"got {self.model.dtype}")
         if self.correction.name is None and self.correction.kwargs:
             raise ValueError(f"correction.kwargs {self.correction.kwargs} given but correction.name is not set")
+        if self.trainer == "reward_model" or (self.trainer == "preference" and not self.preference.online):
+            if self.preference.data is None:
+                raise ValueError(f"trainer={self.trainer} needs preference.data (a JSONL or Parquet file of pairs)"
+                                 + ("" if self.trainer == "reward_model" else " or preference.online=true"))
         check_dead_settings(self)  # a set key that cannot take effect is refused (warnings: load_config)
         return self
 
