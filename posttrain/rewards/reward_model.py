@@ -1,25 +1,52 @@
-"""Learned reward model: any ``transformers`` sequence-classification model as a component.
+"""Learned reward model: any ``transformers`` sequence-classification model as a reward component.
 
-``score(prompts, responses)`` renders ``prompt + response`` (or the tokenizer's chat template
-with a user and an assistant turn, if ``use_chat_template``), tokenizes in batches of
-``batch_size`` with padding, and returns ``logits[:, label]`` per row (a Bradley-Terry reward
-model has one label; Ouyang et al. 2022, arXiv:2203.02155). The score enters the reward as one
-more raw component (default name ``"rm"``), weighted in the config like any other.
+A Bradley-Terry reward model (Bradley & Terry 1952; Ouyang et al. 2022, arXiv:2203.02155) maps a
+``(prompt, response)`` text to one scalar ``r(x, y)`` = ``logits[:, label]`` of a
+``*ForSequenceClassification`` model. :func:`render_pair` is the one rendering of a pair, shared by
+the trainer (:mod:`posttrain.loop.reward_model_training`) and the scorer, so RL scores responses in
+the form the model was trained on; a trained directory records it in :data:`RENDER_FILE`.
+:class:`RewardModelScorer` scores in batches of ``batch_size`` with padding; :meth:`score_rows`
+turns a failed batch into failures naming it (never a score of zero);
+:mod:`posttrain.rewards.learned` makes it a component of each verdict.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import json
+import math
+from collections.abc import Mapping, Sequence
+from pathlib import Path
 from typing import Any
 
 import torch
 
-from posttrain.rewards.verdict import Verdict
-from posttrain.trajectory import Status
+RENDER_FILE = "posttrain_reward_model.json"
+"""Written beside a trained reward model's weights: ``{"use_chat_template": bool, "max_length": int}``."""
+
+PromptLike = str | Sequence[Mapping[str, str]]
+"""A prompt text, or a chat (``{role, content}`` messages ending with the user turn)."""
+
+
+def render_pair(tokenizer: Any, prompt: PromptLike, response: str, *, use_chat_template: bool) -> str:
+    """The text a reward model reads for ``response`` to ``prompt``.
+
+    With ``use_chat_template`` (and a tokenizer that has one): the chat template of the prompt's messages
+    (a plain prompt as one user message) followed by the assistant's ``response``. Without: the prompt
+    text directly followed by the response (a chat's messages' contents joined by newlines first).
+    """
+    if use_chat_template and getattr(tokenizer, "chat_template", None):
+        msgs = [{"role": "user", "content": prompt}] if isinstance(prompt, str) else [dict(m) for m in prompt]
+        return str(tokenizer.apply_chat_template([*msgs, {"role": "assistant", "content": response}], tokenize=False))
+    text = prompt if isinstance(prompt, str) else "\n".join(str(m["content"]) for m in prompt)
+    return text + response
 
 
 class RewardModelScorer:
-    """Batched scoring with a ``*ForSequenceClassification`` model (kept in eval mode)."""
+    """Batched scoring with a ``*ForSequenceClassification`` model (kept in eval mode).
+
+    ``component`` names the score in verdicts; ``max_length`` truncates (a pair longer than the model
+    was trained on is scored on its first ``max_length`` tokens).
+    """
 
     def __init__(self, model: Any, tokenizer: Any, *, batch_size: int = 16, max_length: int = 1024,
                  label: int = 0, component: str = "rm", use_chat_template: bool = False) -> None:
@@ -32,21 +59,29 @@ class RewardModelScorer:
         self.component, self.use_chat_template = component, use_chat_template
 
     @classmethod
-    def from_pretrained(cls, path: str, **kwargs: Any) -> RewardModelScorer:
-        """Load a local model directory with ``AutoModelForSequenceClassification``."""
+    def from_pretrained(cls, path: str | Path, **kwargs: Any) -> RewardModelScorer:
+        """Load a local model directory with ``AutoModelForSequenceClassification`` and its tokenizer.
+
+        The rendering and length of a posttrain-trained directory (:data:`RENDER_FILE`) are used unless
+        ``kwargs`` give them. A missing directory is a ``FileNotFoundError`` naming it.
+        """
         from transformers import AutoModelForSequenceClassification, AutoTokenizer
 
-        return cls(AutoModelForSequenceClassification.from_pretrained(path), AutoTokenizer.from_pretrained(path), **kwargs)
+        d = Path(path)
+        if not (d / "config.json").is_file():
+            raise FileNotFoundError(f"reward model {d}: no such model directory (no config.json); train one with "
+                                    "`posttrain train reward_model` (it writes <run_dir>/reward_model)")
+        render = json.loads((d / RENDER_FILE).read_text()) if (d / RENDER_FILE).is_file() else {}
+        opts = {k: render[k] for k in ("use_chat_template", "max_length") if k in render}
+        model = AutoModelForSequenceClassification.from_pretrained(str(d))
+        return cls(model, AutoTokenizer.from_pretrained(str(d)), **{**opts, **kwargs})
 
-    def _render(self, prompt: str, response: str) -> str:
-        if self.use_chat_template and getattr(self.tokenizer, "chat_template", None):
-            msgs = [{"role": "user", "content": prompt}, {"role": "assistant", "content": response}]
-            return str(self.tokenizer.apply_chat_template(msgs, tokenize=False))
-        return prompt + response
+    def _render(self, prompt: PromptLike, response: str) -> str:
+        return render_pair(self.tokenizer, prompt, response, use_chat_template=self.use_chat_template)
 
     @torch.no_grad()
-    def score(self, prompts: Sequence[str], responses: Sequence[str]) -> list[float]:
-        """``logits[:, label]`` of each ``(prompt, response)``; float per row."""
+    def score(self, prompts: Sequence[PromptLike], responses: Sequence[str]) -> list[float]:
+        """``logits[:, label]`` of each ``(prompt, response)``; a float per row. Raises on any failure."""
         if len(prompts) != len(responses):
             raise ValueError(f"RewardModelScorer: {len(prompts)} prompts for {len(responses)} responses")
         texts = [self._render(p, r) for p, r in zip(prompts, responses, strict=True)]
@@ -59,16 +94,20 @@ class RewardModelScorer:
             out.extend(float(x) for x in logits[:, self.label].float().cpu())
         return out
 
-    def add_to(self, verdicts: Sequence[Verdict], prompts: Sequence[str], responses: Sequence[str]) -> list[Verdict]:
-        """``verdicts`` with the score added as component ``self.component``.
+    def score_rows(self, prompts: Sequence[PromptLike], responses: Sequence[str]) -> list[float | str]:
+        """Per row, its score, or a string saying why it has none.
 
-        ``infra_error`` verdicts stay as they are (they carry no reward); only the other rows are
-        scored.
+        Batch by batch: a batch whose forward raises gives each of its rows the error (an honest failure:
+        the caller makes those rows ``infra_error``, never a zero score); a non-finite score is a failure
+        of its row alone.
         """
-        rows = [i for i, v in enumerate(verdicts) if v.status is not Status.INFRA_ERROR]
-        scores = self.score([prompts[i] for i in rows], [responses[i] for i in rows])
-        out = list(verdicts)
-        for i, sc in zip(rows, scores, strict=True):
-            v = verdicts[i]
-            out[i] = Verdict(v.status, {**v.components, self.component: sc}, v.explanation)
+        out: list[float | str] = []
+        for s in range(0, len(prompts), self.batch_size):
+            p, r = prompts[s : s + self.batch_size], responses[s : s + self.batch_size]
+            try:
+                scores = self.score(p, r)
+            except Exception as e:  # noqa: BLE001 - becomes these rows' infra_error (see docstring)
+                out.extend([f"reward model {self.component!r} failed on a batch: {type(e).__name__}: {e}"[:300]] * len(p))
+                continue
+            out.extend(x if math.isfinite(x) else f"reward model {self.component!r} scored {x}" for x in scores)
         return out

@@ -12,7 +12,7 @@ from __future__ import annotations
 import dataclasses
 import time
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any, Protocol
+from typing import Any, Protocol, runtime_checkable
 
 import torch
 
@@ -25,6 +25,18 @@ from posttrain.trajectory.record import JSONScalar
 
 VerifyBatch = Callable[[Sequence[Item]], list[Verdict]]
 """A guarded verification of many items (``VerifierPool.verify_batch`` or reward workers)."""
+
+
+@runtime_checkable
+class PromptedVerifyBatch(Protocol):
+    """A ``VerifyBatch`` that also scores with the prompts (:class:`~posttrain.rewards.learned.LearnedRewards`:
+    a reward model or an LLM judge reads the prompt beside the response)."""
+
+    def __call__(self, items: Sequence[Item]) -> list[Verdict]: ...
+
+    def verify_with_prompts(self, items: Sequence[Item], prompts: Sequence[Any]) -> list[Verdict]:
+        """Verdicts of ``items``; ``prompts[i]`` is the prompt (text or chat messages) of ``items[i]``."""
+        ...
 
 
 class Decoder(Protocol):
@@ -113,14 +125,17 @@ def judge(completions: Sequence[Sample], examples: Sequence[Example], *, verifie
     ``verify_batch`` (e.g. ``VerifierPool.verify_batch``, what a run passes: one guarded path for
     training and held-out evaluation); without it a ``VerifierPool(workers=0)`` verifies in-process
     under its default time limit, and an exception, a timeout or a non-Verdict becomes
-    ``infra_error`` (counted, never a zero reward).
+    ``infra_error`` (counted, never a zero reward). A :class:`PromptedVerifyBatch` (``reward.model`` /
+    ``reward.judge``) is given each example's prompt too (its chat ``messages`` when it has them).
     """
     texts = [decode_response(tokenizer, c) for c in completions]
     if verify_batch is None:
         verify_batch = VerifierPool(workers=0).verify_batch
-    verdicts = verify_batch([(verifier, t, ex.reference, verify_context(verifier, ex))
-                             for t, ex in zip(texts, examples, strict=True)])
-    return texts, verdicts
+    items = [(verifier, t, ex.reference, verify_context(verifier, ex)) for t, ex in zip(texts, examples, strict=True)]
+    if isinstance(verify_batch, PromptedVerifyBatch):
+        prompts = [getattr(ex, "messages", None) or str(ex.prompt) for ex in examples]
+        return texts, verify_batch.verify_with_prompts(items, prompts)
+    return texts, verify_batch(items)
 
 
 def to_trajectories(

@@ -1,13 +1,13 @@
-"""Reward model scorer: a tiny Qwen2ForSequenceClassification, batched == one at a time."""
+"""Reward model scorer: a tiny Qwen2ForSequenceClassification, batched == one at a time; failures are not scores."""
+
+import json
 
 import pytest
 import torch
 from transformers import Qwen2Config, Qwen2ForSequenceClassification
 
 from posttrain.models import build_char_tokenizer
-from posttrain.rewards.reward_model import RewardModelScorer
-from posttrain.rewards.verdict import Verdict, infra_error
-from posttrain.trajectory import Status
+from posttrain.rewards.reward_model import RENDER_FILE, RewardModelScorer, render_pair
 
 
 @pytest.fixture(scope="module")
@@ -32,13 +32,26 @@ def test_batched_scores_equal_unbatched_despite_padding(scorer_parts):
     assert len(set(round(s, 6) for s in batched)) == 3
 
 
-def test_add_to_merges_a_component_and_skips_infra_errors(scorer_parts):
+def test_score_rows_makes_a_failed_batch_and_a_nonfinite_score_failures_not_zeros(scorer_parts):
     model, tok = scorer_parts
-    s = RewardModelScorer(model, tok, batch_size=2, component="rm")
-    vs = [Verdict(Status.CORRECT, {"task": 1.0}), infra_error("x"), Verdict(Status.WRONG, {"task": 0.0})]
-    out = s.add_to(vs, ["a", "b", "c"], ["1", "2", "3"])
-    assert set(out[0].components) == {"task", "rm"} and out[1] is vs[1] and "rm" in out[2].components
-    assert out[2].components["rm"] == pytest.approx(s.score(["c"], ["3"])[0], abs=1e-5)
+    s = RewardModelScorer(model, tok, batch_size=2)
+    good = s.score(["a", "b", "c"], ["1", "2", "3"])
+    calls = []
+    real = s.score
+
+    def flaky(p, r):  # the second batch (row "c") raises; the first is scored
+        calls.append(list(p))
+        if "c" in p:
+            raise RuntimeError("CUDA out of memory")
+        return real(p, r)
+
+    s.score = flaky
+    out = s.score_rows(["a", "b", "c"], ["1", "2", "3"])
+    assert calls == [["a", "b"], ["c"]]
+    assert out[:2] == pytest.approx(good[:2], abs=1e-6)
+    assert isinstance(out[2], str) and "RuntimeError: CUDA out of memory" in out[2]
+    s.score = lambda p, r: [float("nan")] * len(p)
+    assert all(isinstance(x, str) and "nan" in x for x in s.score_rows(["a"], ["1"]))
 
 
 def test_chat_template_rendering_changes_the_input(scorer_parts):
@@ -46,6 +59,22 @@ def test_chat_template_rendering_changes_the_input(scorer_parts):
     plain = RewardModelScorer(model, tok)._render("hi", "yo")
     chat = RewardModelScorer(model, tok, use_chat_template=True)._render("hi", "yo")
     assert plain == "hiyo" and chat == "<|user|>hi<|assistant|>yo<eos>"
+    msgs = [{"role": "system", "content": "S"}, {"role": "user", "content": "hi"}]
+    assert render_pair(tok, msgs, "yo", use_chat_template=True) == "<|system|>S<|user|>hi<|assistant|>yo<eos>"
+    assert render_pair(tok, msgs, "yo", use_chat_template=False) == "S\nhiyo"
+
+
+def test_from_pretrained_reads_the_rendering_a_trained_directory_records(scorer_parts, tmp_path):
+    model, tok = scorer_parts
+    model.save_pretrained(tmp_path)
+    tok.save_pretrained(tmp_path)
+    (tmp_path / RENDER_FILE).write_text(json.dumps({"use_chat_template": True, "max_length": 64}))
+    s = RewardModelScorer.from_pretrained(tmp_path, batch_size=4)
+    assert (s.use_chat_template, s.max_length, s.batch_size) == (True, 64, 4)
+    assert s.score(["1+1="], ["2"]) == pytest.approx(
+        RewardModelScorer(model, tok, use_chat_template=True).score(["1+1="], ["2"]), abs=1e-5)
+    with pytest.raises(FileNotFoundError, match="no such model directory"):
+        RewardModelScorer.from_pretrained(tmp_path / "nope")
 
 
 def test_model_without_pad_token_is_rejected(scorer_parts):

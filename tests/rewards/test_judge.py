@@ -1,0 +1,164 @@
+"""LLM judge against a stub OpenAI-compatible server on 127.0.0.1: parsing, retries, bounded time, infra errors."""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+import pytest
+from pydantic import ValidationError
+
+from posttrain.config.feedback import JudgeConfig, RewardConfig
+from posttrain.rewards.judge import JudgeReplyError, LLMJudge, endpoint, parse_reply, prompt_text
+
+TEMPLATE = "Q: {prompt}\nA: {response}\nCorrect?"
+
+
+class Stub:
+    """What the stub server does next: a queue of behaviours, then ``default`` (one per request)."""
+
+    def __init__(self) -> None:
+        self.script: list[str] = []
+        self.default = "reply:yes"
+        self.requests: list[dict] = []
+        self.lock = threading.Lock()
+
+    def next(self) -> str:
+        with self.lock:
+            return self.script.pop(0) if self.script else self.default
+
+
+@pytest.fixture
+def stub() -> Iterator[tuple[Stub, str]]:
+    state = Stub()
+
+    class Handler(BaseHTTPRequestHandler):
+        def log_message(self, *a: object) -> None:
+            pass
+
+        def do_POST(self) -> None:  # noqa: N802 - http.server's name
+            body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+            with state.lock:
+                state.requests.append({"path": self.path, **body})
+            kind, _, arg = state.next().partition(":")
+            if kind == "slow":
+                time.sleep(float(arg))
+                kind, arg = "reply", "yes"
+            if kind == "status":
+                self.send_response(int(arg))
+                self.end_headers()
+                return
+            if kind == "echo":  # yes when the response (after "A: ") is "4"
+                arg = "yes" if "A: 4\n" in body["messages"][0]["content"] else "no"
+            payload = b"not json at all" if kind == "garbage" else json.dumps(
+                {"choices": [{"message": {"role": "assistant", "content": arg}}]}).encode()
+            self.send_response(200)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(payload)))
+            self.end_headers()
+            self.wfile.write(payload)
+
+    class Server(ThreadingHTTPServer):
+        def handle_error(self, request: object, client_address: object) -> None:
+            pass  # a slow reply written after the client timed out: the broken pipe is the point
+
+    server = Server(("127.0.0.1", 0), Handler)
+    server.daemon_threads = True
+    t = threading.Thread(target=server.serve_forever, daemon=True)
+    t.start()
+    try:
+        yield state, f"http://127.0.0.1:{server.server_address[1]}"
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+def _judge(url: str, **kw: object) -> LLMJudge:
+    args: dict = dict(prompt_template=TEMPLATE, parse="yes_no", timeout_s=2.0, retries=1, backoff_s=0.0)
+    args.update(kw)
+    return LLMJudge(url, **args)
+
+
+def test_yes_no_and_score_parsing_by_hand() -> None:
+    assert parse_reply("Yes, it is.", "yes_no", "") == 1.0
+    assert parse_reply("**no**", "yes_no", "") == 0.0
+    for bad in ("yesterday", "maybe", ""):
+        with pytest.raises(JudgeReplyError):
+            parse_reply(bad, "yes_no", "")
+    assert parse_reply("Score: 7.5/10", "score", r"(-?\d+(?:\.\d+)?)") == 7.5
+    assert parse_reply("rating=3", "score", r"rating=(\d)") == 3.0
+    with pytest.raises(JudgeReplyError, match="no score"):
+        parse_reply("great answer", "score", r"(\d+)")
+    assert prompt_text([{"role": "system", "content": "s"}, {"role": "user", "content": "u"}]) == "u"
+
+
+def test_verdicts_from_the_server_in_order_with_the_filled_template(stub) -> None:
+    state, url = stub
+    state.default = "echo"
+    out = _judge(url, concurrency=3).score_rows(["2+2=", "2+2=", "1+3="], ["4", "5", "4"])
+    assert out == [1.0, 0.0, 1.0]
+    assert len(state.requests) == 3
+    req = state.requests[0]
+    assert req["path"] == "/v1/chat/completions" and req["model"] == "judge" and req["temperature"] == 0
+    assert sorted(r["messages"][0]["content"] for r in state.requests)[0] == "Q: 1+3=\nA: 4\nCorrect?"
+
+
+@pytest.mark.parametrize("failure", ["status:500", "garbage", "reply:perhaps", "slow:1.5"])
+def test_a_failure_is_retried_then_succeeds(stub, failure: str) -> None:
+    state, url = stub
+    state.script = [failure]
+    assert _judge(url, timeout_s=0.5).score_rows(["p"], ["r"]) == [1.0]
+    assert len(state.requests) == 2
+
+
+@pytest.mark.parametrize("failure,why", [("status:500", "HTTP 500"), ("garbage", "malformed"),
+                                         ("reply:perhaps", "neither yes nor no"), ("slow:1.0", "timed out")])
+def test_persistent_failure_is_a_reason_after_bounded_attempts_never_a_number(stub, failure: str, why: str) -> None:
+    state, url = stub
+    state.default = failure
+    t0 = time.monotonic()
+    (out,) = _judge(url, timeout_s=0.3, retries=2).score_rows(["p"], ["r"])
+    assert isinstance(out, str) and why in out and "after 3 attempt(s)" in out
+    assert len(state.requests) == 3
+    assert time.monotonic() - t0 < 3 * 0.3 + 2.0  # bounded: attempts x timeout (+ slack), not the server's 1 s x 3
+
+
+def test_connection_refused_is_a_reason() -> None:
+    import socket
+
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    port = s.getsockname()[1]
+    s.close()  # nothing listens there now
+    (out,) = _judge(f"http://127.0.0.1:{port}", retries=0).score_rows(["p"], ["r"])
+    assert isinstance(out, str) and "refused" in out.lower()
+
+
+def test_non_local_urls_are_refused_at_load_and_at_build() -> None:
+    for url in ("http://10.0.0.5:8000", "https://api.openai.com/v1", "http://judge.example:80", "ftp://127.0.0.1/"):
+        with pytest.raises(ValidationError, match="reward.judge.url"):
+            JudgeConfig(url=url)
+        with pytest.raises(ValueError, match="LLM judge url"):
+            endpoint(url)
+    for url in ("http://127.0.0.1:8000", "http://localhost:1/v1/chat/completions", "http://[::1]:9"):
+        assert endpoint(url).endswith("/v1/chat/completions")
+        JudgeConfig(url=url)
+
+
+def test_judge_config_checks_the_template_and_enters_its_weight() -> None:
+    with pytest.raises(ValidationError, match=r"must contain \{response\}"):
+        JudgeConfig(url="http://127.0.0.1:1", prompt_template="{prompt} only")
+    with pytest.raises(ValidationError, match="only {prompt} and {response}"):
+        JudgeConfig(url="http://127.0.0.1:1", prompt_template="{prompt} {response} {other}")
+    with pytest.raises(ValidationError, match="not a regex"):
+        JudgeConfig(url="http://127.0.0.1:1", score_pattern="(")
+    r = RewardConfig(judge={"url": "http://127.0.0.1:1", "weight": 0.5}, model={"path": "x", "name": "rm2"})
+    assert r.weights == {"task": 1.0, "judge": 0.5, "rm2": 1.0}
+    assert r.learned_components() == {"rm2": 1.0, "judge": 0.5}
+    with pytest.raises(ValidationError, match="used twice"):
+        RewardConfig(judge={"url": "http://127.0.0.1:1", "name": "rm"}, model={"path": "x"})
+    with pytest.raises(ValidationError, match="conflicts"):
+        RewardConfig(weights={"task": 1.0, "judge": 2.0}, judge={"url": "http://127.0.0.1:1"})
