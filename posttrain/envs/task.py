@@ -2,7 +2,10 @@
 
 A task hands out :class:`TaskExample` objects deterministically by ``(split, n, seed)``; the
 ``train`` and ``heldout`` splits are disjoint *by problem* (a hash of the problem's canonical
-key decides its split, so no held-out problem is ever trained on, whatever the seed).
+key decides its split, so no held-out problem is ever trained on, whatever the seed). A task whose
+problems come in phrasing families (``word_problems`` with ``phrasings="families"``) also offers
+``heldout_unseen``; a task names the held-out sets it offers in an optional ``eval_splits``
+attribute (:func:`eval_splits_of`).
 """
 
 from __future__ import annotations
@@ -20,7 +23,14 @@ from posttrain.trajectory.record import JSONScalar
 TASKS = Registry("task")
 """name -> factory(**kwargs) returning a :class:`Task`."""
 
-SPLITS = ("train", "heldout")
+SPLITS = ("train", "heldout", "heldout_unseen")
+"""Every split name: ``train``; ``heldout``: in-distribution held-out problems (the training
+distribution's surface, problems never trained on); ``heldout_unseen``: held-out problems in a surface
+never trained on either (e.g. phrasing families held out whole), offered only by tasks that list it in
+their ``eval_splits``."""
+
+DEFAULT_EVAL_SPLITS = ("heldout",)
+"""The held-out sets of a task without an ``eval_splits`` attribute."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -67,14 +77,30 @@ class Task(Protocol):
         ...
 
     def examples(self, split: str, n: int, seed: int) -> list[TaskExample]:
-        """``n`` examples of ``split`` ("train" | "heldout"); same arguments -> same list."""
+        """``n`` examples of ``split`` (``"train"`` or one of the task's held-out sets, see
+        :func:`eval_splits_of`); same arguments -> same list."""
         ...
 
 
-def check_split(split: str) -> str:
-    """``split`` if it is one of :data:`SPLITS`, else a ``ValueError`` listing them."""
+def eval_splits_of(task: object) -> tuple[str, ...]:
+    """The held-out sets ``task`` offers (its ``eval_splits`` attribute, else :data:`DEFAULT_EVAL_SPLITS`),
+    each fetched with ``task.examples(split, n, seed)``."""
+    splits = tuple(getattr(task, "eval_splits", DEFAULT_EVAL_SPLITS))
+    bad = [s for s in splits if s not in SPLITS or s == "train"]
+    if not splits or bad:
+        raise ValueError(f"task {getattr(task, 'name', task)!r}: eval_splits must be a non-empty list of "
+                         f"{', '.join(SPLITS[1:])}, got {list(splits)}")
+    return splits
+
+
+def check_split(split: str, task_name: str = "", eval_splits: tuple[str, ...] = DEFAULT_EVAL_SPLITS) -> str:
+    """``split`` if it is one of :data:`SPLITS` and offered by the task (``"train"`` or one of its
+    ``eval_splits``), else a ``ValueError`` listing the valid names or naming the task and its held-out sets."""
     if split not in SPLITS:
         raise ValueError(f"unknown split {split!r}; valid: {', '.join(SPLITS)}")
+    if split != "train" and split not in eval_splits:
+        who = f"task {task_name!r}" if task_name else "this task"
+        raise ValueError(f"{who} has no split {split!r}: its held-out sets (eval_splits) are {', '.join(eval_splits)}")
     return split
 
 
@@ -100,19 +126,41 @@ def sample_split(
     rng_tag: str = "",
     max_tries_per_example: int = 200,
 ) -> list[TaskExample]:
-    """Rejection-sample ``n`` examples whose problem key falls in ``split``.
+    """Rejection-sample ``n`` examples whose problem key falls in ``split`` (``train`` or ``heldout``).
 
     ``draw(rng) -> (key, example)`` proposes one problem; its split is
     ``split_of(f"{task_name}|{key}")``, so it depends on the problem only (not on the difficulty
-    knobs: a curriculum that widens the difficulty never moves a held-out problem into train). Examples are unique while the split
-    still has unseen problems (tried up to ``max_tries_per_example * n`` draws); after that
-    repeats are allowed so a small problem space can still fill ``n``. The RNG is seeded from
-    ``(task_name, rng_tag, split, seed)`` (put the knobs in ``rng_tag``) so the result depends on nothing else.
+    knobs: a curriculum that widens the difficulty never moves a held-out problem into train). Examples
+    are unique by key as in :func:`sample_unique`. The RNG is seeded from ``(task_name, rng_tag, split,
+    seed)`` (put the knobs in ``rng_tag``) so the result depends on nothing else. ``heldout_unseen`` is
+    refused naming the task (a hash split of problems has no unseen surface).
     """
-    check_split(split)
+    check_split(split, task_name)
+
+    def in_split(rng: random.Random) -> tuple[str, TaskExample] | None:
+        key, ex = draw(rng)
+        return (key, ex) if split_of(f"{task_name}|{key}", heldout_fraction) == split else None
+
+    rng = random.Random(f"{task_name}|{rng_tag}|{split}|{seed}")
+    return sample_unique(task_name, split, n, rng, in_split, max_tries_per_example)
+
+
+def sample_unique(
+    task_name: str,
+    split: str,
+    n: int,
+    rng: random.Random,
+    draw: Callable[[random.Random], tuple[str, TaskExample] | None],
+    max_tries_per_example: int = 200,
+) -> list[TaskExample]:
+    """``n`` examples from ``draw(rng) -> (key, example)``, or ``None`` for a proposal outside the split.
+
+    Examples are unique by key while the split still has unseen problems (tried up to
+    ``max_tries_per_example * n`` draws); after that repeats of the examples found are allowed so a
+    small problem space can still fill ``n``; none found raises a ``ValueError`` naming the task and split.
+    """
     if n < 0:
         raise ValueError(f"n must be >= 0, got {n}")
-    rng = random.Random(f"{task_name}|{rng_tag}|{split}|{seed}")
     out: list[TaskExample] = []
     seen: set[str] = set()
     in_split: list[TaskExample] = []
@@ -124,9 +172,10 @@ def sample_split(
                 raise ValueError(f"task {task_name!r}: no problem of split {split!r} found; widen the difficulty")
             out.append(in_split[rng.randrange(len(in_split))])
             continue
-        key, ex = draw(rng)
-        if split_of(f"{task_name}|{key}", heldout_fraction) != split:
+        proposal = draw(rng)
+        if proposal is None:
             continue
+        key, ex = proposal
         if key in seen:
             continue
         seen.add(key)

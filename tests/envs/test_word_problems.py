@@ -62,3 +62,21 @@ def test_free_form_answers_are_read_as_the_last_number_and_no_number_is_invalid(
     none = task.verifier.verify("I cannot tell.", ex.reference)
     assert (good.correct, wrong.correct, none.correct) == (True, False, False)
     assert (good.status.value, wrong.status.value, none.status.value) == ("correct", "wrong", "invalid")
+
+
+def test_classic_phrasings_are_the_default_and_give_the_sentences_and_split_of_earlier_runs():
+    """Recorded from the task before phrasing families existed (issue 24): run dirs evaluate as they trained."""
+    from posttrain.envs.task import TaskExample
+
+    task = WordProblemsTask()
+    assert task == WordProblemsTask(phrasings="classic") and task.eval_splits == ("heldout",)
+    assert task.examples("train", 2, seed=0) == [
+        TaskExample("word_problems/add:5:13", "Anna has 5 pencils. Anna gets 13 more pencils. How many pencils does "
+                    "Anna have now?", 18, {"answer": "18", "difficulty": 20, "op": "add"}),
+        TaskExample("word_problems/mul:4:9", "Mia has 4 boxes with 9 cards in each box. How many cards does Mia have "
+                    "in total?", 36, {"answer": "36", "difficulty": 20, "op": "mul"})]
+    assert task.examples("heldout", 2, seed=0) == [
+        TaskExample("word_problems/add:7:17", "Noah has 7 cards. Noah gets 17 more cards. How many cards does Noah "
+                    "have now?", 24, {"answer": "24", "difficulty": 20, "op": "add"}),
+        TaskExample("word_problems/sub:18:14", "Zoe has 18 books. Zoe gives away 14 books. How many books does Zoe "
+                    "have left?", 4, {"answer": "4", "difficulty": 20, "op": "sub"})]
