@@ -5,7 +5,7 @@ A task hands out :class:`TaskExample` objects deterministically by ``(split, n, 
 key decides its split, so no held-out problem is ever trained on, whatever the seed). A task whose
 problems come in phrasing families (``word_problems`` with ``phrasings="families"``) also offers
 ``heldout_unseen``; a task names the held-out sets it offers in an optional ``eval_splits``
-attribute (:func:`eval_splits_of`).
+attribute (absent: :data:`DEFAULT_EVAL_SPLITS`), each fetched with ``examples(split, n, seed)``.
 """
 
 from __future__ import annotations
@@ -77,20 +77,9 @@ class Task(Protocol):
         ...
 
     def examples(self, split: str, n: int, seed: int) -> list[TaskExample]:
-        """``n`` examples of ``split`` (``"train"`` or one of the task's held-out sets, see
-        :func:`eval_splits_of`); same arguments -> same list."""
+        """``n`` examples of ``split`` (``"train"`` or one of the task's held-out sets: its optional
+        ``eval_splits``, default :data:`DEFAULT_EVAL_SPLITS`); same arguments -> same list."""
         ...
-
-
-def eval_splits_of(task: object) -> tuple[str, ...]:
-    """The held-out sets ``task`` offers (its ``eval_splits`` attribute, else :data:`DEFAULT_EVAL_SPLITS`),
-    each fetched with ``task.examples(split, n, seed)``."""
-    splits = tuple(getattr(task, "eval_splits", DEFAULT_EVAL_SPLITS))
-    bad = [s for s in splits if s not in SPLITS or s == "train"]
-    if not splits or bad:
-        raise ValueError(f"task {getattr(task, 'name', task)!r}: eval_splits must be a non-empty list of "
-                         f"{', '.join(SPLITS[1:])}, got {list(splits)}")
-    return splits
 
 
 def check_split(split: str, task_name: str = "", eval_splits: tuple[str, ...] = DEFAULT_EVAL_SPLITS) -> str:

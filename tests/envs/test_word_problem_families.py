@@ -10,6 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from posttrain.config import RunConfig
+from posttrain.envs import TASKS
 from posttrain.envs.task import split_of
 from posttrain.envs.word_problem_families import FAMILIES, Family
 from posttrain.envs.word_problem_phrasings import DISTRACTORS, Person, fill, heldout_families, render
@@ -159,8 +160,10 @@ def test_offered_splits_and_refusals() -> None:
     assert fam.eval_splits == ("heldout", "heldout_unseen") and WordProblemsTask().eval_splits == ("heldout",)
     with pytest.raises(ValueError, match=r"task 'word_problems' has no split 'heldout_unseen'.*eval_splits\) are heldout"):
         WordProblemsTask().examples("heldout_unseen", 3, 0)
-    with pytest.raises(ValueError, match="unknown split 'test'"):
+    with pytest.raises(ValueError, match="unknown split 'test'; valid: train, heldout, heldout_unseen"):
         fam.examples("test", 3, 0)
+    with pytest.raises(ValueError, match="task 'arithmetic' has no split 'heldout_unseen'"):  # no phrasing families
+        TASKS["arithmetic"]().examples("heldout_unseen", 3, 0)
     with pytest.raises(ValueError, match="distractor_rate, family_heldout_fraction cannot take effect"):
         WordProblemsTask(distractor_rate=0.2, family_heldout_fraction=0.3)
     with pytest.raises(ValueError, match="phrasings must be one of classic, families"):
