@@ -1,0 +1,154 @@
+"""HTTP routes of the Tinker API (``/api/v1/...``) on the standard library's threading HTTP server,
+bound to 127.0.0.1 by default. Each route calls one :class:`~posttrain.serve.tinker_service.TinkerService`
+method; a :class:`~posttrain.errors.UserError` (or ``ValueError``) in a request is a 400 with
+``{detail}``, an unknown route a 404 (the SDK treats both as final errors).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import sys
+import threading
+import traceback
+from collections.abc import Callable
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+
+from posttrain.errors import UserError
+from posttrain.serve.tinker_service import Reply, TinkerService, reply
+
+_BODY_LIMIT = 256 * 1024 * 1024
+
+
+def _routes(svc: TinkerService) -> dict[str, Callable[[bytes], Reply]]:
+    ok: Callable[[bytes], Reply] = lambda body: reply({})  # noqa: E731
+    return {
+        "/api/v1/client/config": svc.client_config,
+        "/api/v1/client/dynamic_config": ok,
+        "/api/v1/create_session": svc.create_session,
+        "/api/v1/session_heartbeat": svc.heartbeat,
+        "/api/v1/telemetry": lambda body: reply({"status": "accepted"}),
+        "/api/v1/healthz": lambda body: reply({"status": "ok"}),
+        "/api/v1/get_server_capabilities": svc.capabilities,
+        "/api/v1/create_model": svc.create_model,
+        "/api/v1/get_info": svc.get_info,
+        "/api/v1/forward_backward": svc.forward_backward,
+        "/api/v1/optim_step": svc.optim_step,
+        "/api/v1/save_weights": svc.save_weights,
+        "/api/v1/save_weights_for_sampler": svc.save_for_sampler,
+        "/api/v1/load_weights": svc.load_weights,
+        "/api/v1/create_sampling_session": svc.create_sampling_session,
+        "/api/v1/asample": svc.asample,
+        "/api/v1/retrieve_future": svc.retrieve,
+        "/api/v1/cancel_future": ok,
+    }
+
+
+_FINISH = re.compile(r"^/api/v1/sessions/([^/]+)/finish$")
+_SAMPLER = re.compile(r"^/api/v1/samplers/([^/]+)$")
+
+
+class TinkerServer(ThreadingHTTPServer):
+    """The HTTP server and its service; :meth:`start` serves on a thread, :meth:`close` stops both."""
+
+    daemon_threads = True
+
+    def __init__(self, service: TinkerService, host: str, port: int) -> None:
+        self.service = service
+        self.routes = _routes(service)
+        self._thread: threading.Thread | None = None
+        super().__init__((host, port), _Handler)
+
+    @property
+    def url(self) -> str:
+        """``http://host:port``."""
+        host, port = self.server_address[:2]
+        return f"http://{host!s}:{port}"
+
+    def dispatch(self, method: str, path: str, body: bytes) -> Reply:
+        """The reply to one request."""
+        path = path.split("?", 1)[0]
+        try:
+            if (m := _FINISH.match(path)) and method == "POST":
+                return self.service.finish_session(m.group(1))
+            if (m := _SAMPLER.match(path)) and method == "GET":
+                return self.service.get_sampler(m.group(1))
+            fn = self.routes.get(path)
+            if fn is None:
+                return reply({"detail": f"{method} {path} is not implemented by posttrain serve"}, 404)
+            return fn(body)
+        except (UserError, ValueError, KeyError, TypeError) as e:
+            msg = f"missing field {e}" if isinstance(e, KeyError) else str(e)
+            return reply({"detail": msg}, 400)
+
+    def start(self) -> None:
+        """Serve on a daemon thread."""
+        self._thread = threading.Thread(target=self.serve_forever, kwargs={"poll_interval": 0.2}, daemon=True)
+        self._thread.start()
+
+    def close(self) -> None:
+        """Stop serving and the service's worker."""
+        self.shutdown()
+        self.server_close()
+        self.service.close()
+        if self._thread is not None:
+            self._thread.join(10)
+
+
+class _Handler(BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"
+    server: TinkerServer
+
+    def log_message(self, format: str, *args: object) -> None:  # noqa: A002  (the stdlib's name)
+        """Quiet: no line per request."""
+
+    def _handle(self, method: str) -> None:
+        n = int(self.headers.get("Content-Length") or 0)
+        if n > _BODY_LIMIT:
+            status, body, ctype = reply({"detail": f"request body over {_BODY_LIMIT} bytes"}, 413)
+        else:
+            data = self.rfile.read(n) if n else b""
+            if self.headers.get("Content-Encoding", "identity") != "identity":
+                status, body, ctype = reply({"detail": "compressed request bodies are not supported"}, 400)
+            else:
+                try:
+                    status, body, ctype = self.server.dispatch(method, self.path, data)
+                except Exception as e:  # noqa: BLE001  (a bug is a 500 naming it; the traceback goes to stderr)
+                    traceback.print_exc(file=sys.stderr)
+                    status, body, ctype = 500, json.dumps({"detail": f"{type(e).__name__}: {e}"}).encode(), "application/json"
+        self.send_response(status)
+        self.send_header("Content-Type", ctype)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def do_POST(self) -> None:  # noqa: N802  (the stdlib's name)
+        """Any POST route."""
+        self._handle("POST")
+
+    def do_GET(self) -> None:  # noqa: N802
+        """GET routes (samplers, healthz)."""
+        self._handle("GET")
+
+
+def load_base(model: str) -> tuple[object, object]:
+    """``(tokenizer, model)`` for ``builtin:<name>`` or a local Hugging Face directory (float32)."""
+    from posttrain.config import RunConfig
+    from posttrain.loop.builders import build_model
+
+    if not model.startswith("builtin:") and not Path(model).is_dir():
+        raise UserError(f"--model {model!r}: not a builtin: name or a model directory")
+    return build_model(RunConfig.model_validate({"model": {"path": model}}))
+
+
+def make_server(model: str, *, port: int = 0, host: str = "127.0.0.1", state_dir: str | Path = "runs/tinker") -> TinkerServer:
+    """A Tinker API server on ``host:port`` (0: a free port) training LoRA adapters on ``model``;
+    checkpoints go under ``state_dir``. Call ``start()`` (or ``serve_forever()``) and ``close()``."""
+    tokenizer, net = load_base(model)
+    svc = TinkerService(model, net, tokenizer, Path(state_dir))  # type: ignore[arg-type]
+    try:
+        return TinkerServer(svc, host, port)
+    except OSError:
+        svc.close()
+        raise

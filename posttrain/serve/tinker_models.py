@@ -1,0 +1,229 @@
+"""Training models of the Tinker API: LoRA adapters (peft; Hu et al. 2021, arXiv:2106.09685) on one
+shared base model, each with its own AdamW (Loshchilov & Hutter 2019, arXiv:1711.05101).
+
+Every model is a named peft adapter of one ``PeftModel``; an operation activates its adapter first.
+Gradients accumulate over ``forward_backward`` calls until ``optim_step`` (the Tinker contract).
+Adapters of a snapshot (sampler weights, a checkpoint) are plain tensors; :meth:`ModelHub.merged`
+turns one into full model weights ``W + (alpha/r) B A`` through a scratch adapter of the same shape,
+so live training adapters are never touched by sampling.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping
+
+import torch
+
+from posttrain.errors import UserError
+from posttrain.learner.lora import merged_state_dict
+from posttrain.serve.losses import datum_loss, resolve_loss
+from posttrain.serve.wire import DatumIn
+
+
+@dataclasses.dataclass(frozen=True)
+class LoraSpec:
+    """The SDK's ``LoraConfig``: rank, init seed, and which layers carry adapters."""
+
+    rank: int
+    seed: int | None = None
+    train_mlp: bool = True
+    train_attn: bool = True
+    train_unembed: bool = True
+
+
+@dataclasses.dataclass(frozen=True)
+class AdamStep:
+    """The SDK's ``AdamParams`` of one ``optim_step`` (``grad_clip_norm`` 0 = no clipping)."""
+
+    learning_rate: float = 1e-4
+    beta1: float = 0.9
+    beta2: float = 0.95
+    eps: float = 1e-12
+    weight_decay: float = 0.0
+    grad_clip_norm: float = 0.0
+
+
+@dataclasses.dataclass
+class TrainedModel:
+    """One training model: its adapter name, LoRA spec, optimizer and the optimizer steps taken."""
+
+    model_id: str
+    adapter: str
+    lora: LoraSpec
+    params: list[torch.nn.Parameter]
+    optimizer: torch.optim.AdamW
+    steps: int = 0
+
+
+@dataclasses.dataclass(frozen=True)
+class ForwardResult:
+    """Per datum the target log-probs ``[N]``; the summed loss (``loss:sum``)."""
+
+    logprobs: list[torch.Tensor]
+    loss_sum: float
+
+
+def layer_groups(model: torch.nn.Module) -> dict[str, list[str]]:
+    """Leaf names of the base model's linear layers by group: ``attn`` (under ``*attn*``), ``mlp``
+    (under ``*mlp*``) and ``unembed`` (the output embedding). Read before any adapter is added."""
+    out_emb = model.get_output_embeddings()  # type: ignore[operator]
+    groups: dict[str, set[str]] = {"attn": set(), "mlp": set(), "unembed": set()}
+    for name, mod in model.named_modules():
+        if not isinstance(mod, torch.nn.Linear):
+            continue
+        leaf = name.rsplit(".", 1)[-1]
+        if mod is out_emb:
+            groups["unembed"].add(leaf)
+        elif "attn" in name:
+            groups["attn"].add(leaf)
+        elif "mlp" in name:
+            groups["mlp"].add(leaf)
+    return {k: sorted(v) for k, v in groups.items()}
+
+
+def target_modules(groups: Mapping[str, list[str]], spec: LoraSpec) -> list[str]:
+    """The leaf names ``spec`` adapts (``train_attn`` / ``train_mlp`` / ``train_unembed``)."""
+    names = [n for g, on in (("attn", spec.train_attn), ("mlp", spec.train_mlp), ("unembed", spec.train_unembed))
+             if on for n in groups[g]]
+    if not names:
+        raise UserError(f"LoRA config {spec}: no layer of the base model to adapt")
+    return names
+
+
+class ModelHub:
+    """The base model, its adapters (training models and snapshot scratch adapters) and optimizers."""
+
+    def __init__(self, base_model: str, model: torch.nn.Module) -> None:
+        self.base_model = base_model
+        self._plain = model
+        self._peft: torch.nn.Module | None = None
+        self.models: dict[str, TrainedModel] = {}
+        self._scratch: dict[LoraSpec, str] = {}
+        self._groups = layer_groups(model)
+
+    @property
+    def module(self) -> torch.nn.Module:
+        """The live network (the peft wrapper once any adapter exists)."""
+        return self._peft if self._peft is not None else self._plain
+
+    def _add_adapter(self, name: str, spec: LoraSpec) -> None:
+        import peft
+
+        cfg = peft.LoraConfig(r=spec.rank, lora_alpha=2 * spec.rank, lora_dropout=0.0, bias="none",
+                              target_modules=target_modules(self._groups, spec), task_type="CAUSAL_LM")
+        with torch.random.fork_rng(devices=[]):
+            if spec.seed is not None:
+                torch.manual_seed(spec.seed)
+            if self._peft is None:
+                self._peft = peft.get_peft_model(self._plain, cfg, adapter_name=name)
+            else:
+                self._peft.add_adapter(name, cfg)  # type: ignore[operator]
+
+    def _activate(self, adapter: str) -> torch.nn.Module:
+        assert self._peft is not None
+        self._peft.set_adapter(adapter)  # type: ignore[operator]
+        return self._peft
+
+    def create(self, model_id: str, spec: LoraSpec) -> TrainedModel:
+        """A new training model (adapter ``B = 0``: it starts as the base model)."""
+        if spec.rank < 1:
+            raise UserError(f"create_model: LoRA rank must be >= 1, got {spec.rank}")
+        adapter = f"m{len(self.models)}"
+        self._add_adapter(adapter, spec)
+        assert self._peft is not None
+        params = [p for n, p in self._peft.named_parameters() if f".{adapter}." in n]
+        for p in params:
+            p.requires_grad_(True)
+        tm = TrainedModel(model_id, adapter, spec, params, torch.optim.AdamW(params, lr=1e-4))
+        self.models[model_id] = tm
+        return tm
+
+    def get(self, model_id: str) -> TrainedModel:
+        """The training model ``model_id``; ``UserError`` if there is none."""
+        tm = self.models.get(model_id)
+        if tm is None:
+            raise UserError(f"unknown model_id {model_id!r}")
+        return tm
+
+    def forward_backward(self, model_id: str, data: list[DatumIn], loss_fn: str,
+                         config: Mapping[str, float | str], *, forward_only: bool) -> ForwardResult:
+        """Target log-probs of every datum and the summed loss; unless ``forward_only``, its gradient is
+        added to the model's accumulated gradients. Datum ``i``'s log-prob at position ``t`` is
+        ``log p(target_tokens[t] | tokens[:t+1])``."""
+        tm = self.get(model_id)
+        spec, cfg = resolve_loss(loss_fn, config)
+        net = self._activate(tm.adapter)
+        vocab = int(net.get_output_embeddings().weight.shape[0])  # type: ignore[operator]
+        out: list[torch.Tensor] = []
+        total = 0.0
+        with torch.set_grad_enabled(not forward_only):
+            for i, d in enumerate(data):
+                targets = d.inputs["target_tokens"]
+                if len(d.tokens) != targets.shape[0]:
+                    raise UserError(f"datum {i}: {len(d.tokens)} input tokens but {targets.shape[0]} target_tokens")
+                if not d.tokens or max(d.tokens + targets.tolist()) >= vocab or min(d.tokens + targets.tolist()) < 0:
+                    raise UserError(f"datum {i}: token ids must be in [0, {vocab}) and the input non-empty")
+                logits = net(input_ids=torch.tensor([d.tokens])).logits[0]
+                logits = logits.float() if logits.dtype in (torch.float16, torch.bfloat16) else logits
+                lp = torch.log_softmax(logits, dim=-1).gather(-1, targets.view(-1, 1)).squeeze(-1)
+                inputs = {k: v.to(lp.dtype) for k, v in d.inputs.items() if k != "target_tokens"}
+                loss = datum_loss(spec, loss_fn, lp, inputs, cfg, i)
+                if not forward_only:
+                    torch.autograd.backward(loss)
+                total += float(loss.detach())
+                out.append(lp.detach())
+        return ForwardResult(out, total)
+
+    def optim_step(self, model_id: str, step: AdamStep) -> dict[str, float]:
+        """One AdamW step on the accumulated gradients (clipped to ``grad_clip_norm`` when > 0), then
+        zero them. Returns ``{"grad_norm:mean": ...}`` (the norm before clipping)."""
+        tm = self.get(model_id)
+        for g in tm.optimizer.param_groups:
+            g.update(lr=step.learning_rate, betas=(step.beta1, step.beta2), eps=step.eps,
+                     weight_decay=step.weight_decay)
+        grads = [p.grad for p in tm.params if p.grad is not None]
+        norm = float(torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(g) for g in grads]))) if grads else 0.0
+        if step.grad_clip_norm > 0:
+            torch.nn.utils.clip_grad_norm_(tm.params, step.grad_clip_norm)
+        tm.optimizer.step()
+        tm.optimizer.zero_grad(set_to_none=True)
+        tm.steps += 1
+        return {"grad_norm:mean": norm}
+
+    def adapter_state(self, model_id: str) -> dict[str, torch.Tensor]:
+        """A copy of the model's adapter tensors (peft names without the adapter name)."""
+        import peft
+
+        tm = self.get(model_id)
+        state = peft.get_peft_model_state_dict(self.module, adapter_name=tm.adapter, save_embedding_layers=False)
+        return {k: v.detach().clone() for k, v in state.items()}
+
+    def load_adapter_state(self, model_id: str, state: Mapping[str, torch.Tensor]) -> None:
+        """Copy saved adapter tensors into the model's adapter in place (optimizer references stay valid)."""
+        tm = self.get(model_id)
+        self._load_into(tm.adapter, state)
+
+    def _load_into(self, adapter: str, state: Mapping[str, torch.Tensor]) -> None:
+        import peft
+
+        with torch.no_grad():
+            res = peft.set_peft_model_state_dict(self.module, dict(state), adapter_name=adapter)
+        bad = [k for k in getattr(res, "unexpected_keys", []) if "lora_" in k]
+        if bad:
+            raise UserError(f"checkpoint adapter does not fit this model: unexpected {bad[:3]}")
+
+    def merged(self, snapshot: tuple[LoraSpec, Mapping[str, torch.Tensor]] | None) -> dict[str, torch.Tensor]:
+        """Full plain-model weights: the base (``None``) or base + a snapshot's adapter, under base names."""
+        if self._peft is None:
+            return dict(self._plain.state_dict())
+        if snapshot is None:
+            base = self._peft.get_base_model()  # type: ignore[operator]
+            return {k.replace(".base_layer.", "."): v for k, v in base.state_dict().items() if "lora_" not in k}
+        spec, state = snapshot
+        scratch = self._scratch.get(spec)
+        if scratch is None:
+            scratch = self._scratch[spec] = f"s{len(self._scratch)}"
+            self._add_adapter(scratch, spec)
+        self._load_into(scratch, state)
+        return merged_state_dict(self._activate(scratch))
