@@ -10,7 +10,9 @@ held-out split), ``eval.temperature`` / ``sampled_temperature`` / ``samples`` / 
 environment's ``env.*`` settings and ``reward.weights``. One line on stderr says so; the flags
 given override their keys and the line names them. The greedy figures then equal the run's
 ``heldout/*`` record at that step (``metrics.jsonl``) unless that step's revision was rejected (the
-checkpoint then holds the restored promoted weights).
+checkpoint then holds the restored promoted weights). Every held-out set the task declares
+(``eval_splits``, e.g. ``heldout_unseen``) is evaluated and printed the same way, and ``intervals_95``
+gives each evaluation's bootstrap 95% interval of accuracy over its problems.
 
 A bare Hugging Face model directory (no run around it) needs ``--task`` or ``--env``; the flags'
 defaults apply (raw-text prompts, 16 new tokens, 200 prompts, greedy, seed 0).
@@ -26,6 +28,7 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from posttrain.config import RunConfig
+    from posttrain.diagnostics.intervals import Interval
 
 # The flags' values for a bare model dir (no run config); with a run they default to the run's keys.
 _BARE = {"n": 200, "max_new_tokens": 16, "temperature": 0.0, "seed": 0, "max_turns": 4,
@@ -62,8 +65,9 @@ def register(sub: Any) -> None:
 def run(args: argparse.Namespace) -> int:
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
+    from posttrain.diagnostics.intervals import accuracy_interval
     from posttrain.evaluation.heldout import HeldoutRun
-    from posttrain.loop.heldout import evaluate_run, heldout_metrics
+    from posttrain.loop.heldout import evaluate_run, heldout_evaluation, outcomes_of
 
     path = Path(args.checkpoint)
     if not path.exists():
@@ -124,8 +128,10 @@ def run(args: argparse.Namespace) -> int:
                 raise ValueError(f"--no-tools: environment {cfg.env.name!r} has no use_tools switch") from None
             res = evaluate_run(hr, env_overrides={"use_tools": False})
             metrics = res.as_metrics()
+            sets = {"heldout": outcomes_of(res, hr.heldout)}
         else:
-            res, metrics = heldout_metrics(hr)
+            ev = heldout_evaluation(hr)
+            res, metrics, sets = ev.main, ev.metrics, ev.outcomes
     finally:
         hr.close()
     out: dict[str, Any] = {"checkpoint": str(path)}
@@ -135,10 +141,16 @@ def run(args: argparse.Namespace) -> int:
     else:
         out["task"] = cfg.task.name
     out.update({"config_from": None if cfg_path is None else str(cfg_path), "overridden": overridden,
-                **metrics, "n": res.n})
+                **metrics, "n": res.n,
+                # Bootstrap 95% interval of each set's accuracy over its problems (Efron & Tibshirani 1993).
+                "intervals_95": {name: _bounds(accuracy_interval(o.valid, o.correct)) for name, o in sets.items()}})
     print(json.dumps(out, indent=2))
     _check_judged(cfg, metrics, path)
     return 0
+
+
+def _bounds(iv: Interval) -> list[float] | None:
+    return None if iv.n == 0 else [iv.low, iv.high]
 
 
 def _check_judged(cfg: RunConfig, metrics: dict[str, Any], path: Path) -> None:

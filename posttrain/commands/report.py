@@ -1,13 +1,17 @@
 """``posttrain report RUN_DIR``: stratified diagnostics, trends and the failure-symptom table.
 
 Reads the ledger and metrics only (no model, no GPU). Prints the per-step ledger table of
-``posttrain inspect ledger``, the held-out table of :mod:`posttrain.evaluation.report`, the strata
-and the symptom table; writes JSON, PNGs and ``report.html`` (see docs/diagnostics.md).
+``posttrain inspect ledger``, the held-out table of :mod:`posttrain.evaluation.report`, the held-out
+accuracy of every held-out set with bootstrap 95% intervals (first, best and last evaluation, and the
+rise first -> last: :func:`~posttrain.evaluation.report.accuracy_summaries`), the strata and the
+symptom table; writes JSON (``heldout_intervals.json`` beside ``diagnostics.json``), PNGs and
+``report.html`` (see docs/diagnostics.md).
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 from pathlib import Path
 from typing import Any
 
@@ -27,23 +31,45 @@ def _fmt(v: Any) -> str:
     return "-" if v is None else f"{v:.3f}" if isinstance(v, float) else str(v)
 
 
+def _eval_temperatures(run_dir: Path) -> tuple[float, float | None]:
+    """``(eval.temperature, eval.sampled_temperature)`` of the run's ``config.yaml`` (defaults 0 and None)."""
+    from posttrain.loop.run_dir import read_config_yaml
+
+    e = (read_config_yaml(run_dir / "config.yaml") or {}).get("eval") or {}
+    t, st = e.get("temperature", 0.0), e.get("sampled_temperature")
+    return (float(t) if isinstance(t, (int, float)) else 0.0), (float(st) if isinstance(st, (int, float)) else None)
+
+
 def run(args: argparse.Namespace) -> int:
     """Build the report of ``args.run_dir``; exit code 0."""
     from rich.console import Console
     from rich.table import Table
 
     from posttrain.diagnostics.build import build_report
-    from posttrain.evaluation.report import report_table
+    from posttrain.evaluation.report import (
+        accuracy_summaries,
+        heldout_series,
+        intervals_table,
+        report_table,
+        summaries_json,
+    )
 
-    if not Path(args.run_dir).is_dir():
+    run_dir = Path(args.run_dir)
+    if not run_dir.is_dir():
         raise FileNotFoundError(f"{args.run_dir}: no such run directory")
     doc = build_report(args.run_dir, args.out)
+    summaries = accuracy_summaries(heldout_series(run_dir), *_eval_temperatures(run_dir))
+    intervals_path = Path(args.out) if args.out is not None else run_dir / "diagnostics"
+    intervals_path = intervals_path / "heldout_intervals.json"
+    intervals_path.write_text(json.dumps(summaries_json(summaries), indent=2))
     con = Console()
     if not args.quiet:
         if doc["trajectories"]:
             inspect_ledger.run(argparse.Namespace(run_dir=args.run_dir, steps=None))
         if doc["heldout_curve"]:
             con.print(report_table(doc))
+        if summaries:
+            con.print(intervals_table(summaries))
         for t in doc["strata"]:
             if t["note"]:
                 con.print(f"[bold]{t['feature']}[/bold]: {t['note']}")
@@ -71,6 +97,6 @@ def run(args: argparse.Namespace) -> int:
         for s in doc["symptoms"]:
             sym.add_row(s["name"], "[red]YES[/red]" if s["flagged"] else "no", s["evidence"], s["check"])
         con.print(sym)
-    for f in doc["files"]:
+    for f in [*doc["files"], str(intervals_path)]:
         print(f"wrote {f}")
     return 0

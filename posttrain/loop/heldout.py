@@ -19,10 +19,12 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from collections import Counter
+from collections import Counter, OrderedDict
 from collections.abc import Sequence
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
+from posttrain.diagnostics.heldout_outcomes import SetOutcomes, append_outcomes
 from posttrain.loop.episode_rollout import EpisodeRollout, context_limit, run_episodes, turn_seed
 from posttrain.loop.single_turn import Renderer, Sampler, play_once
 from posttrain.rewards.scoring import Decoder, HasVerifier, VerifyBatch
@@ -199,14 +201,60 @@ class EvaluatedRun(Protocol):
     def hidden_verifier(self) -> Verifier | None: ...  # eval.hidden_verifier's verifier
 
 
+def eval_splits(task: object) -> tuple[str, ...]:
+    """The held-out sets ``task`` declares in ``task.eval_splits``; ``("heldout",)`` when it declares none.
+
+    ``"heldout"`` (in-distribution: the set that promotes / rejects) comes first; each other set is
+    ``"heldout_<name>"`` (e.g. ``heldout_unseen``: problems phrased in ways training never shows), named
+    once, and its metrics are today's ``heldout`` keys with ``<set>`` in place of ``heldout``
+    (``heldout_unseen/accuracy``, ``heldout_unseen_sampled/accuracy``). A name ending in ``_sampled`` or
+    ``_notool`` would collide with those keys. Anything else is a ``ValueError`` naming the task.
+    """
+    declared = getattr(task, "eval_splits", None)
+    if declared is None:
+        return ("heldout",)
+    splits = tuple(declared)
+    ok = (bool(splits) and splits[0] == "heldout" and len(set(splits)) == len(splits)
+          and all(isinstance(s, str) and s.startswith("heldout_") and s != "heldout_"
+                  and not s.endswith(("_sampled", "_notool")) for s in splits[1:]))
+    if not ok:
+        raise ValueError(f"task {getattr(task, 'name', type(task).__name__)!r}: eval_splits {splits!r} must be "
+                         "'heldout' followed by distinct 'heldout_<name>' sets (no name ending in _sampled or _notool)")
+    return splits
+
+
+_SPLIT_CACHE: OrderedDict[tuple[int, str, int, int], tuple[object, list[TaskExample]]] = OrderedDict()
+_SPLIT_CACHE_SIZE = 8
+
+
+def split_examples(run: EvaluatedRun, split: str) -> list[TaskExample]:
+    """The examples of held-out set ``split``: ``run.heldout`` for ``"heldout"``, else
+    ``run.task.examples(split, eval.size, seed)``, fetched once per (task, split, size, seed) and cached
+    (the last few; an entry holds its task, so a task's ``id`` is never reused while it is cached)."""
+    if split == "heldout":
+        return run.heldout
+    cfg = run.cfg
+    key = (id(run.task), split, cfg.eval.size, cfg.seed)
+    hit = _SPLIT_CACHE.get(key)
+    if hit is None:
+        hit = (run.task, list(run.task.examples(split, cfg.eval.size, seed=cfg.seed)))
+        _SPLIT_CACHE[key] = hit
+        while len(_SPLIT_CACHE) > _SPLIT_CACHE_SIZE:
+            _SPLIT_CACHE.popitem(last=False)
+    _SPLIT_CACHE.move_to_end(key)
+    return hit[1]
+
+
 def evaluate_run(run: EvaluatedRun, temperature: float | None = None, samples: int = 1,
-                 env_overrides: dict[str, JSONScalar] | None = None) -> EvalResult:
+                 env_overrides: dict[str, JSONScalar] | None = None,
+                 examples: Sequence[TaskExample] | None = None) -> EvalResult:
     """A run's held-out evaluation of its engine's current weights: the one path of training and ``posttrain eval``.
 
     ``run`` is a :class:`~posttrain.loop.run.Run` or a :class:`HeldoutRun` (the same attributes:
     ``cfg``, ``engine``, ``tokenizer``, ``task``, ``heldout``, ``renderer``, ``verify_batch``,
-    ``hidden_verifier``, ``plain_model``). Single-turn (``env.name`` unset): :func:`evaluate` on
-    ``run.heldout`` rendered by ``run.renderer`` (task.chat_template / task.system_prompt), judged by
+    ``hidden_verifier``, ``plain_model``). ``examples`` default to ``run.heldout`` (another held-out set:
+    :func:`split_examples`). Single-turn (``env.name`` unset): :func:`evaluate` on
+    them rendered by ``run.renderer`` (task.chat_template / task.system_prompt), judged by
     ``run.task``'s verifier (reward.extract applied by ``build_task``), ``eval.max_new_tokens`` tokens
     (default ``sampling.max_new_tokens``), seed ``cfg.seed``. Multi-turn: one whole episode per held-out
     start and sample (:func:`evaluate_episodes`) under the run's ``env``
@@ -217,44 +265,94 @@ def evaluate_run(run: EvaluatedRun, temperature: float | None = None, samples: i
     cfg = run.cfg
     e = cfg.eval
     temp = e.temperature if temperature is None else temperature
+    exs = run.heldout if examples is None else examples
     if cfg.env.name is not None:  # multi-turn: whole held-out episodes
         from posttrain.loop.rollout_stage import RolloutStage
 
         ro = EpisodeRollout(cfg, run, RolloutStage.from_config(cfg))
-        res: EvalResult = evaluate_episodes(ro, run.heldout, temperature=temp, max_new_tokens=e.max_new_tokens,
+        res: EvalResult = evaluate_episodes(ro, exs, temperature=temp, max_new_tokens=e.max_new_tokens,
                                             env_overrides=env_overrides, samples=samples, k=min(e.k, samples))
         return res
     if env_overrides:
         raise ValueError(f"evaluate_run: env_overrides {env_overrides} need a multi-turn run (env.name)")
-    return evaluate(run.engine, run.tokenizer, run.task, run.heldout,
+    return evaluate(run.engine, run.tokenizer, run.task, exs,
                     max_new_tokens=e.max_new_tokens or cfg.sampling.max_new_tokens, temperature=temp, seed=cfg.seed,
                     verify_batch=run.verify_batch, samples=samples, k=min(e.k, samples),
                     renderer=run.renderer, hidden_verifier=run.hidden_verifier)
 
 
-def heldout_metrics(run: EvaluatedRun) -> tuple[EvalResult, dict[str, float]]:
-    """Every held-out figure a run logs at an evaluation: ``(main result, its metrics and the extras)``.
+@dataclasses.dataclass(frozen=True)
+class HeldoutEvaluation:
+    """One evaluation of every held-out set: the main result, the flat metrics, the per-problem outcomes."""
 
-    The main result is at ``eval.temperature`` (greedy by default: it promotes / rejects). The metric
-    dict holds its ``heldout/*`` keys plus, as configured: ``heldout_sampled/*`` at
-    ``eval.sampled_temperature``; pass@k over ``eval.samples`` responses of whichever evaluation
-    samples (``heldout/pass@k``, Chen et al. 2021); ``heldout_notool/*`` (``env.eval_without_tools``).
-    Both :meth:`Run.evaluate_and_judge <posttrain.loop.run.Run.evaluate_and_judge>` and
-    ``posttrain eval`` call it, so a checkpoint's evaluation reproduces the run's record.
-    """
+    main: EvalResult  # "heldout" at eval.temperature: promotes / rejects
+    metrics: dict[str, float]
+    outcomes: dict[str, SetOutcomes]  # by metric prefix: heldout, heldout_sampled, heldout_unseen, ...
+
+
+def outcomes_of(res: EvalResult, examples: Sequence[TaskExample]) -> SetOutcomes:
+    """Per-problem (judged, correct) samples of ``res``, an evaluation of ``examples`` (same order)."""
+    return SetOutcomes(tuple(ex.prompt_id for ex in examples), tuple(v for v, _ in res.per_prompt),
+                       tuple(c for _, c in res.per_prompt))
+
+
+def _split_evaluation(run: EvaluatedRun, split: str) -> tuple[EvalResult, dict[str, float], dict[str, SetOutcomes]]:
+    """``(main result, metrics, {metric prefix: outcomes})`` of held-out set ``split`` (see :func:`heldout_metrics`)."""
     cfg = run.cfg
     e = cfg.eval
     n = e.samples or 1
+    exs = split_examples(run, split)
     # pass@k needs sampled responses: the main evaluation's when it samples, else the sampled one's.
-    res = evaluate_run(run, samples=n if e.temperature > 0 else 1)
-    extra: dict[str, float] = res.passk_metrics() if n > 1 and e.temperature > 0 else {}
+    res = evaluate_run(run, samples=n if e.temperature > 0 else 1, examples=exs)
+    results = {split: res}
+    extra: dict[str, float] = res.passk_metrics(split) if n > 1 and e.temperature > 0 else {}
     if e.sampled_temperature is not None:
-        sres = evaluate_run(run, e.sampled_temperature, samples=n if e.temperature == 0 else 1)
-        extra = {**sres.as_metrics("heldout_sampled"), **extra,
-                 **(sres.passk_metrics() if n > 1 and e.temperature == 0 else {})}
+        sres = results[f"{split}_sampled"] = evaluate_run(run, e.sampled_temperature,
+                                                          samples=n if e.temperature == 0 else 1, examples=exs)
+        extra = {**sres.as_metrics(f"{split}_sampled"), **extra,
+                 **(sres.passk_metrics(split) if n > 1 and e.temperature == 0 else {})}
     if cfg.env.name is not None and cfg.env.eval_without_tools:  # the no-tool baseline beside it
-        extra.update(evaluate_run(run, env_overrides={"use_tools": False}).as_metrics("heldout_notool"))
-    return res, {**res.as_metrics(), **extra}
+        nres = results[f"{split}_notool"] = evaluate_run(run, env_overrides={"use_tools": False}, examples=exs)
+        extra.update(nres.as_metrics(f"{split}_notool"))
+    return res, {**res.as_metrics(split), **extra}, {name: outcomes_of(r, exs) for name, r in results.items()}
+
+
+def heldout_evaluation(run: EvaluatedRun) -> HeldoutEvaluation:
+    """Every held-out set of the run's task (:func:`eval_splits`) evaluated as :func:`heldout_metrics` says."""
+    main: EvalResult | None = None
+    metrics: dict[str, float] = {}
+    outcomes: dict[str, SetOutcomes] = {}
+    for split in eval_splits(run.task):
+        res, m, outs = _split_evaluation(run, split)
+        main = res if main is None else main
+        metrics.update(m)
+        outcomes.update(outs)
+    assert main is not None  # eval_splits is never empty
+    return HeldoutEvaluation(main, metrics, outcomes)
+
+
+def heldout_metrics(run: EvaluatedRun, *, step: int | None = None,
+                    run_dir: Path | None = None) -> tuple[EvalResult, dict[str, float]]:
+    """Every held-out figure a run logs at an evaluation: ``(main result, its metrics and the extras)``.
+
+    The main result is the ``heldout`` set's at ``eval.temperature`` (greedy by default: it promotes /
+    rejects). The metric dict holds its ``heldout/*`` keys plus, as configured: ``heldout_sampled/*`` at
+    ``eval.sampled_temperature``; pass@k over ``eval.samples`` responses of whichever evaluation
+    samples (``heldout/pass@k``, Chen et al. 2021); ``heldout_notool/*`` (``env.eval_without_tools``).
+    Each further held-out set the task declares (:func:`eval_splits`, e.g. ``heldout_unseen``) gets the
+    same figures, ``heldout`` replaced by its name (``heldout_unseen/accuracy``,
+    ``heldout_unseen_sampled/accuracy``, ``heldout_unseen/pass@k``). With ``run_dir`` and ``step``, the
+    per-problem outcomes of every evaluation are appended to ``run_dir``'s
+    :data:`~posttrain.diagnostics.heldout_outcomes.OUTCOMES_FILE` (bootstrap intervals after the run).
+    Both :meth:`Run.evaluate_and_judge <posttrain.loop.run.Run.evaluate_and_judge>` and
+    ``posttrain eval`` call it, so a checkpoint's evaluation reproduces the run's record.
+    """
+    if (step is None) != (run_dir is None):
+        raise ValueError("heldout_metrics: give both step and run_dir (to record per-problem outcomes) or neither")
+    ev = heldout_evaluation(run)
+    if run_dir is not None and step is not None:
+        append_outcomes(run_dir, step, ev.outcomes)
+    return ev.main, ev.metrics
 
 
 def evaluate_episodes(rollout: EpisodeRollout, examples: Sequence[TaskExample], *, temperature: float = 0.0,
