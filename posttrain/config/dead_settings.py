@@ -156,6 +156,24 @@ RULES: tuple[Rule, ...] = (
          lambda c: c.trainer == "preference" and c.preference.online,
          "trainer=preference updates the policy with the preference loss (preference.loss) on single-turn task "
          "groups (no advantages, no critic, no SFT warm-up, no episodes; single process, full fine-tuning)"),
+    # posttrain/loop/reward_model_training.py: a Bradley-Terry model on preference.data's pairs; no sampling, no
+    # verifier, no policy update; one optimizer step per step; held-out pair accuracy every eval.every steps.
+    # task.chat_template (the pairs' rendering) and model.* are read.
+    Rule(("sampling", "credit", "correction", "loss", "critic", "rollout", "env", "reward", "sft", "system",
+          "task.name", "task.kwargs", "task.system_prompt", "guards", "lora", "learner", "optim.ppo_epochs",
+          "optim.num_minibatches", "optim.fuse_old_logprob", "optim.skip_no_signal_rows", "eval.size",
+          "eval.temperature", "eval.sampled_temperature", "eval.max_new_tokens", "eval.reject_drop", "eval.k",
+          "eval.hidden_verifier", "eval.hidden_verifier_kwargs"),
+         lambda c: c.trainer == "reward_model",
+         "trainer=reward_model trains a Bradley-Terry reward model on preference.data's pairs (no sampling, no "
+         "verifier, no policy update; one optimizer step per step; held-out pair accuracy every eval.every steps)"),
+    # posttrain/rewards/learned.py: the learned components are added to single-turn verdicts
+    # (rewards/scoring.py judge); an environment scores its own episodes.
+    Rule(("reward.model", "reward.judge"), lambda c: c.env.name is not None,
+         "env.name is set: the environment scores its own episodes (no verdict to add a learned component to)"),
+    # posttrain/rewards/judge.py parse_reply: the pattern is read by parse=score only.
+    Rule(("reward.judge.score_pattern",), lambda c: c.reward.judge is not None and c.reward.judge.parse != "score",
+         "reward.judge.parse is not score (a yes/no reply is read without a pattern)"),
     # posttrain/loop/training_loop.py: pi_old is fused only with exactly one optimizer step per update.
     Rule(("optim.fuse_old_logprob",), lambda c: c.optim.ppo_epochs > 1 or c.optim.num_minibatches > 1
          or c.correction.name is not None or c.credit.kl_in_reward or c.learner.world_size > 1,

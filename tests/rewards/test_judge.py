@@ -162,3 +162,18 @@ def test_judge_config_checks_the_template_and_enters_its_weight() -> None:
         RewardConfig(judge={"url": "http://127.0.0.1:1", "name": "rm"}, model={"path": "x"})
     with pytest.raises(ValidationError, match="conflicts"):
         RewardConfig(weights={"task": 1.0, "judge": 2.0}, judge={"url": "http://127.0.0.1:1"})
+
+
+def test_learned_reward_keys_that_cannot_take_effect_are_refused_at_load() -> None:
+    from posttrain.config import ConfigError
+    from posttrain.loop.validate import load_run_config
+
+    with pytest.raises(ConfigError, match=r"reward.judge.score_pattern='\(x\)' cannot take effect: reward.judge.parse"):
+        load_run_config("grpo", ["reward.judge.url=http://127.0.0.1:1", "reward.judge.score_pattern=(x)"])
+    cfg = load_run_config("grpo", ["reward.judge.url=http://127.0.0.1:1", "reward.judge.parse=score",
+                                   "reward.judge.score_pattern=(x)"])
+    assert cfg.reward.judge is not None and cfg.reward.weights["judge"] == 1.0
+    with pytest.raises(ConfigError, match=r"reward.model.path='m' cannot take effect: env.name is set"):
+        load_run_config("tool_calc", ["reward.model.path=m"])
+    with pytest.raises(ConfigError, match="reward.judge.url"):
+        load_run_config("grpo", ["reward.judge.url=http://192.168.1.10:8000"])
