@@ -1,8 +1,13 @@
 """``posttrain train RECIPE [key=value ...]``: run a recipe (``--print-recipe`` shows its axes).
 
+``trainer`` chooses what trains: ``rl`` (:func:`posttrain.loop.training_loop.train`), ``preference``
+(:func:`posttrain.loop.preference_training.train_preference`, offline pairs or online groups) or
+``reward_model`` (:func:`posttrain.loop.reward_model_training.train_reward_model`).
+
 Before anything is written, :func:`~posttrain.loop.preflight.preflight` dry-builds one step's
 parts (task, verifier, reward weights, advantages with the recipe's KL placement): a config error
-the first step would meet is one line at load.
+the first step would meet is one line at load. The trainers on a pairs file load and check it
+instead (:func:`check_before_run`).
 
 Interrupting a run (Ctrl-C) leaves its last complete checkpoint intact, prints one line saying
 how to resume, and exits with code 130. A full disk or an unwritable file in the run directory is
@@ -18,9 +23,13 @@ import logging
 import shlex
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING, Protocol
 
 from posttrain.config import RECIPES_DIR, RunConfig, dump_config
 from posttrain.loop.validate import load_run_config
+
+if TYPE_CHECKING:
+    from rich.progress import Progress
 
 # Errors of the run directory's storage that the user can fix (free space, permissions).
 _STORAGE_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EACCES, errno.EPERM})
@@ -102,22 +111,68 @@ def print_rise(cfg: RunConfig) -> None:
         print(f"  {line}")
 
 
+class TrainerResult(Protocol):
+    """What a trainer other than ``rl`` returns: steps done, wall seconds and its closing lines."""
+
+    step: int
+    wall_seconds: float
+
+    def summary_lines(self) -> list[str]:
+        """The lines printed when the run ends."""
+        ...
+
+
+def check_before_run(cfg: RunConfig) -> None:
+    """The checks before the run directory is written: the RL preflight for ``trainer: rl`` and online
+    preference optimisation (it samples and verifies the task's groups); the pairs file (fields, rows, the
+    split) and the loss's kwargs for the other trainers."""
+    if cfg.trainer == "rl" or (cfg.trainer == "preference" and cfg.preference.online):
+        from posttrain.loop.preflight import preflight
+
+        preflight(cfg)
+    if cfg.trainer == "preference":
+        from posttrain.loop.preference_training import check_preference_config
+
+        check_preference_config(cfg)
+    elif cfg.trainer == "reward_model":
+        from posttrain.loop.preference_training import load_pairs
+
+        load_pairs(cfg)
+
+
+def train_other(cfg: RunConfig, progress: Progress | None) -> TrainerResult:
+    """Run ``trainer: preference`` (posttrain/loop/preference_training.py) or ``trainer: reward_model``
+    (posttrain/loop/reward_model_training.py)."""
+    if cfg.trainer == "preference":
+        from posttrain.loop.preference_training import train_preference
+
+        return train_preference(cfg, progress=progress)
+    from posttrain.loop.reward_model_training import train_reward_model  # type: ignore[import-not-found,unused-ignore]
+
+    result: TrainerResult = train_reward_model(cfg, progress=progress)
+    return result
+
+
 def run(args: argparse.Namespace) -> int:
     """Train; returns the exit code (0, or 130 after Ctrl-C). Storage errors become ``UserError``."""
     cfg = load_run_config(args.recipe, args.overrides)
-    from posttrain.loop.preflight import preflight
-
-    preflight(cfg)  # what would fail at step 1 for a config reason fails now, before the run dir exists
+    check_before_run(cfg)  # what would fail at step 1 for a config reason fails now, before the run dir exists
     if args.print_recipe:
         print_recipe(cfg)
         return 0
     from posttrain.loop.console import progress_bars
     from posttrain.loop.run_dir import RunDirError, describe_os_error
-    from posttrain.loop.training_loop import train
 
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(message)s")
     try:
         with progress_bars(enabled=cfg.logging.progress and not args.no_progress) as progress:
+            if cfg.trainer != "rl":
+                result = train_other(cfg, progress)
+                for line in result.summary_lines():
+                    print(line)
+                return 0
+            from posttrain.loop.training_loop import train
+
             st = train(cfg, progress=progress)
     except KeyboardInterrupt:
         # train() closed the run (lock released); the checkpoints on disk are complete ones.

@@ -1,0 +1,368 @@
+"""``trainer: preference``: the policy trained with a preference loss on pairs (docs/learner.md, "Preference
+optimisation"). Offline (this module): pairs from ``preference.data``; online (``preference.online``):
+:mod:`posttrain.loop.online_preference`.
+
+One step takes ``preference.batch_size`` training pairs at the data cursor (a seeded permutation per pass
+over the training pairs, so a resume at cursor ``c`` continues the same order), computes each response's
+sequence log-prob under the policy (:mod:`posttrain.loop.preference_batch`) and applies the loss of
+``preference.loss`` (:mod:`posttrain.loop.preference_loss`: DPO, IPO, SimPO, ORPO, KTO, ODPO) against a
+frozen reference, the policy's weights at the start (their log-probs are computed once, before the first
+step); one AdamW step of ``optim.*`` through the learners' :class:`~posttrain.learner.trainer.Trainer`
+(schedule over ``steps``, gradient clip, micro-batches of ``optim.microbatch_tokens``). The model stays in
+eval mode (no dropout), so at step 0 the policy and the reference are the same function.
+
+Held-out pairs (``preference.heldout_fraction``, split by a hash of the prompt) are evaluated at step 0,
+every ``eval.every`` steps and at the end: ``heldout/pair_accuracy`` (the fraction whose implicit-reward
+margin, :func:`~posttrain.loop.preference_loss.implicit_margin`, is > 0: the policy ranks chosen above
+rejected; 0 at step 0 for the losses with a reference, where every margin is exactly 0),
+``heldout/margin`` (its mean) and ``heldout/loss``. Metrics go to ``metrics.jsonl`` (and the trackers of
+``logging.*``); checkpoints to ``checkpoints/step_N`` every ``checkpoint_every`` steps and at the end, in
+the RL runs' format (``actor/`` loads with ``from_pretrained``); ``resume=true`` continues from the latest.
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import logging
+import shutil
+import time
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import torch
+
+from posttrain.config import RunConfig, dump_config
+from posttrain.errors import UserError
+from posttrain.learner.settings import BatchingSettings, OptimizerSettings
+from posttrain.learner.trainer import Trainer
+from posttrain.loop.metrics_log import MetricsLog
+from posttrain.loop.preference_batch import (
+    EncodedPair,
+    encode_pair,
+    pair_chunks,
+    pair_logprobs,
+    sequence_logprobs,
+)
+from posttrain.loop.preference_loss import (
+    PairLogprobs,
+    check_loss_kwargs,
+    implicit_margin,
+    kto_reference_point,
+    preference_loss,
+    uses_reference,
+)
+
+if TYPE_CHECKING:
+    from rich.progress import Progress
+    from transformers import PreTrainedTokenizerBase
+
+    from posttrain.envs.preference_data import PreferencePair
+
+log = logging.getLogger("posttrain")
+
+
+@dataclasses.dataclass
+class PreferenceRunResult:
+    """What a preference run did: ``step`` (steps done), ``wall_seconds``, the held-out ``curve``
+    (``(step, value)`` of ``curve_name``) and ``stopped`` (a reason, or None)."""
+
+    step: int
+    wall_seconds: float
+    curve_name: str
+    curve: list[tuple[int, float]]
+    stopped: str | None = None
+
+    def summary_lines(self) -> list[str]:
+        """The lines ``posttrain train`` prints at the end."""
+        pts = ", ".join(f"{s}:{v:.3f}" for s, v in self.curve)
+        lines = [f"done: {self.step} steps in {self.wall_seconds:.0f} s; {self.curve_name} by step {pts}"]
+        if len(self.curve) >= 2:
+            lines.append(f"  {self.curve_name}: {self.curve[0][1]:.3f} -> {self.curve[-1][1]:.3f}")
+        if self.stopped:
+            lines.append(f"stopped early: {self.stopped}")
+        return lines
+
+
+def load_pairs(cfg: RunConfig) -> tuple[list[PreferencePair], list[PreferencePair]]:
+    """``(train, heldout)`` pairs of ``preference.data`` (validated; :class:`~posttrain.errors.UserError`
+    naming the file, row and column, or the split that came out empty)."""
+    from posttrain.envs.preference_data import load_preference_pairs, split_pairs
+
+    if cfg.preference.data is None:
+        raise UserError("trainer=preference (offline) needs preference.data")
+    pairs = load_preference_pairs(cfg.preference.data, cfg.preference.fields)
+    train, heldout = split_pairs(pairs, cfg.preference.heldout_fraction)
+    for name, part in (("training", train), ("held-out", heldout)):
+        if not part:
+            raise UserError(f"{cfg.preference.data}: no {name} pairs among {len(pairs)} with "
+                            f"preference.heldout_fraction={cfg.preference.heldout_fraction} (the split hashes the "
+                            "prompt: give more distinct prompts or change the fraction)")
+    if cfg.preference.loss == "odpo" and any("score_diff" not in p.meta for p in pairs):
+        raise UserError(f"{cfg.preference.data}: preference.loss=odpo needs each pair's score difference: map its "
+                        "column with preference.fields.score_diff")
+    return train, heldout
+
+
+def check_preference_config(cfg: RunConfig) -> None:
+    """What would fail at step 1 for a config reason, before the run directory is written: the loss's
+    kwargs (``preference.kwargs``), and offline the pairs file (:func:`load_pairs`)."""
+    try:
+        check_loss_kwargs(cfg.preference.loss, cfg.preference.kwargs)
+    except ValueError as e:
+        raise UserError(str(e)) from None
+    if not cfg.preference.online:
+        load_pairs(cfg)
+
+
+def batch_indices(n: int, batch_size: int, cursor: int, seed: int) -> list[int]:
+    """Indices of the ``batch_size`` training pairs at data cursor ``cursor`` (of ``n`` pairs): pass
+    ``k = cursor // n`` walks ``torch.randperm(n)`` seeded by ``(seed, k)``; a batch may span two passes."""
+    out: list[int] = []
+    while len(out) < batch_size:
+        epoch, offset = divmod(cursor, n)
+        perm = torch.randperm(n, generator=torch.Generator().manual_seed(seed * 1_000_003 + epoch)).tolist()
+        take = perm[offset: offset + batch_size - len(out)]
+        out.extend(take)
+        cursor += len(take)
+    return out
+
+
+@dataclasses.dataclass(frozen=True)
+class PairBatch:
+    """Encoded pairs with their reference log-probs (``ref_*`` ``[B]``, None without a reference)."""
+
+    pairs: Sequence[EncodedPair]
+    ref_chosen: torch.Tensor | None
+    ref_rejected: torch.Tensor | None
+
+    def logprobs(self, rows: Sequence[int], chosen: torch.Tensor, rejected: torch.Tensor) -> PairLogprobs:
+        """:class:`PairLogprobs` of pairs ``rows`` given their policy log-probs."""
+        idx = torch.tensor(list(rows), dtype=torch.long)
+        sub = [self.pairs[i] for i in rows]
+
+        def ref(t: torch.Tensor | None) -> torch.Tensor | None:
+            return None if t is None else t[idx].to(chosen.dtype)
+
+        lengths = [torch.tensor([float(len(getattr(p, side))) for p in sub], dtype=chosen.dtype)
+                   for side in ("chosen", "rejected")]
+        diffs = [p.score_diff for p in sub]
+        score = None if any(d is None for d in diffs) else torch.tensor(diffs, dtype=chosen.dtype)
+        return PairLogprobs(chosen, rejected, ref(self.ref_chosen), ref(self.ref_rejected), lengths[0], lengths[1],
+                            score)
+
+
+class PairBatchLoss:
+    """The :class:`~posttrain.learner.trainer.MinibatchLoss` of one step's pairs: the mean over pairs of the
+    preference loss (KTO: over its ``2B`` responses), accumulated over micro-batches of pairs. ``metrics``
+    holds the loss and the mean of each diagnostic after :meth:`backward`."""
+
+    def __init__(self, model: torch.nn.Module, batch: PairBatch, cfg: RunConfig, pad_id: int) -> None:
+        self.model, self.batch, self.pad_id = model, batch, pad_id
+        self.loss, self.kwargs = cfg.preference.loss, cfg.preference.kwargs
+        self.microbatch_tokens = cfg.optim.microbatch_tokens
+        self.metrics: dict[str, float] = {}
+
+    def normaliser(self, rows: Sequence[int]) -> float:
+        """Pairs of the mini-batch (KTO: responses, two per pair)."""
+        return float(len(rows) * (2 if self.loss == "kto" else 1))
+
+    def _policy(self, rows: Sequence[int]) -> PairLogprobs:
+        sub = [self.batch.pairs[i] for i in rows]
+        lp = sequence_logprobs(self.model, [(p.prompt, p.chosen) for p in sub] + [(p.prompt, p.rejected) for p in sub],
+                               pad_id=self.pad_id)
+        return self.batch.logprobs(rows, lp[: len(sub)], lp[len(sub):])
+
+    def backward(self, rows: Sequence[int], normaliser: float) -> None:
+        """Forward and backward of pairs ``rows`` in micro-batches; gradients accumulate."""
+        rows = list(rows)
+        z0: torch.Tensor | float = 0.0
+        if self.loss == "kto":  # the batch's KL estimate, from a no-grad pass over all its pairs
+            with torch.no_grad():
+                z0 = kto_reference_point(self._policy(rows))
+        sums: dict[str, float] = {}
+        for chunk in pair_chunks([self.batch.pairs[i] for i in rows], self.microbatch_tokens):
+            lp = self._policy([rows[i] for i in chunk])
+            loss, diag = preference_loss(self.loss, self.kwargs, lp, kl_ref_point=z0)
+            (loss.sum() / normaliser).backward()  # type: ignore[no-untyped-call]
+            for k, v in {"loss": loss.detach(), **diag}.items():
+                sums[k] = sums.get(k, 0.0) + float(v.sum())
+        self.metrics = {k: v / normaliser for k, v in sums.items()}
+
+
+def evaluate_pairs(model: torch.nn.Module, batch: PairBatch, cfg: RunConfig, pad_id: int) -> dict[str, float]:
+    """``heldout/pair_accuracy`` (margin > 0), ``heldout/margin`` (mean implicit-reward margin),
+    ``heldout/loss`` (mean preference loss) and ``heldout/chosen_logp`` (mean) of ``batch``, without grad."""
+    chosen, rejected = pair_logprobs(model, batch.pairs, pad_id=pad_id, microbatch_tokens=cfg.optim.microbatch_tokens)
+    lp = batch.logprobs(range(len(batch.pairs)), chosen, rejected)
+    z0 = kto_reference_point(lp) if cfg.preference.loss == "kto" else 0.0
+    with torch.no_grad():
+        loss, _ = preference_loss(cfg.preference.loss, cfg.preference.kwargs, lp, kl_ref_point=z0)
+    margin = implicit_margin(cfg.preference.loss, lp)
+    return {"heldout/pair_accuracy": float((margin > 0).double().mean()), "heldout/margin": float(margin.mean()),
+            "heldout/loss": float(loss.mean()), "heldout/chosen_logp": float(chosen.mean())}
+
+
+@contextmanager
+def locked_run_dir(cfg: RunConfig) -> Iterator[Path]:
+    """The run directory of ``cfg``, prepared and locked for the block (as the RL runs': a fresh run never
+    writes into another run's history; ``resume=true`` checks the recipe against ``config.yaml``). A fresh
+    directory is removed again when the block fails before any checkpoint."""
+    from posttrain.loop.checkpointing import check_resumable
+    from posttrain.loop.run import run_dir_of
+    from posttrain.loop.run_dir import RunDirLock, prepare_run_dir, refuse_to_overwrite
+
+    fresh = not run_dir_of(cfg).exists()
+    run_dir = prepare_run_dir(run_dir_of(cfg))
+    lock = RunDirLock(run_dir)
+    try:
+        if cfg.resume:
+            check_resumable(cfg, run_dir)
+        else:
+            refuse_to_overwrite(run_dir)
+        yield run_dir
+    except BaseException:
+        if fresh and not (run_dir / "config.yaml").exists():  # a run that never started leaves no directory
+            lock.release()
+            shutil.rmtree(run_dir, ignore_errors=True)
+        raise
+    finally:
+        lock.release()
+
+
+def optimizer_settings(cfg: RunConfig) -> OptimizerSettings:
+    """AdamW and schedule of ``optim.*`` over ``steps`` optimiser steps (one per step)."""
+    o = cfg.optim
+    return OptimizerSettings(lr=o.lr, betas=o.betas, weight_decay=o.weight_decay, warmup_steps=o.warmup_steps,
+                             total_steps=max(cfg.steps, 1), lr_schedule=o.schedule, max_grad_norm=o.max_grad_norm)
+
+
+@dataclasses.dataclass
+class _Clock:
+    before: float = 0.0
+    start: float = dataclasses.field(default_factory=time.perf_counter)
+
+    def seconds(self) -> float:
+        return self.before + time.perf_counter() - self.start
+
+
+def save(run_dir: Path, step: int, model: torch.nn.Module, tokenizer: PreTrainedTokenizerBase, trainer: Trainer,
+         extra: dict[str, object]) -> Path:
+    """A checkpoint of the preference run at ``step`` (actor, tokenizer, trainer state, ``extra``)."""
+    from posttrain.learner.checkpoint import checkpoint_path, save_checkpoint
+
+    return save_checkpoint(checkpoint_path(run_dir, step), step=step, actor=model, tokenizer=tokenizer,
+                           learner_state={"preference": trainer.state_dict()}, extra=extra)
+
+
+def restore(run_dir: Path, model: torch.nn.Module, trainer: Trainer) -> tuple[int, dict[str, object]]:
+    """Load the latest complete checkpoint of ``run_dir`` into ``model`` / ``trainer`` and the RNGs;
+    ``(step, extra)``. A checkpoint that cannot be read falls back to the previous one (a warning)."""
+    from posttrain.learner.checkpoint import complete_checkpoints, load_checkpoint, restore_actor, restore_rng
+
+    for path in reversed(complete_checkpoints(run_dir / "checkpoints")):
+        try:
+            ck = load_checkpoint(path)
+        except (OSError, ValueError, RuntimeError) as e:
+            log.warning("resume: checkpoint %s cannot be read (%s); trying the previous one", path, e)
+            continue
+        restore_actor(model, ck)
+        trainer.load_state_dict(ck.learner_state["preference"], owner="preference trainer")
+        restore_rng(ck)
+        return ck.step, ck.extra
+    from posttrain.loop.run_dir import RunDirError
+
+    raise RunDirError(f"resume=true but no checkpoint of {run_dir / 'checkpoints'} can be read")
+
+
+def train_preference(cfg: RunConfig, progress: Progress | None = None) -> PreferenceRunResult:
+    """Run ``trainer: preference`` (module docstring); ``preference.online`` runs
+    :func:`posttrain.loop.online_preference.train_online_preference` instead."""
+    if cfg.preference.online:
+        from posttrain.loop.online_preference import train_online_preference
+
+        result: PreferenceRunResult = train_online_preference(cfg, progress=progress)
+        return result
+    check_preference_config(cfg)
+    train_pairs, heldout_pairs = load_pairs(cfg)
+    with locked_run_dir(cfg) as run_dir:
+        return _train_offline(cfg, run_dir, train_pairs, heldout_pairs, progress)
+
+
+def _reference_batch(ref: torch.nn.Module | None, pairs: list[EncodedPair], pad_id: int, cfg: RunConfig) -> PairBatch:
+    if ref is None:
+        return PairBatch(pairs, None, None)
+    c, r = pair_logprobs(ref, pairs, pad_id=pad_id, microbatch_tokens=cfg.optim.microbatch_tokens)
+    return PairBatch(pairs, c, r)
+
+
+def _train_offline(cfg: RunConfig, run_dir: Path, train_pairs: list[PreferencePair],
+                   heldout_pairs: list[PreferencePair], progress: Progress | None) -> PreferenceRunResult:
+    from posttrain.loop.builders import build_model, build_renderer
+    from posttrain.loop.run_dir import write_text_atomic
+
+    torch.manual_seed(cfg.seed)
+    tokenizer, model = build_model(cfg)
+    model.eval()
+    renderer = build_renderer(cfg, tokenizer)
+    pad_id = int(tokenizer.pad_token_id or 0)
+    train_enc = [encode_pair(p, renderer, tokenizer, max_length=cfg.preference.max_length) for p in train_pairs]
+    held_enc = [encode_pair(p, renderer, tokenizer, max_length=cfg.preference.max_length) for p in heldout_pairs]
+    # The frozen reference is the policy at the start: its log-probs once, before any restore or step.
+    ref = copy.deepcopy(model).requires_grad_(False) if uses_reference(cfg.preference.loss) else None
+    train_batch = _reference_batch(ref, train_enc, pad_id, cfg)
+    held_batch = _reference_batch(ref, held_enc, pad_id, cfg)
+    del ref
+    trainer = Trainer(list(model.parameters()), optimizer_settings(cfg),
+                      BatchingSettings(microbatch_tokens=cfg.optim.microbatch_tokens, seed=cfg.seed))
+    step, cursor, clock = 0, 0, _Clock()
+    metrics = MetricsLog.for_run(run_dir, cfg)
+    curve: list[tuple[int, float]] = []
+    try:
+        if cfg.resume:
+            step, extra = restore(run_dir, model, trainer)
+            cursor, clock = int(extra["cursor"]), _Clock(before=float(extra["wall_seconds"]))  # type: ignore[call-overload, arg-type]
+            curve = [(int(s), float(v)) for s, v in extra["curve"]]  # type: ignore[attr-defined]
+            metrics.truncate_after(step)
+            log.info("resumed %s at step %d", run_dir, step)
+        write_text_atomic(run_dir / "config.yaml", dump_config(cfg))
+        log.info("preference (%s): %d training pairs, %d held-out pairs", cfg.preference.loss, len(train_enc),
+                 len(held_enc))
+
+        def evaluate() -> None:
+            ev = evaluate_pairs(model, held_batch, cfg, pad_id)
+            curve.append((step, ev["heldout/pair_accuracy"]))
+            metrics.log(step, ev)
+
+        def checkpoint() -> None:
+            save(run_dir, step, model, tokenizer, trainer,
+                 {"trainer": "preference", "cursor": cursor, "wall_seconds": clock.seconds(), "curve": curve})
+
+        if step == 0:
+            evaluate()
+        bar = progress.add_task("preference", total=cfg.steps, completed=step) if progress is not None else None
+        while step < cfg.steps:
+            t0 = time.perf_counter()
+            rows = batch_indices(len(train_enc), cfg.preference.batch_size, cursor, cfg.seed)
+            sub = PairBatch([train_enc[i] for i in rows],
+                            *(None if t is None else t[torch.tensor(rows)]
+                              for t in (train_batch.ref_chosen, train_batch.ref_rejected)))
+            loss = PairBatchLoss(model, sub, cfg, pad_id)
+            tally = trainer.train(len(rows), loss)
+            step, cursor = step + 1, cursor + len(rows)
+            metrics.log(step, {**loss.metrics, **tally.steps.metrics(), "lr": tally.steps.lr, "pairs_seen": cursor,
+                               "step_seconds": time.perf_counter() - t0})
+            if step % cfg.eval.every == 0 or step == cfg.steps:
+                evaluate()
+            if (cfg.checkpoint_every and step % cfg.checkpoint_every == 0) or step == cfg.steps:
+                checkpoint()
+            if progress is not None and bar is not None:
+                progress.update(bar, completed=step, description=f"preference loss {loss.metrics['loss']:.3f}")
+        if step == 0:
+            checkpoint()
+    finally:
+        metrics.close()
+    return PreferenceRunResult(step=step, wall_seconds=clock.seconds(), curve_name="held-out pair accuracy",
+                               curve=curve)
