@@ -202,18 +202,18 @@ class EvaluatedRun(Protocol):
 
 
 def eval_splits(task: object) -> tuple[str, ...]:
-    """The held-out sets ``task`` declares in ``task.eval_splits``; ``("heldout",)`` when it declares none.
+    """The held-out sets ``task`` declares in ``task.eval_splits``; :data:`~posttrain.envs.task.DEFAULT_EVAL_SPLITS`
+    (``("heldout",)``) when it declares none.
 
     ``"heldout"`` (in-distribution: the set that promotes / rejects) comes first; each other set is
-    ``"heldout_<name>"`` (e.g. ``heldout_unseen``: problems phrased in ways training never shows), named
+    ``"heldout_<name>"`` (e.g. ``heldout_unseen``: problems in a surface training never shows), named
     once, and its metrics are today's ``heldout`` keys with ``<set>`` in place of ``heldout``
     (``heldout_unseen/accuracy``, ``heldout_unseen_sampled/accuracy``). A name ending in ``_sampled`` or
     ``_notool`` would collide with those keys. Anything else is a ``ValueError`` naming the task.
     """
-    declared = getattr(task, "eval_splits", None)
-    if declared is None:
-        return ("heldout",)
-    splits = tuple(declared)
+    from posttrain.envs.task import DEFAULT_EVAL_SPLITS
+
+    splits = tuple(getattr(task, "eval_splits", DEFAULT_EVAL_SPLITS))
     ok = (bool(splits) and splits[0] == "heldout" and len(set(splits)) == len(splits)
           and all(isinstance(s, str) and s.startswith("heldout_") and s != "heldout_"
                   and not s.endswith(("_sampled", "_notool")) for s in splits[1:]))
