@@ -33,6 +33,8 @@ class HeldoutRun:
     Built by :meth:`from_config` with the run's own builders (task with ``reward.extract`` and
     ``reward.functions``, renderer, held-out split of ``eval.size`` at ``seed``, guarded verifier pool of
     ``reward.*``, ``eval.hidden_verifier``), so nothing of the run's evaluation is re-implemented here.
+    The task's further held-out sets (``eval_splits``) are fetched by the evaluation itself
+    (:func:`~posttrain.loop.heldout.split_examples`: the same size and seed), as in the run.
     Call :meth:`close` when done (the verifier pool).
     """
 
