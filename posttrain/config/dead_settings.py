@@ -143,19 +143,24 @@ RULES: tuple[Rule, ...] = (
     Rule(("preference.pairs_per_group",), lambda c: c.trainer == "preference" and not c.preference.online,
          "preference.online=false: the pairs come from preference.data, not from sampled groups"),
     Rule(("sampling", "credit", "correction", "loss", "critic", "rollout", "env", "reward", "sft", "system",
-          "task.name", "task.kwargs", "guards", "lora", "learner"),
+          "task.name", "task.kwargs", "guards", "lora", "learner", "optim.ppo_epochs", "optim.num_minibatches",
+          "optim.fuse_old_logprob", "optim.skip_no_signal_rows", "eval.size", "eval.temperature",
+          "eval.sampled_temperature", "eval.max_new_tokens", "eval.reject_drop", "eval.k",
+          "eval.hidden_verifier", "eval.hidden_verifier_kwargs"),
          lambda c: c.trainer == "preference" and not c.preference.online,
          "trainer=preference (offline) updates the policy on preference.data's pairs with the preference loss "
          "(no sampling, no verifier, no RL update; single process, full fine-tuning)"),
     # posttrain/loop/online_preference.py: pairs from the task's sampled groups; the preference loss replaces
-    # the RL update (no advantages, no critic, no SFT warm-up), single process, full fine-tuning.
-    Rule(("preference.data", "preference.fields", "preference.batch_size", "preference.heldout_fraction"),
+    # the RL update (no advantages, no critic), single process, full fine-tuning; the SFT warm-up runs as in RL.
+    Rule(("preference.data", "preference.fields", "preference.batch_size", "preference.heldout_fraction",
+          "preference.max_length"),
          lambda c: c.trainer == "preference" and c.preference.online,
          "preference.online=true: the pairs come from the task's sampled groups (task.*, sampling.*)"),
-    Rule(("credit", "correction", "loss", "critic", "sft", "env", "lora", "learner"),
+    Rule(("credit", "correction", "loss", "critic", "env", "lora", "learner", "optim.fuse_old_logprob",
+          "optim.skip_no_signal_rows"),
          lambda c: c.trainer == "preference" and c.preference.online,
          "trainer=preference updates the policy with the preference loss (preference.loss) on single-turn task "
-         "groups (no advantages, no critic, no SFT warm-up, no episodes; single process, full fine-tuning)"),
+         "groups (no advantages, no critic, no episodes; single process, full fine-tuning)"),
     # posttrain/loop/reward_model_training.py: a Bradley-Terry model on preference.data's pairs; no sampling, no
     # verifier, no policy update; one optimizer step per step; held-out pair accuracy every eval.every steps.
     # task.chat_template (the pairs' rendering) and model.* are read.
