@@ -2,7 +2,8 @@
 
 Importing this package registers the built-in tasks in :data:`TASKS`: ``arithmetic``,
 ``countdown``, ``linear``, ``chain_sum`` (the demo's task), ``letter_run`` (long-tailed response lengths), the file sources ``jsonl`` / ``parquet`` / ``hf``, and
-``reasoning_gym`` (optional extra) and ``word_problems`` (English one-step problems for a chat model).
+``reasoning_gym`` (optional extra), ``word_problems`` (English one-step problems for a chat model) and
+``instruction_following`` (write about a topic under constraints a program checks).
 """
 
 from posttrain.envs import (  # noqa: F401 - registrations
@@ -10,6 +11,7 @@ from posttrain.envs import (  # noqa: F401 - registrations
     chain_sum,
     countdown,
     files,
+    instruction_following,
     letter_run,
     linear,
     reasoning_gym,
