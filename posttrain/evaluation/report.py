@@ -34,7 +34,7 @@ class HeldoutSeries(dict[str, list[tuple[int, float]]]):
 def _sets_of(rows: list[dict[str, float]]) -> list[str]:
     """The held-out sets logged in ``rows``: ``heldout`` first, then ``heldout_<name>`` sets by name."""
     found = {k[: -len("/accuracy")] for r in rows for k in r if k.endswith("/accuracy")}
-    others = sorted(s for s in found if s.startswith("heldout_") and not s.endswith(_MODES))
+    others = sorted(s for s in found if s.startswith("heldout_") and "/" not in s and not s.endswith(_MODES))
     return ["heldout", *others]
 
 

@@ -60,7 +60,8 @@ def test_two_held_out_sets_with_per_problem_outcomes(tmp_path):
     # 10 problems per set. In-distribution: 0 right at step 0, 5 at step 5 (paired rise = Binomial(10, 1/2) / 10
     # -> 95% interval [0.2, 0.8], see test_intervals.py). Unseen: 2 -> 2 right, the same two (rise exactly 0).
     _write_metrics(tmp_path, [
-        {"step": 0, "heldout/accuracy": 0.0, "heldout_unseen/accuracy": 0.2, "heldout_unseen_notool/accuracy": 0.1},
+        {"step": 0, "heldout/accuracy": 0.0, "heldout_unseen/accuracy": 0.2, "heldout_unseen_notool/accuracy": 0.1,
+         "heldout_unseen/hidden/accuracy": 0.2},  # eval.hidden_verifier's figure: not a set of its own
         {"step": 5, "heldout/accuracy": 0.5, "heldout_unseen/accuracy": 0.2, "heldout_unseen_notool/accuracy": 0.1},
     ])
     append_outcomes(tmp_path, 0, {"heldout": _outcomes(0, 10), "heldout_unseen": _outcomes(2, 10, "u")})
