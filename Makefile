@@ -5,7 +5,7 @@ PY ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
-EXTRAS ?= dev,math,plot,smollm2,tracking,duckdb
+EXTRAS ?= dev,math,plot,smollm2,tracking,duckdb,tinker
 
 # vLLM lives in its own environment (it pins transformers to its own range and spawns processes);
 # the trainer starts it as a 127.0.0.1 server (rollout.engine=vllm, docs/rollout.md).

@@ -25,6 +25,7 @@ COMMANDS: dict[str, str] = {
     "report": "posttrain.commands.report",
     "compare": "posttrain.commands.compare",
     "view": "posttrain.commands.view",
+    "serve": "posttrain.commands.serve",
 }
 
 

@@ -11,6 +11,7 @@ so live training adapters are never touched by sampling.
 from __future__ import annotations
 
 import dataclasses
+import warnings
 from collections.abc import Mapping
 
 import torch
@@ -112,7 +113,10 @@ class ModelHub:
 
         cfg = peft.LoraConfig(r=spec.rank, lora_alpha=2 * spec.rank, lora_dropout=0.0, bias="none",
                               target_modules=target_modules(self._groups, spec), task_type="CAUSAL_LM")
-        with torch.random.fork_rng(devices=[]):
+        # peft warns about an adapter on a tied unembedding because merging in place would change the input
+        # embedding too; nothing here merges in place (merged_state_dict is out of place, the sampler is untied).
+        with torch.random.fork_rng(devices=[]), warnings.catch_warnings():
+            warnings.filterwarnings("ignore", message=".*tie_word_embeddings.*")
             if spec.seed is not None:
                 torch.manual_seed(spec.seed)
             if self._peft is None:
