@@ -41,6 +41,14 @@ def render_pair(tokenizer: Any, prompt: PromptLike, response: str, *, use_chat_t
     return text + response
 
 
+def pair_rewards(model: Any, tokenizer: Any, texts: Sequence[str], *, max_length: int, label: int = 0) -> torch.Tensor:
+    """``r(text)`` = ``logits[:, label]`` of each rendered text (``[len(texts)]``, the model's dtype), in one
+    padded forward, truncated at ``max_length`` tokens; gradients flow when the caller allows them (training)."""
+    enc = tokenizer(list(texts), return_tensors="pt", padding=True, truncation=True, max_length=max_length)
+    device = next(model.parameters()).device
+    return model(**{k: v.to(device) for k, v in enc.items()}).logits[:, label]  # type: ignore[no-any-return]
+
+
 class RewardModelScorer:
     """Batched scoring with a ``*ForSequenceClassification`` model (kept in eval mode).
 
@@ -85,13 +93,11 @@ class RewardModelScorer:
         if len(prompts) != len(responses):
             raise ValueError(f"RewardModelScorer: {len(prompts)} prompts for {len(responses)} responses")
         texts = [self._render(p, r) for p, r in zip(prompts, responses, strict=True)]
-        device = next(self.model.parameters()).device
         out: list[float] = []
         for s in range(0, len(texts), self.batch_size):
-            enc = self.tokenizer(texts[s : s + self.batch_size], return_tensors="pt", padding=True,
-                                 truncation=True, max_length=self.max_length)
-            logits = self.model(**{k: v.to(device) for k, v in enc.items()}).logits
-            out.extend(float(x) for x in logits[:, self.label].float().cpu())
+            r = pair_rewards(self.model, self.tokenizer, texts[s : s + self.batch_size], max_length=self.max_length,
+                             label=self.label)
+            out.extend(float(x) for x in r.float().cpu())
         return out
 
     def score_rows(self, prompts: Sequence[PromptLike], responses: Sequence[str]) -> list[float | str]:

@@ -1,0 +1,280 @@
+"""``trainer: reward_model``: a Bradley-Terry reward model trained on preference pairs (docs/tasks_and_verifiers.md,
+"Learned rewards and LLM judges").
+
+The model is ``model.path``'s network with a sequence-classification head of one output
+(``*ForSequenceClassification``, ``num_labels=1``; its backbone weights are the causal LM's, the head is
+freshly initialised under ``seed``). A pair's texts are rendered by
+:func:`~posttrain.rewards.reward_model.render_pair` (prompt then response; with ``task.chat_template``
+resolved as for RL prompts, the tokenizer's chat template), the form RL scores responses in. The loss of a
+pair (Bradley & Terry 1952; Ouyang et al. 2022, arXiv:2203.02155, eq. 1) is
+
+    loss = -log sigmoid(r(x, y_chosen) - r(x, y_rejected))
+
+averaged over the step's ``preference.batch_size`` pairs (taken at the data cursor of a seeded permutation
+per pass, as ``trainer: preference``), one AdamW step of ``optim.*`` (schedule over ``steps``, gradient
+clip, micro-batches of ``optim.microbatch_tokens`` padded tokens) through the learners'
+:class:`~posttrain.learner.trainer.Trainer`. The model stays in eval mode (no dropout).
+
+Held-out pairs (``preference.heldout_fraction``, split by a hash of the prompt) are evaluated at step 0,
+every ``eval.every`` steps and at the end: ``heldout/pair_accuracy`` (the fraction with
+``r(chosen) > r(rejected)``; a tie counts as wrong), ``heldout/margin`` (mean ``r(chosen) - r(rejected)``) and
+``heldout/loss``. Metrics go to ``metrics.jsonl``; checkpoints to ``checkpoints/step_N`` every
+``checkpoint_every`` steps and at the end (``resume=true`` continues from the latest). At the end the model
+is saved to ``<run_dir>/reward_model/`` (``save_pretrained`` + tokenizer + the rendering,
+:data:`~posttrain.rewards.reward_model.RENDER_FILE`): the directory ``reward.model.path`` takes.
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import json
+import logging
+import os
+import shutil
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import torch
+import torch.nn.functional as F
+
+from posttrain.config import RunConfig, dump_config
+from posttrain.errors import UserError
+from posttrain.learner.microbatch import split_by_token_budget
+from posttrain.learner.settings import BatchingSettings
+from posttrain.learner.trainer import Trainer
+from posttrain.loop.metrics_log import MetricsLog
+from posttrain.loop.preference_training import (
+    PreferenceRunResult,
+    batch_indices,
+    load_pairs,
+    locked_run_dir,
+    optimizer_settings,
+    restore,
+    save,
+)
+from posttrain.rewards.reward_model import RENDER_FILE, pair_rewards, render_pair
+
+if TYPE_CHECKING:
+    from rich.progress import Progress
+
+    from posttrain.envs.preference_data import PreferencePair
+
+log = logging.getLogger("posttrain")
+
+REWARD_MODEL_DIR = "reward_model"
+"""The subdirectory of the run directory holding the trained reward model (``reward.model.path``)."""
+
+
+@dataclasses.dataclass(frozen=True)
+class TextPair:
+    """A pair rendered for the reward model: the chosen and rejected texts and their token counts."""
+
+    chosen: str
+    rejected: str
+    tokens: tuple[int, int]
+    source: str
+
+
+def bradley_terry_loss(chosen: torch.Tensor, rejected: torch.Tensor) -> torch.Tensor:
+    """Per pair ``-log sigmoid(r_c - r_r)`` (Bradley & Terry 1952; Ouyang et al. 2022, arXiv:2203.02155 eq. 1):
+    ``log 2`` at equal rewards, -> 0 as the chosen reward leads. ``chosen`` / ``rejected``: ``[B]``."""
+    if chosen.shape != rejected.shape or chosen.dim() != 1:
+        raise ValueError(f"bradley_terry_loss: need two [B] tensors, got {tuple(chosen.shape)}, {tuple(rejected.shape)}")
+    return -F.logsigmoid(chosen - rejected)
+
+
+def build_reward_model(cfg: RunConfig) -> tuple[Any, torch.nn.Module]:
+    """``(tokenizer, *ForSequenceClassification)`` on ``model.path``'s network: the causal LM of
+    :func:`~posttrain.loop.builders.build_model` with its LM head replaced by a fresh one-output score head
+    (seeded by ``seed``). ``pad_token_id`` is the tokenizer's (its EOS when it has none): the model scores
+    each row at its last non-pad token. ``UserError`` when the architecture has no sequence-classification
+    class or its backbone weights do not carry over."""
+    from transformers import AutoModelForSequenceClassification
+
+    from posttrain.loop.builders import build_model
+
+    tok, causal = build_model(cfg)
+    if tok.pad_token_id is None:
+        tok.pad_token = tok.eos_token
+    hf_causal: Any = causal  # a transformers PreTrainedModel: its .config
+    config = copy.deepcopy(hf_causal.config)
+    config.num_labels, config.pad_token_id = 1, tok.pad_token_id
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(cfg.seed)
+        try:
+            model = AutoModelForSequenceClassification.from_config(config)  # type: ignore[no-untyped-call]
+        except ValueError as e:
+            raise UserError(f"model.path={cfg.model.path}: no sequence-classification head for this architecture "
+                            f"({type(causal).__name__}): {e}") from None
+    missing, unexpected = model.load_state_dict(causal.state_dict(), strict=False)
+    bad = [k for k in missing if not k.startswith("score.")] + [k for k in unexpected if not k.startswith("lm_head.")]
+    if bad:
+        raise UserError(f"model.path={cfg.model.path}: the causal LM's weights do not carry over to "
+                        f"{type(model).__name__} ({bad[:4]})")
+    model.to(next(causal.parameters()).dtype).eval()
+    return tok, model
+
+
+def render_pairs(pairs: Sequence[PreferencePair], tokenizer: Any, *, use_chat_template: bool,
+                 max_length: int) -> list[TextPair]:
+    """Each pair's chosen and rejected texts (:func:`~posttrain.rewards.reward_model.render_pair`);
+    :class:`~posttrain.errors.UserError` naming the pair's file and row when a text exceeds ``max_length``
+    tokens (``preference.max_length``)."""
+    out: list[TextPair] = []
+    for p in pairs:
+        texts = [render_pair(tokenizer, p.prompt, r, use_chat_template=use_chat_template) for r in (p.chosen, p.rejected)]
+        n = [len(tokenizer(t, add_special_tokens=True).input_ids) for t in texts]
+        source = str(p.meta.get("source", p.pair_id))
+        if max(n) > max_length:
+            raise UserError(f"{source}: prompt + response is {max(n)} tokens, over preference.max_length={max_length}")
+        out.append(TextPair(texts[0], texts[1], (n[0], n[1]), source))
+    return out
+
+
+class PairwiseLoss:
+    """The :class:`~posttrain.learner.trainer.MinibatchLoss` of one step's pairs: the mean Bradley-Terry loss,
+    accumulated over micro-batches; ``metrics``: ``loss``, ``pair_accuracy``, ``margin`` after :meth:`backward`."""
+
+    def __init__(self, model: torch.nn.Module, tokenizer: Any, pairs: Sequence[TextPair], *, max_length: int,
+                 microbatch_tokens: int) -> None:
+        self.model, self.tokenizer, self.pairs = model, tokenizer, list(pairs)
+        self.max_length, self.microbatch_tokens = max_length, microbatch_tokens
+        self.metrics: dict[str, float] = {}
+
+    def normaliser(self, rows: Sequence[int]) -> float:
+        """Pairs of the mini-batch."""
+        return float(len(rows))
+
+    def backward(self, rows: Sequence[int], normaliser: float) -> None:
+        """Forward (chosen and rejected rows together) and backward of pairs ``rows`` in micro-batches."""
+        rows = list(rows)
+        sums = {"loss": 0.0, "pair_accuracy": 0.0, "margin": 0.0}
+        for chunk in split_by_token_budget([2 * max(self.pairs[rows[i]].tokens) for i in rows], self.microbatch_tokens):
+            sub = [self.pairs[rows[i]] for i in chunk]
+            c, r = rewards_of(self.model, self.tokenizer, sub, self.max_length)
+            loss = bradley_terry_loss(c, r)
+            (loss.sum() / normaliser).backward()  # type: ignore[no-untyped-call]
+            margin = (c - r).detach()
+            sums["loss"] += float(loss.detach().sum())
+            sums["pair_accuracy"] += float((margin > 0).sum())
+            sums["margin"] += float(margin.sum())
+        self.metrics = {k: v / normaliser for k, v in sums.items()}
+
+
+def rewards_of(model: torch.nn.Module, tokenizer: Any, pairs: Sequence[TextPair],
+               max_length: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(r(chosen) [B], r(rejected) [B])`` of ``pairs`` in one padded forward of their ``2B`` texts."""
+    r = pair_rewards(model, tokenizer, [p.chosen for p in pairs] + [p.rejected for p in pairs], max_length=max_length)
+    return r[: len(pairs)], r[len(pairs):]
+
+
+@torch.no_grad()
+def evaluate_pairs(model: torch.nn.Module, tokenizer: Any, pairs: Sequence[TextPair], *, max_length: int,
+                   microbatch_tokens: int) -> dict[str, float]:
+    """``heldout/pair_accuracy`` (``r(chosen) > r(rejected)``), ``heldout/margin`` and ``heldout/loss`` (means)."""
+    chosen: list[torch.Tensor] = []
+    rejected: list[torch.Tensor] = []
+    for chunk in split_by_token_budget([2 * max(p.tokens) for p in pairs], microbatch_tokens):
+        c, r = rewards_of(model, tokenizer, [pairs[i] for i in chunk], max_length)
+        chosen.append(c.double())
+        rejected.append(r.double())
+    c, r = torch.cat(chosen), torch.cat(rejected)
+    return {"heldout/pair_accuracy": float((c > r).double().mean()), "heldout/margin": float((c - r).mean()),
+            "heldout/loss": float(bradley_terry_loss(c, r).mean())}
+
+
+def save_reward_model(run_dir: Path, model: torch.nn.Module, tokenizer: Any, *, use_chat_template: bool,
+                      max_length: int) -> Path:
+    """Write ``<run_dir>/reward_model/`` (weights, tokenizer, :data:`RENDER_FILE`) through a temporary sibling
+    renamed into place (a crash leaves the previous one or none); returns it."""
+    from posttrain.learner.checkpoint import quiet_hf_progress
+
+    final = run_dir / REWARD_MODEL_DIR
+    tmp = run_dir / f".{REWARD_MODEL_DIR}.tmp-{os.getpid()}"
+    shutil.rmtree(tmp, ignore_errors=True)
+    try:
+        with quiet_hf_progress():
+            model.save_pretrained(tmp)  # type: ignore[operator]
+        tokenizer.save_pretrained(str(tmp))
+        (tmp / RENDER_FILE).write_text(json.dumps({"use_chat_template": use_chat_template, "max_length": max_length}))
+        if final.exists():
+            shutil.rmtree(final)
+        os.replace(tmp, final)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return final
+
+
+def train_reward_model(cfg: RunConfig, progress: Progress | None = None) -> PreferenceRunResult:
+    """Run ``trainer: reward_model`` (module docstring); the result's curve is the held-out pair accuracy."""
+    train_pairs, heldout_pairs = load_pairs(cfg)
+    with locked_run_dir(cfg) as run_dir:
+        return _train(cfg, run_dir, train_pairs, heldout_pairs, progress)
+
+
+def _train(cfg: RunConfig, run_dir: Path, train_pairs: list[PreferencePair], heldout_pairs: list[PreferencePair],
+           progress: Progress | None) -> PreferenceRunResult:
+    from posttrain.envs.prompt_render import resolve_chat
+    from posttrain.loop.builders import is_char_preset
+    from posttrain.loop.run_dir import write_text_atomic
+
+    torch.manual_seed(cfg.seed)
+    tokenizer, model = build_reward_model(cfg)
+    chat = resolve_chat(cfg.task.chat_template, tokenizer, char_preset=is_char_preset(cfg.model.path, tokenizer))
+    max_length = cfg.preference.max_length
+    train = render_pairs(train_pairs, tokenizer, use_chat_template=chat, max_length=max_length)
+    held = render_pairs(heldout_pairs, tokenizer, use_chat_template=chat, max_length=max_length)
+    mb = cfg.optim.microbatch_tokens
+    trainer = Trainer(list(model.parameters()), optimizer_settings(cfg),
+                      BatchingSettings(microbatch_tokens=mb, seed=cfg.seed))
+    step, cursor, before, start = 0, 0, 0.0, time.perf_counter()
+    metrics = MetricsLog.for_run(run_dir, cfg)
+    curve: list[tuple[int, float]] = []
+    try:
+        if cfg.resume:
+            step, extra = restore(run_dir, model, trainer)
+            cursor, before = int(extra["cursor"]), float(extra["wall_seconds"])  # type: ignore[call-overload, arg-type]
+            curve = [(int(s), float(v)) for s, v in extra["curve"]]  # type: ignore[attr-defined]
+            metrics.truncate_after(step)
+            log.info("resumed %s at step %d", run_dir, step)
+        write_text_atomic(run_dir / "config.yaml", dump_config(cfg))
+        log.info("reward model: %d training pairs, %d held-out pairs (chat template: %s)", len(train), len(held), chat)
+
+        def evaluate() -> None:
+            ev = evaluate_pairs(model, tokenizer, held, max_length=max_length, microbatch_tokens=mb)
+            curve.append((step, ev["heldout/pair_accuracy"]))
+            metrics.log(step, ev)
+
+        def checkpoint() -> None:
+            save(run_dir, step, model, tokenizer, trainer, {"trainer": "reward_model", "cursor": cursor,
+                                                            "wall_seconds": before + time.perf_counter() - start,
+                                                            "curve": curve})
+
+        if step == 0:
+            evaluate()
+        bar = progress.add_task("reward model", total=cfg.steps, completed=step) if progress is not None else None
+        while step < cfg.steps:
+            t0 = time.perf_counter()
+            rows = batch_indices(len(train), cfg.preference.batch_size, cursor, cfg.seed)
+            loss = PairwiseLoss(model, tokenizer, [train[i] for i in rows], max_length=max_length, microbatch_tokens=mb)
+            tally = trainer.train(len(rows), loss)
+            step, cursor = step + 1, cursor + len(rows)
+            metrics.log(step, {**loss.metrics, **tally.steps.metrics(), "lr": tally.steps.lr, "pairs_seen": cursor,
+                               "step_seconds": time.perf_counter() - t0})
+            if step % cfg.eval.every == 0 or step == cfg.steps:
+                evaluate()
+            if (cfg.checkpoint_every and step % cfg.checkpoint_every == 0) or step == cfg.steps:
+                checkpoint()
+            if progress is not None and bar is not None:
+                progress.update(bar, completed=step, description=f"reward model loss {loss.metrics['loss']:.3f}")
+        if step == 0:
+            checkpoint()
+        where = save_reward_model(run_dir, model, tokenizer, use_chat_template=chat, max_length=max_length)
+        log.info("reward model saved to %s (reward.model.path)", where)
+    finally:
+        metrics.close()
+    return PreferenceRunResult(step=step, wall_seconds=before + time.perf_counter() - start,
+                               curve_name="held-out pair accuracy", curve=curve)
