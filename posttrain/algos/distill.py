@@ -1,9 +1,11 @@
-"""On-policy distillation token losses against a frozen teacher.
+"""On-policy distillation against a frozen teacher: the per-token signal and two token losses.
 
-Both return a per-token loss ``[B, T]``, exactly 0 off the action mask; the learner reduces it
-with a ``REDUCTIONS`` weight function like any policy loss. Masked positions may hold anything
-(``inf``/``nan``): inputs are replaced with ``torch.where`` before use, so they never reach the
-value or the gradient. The teacher is always detached.
+:func:`reverse_kl_advantage` is the per-token advantage the training loop adds (``loss.distill``);
+:func:`reverse_kl_distill` / :func:`forward_kl_distill` return a per-token loss ``[B, T]``, exactly 0
+off the action mask, for a learner that reduces it with a ``REDUCTIONS`` weight function like any
+policy loss. Masked positions may hold anything (``inf``/``nan``): inputs are replaced with
+``torch.where`` before use, so they never reach the value or the gradient. The teacher is always
+detached.
 """
 
 from __future__ import annotations
@@ -18,6 +20,32 @@ def _mask(action_mask: Tensor, shape: torch.Size, name: str) -> Tensor:
     if not bool(((action_mask == 0) | (action_mask == 1)).all()):
         raise ValueError(f"{name}: action_mask must hold only 0/1 values")
     return action_mask.bool()
+
+
+def reverse_kl_advantage(student_logprob: Tensor, teacher_logprob: Tensor, action_mask: Tensor,
+                         coef: float = 1.0) -> Tensor:
+    """Per-token advantage ``-coef * (log s_t - log p^T_t)`` ``[B, T]`` float64, exactly 0 off the action mask.
+
+    ``log s_t - log p^T_t`` is the single-sample (k1) estimate of the reverse KL KL(s || p^T) at the
+    sampled token ``t`` of a student sample (``student_logprob``: pi_old, the weights that sampled it);
+    its negation is the per-token reward of on-policy distillation with no future-token credit
+    (discount 0), as in Agarwal et al. 2024 (GKD, arXiv:2306.13649, reverse KL, on-policy data),
+    Gu et al. 2024 (MiniLLM, arXiv:2306.08543, the single-step term of its decomposed gradient) and
+    Thinking Machines' "On-Policy Distillation" (2025). A policy-gradient loss on this advantage
+    has the gradient of :func:`reverse_kl_distill`. Teacher == student gives exactly 0. ``coef`` > 0.
+    """
+    if student_logprob.dim() != 2 or teacher_logprob.shape != student_logprob.shape:
+        raise ValueError(
+            f"reverse_kl_advantage: student/teacher log-probs must both be [B, T], got "
+            f"{tuple(student_logprob.shape)} and {tuple(teacher_logprob.shape)}"
+        )
+    if not coef > 0:
+        raise ValueError(f"reverse_kl_advantage: coef must be > 0, got {coef}")
+    m = _mask(action_mask, student_logprob.shape, "reverse_kl_advantage")
+    zero = torch.zeros((), dtype=torch.float64, device=student_logprob.device)
+    s = torch.where(m, student_logprob.detach().to(torch.float64), zero)
+    t = torch.where(m, teacher_logprob.detach().to(torch.float64), zero)
+    return torch.where(m, -coef * (s - t), zero)
 
 
 def reverse_kl_distill(student_logprob: Tensor, teacher_logprob: Tensor, action_mask: Tensor) -> Tensor:

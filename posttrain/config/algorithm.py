@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import Field
+from pydantic import Field, field_validator
 
 from posttrain.config.section import Section
 
@@ -48,6 +48,28 @@ class CorrectionConfig(Section):
     kwargs: dict[str, Any] = Field(default_factory=dict)
 
 
+class DistillConfig(Section):
+    """On-policy distillation (``loss.distill``): a frozen teacher scores the student's own samples and
+    ``-coef * (log pi_old - log pi_teacher)`` of each sampled token is added to its advantage (the
+    per-token reverse-KL signal of Agarwal et al. 2024, GKD, arXiv:2306.13649, and Gu et al. 2024,
+    MiniLLM, arXiv:2306.08543). docs/learner.md "On-policy distillation"."""
+
+    teacher: str = Field(description="the teacher: a checkpoint's actor/ directory, a Hugging Face model directory, or "
+                         "builtin:NAME; its tokenizer must equal the student's (refused before the run starts)")
+    coef: float = Field(default=1.0, gt=0.0, description="weight of the per-token reverse-KL advantage")
+    only: bool = Field(default=False, description="true: the reverse KL to the teacher is the whole learning signal "
+                       "(the verifier still scores every sample for the metrics; credit.estimator is not run); "
+                       "false: it is added to the estimator's advantages of the verifiable reward")
+
+    @field_validator("teacher")
+    @classmethod
+    def _teacher_named(cls, v: str) -> str:
+        if not v.strip():
+            raise ValueError("loss.distill.teacher is empty: give a checkpoint's actor/ directory, a Hugging Face "
+                             "model directory or builtin:NAME")
+        return v
+
+
 class LossConfig(Section):
     """Policy loss and the reduction axis."""
 
@@ -64,6 +86,8 @@ class LossConfig(Section):
                             "Ziegler et al. 2019's code): each step beta *= 1 + min(n/kl_horizon, 1) * "
                             "clip(kl/kl_target - 1, -0.2, 0.2), n = prompts_per_step * group_size")
     entropy_coef: float = Field(default=0.0)
+    distill: DistillConfig | None = Field(default=None, description="on-policy distillation from a frozen teacher "
+                                          "(None = off)")
 
 
 class OptimConfig(Section):

@@ -54,7 +54,14 @@ def load_callable(spec: str) -> Any:
 
 def build_model(cfg: RunConfig) -> tuple[Any, torch.nn.Module]:
     """``(tokenizer, causal LM)`` for ``cfg.model.path`` (see ModelConfig.path)."""
-    path, dtype = cfg.model.path, _DTYPES[cfg.model.dtype]
+    return load_model(cfg.model.path, cfg.model.dtype, init_seed=cfg.model.init_seed)
+
+
+def load_model(path: str, dtype_name: str, *, init_seed: int) -> tuple[Any, torch.nn.Module]:
+    """``(tokenizer, causal LM)`` of ``path`` in ``dtype_name``: ``builtin:NAME`` (a builtin tiny preset is
+    initialised from ``init_seed``; SmolLM2 is converted on first use) or a Hugging Face model directory
+    (a checkpoint's ``actor/``)."""
+    dtype = _DTYPES[dtype_name]
     if path.startswith("builtin:"):
         name = path.split(":", 1)[1]
         if name.startswith("smollm2"):
@@ -65,7 +72,7 @@ def build_model(cfg: RunConfig) -> tuple[Any, torch.nn.Module]:
         from posttrain.models import build_char_tokenizer, build_tiny_model
 
         tok = build_char_tokenizer()
-        model = build_tiny_model(name, vocab_size=len(tok), seed=cfg.model.init_seed, dtype=dtype)
+        model = build_tiny_model(name, vocab_size=len(tok), seed=init_seed, dtype=dtype)
         return tok, model
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -73,6 +80,72 @@ def build_model(cfg: RunConfig) -> tuple[Any, torch.nn.Module]:
     hf: torch.nn.Module = AutoModelForCausalLM.from_pretrained(path, dtype=dtype)
     hf.eval()
     return tok, hf
+
+
+def load_tokenizer(path: str) -> Any | None:
+    """The tokenizer of model ``path`` without loading its weights: a builtin char preset's, SmolLM2's
+    once converted (None before: the conversion loads the model), or a model directory's (``AutoTokenizer``)."""
+    if path.startswith("builtin:"):
+        name = path.split(":", 1)[1]
+        if name.startswith("smollm2"):
+            from posttrain.models.smollm2 import converted_dir, is_converted
+
+            folder = converted_dir(name)
+            if not is_converted(folder):
+                return None
+            path = str(folder)
+        else:
+            from posttrain.models import build_char_tokenizer
+
+            return build_char_tokenizer()
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(path)
+
+
+#: Text whose token ids (the student's encoding) must decode to the same text with both tokenizers
+#: (letters, digits, punctuation, spaces: printable ASCII, which the builtin char tokenizer encodes).
+TOKENIZER_PROBE = "Compute 12 + 7 * (3 - 1) = 26. Answer: <answer>26</answer> ok? [x_y] {a|b} ~$#@!"
+
+
+def check_same_tokenizer(student: PreTrainedTokenizerBase, teacher: PreTrainedTokenizerBase, *, student_path: str,
+                         teacher_path: str) -> None:
+    """Refuse a distillation teacher whose tokenizer differs from the student's: one
+    :class:`~posttrain.errors.ConfigError` naming both paths and the first difference among the
+    vocabulary size (``len``), the end-of-sequence id, the vocabulary (token -> id) and a round trip
+    (the student's ids of :data:`TOKENIZER_PROBE` decoded by each). The teacher scores the student's
+    token ids, so every id must mean the same token to both (how each splits raw text is not compared:
+    the teacher never encodes)."""
+    from posttrain.errors import ConfigError
+
+    def refuse(what: str) -> ConfigError:
+        return ConfigError(f"loss.distill.teacher={teacher_path}: its tokenizer differs from the student's "
+                           f"(model.path={student_path}): {what}; the teacher must share the student's tokenizer")
+
+    for what, a, b in (("vocabulary size", len(student), len(teacher)),
+                       ("eos token id", student.eos_token_id, teacher.eos_token_id)):
+        if a != b:
+            raise refuse(f"{what} {b} vs {a}")
+    sv, tv = student.get_vocab(), teacher.get_vocab()
+    if sv != tv:
+        tok = next((k for k in sorted(set(sv) | set(tv)) if sv.get(k) != tv.get(k)), "?")
+        raise refuse(f"token {tok!r} has id {tv.get(tok)} vs {sv.get(tok)}")
+    ids = list(student(TOKENIZER_PROBE, add_special_tokens=False).input_ids)
+    a_text, b_text = student.decode(ids), teacher.decode(ids)
+    if a_text != b_text:
+        raise refuse(f"the student's ids of {TOKENIZER_PROBE!r} decode to {b_text!r} vs {a_text!r}")
+
+
+def build_teacher(cfg: RunConfig, student_tokenizer: PreTrainedTokenizerBase) -> torch.nn.Module | None:
+    """The frozen distillation teacher of ``loss.distill`` (None without it): ``loss.distill.teacher``
+    loaded like ``model.path`` (same dtype; a builtin tiny preset from ``model.init_seed``), in eval mode
+    without gradients, after :func:`check_same_tokenizer` against ``student_tokenizer``."""
+    d = cfg.loss.distill
+    if d is None:
+        return None
+    tok, teacher = load_model(d.teacher, cfg.model.dtype, init_seed=cfg.model.init_seed)
+    check_same_tokenizer(student_tokenizer, tok, student_path=cfg.model.path, teacher_path=d.teacher)
+    return teacher.eval().requires_grad_(False)
 
 
 def is_char_preset(model_path: str, tokenizer: PreTrainedTokenizerBase | None = None) -> bool:

@@ -3,7 +3,7 @@
 The composition root of a run: tokenizer, prompt renderer, task and held-out set, the policy
 :class:`~posttrain.learner.protocol.Learner` (in process or learner ranks), the rollout engine (in
 process, or the Ray worker pool of ``system.backend=ray`` behind the same calls), the frozen
-reference, the critic, the guarded verification path and the evaluation-only verifier. Each member
+reference, the frozen distillation teacher, the critic, the guarded verification path and the evaluation-only verifier. Each member
 is typed by what the loop calls on it; :class:`~posttrain.loop.run.Run` holds the parts beside the
 run's own state (ledger, metrics, checkpoints, promotion) and the modes compose them.
 """
@@ -21,7 +21,14 @@ from posttrain.config import RunConfig
 from posttrain.learner.critic import CriticLearner, ValueModel
 from posttrain.learner.protocol import Learner
 from posttrain.learner.settings import BatchingSettings, OptimizerSettings
-from posttrain.loop.builders import build_engine, build_learner, build_model, build_renderer, build_task
+from posttrain.loop.builders import (
+    build_engine,
+    build_learner,
+    build_model,
+    build_renderer,
+    build_task,
+    build_teacher,
+)
 
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
@@ -41,7 +48,8 @@ class Parts:
 
     ``plain_model``: the actor's architecture without LoRA (the engine, reference and critic are built
     from it); ``backend``: the Ray workers (None with the local backend); ``verify_batch``: the one
-    guarded verification path (reward actors, or ``pool`` in this process)."""
+    guarded verification path (reward actors, or ``pool`` in this process); ``teacher_model``: the frozen
+    teacher of ``loss.distill`` (None without it), same tokenizer as the actor."""
 
     tokenizer: PreTrainedTokenizerBase
     renderer: PromptRenderer
@@ -52,6 +60,7 @@ class Parts:
     engine: RolloutEngine
     backend: Backend | None
     ref_model: torch.nn.Module | None
+    teacher_model: torch.nn.Module | None
     critic: CriticLearner | None
     hidden_verifier: Verifier | None
     verify_batch: VerifyBatch
@@ -95,6 +104,7 @@ def build_parts(cfg: RunConfig, run_dir: Path) -> Parts:
         engine = build_engine(plain_model, tokenizer, cfg, run_dir)
     ref_model = copy.deepcopy(plain_model).eval().requires_grad_(False) if cfg.loss.kl_estimator is not None else None
     critic = build_critic(cfg, plain_model) if cfg.critic.enabled else None
+    teacher = build_teacher(cfg, tokenizer)  # loss.distill: frozen, on the learner side
     heldout = task.examples("heldout", cfg.eval.size, seed=cfg.seed)
     hidden: Verifier | None = None  # eval.hidden_verifier: judges beside the task's, never rewards
     if cfg.eval.hidden_verifier is not None:
@@ -116,7 +126,7 @@ def build_parts(cfg: RunConfig, run_dir: Path) -> Parts:
         remote_verify = pool.verify_batch
     return Parts(tokenizer=tokenizer, renderer=renderer, task=task, heldout=list(heldout), learner=learner,
                  plain_model=plain_model, engine=engine, backend=backend, ref_model=ref_model, critic=critic,
-                 hidden_verifier=hidden, verify_batch=remote_verify, pool=pool)
+                 hidden_verifier=hidden, verify_batch=remote_verify, pool=pool, teacher_model=teacher)
 
 
 def _ray_backend(cfg: RunConfig, plain_model: torch.nn.Module, tokenizer: PreTrainedTokenizerBase,

@@ -18,6 +18,9 @@ batch:
   baseline and multi-turn step records exactly as the loop passes them, on 2 groups of
   ``sampling.group_size`` fake rows; the advantages (and returns) must come back ``[B, T]`` and finite.
 
+- on-policy **distillation** (``loss.distill``): the teacher exists and its tokenizer equals the
+  student's (:func:`check_distill`), and ``loss.distill.only`` meets no key it leaves without effect;
+
 - for multi-turn recipes (``env.name``; their reward parts are checked against the environment's
   declaration at config load) one **episode** is started with the run's tokenizer, so an
   ``env.max_tokens`` without room for a turn, or an SFT warm-up without demonstrations, fails now.
@@ -59,7 +62,45 @@ def preflight(cfg: RunConfig) -> None:
     else:
         check_episodes(cfg)
     check_batch(cfg)
+    check_distill(cfg)
     check_targets(cfg)
+
+
+def check_distill(cfg: RunConfig) -> None:
+    """``loss.distill``: the teacher is ``builtin:NAME`` or an existing model directory whose tokenizer
+    equals the student's (:func:`~posttrain.loop.builders.check_same_tokenizer`: vocabulary size, eos
+    id, a probe text's ids; skipped for a model whose tokenizer cannot be had without loading it, e.g. a
+    SmolLM2 not yet converted: the run checks it when it loads the teacher). With ``loss.distill.only``
+    the estimator never runs, so ``credit.estimator`` / ``credit.kwargs`` / ``credit.kl_in_reward``,
+    ``critic.enabled`` (it trains on the estimator's returns) and ``sampling.dynamic_sampling`` (it
+    filters groups by their verifiable reward, which the update does not use) are refused.
+    Raises :class:`~posttrain.config.ConfigError` naming the key(s)."""
+    d = cfg.loss.distill
+    if d is None:
+        return
+    if d.only:
+        dead = [k for k, on in (("credit.estimator", cfg.credit.estimator != "grpo"), ("credit.kwargs", bool(cfg.credit.kwargs)),
+                                ("credit.kl_in_reward", cfg.credit.kl_in_reward), ("critic.enabled", cfg.critic.enabled),
+                                ("sampling.dynamic_sampling", cfg.sampling.dynamic_sampling)) if on]
+        if dead:
+            raise ConfigError(f"{dead[0]} cannot take effect with loss.distill.only=true: the reverse KL to the teacher "
+                              "is the whole advantage (no estimator, no returns, the verifiable reward only "
+                              "measured); unset it or set loss.distill.only=false")
+    from pathlib import Path
+
+    from posttrain.loop.builders import check_same_tokenizer, load_tokenizer
+
+    if not d.teacher.startswith("builtin:") and not Path(d.teacher).is_dir():
+        raise ConfigError(f"loss.distill.teacher={d.teacher}: no such directory (give a checkpoint's actor/ "
+                          "directory, a Hugging Face model directory or builtin:NAME)")
+    try:
+        student, teacher = load_tokenizer(cfg.model.path), load_tokenizer(d.teacher)
+    except (OSError, ValueError) as e:
+        if isinstance(e, ConfigError):
+            raise
+        raise ConfigError(f"loss.distill.teacher={d.teacher}: cannot read its tokenizer: {_first_line(e)}") from None
+    if student is not None and teacher is not None:
+        check_same_tokenizer(student, teacher, student_path=cfg.model.path, teacher_path=d.teacher)
 
 
 def check_batch(cfg: RunConfig) -> None:
@@ -247,6 +288,7 @@ def check_targets(cfg: RunConfig) -> None:
     mask = batch.action_mask.to(torch.float64)
     old = -0.5 * mask
     ref = (old - 0.1) * mask if cfg.loss.kl_estimator is not None else None
+    distill = cfg.loss.distill
     critic = cfg.critic.enabled
     needs = A.ADVANTAGES.needs(cfg.credit.estimator)
     est = cfg.credit.estimator
@@ -260,6 +302,8 @@ def check_targets(cfg: RunConfig) -> None:
             estimator=est, estimator_kwargs=cfg.credit.kwargs, kl_in_reward=cfg.credit.kl_in_reward,
             kl_estimator=cfg.loss.kl_estimator, kl_coef=float(cfg.loss.kl_coef),
             baseline=torch.full((b,), 0.5, dtype=torch.float64) if "baseline" in needs else None,
+            teacher_logprob=(old - 0.2) * mask if distill is not None else None,
+            distill_coef=None if distill is None else distill.coef, distill_only=distill is not None and distill.only,
         )
     except Exception as e:  # noqa: BLE001 - whatever step 1 would raise here is the recipe's error
         raise ConfigError(f"{where}: one step's advantages cannot be built: {type(e).__name__}: "
@@ -275,4 +319,4 @@ def check_targets(cfg: RunConfig) -> None:
                           f"{_GROUPS} groups x {cfg.sampling.group_size}")
 
 
-__all__ = ["check_batch", "check_episodes", "check_scoring", "check_targets", "fake_batch", "preflight"]
+__all__ = ["check_batch", "check_distill", "check_episodes", "check_scoring", "check_targets", "fake_batch", "preflight"]

@@ -77,6 +77,7 @@ class Run:
         self.pad_token_id = int(self.tokenizer.pad_token_id or 0)
         self.learner, self.plain_model, self.critic, self.ref_model = (parts.learner, parts.plain_model, parts.critic,
                                                                        parts.ref_model)
+        self.teacher_model = parts.teacher_model  # loss.distill's frozen teacher, else None
         self.engine, self.backend = parts.engine, parts.backend
         self.verify_batch, self._pool, self.hidden_verifier = parts.verify_batch, parts.pool, parts.hidden_verifier
         self.step_examples: dict[str, TaskExample] = {}  # prompt_id -> TaskExample drawn this step (see next_prompts)
@@ -101,10 +102,19 @@ class Run:
     # ------------------------------------------------------------------ policy
     def ref_logprobs(self, batch: TrajectoryBatch) -> torch.Tensor:
         """Reference log-probs (frozen model, the learner's temperature and replayed truncation)."""
+        assert self.ref_model is not None
+        return self._frozen_logprobs(self.ref_model, batch)
+
+    def teacher_logprobs(self, batch: TrajectoryBatch) -> torch.Tensor:
+        """The distillation teacher's log-probs of ``batch``'s tokens (``loss.distill``), computed exactly
+        like the reference's: the learner's temperature and replayed truncation, 0 off the action mask."""
+        assert self.teacher_model is not None, "teacher_logprobs needs loss.distill"
+        return self._frozen_logprobs(self.teacher_model, batch)
+
+    def _frozen_logprobs(self, model: torch.nn.Module, batch: TrajectoryBatch) -> torch.Tensor:
         from posttrain.learner.logprobs import token_logprobs
 
-        assert self.ref_model is not None
-        lp, _ = token_logprobs(self.ref_model, batch.input_ids, batch.attention_mask,
+        lp, _ = token_logprobs(model, batch.input_ids, batch.attention_mask,
                                temperature=self.learner.temperature,
                                top_k=self.learner.top_k, top_p=self.learner.top_p,
                                microbatch_tokens=self.cfg.optim.microbatch_tokens, action_mask=batch.action_mask)

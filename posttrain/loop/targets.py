@@ -2,7 +2,9 @@
 
 Runs after scoring and before the update. The reward of a sequence enters the estimator once
 (``rewards [B]`` for sequence-level estimators, or placed on the last action token for
-token-level ones); it is never copied to every token and then summed.
+token-level ones); it is never copied to every token and then summed. On-policy distillation
+(``loss.distill``) adds its per-token reverse-KL advantage to the estimator's (or, with
+``loss.distill.only``, is the whole advantage): :func:`build_targets`.
 """
 
 from __future__ import annotations
@@ -38,6 +40,8 @@ class Targets:
     values: torch.Tensor | None
     rewards: torch.Tensor  # [B]
     token_kl: torch.Tensor | None
+    # loss.distill: log pi_old - log pi_teacher per token [B, T] float64, 0 off the action mask (else None)
+    teacher_kl: torch.Tensor | None = None
 
 
 def check_estimator_needs(cfg: RunConfig) -> None:
@@ -228,6 +232,9 @@ def build_targets(
     kl_estimator: str | None = None,
     kl_coef: float = 0.0,
     baseline: torch.Tensor | None = None,
+    teacher_logprob: torch.Tensor | None = None,
+    distill_coef: float | None = None,
+    distill_only: bool = False,
 ) -> Targets:
     """Compute advantages (and returns) with the registered ``estimator``; ``baseline`` [B] is
     ReMax's greedy-rollout reward per row (:func:`greedy_baseline`). The estimator is called with
@@ -242,11 +249,19 @@ def build_targets(
     ``batch`` (:meth:`TrajectoryBatch.freeze`, ``with_targets``). ``token_kl`` (pi_old vs pi_ref,
     :func:`ref_token_kl`) is ``None`` while either is missing — the fused pi_old path builds its
     advantages before pi_old exists, which is only allowed without ``kl_in_reward``.
+    On-policy distillation (``distill_coef`` set: ``loss.distill.coef``): each action token's advantage
+    gets ``-distill_coef * (log pi_old - log pi_teacher)`` (:func:`posttrain.algos.distill.reverse_kl_advantage`;
+    Agarwal et al. 2024, GKD, arXiv:2306.13649), added to the estimator's advantages broadcast over the
+    tokens, or with ``distill_only`` in their place (the estimator is not run: ``returns`` is None).
+    ``teacher_logprob`` defaults to the one frozen on ``batch`` (``batch.freeze('teacher', ...)``); both
+    it and pi_old are required then (a ``ValueError`` otherwise). ``Targets.teacher_kl`` holds the
+    per-token estimate ``log pi_old - log pi_teacher``.
     The result is not attached to the batch: the caller does (``batch.with_targets``)."""
     old_logprob = old_logprob if old_logprob is not None else getattr(batch, "old_logprob", None)
     ref_logprob = ref_logprob if ref_logprob is not None else getattr(batch, "ref_logprob", None)
     values = values if values is not None else getattr(batch, "values", None)
     final_values = final_values if final_values is not None else getattr(batch, "final_values", None)
+    teacher_logprob = teacher_logprob if teacher_logprob is not None else batch.teacher_logprob
     mask = batch.action_mask.to(torch.float64)
     rewards = torch.tensor([float(t.reward.total) for t in batch.trajectories], dtype=torch.float64)  # type: ignore[arg-type]
     token_kl = ref_token_kl(old_logprob, ref_logprob, batch.action_mask, kl_estimator)
@@ -261,6 +276,21 @@ def build_targets(
         if estimator not in TOKEN_LEVEL_ESTIMATORS:
             raise ValueError(f"credit.kl_in_reward needs a token-level estimator ({', '.join(sorted(TOKEN_LEVEL_ESTIMATORS))})")
         token_rewards = -kl_coef * token_kl
+    teacher_kl: torch.Tensor | None = None
+    distill_adv: torch.Tensor | None = None
+    if distill_coef is not None:
+        if old_logprob is None or teacher_logprob is None:
+            raise ValueError("loss.distill needs pi_old and the teacher's log-probs frozen before the targets "
+                             "(batch.freeze('old', ...), batch.freeze('teacher', ...))")
+        from posttrain.algos.distill import reverse_kl_advantage
+
+        distill_adv = reverse_kl_advantage(old_logprob, teacher_logprob, batch.action_mask, distill_coef)
+        teacher_kl = -reverse_kl_advantage(old_logprob, teacher_logprob, batch.action_mask)
+        if distill_only:
+            return Targets(old_logprob=old_logprob, ref_logprob=ref_logprob, advantages=distill_adv, returns=None,
+                           values=values, rewards=rewards, token_kl=token_kl, teacher_kl=teacher_kl)
+    elif distill_only:
+        raise ValueError("distill_only needs distill_coef (loss.distill)")
     terminal = torch.tensor([t.finish is Finish.TERMINAL for t in batch.trajectories])
     steps: dict[str, torch.Tensor] = {}
     if "step_ids" in A.ADVANTAGES.needs(estimator):  # GiGPO: the episodes' step record
@@ -279,12 +309,30 @@ def build_targets(
     )
     hyper = A.ADVANTAGES.validate_kwargs(estimator, estimator_kwargs or {}, key="credit.kwargs")  # typed values
     out = A.ADVANTAGES[estimator](inputs, **hyper)
+    advantages = out.advantages
+    if distill_adv is not None:  # the verifiable reward's advantage plus the teacher's per-token signal
+        base = advantages.to(torch.float64)
+        advantages = (base[:, None] if base.dim() == 1 else base) * mask + distill_adv
     return Targets(
         old_logprob=old_logprob,
         ref_logprob=ref_logprob,
-        advantages=out.advantages,
+        advantages=advantages,
         returns=out.returns,
         values=values,
         rewards=rewards,
         token_kl=token_kl,
+        teacher_kl=teacher_kl,
     )
+
+
+def distill_metrics(targets: Targets, batch: TrajectoryBatch) -> dict[str, float]:
+    """The step's distillation figures (empty without ``loss.distill``): ``distill/reverse_kl_mean``, the
+    mean over action tokens of ``log pi_old - log pi_teacher`` (k1 estimate of the per-token reverse KL
+    to the teacher on the student's own samples), and ``distill/reverse_kl_seq_mean``, its sum per
+    sequence averaged over the rows (the sequence-level reverse KL estimate)."""
+    if targets.teacher_kl is None:
+        return {}
+    mask = batch.action_mask > 0
+    kl = targets.teacher_kl
+    return {"distill/reverse_kl_mean": float(kl[mask].mean()) if bool(mask.any()) else 0.0,
+            "distill/reverse_kl_seq_mean": float((kl * mask).sum(dim=1).mean())}

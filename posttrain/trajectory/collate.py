@@ -37,6 +37,8 @@ class TrajectoryBatch:
       ``old_logprob`` / ``ref_logprob`` are ``None`` unless every trajectory has them
     - ``behavior_version`` long, -1 off the action mask
     - ``lengths`` ``[B]`` long: real length of each row
+    - ``teacher_logprob`` float64, 0 off the action mask: the distillation teacher's (``loss.distill``),
+      ``None`` unless every trajectory has it, or until :meth:`freeze` attaches it
 
     Attached during the step (``None`` until then):
 
@@ -65,24 +67,33 @@ class TrajectoryBatch:
     final_values: torch.Tensor | None = None
     advantages: torch.Tensor | None = None
     returns: torch.Tensor | None = None
+    teacher_logprob: torch.Tensor | None = None
 
     @property
     def size(self) -> int:
         """Number of rows ``B``."""
         return len(self.trajectories)
 
-    def freeze(self, field: str, logprob: torch.Tensor, version: int) -> TrajectoryBatch:
-        """This batch with ``{field}_logprob`` (``'old'`` or ``'ref'``) frozen from ``logprob [B, T]``.
+    def freeze(self, field: str, logprob: torch.Tensor, version: int | None = None) -> TrajectoryBatch:
+        """This batch with ``{field}_logprob`` (``'old'``, ``'ref'`` or ``'teacher'``) frozen from
+        ``logprob [B, T]``.
 
         Stored float64 on CPU, times the action mask (0 elsewhere), with ``{field}_version = version``
-        for the ledger (:func:`with_update_record` writes both into each row's record).
+        for the ledger (:func:`with_update_record` writes both into each row's record). ``'old'`` and
+        ``'ref'`` need their ``version``; the distillation teacher has none (it never changes).
         """
-        if field not in ("old", "ref"):
-            raise ValueError(f"field must be 'old' or 'ref', got {field!r}")
+        if field not in ("old", "ref", "teacher"):
+            raise ValueError(f"field must be 'old' or 'ref' (or 'teacher' with loss.distill), got {field!r}")
         if tuple(logprob.shape) != tuple(self.input_ids.shape):
             raise TrajectoryError(f"{field}_logprob has shape {tuple(logprob.shape)}, batch is "
                                   f"{tuple(self.input_ids.shape)}")
         lp = logprob.detach().to("cpu", torch.float64) * self.action_mask.to(torch.float64)
+        if field == "teacher":
+            if version is not None:
+                raise ValueError("the teacher's log-probs have no version (the teacher is frozen)")
+            return dataclasses.replace(self, teacher_logprob=lp)
+        if version is None:
+            raise ValueError(f"freeze({field!r}, ...) needs the version the log-probs were computed under")
         if field == "old":
             return dataclasses.replace(self, old_logprob=lp, old_version=int(version))
         return dataclasses.replace(self, ref_logprob=lp, ref_version=int(version))
@@ -152,6 +163,7 @@ def collate(trajectories: Sequence[Trajectory], pad_token_id: int = 0) -> Trajec
         ref_logprob=opt("ref_logprob"),
         lengths=torch.tensor([t.length for t in trajs], dtype=torch.long),
         pad_token_id=pad_token_id,
+        teacher_logprob=opt("teacher_logprob"),
     )
 
 
@@ -194,16 +206,20 @@ def with_update_record(
 
 def _frozen_rows(batch: TrajectoryBatch) -> list[dict[str, object]]:
     """Per row, the ``{old,ref}_logprob`` / ``_version`` record fields the batch froze (:meth:`freeze`),
-    cut to the row's length; empty dicts when it froze none."""
-    frozen: dict[str, tuple[np.ndarray, int]] = {}
+    and ``teacher_logprob`` (no version), cut to the row's length; empty dicts when it froze none."""
+    frozen: dict[str, tuple[np.ndarray, int | None]] = {}
     for field in ("old", "ref"):
         lp, version = getattr(batch, f"{field}_logprob"), getattr(batch, f"{field}_version")
         if lp is not None and version is not None:
             frozen[field] = (lp.detach().to("cpu", torch.float64).numpy(), version)
+    if batch.teacher_logprob is not None:
+        frozen["teacher"] = (batch.teacher_logprob.detach().to("cpu", torch.float64).numpy(), None)
     rows: list[dict[str, object]] = []
     for i, n in enumerate(batch.lengths.tolist()):
         kw: dict[str, object] = {}
         for field, (col, version) in frozen.items():
-            kw[f"{field}_logprob"], kw[f"{field}_version"] = col[i, :n].copy(), version
+            kw[f"{field}_logprob"] = col[i, :n].copy()
+            if version is not None:
+                kw[f"{field}_version"] = version
         rows.append(kw)
     return rows

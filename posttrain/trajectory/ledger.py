@@ -68,6 +68,8 @@ TRAJECTORY_SCHEMA = pa.schema(
         ("step_anchors", pa.list_(pa.int64())),
         ("step_rewards", pa.list_(pa.float64())),
         ("step_action_tokens", pa.list_(pa.int64())),
+        # The distillation teacher's per-token log-probs (loss.distill; null otherwise).
+        ("teacher_logprob", pa.list_(pa.float64())),
     ]
 )
 
@@ -113,6 +115,7 @@ def trajectory_to_row(t: Trajectory) -> dict[str, Any]:
         "step_anchors": None if t.steps is None else list(t.steps.anchors),
         "step_rewards": None if t.steps is None else list(t.steps.rewards),
         "step_action_tokens": None if t.steps is None else list(t.steps.action_tokens),
+        "teacher_logprob": _opt_list(t.teacher_logprob),
     }
 
 
@@ -157,6 +160,7 @@ def row_to_trajectory(row: Mapping[str, Any]) -> Trajectory:
         hidden_status=None if row.get("hidden_status") is None else Status(row["hidden_status"]),
         steps=None if row.get("step_anchors") is None else StepRecord(
             tuple(row["step_anchors"]), tuple(row["step_rewards"]), tuple(row["step_action_tokens"])),
+        teacher_logprob=arr("teacher_logprob", np.float64),
     )
 
 

@@ -11,6 +11,9 @@ Per token (arrays of the flattened sequence length ``L``; value at index ``t`` c
 - ``old_logprob`` / ``ref_logprob`` float64 or ``None`` until the learner freezes them; 0.0 where
   not an action. Their ``old_version`` / ``ref_version`` are one integer per trajectory: the
   learner recomputes a whole sequence in one forward pass under one version.
+- ``teacher_logprob`` float64 or ``None``: the frozen distillation teacher's log-prob of each token
+  (``loss.distill``; computed like ``ref_logprob``, no version: the teacher never changes); 0.0 where
+  not an action
 - ``current_logprob`` float64 or ``None``: pi_theta as the update saw it (the forward of the last
   optimiser step that held the token, before that step; with one step per update it equals
   ``old_logprob``), so ``rho = exp(current - old)`` can be audited; 0.0 where not an action
@@ -113,6 +116,7 @@ class Trajectory:
     hidden_verifier: str | None = None
     hidden_status: Status | None = None
     steps: StepRecord | None = None  # multi-turn episodes only
+    teacher_logprob: npt.NDArray[np.float64] | None = None  # loss.distill only
 
     def __post_init__(self) -> None:
         set_ = object.__setattr__
@@ -128,7 +132,7 @@ class Trajectory:
             set_(self, "status", Status(self.status))
         if self.hidden_status is not None:
             set_(self, "hidden_status", Status(self.hidden_status))
-        for name in ("old_logprob", "ref_logprob", "current_logprob", "advantage"):
+        for name in ("old_logprob", "ref_logprob", "current_logprob", "advantage", "teacher_logprob"):
             v = getattr(self, name)
             if v is not None:
                 set_(self, name, _arr(v, np.float64))
@@ -289,7 +293,8 @@ class Trajectory:
 # Set by make_trajectory while it constructs a record whose token structure (roles, action mask, -1
 # versions off the actions) it built itself: __post_init__ then checks only what the caller supplied.
 _STRUCTURE_BUILT: contextvars.ContextVar[bool] = contextvars.ContextVar("posttrain_structure_built", default=False)
-_LOGPROB_ARRAYS = ("behavior_logprob", "old_logprob", "ref_logprob", "current_logprob", "advantage")
+_LOGPROB_ARRAYS = ("behavior_logprob", "old_logprob", "ref_logprob", "current_logprob", "advantage",
+                   "teacher_logprob")
 _STRUCTURE = frozenset({"token_ids", "roles", "action_mask", "behavior_version"})
 _FIELD_NAMES = frozenset(f.name for f in dataclasses.fields(Trajectory))
 

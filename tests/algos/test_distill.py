@@ -7,7 +7,7 @@ import math
 import pytest
 import torch
 
-from posttrain.algos.distill import forward_kl_distill, reverse_kl_distill
+from posttrain.algos.distill import forward_kl_distill, reverse_kl_advantage, reverse_kl_distill
 
 D = torch.float64
 
@@ -33,6 +33,31 @@ def test_reverse_kl_hand() -> None:
     (g,) = torch.autograd.grad(loss.sum(), s)
     assert torch.allclose(loss, torch.tensor([[-1.0, 7.5, 0.0]], dtype=D), atol=1e-12)
     assert torch.allclose(g, torch.tensor([[1.0, -2.5, 0.0]], dtype=D), atol=1e-12)
+
+
+def test_reverse_kl_advantage_hand_three_tokens() -> None:
+    # coef 0.5; token 0: s = -1, t = -2 -> -0.5 * (-1 + 2) = -0.5 (the student is over-confident: push down)
+    # token 1: s = -3, t = -0.5 -> -0.5 * (-3 + 0.5) = 1.25 (the teacher prefers it: push up)
+    # token 2: s = t = -0.25 -> 0; token 3 masked with garbage -> exactly 0
+    s = torch.tensor([[-1.0, -3.0, -0.25, math.nan]], dtype=D)
+    t = torch.tensor([[-2.0, -0.5, -0.25, -math.inf]], dtype=D)
+    mask = torch.tensor([[1, 1, 1, 0]], dtype=D)
+    adv = reverse_kl_advantage(s, t, mask, coef=0.5)
+    assert adv.dtype == D
+    assert torch.allclose(adv, torch.tensor([[-0.5, 1.25, 0.0, 0.0]], dtype=D), rtol=0, atol=1e-15)
+    # the sampled-token loss's gradient is the negated advantage at coef 1 (same signal)
+    s1 = s.clone().requires_grad_(True)
+    (g,) = torch.autograd.grad(reverse_kl_distill(s1, t, mask).sum(), s1)
+    assert torch.allclose(g[:, :3], -reverse_kl_advantage(s, t, mask)[:, :3], atol=1e-12)
+
+
+def test_reverse_kl_advantage_zero_for_equal_and_refuses_bad_input() -> None:
+    s = torch.tensor([[-0.5, -2.0], [-3.0, -0.1]], dtype=torch.float32)
+    assert torch.equal(reverse_kl_advantage(s, s.clone(), torch.ones(2, 2)), torch.zeros(2, 2, dtype=D))
+    with pytest.raises(ValueError, match="coef must be > 0"):
+        reverse_kl_advantage(s, s, torch.ones(2, 2), coef=0.0)
+    with pytest.raises(ValueError, match=r"\[B, T\]"):
+        reverse_kl_advantage(s, s[:1], torch.ones(2, 2))
 
 
 def test_reverse_kl_teacher_gets_no_gradient() -> None:
