@@ -144,3 +144,25 @@ def test_resume_continues_the_same_run(tmp_path: Path) -> None:
     a = RewardModelScorer.from_pretrained(tmp_path / "a" / REWARD_MODEL_DIR).score(["1+2="], ["3"])
     b = RewardModelScorer.from_pretrained(tmp_path / "b" / REWARD_MODEL_DIR).score(["1+2="], ["3"])
     assert a == pytest.approx(b, abs=1e-5)
+
+
+def test_rl_on_the_reward_model_alone_raises_its_score(rm_run: Path, tmp_path: Path,
+                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    """GRPO with reward.weights={rm: 1} (no verifier weight) for 12 steps: the mean rm score of the sampled
+    responses rises (measured: about -2.9 over steps 1-3 -> above 0 over steps 10-12). How it rises is the
+    classic over-optimisation of a learned reward: docs/tasks_and_verifiers.md, "Learned rewards"."""
+    import re
+
+    d = tmp_path / "rl_rm_only"
+    ov = [o for o in _rl_overrides(d, rm_run / REWARD_MODEL_DIR, 1.0) if not o.startswith(("steps=", "sampling."))]
+    ov += ["steps=12", "sampling.prompts_per_step=8", "sampling.group_size=4", "sampling.max_new_tokens=3",
+           "reward.weights={rm: 1.0}", "reward.model.batch_size=32", "eval.every=100", "optim.lr=1e-3"]
+    _train_wrapped(load_run_config("grpo", ov), monkeypatch)
+    by_step: dict[int, list[float]] = {}
+    for t in Ledger(d / "ledger").read_trajectories():
+        m = re.match(r"s(\d+)", t.traj_id)
+        if m is not None and t.reward.total is not None:
+            by_step.setdefault(int(m.group(1)), []).append(t.reward.components["rm"])
+    mean = {s: sum(v) / len(v) for s, v in by_step.items()}
+    first, last = sum(mean[s] for s in (1, 2, 3)) / 3, sum(mean[s] for s in (10, 11, 12)) / 3
+    assert last > first + 1.5, (first, last, mean)
