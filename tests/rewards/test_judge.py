@@ -53,6 +53,9 @@ def stub() -> Iterator[tuple[Stub, str]]:
                 return
             if kind == "echo":  # yes when the response (after "A: ") is "4"
                 arg = "yes" if "A: 4\n" in body["messages"][0]["content"] else "no"
+            if kind == "score_len":  # "score: <length of the response>"
+                answer = body["messages"][0]["content"].split("<r>", 1)[1].rsplit("</r>", 1)[0]
+                arg = f"score: {len(answer)}"
             payload = b"not json at all" if kind == "garbage" else json.dumps(
                 {"choices": [{"message": {"role": "assistant", "content": arg}}]}).encode()
             self.send_response(200)
@@ -177,3 +180,42 @@ def test_learned_reward_keys_that_cannot_take_effect_are_refused_at_load() -> No
         load_run_config("tool_calc", ["reward.model.path=m"])
     with pytest.raises(ConfigError, match="reward.judge.url"):
         load_run_config("grpo", ["reward.judge.url=http://192.168.1.10:8000"])
+
+
+def test_rl_records_the_judges_verdict_beside_the_verifiers(stub, tmp_path, monkeypatch) -> None:
+    """One GRPO step on builtin:micro with a stub judge scoring each response by its length: every
+    trajectory's ledger components hold the verifier's and judge = len(response), total = task + 0.5 judge."""
+    import dataclasses
+
+    import posttrain.loop.run as run_mod
+    from posttrain.loop.training_loop import train
+    from posttrain.loop.validate import load_run_config
+    from posttrain.rewards.learned import build_learned_rewards
+    from posttrain.trajectory import Ledger, Status
+
+    state, url = stub
+    state.default = "score_len"
+    real = run_mod.build_parts
+
+    def wrapped(c, run_dir):  # the line loop/parts.py gets: the learned components on the verification path
+        parts = real(c, run_dir)
+        return dataclasses.replace(parts, verify_batch=build_learned_rewards(c.reward, parts.verify_batch))
+
+    monkeypatch.setattr(run_mod, "build_parts", wrapped)
+    d = tmp_path / "rl_judge"
+    cfg = load_run_config("grpo", [
+        "model.path=builtin:micro", "task.name=arithmetic", "task.kwargs={}", "sampling.prompts_per_step=2",
+        "sampling.group_size=2", "sampling.max_new_tokens=3", "eval.size=2", "eval.every=1", "steps=1",
+        "checkpoint_every=0", "sft.steps=0", "logging.progress=false", f"run_dir={d}", f"reward.judge.url={url}",
+        "reward.judge.parse=score", "reward.judge.weight=0.5", "reward.judge.timeout_s=5",
+        "reward.judge.prompt_template='Q: {prompt} A: <r>{response}</r>'"])
+    train(cfg)
+    trajs = Ledger(d / "ledger").read_trajectories()
+    assert len(trajs) == 4
+    for t in trajs:
+        assert t.status is not Status.INFRA_ERROR
+        comps = t.reward.components
+        assert comps["judge"] == float(len(str(t.meta["response"])))
+        assert t.reward.total == pytest.approx(comps["task"] + 0.5 * comps["judge"], abs=1e-12)
+    assert {r["path"] for r in state.requests} == {"/v1/chat/completions"}
+    assert len(state.requests) >= 4  # the training samples (and the held-out evaluations)
