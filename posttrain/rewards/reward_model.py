@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import math
+import threading
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -53,7 +54,9 @@ class RewardModelScorer:
     """Batched scoring with a ``*ForSequenceClassification`` model (kept in eval mode).
 
     ``component`` names the score in verdicts; ``max_length`` truncates (a pair longer than the model
-    was trained on is scored on its first ``max_length`` tokens).
+    was trained on is scored on its first ``max_length`` tokens). Calls from several threads (a run's
+    producer thread and its held-out evaluation) take turns: a fast tokenizer's padding and truncation
+    state is not thread-safe.
     """
 
     def __init__(self, model: Any, tokenizer: Any, *, batch_size: int = 16, max_length: int = 1024,
@@ -65,6 +68,7 @@ class RewardModelScorer:
         self.model, self.tokenizer = model.eval(), tokenizer
         self.batch_size, self.max_length, self.label = batch_size, max_length, label
         self.component, self.use_chat_template = component, use_chat_template
+        self._lock = threading.Lock()
 
     @classmethod
     def from_pretrained(cls, path: str | Path, **kwargs: Any) -> RewardModelScorer:
@@ -95,8 +99,9 @@ class RewardModelScorer:
         texts = [self._render(p, r) for p, r in zip(prompts, responses, strict=True)]
         out: list[float] = []
         for s in range(0, len(texts), self.batch_size):
-            r = pair_rewards(self.model, self.tokenizer, texts[s : s + self.batch_size], max_length=self.max_length,
-                             label=self.label)
+            with self._lock:
+                r = pair_rewards(self.model, self.tokenizer, texts[s : s + self.batch_size],
+                                 max_length=self.max_length, label=self.label)
             out.extend(float(x) for x in r.float().cpu())
         return out
 
