@@ -46,6 +46,25 @@ $(VLLM_STAMP): Makefile pyproject.toml
 
 vllm-env: $(VLLM_STAMP)
 
+# tinker-cookbook (docs/tinker.md: its recipes against `posttrain serve --tinker`) in its own
+# environment layered on .venv (a .pth file: same torch / transformers / tinker SDK). Its pin
+# tml-renderers>=0.4.1 is not on the package index and the recipes docs/tinker.md runs do not import
+# it, so the cookbook goes in without its dependencies and the ones those recipes import are named.
+COOKBOOK_VENV := .venv-cookbook
+COOKBOOK_STAMP := $(COOKBOOK_VENV)/.installed
+PURELIB := import sysconfig; print(sysconfig.get_paths()["purelib"])
+
+$(COOKBOOK_STAMP): $(STAMP) Makefile
+	test -x $(COOKBOOK_VENV)/bin/python || $(PY) -m venv $(COOKBOOK_VENV)
+	$(BIN)/python -c '$(PURELIB)' > "$$($(COOKBOOK_VENV)/bin/python -c '$(PURELIB)')/posttrain_venv.pth"
+	$(COOKBOOK_VENV)/bin/pip install --quiet chz pyrage blobfile tiktoken termcolor aiohttp pylatexenc
+	$(COOKBOOK_VENV)/bin/pip install --quiet --no-deps "tinker-cookbook==0.6.1" "tml-renderers==0.2.1"
+	$(COOKBOOK_VENV)/bin/python -c "import tinker_cookbook.recipes.math_rl.train, tinker_cookbook.recipes.chat_sl.train"
+	touch $(COOKBOOK_STAMP)
+
+.PHONY: cookbook-env
+cookbook-env: $(COOKBOOK_STAMP)
+
 demo: $(STAMP)
 	$(BIN)/posttrain demo
 

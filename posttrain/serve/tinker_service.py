@@ -32,7 +32,7 @@ from posttrain.serve.wire import decode_forward_backward, encode_forward_backwar
 Reply = tuple[int, bytes, str]
 Snapshot = tuple[LoraSpec, Mapping[str, torch.Tensor]]
 
-RETRIEVE_WAIT_S = 10.0
+RETRIEVE_WAIT_S = 30.0
 """How long one ``retrieve_future`` waits for a result before answering ``try_again`` (the SDK polls again)."""
 
 CLIENT_CONFIG = {"pjwt_auth_enabled": False, "use_pyqwest_transport": False, "parallel_fwdbwd_chunks": True,

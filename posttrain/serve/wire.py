@@ -2,8 +2,10 @@
 (``tinker/proto/tinker_public_pb2.py`` of the optional ``tinker`` package, extra ``posttrain[tinker]``).
 
 Only what this server implements is decoded: token chunks (``encoded_text``) and dense 1-D
-``loss_fn_inputs``. Image / audio chunks, sparse tensors and provenance spans are
-:class:`~posttrain.errors.UserError` s naming the datum.
+``loss_fn_inputs``. Image / audio chunks and sparse tensors are :class:`~posttrain.errors.UserError` s
+naming the datum. Provenance spans (where a datum's tokens were sampled; tinker-cookbook sends them)
+are accepted and not used: they serve losses this server does not implement (``stable_reinforce``)
+and change nothing in the ones it does.
 """
 
 from __future__ import annotations
@@ -85,8 +87,6 @@ def decode_forward_backward(body: bytes) -> ForwardBackwardIn:
         config[k] = v.text if v.WhichOneof("value") == "text" else float(v.number)
     data: list[DatumIn] = []
     for i, d in enumerate(msg.data):
-        if len(d.model_input_spans) or len(d.loss_fn_input_spans):
-            raise UserError(f"datum {i}: provenance spans are not supported by posttrain serve")
         tokens = tokens_of_chunks(list(d.model_input), f"datum {i}")
         inputs = {k: _tensor(v, f"datum {i} loss_fn_inputs[{k!r}]") for k, v in d.loss_fn_inputs.items()}
         if "target_tokens" not in inputs:
