@@ -90,7 +90,7 @@ class LearnedRewards:
 def build_learned_rewards(reward: RewardConfig, inner: VerifyBatch) -> VerifyBatch:
     """``inner`` wrapped in :class:`LearnedRewards` for ``reward.model`` / ``reward.judge``; ``inner`` itself
     when neither is set. The reward model is loaded here (on CUDA when available); a missing directory is a
-    ``FileNotFoundError`` naming it."""
+    :class:`~posttrain.errors.UserError` naming it."""
     scorers: list[ComponentScorer] = []
     if reward.model is not None:
         import torch

@@ -21,6 +21,8 @@ from typing import Any
 
 import torch
 
+from posttrain.errors import UserError
+
 RENDER_FILE = "posttrain_reward_model.json"
 """Written beside a trained reward model's weights: ``{"use_chat_template": bool, "max_length": int}``."""
 
@@ -75,14 +77,14 @@ class RewardModelScorer:
         """Load a local model directory with ``AutoModelForSequenceClassification`` and its tokenizer.
 
         The rendering and length of a posttrain-trained directory (:data:`RENDER_FILE`) are used unless
-        ``kwargs`` give them. A missing directory is a ``FileNotFoundError`` naming it.
+        ``kwargs`` give them. A missing directory is a :class:`~posttrain.errors.UserError` naming it.
         """
         from transformers import AutoModelForSequenceClassification, AutoTokenizer
 
         d = Path(path)
         if not (d / "config.json").is_file():
-            raise FileNotFoundError(f"reward model {d}: no such model directory (no config.json); train one with "
-                                    "`posttrain train reward_model` (it writes <run_dir>/reward_model)")
+            raise UserError(f"reward.model.path {d}: no such model directory (no config.json); train one with "
+                            "`posttrain train reward_model` (it writes <run_dir>/reward_model)")
         render = json.loads((d / RENDER_FILE).read_text()) if (d / RENDER_FILE).is_file() else {}
         opts = {k: render[k] for k in ("use_chat_template", "max_length") if k in render}
         model = AutoModelForSequenceClassification.from_pretrained(str(d))

@@ -30,6 +30,21 @@ def test_bradley_terry_loss_by_hand() -> None:
         bradley_terry_loss(c[None], r[None])
 
 
+def test_a_pair_longer_than_max_length_is_refused_naming_its_row() -> None:
+    from posttrain.envs.preference_data import PreferencePair
+    from posttrain.errors import UserError
+    from posttrain.loop.reward_model_training import render_pairs
+    from posttrain.models import build_char_tokenizer
+
+    tok = build_char_tokenizer()
+    ok = PreferencePair("f/0", "1+2=", "3", "x", {"source": "f.jsonl: row 0"})
+    (tp,) = render_pairs([ok], tok, use_chat_template=False, max_length=8)
+    assert (tp.chosen, tp.rejected) == ("1+2=3", "1+2=x")
+    long = PreferencePair("f/1", "1+2=", "3" * 20, "x", {"source": "f.jsonl: row 1"})
+    with pytest.raises(UserError, match=r"f.jsonl: row 1: prompt \+ response is \d+ tokens, over preference.max_length=8"):
+        render_pairs([ok, long], tok, use_chat_template=False, max_length=8)
+
+
 def test_rl_keys_are_refused_with_trainer_reward_model() -> None:
     from posttrain.config import ConfigError
 

@@ -6,6 +6,7 @@ import pytest
 import torch
 from transformers import Qwen2Config, Qwen2ForSequenceClassification
 
+from posttrain.errors import UserError
 from posttrain.models import build_char_tokenizer
 from posttrain.rewards.reward_model import RENDER_FILE, RewardModelScorer, render_pair
 
@@ -73,7 +74,7 @@ def test_from_pretrained_reads_the_rendering_a_trained_directory_records(scorer_
     assert (s.use_chat_template, s.max_length, s.batch_size) == (True, 64, 4)
     assert s.score(["1+1="], ["2"]) == pytest.approx(
         RewardModelScorer(model, tok, use_chat_template=True).score(["1+1="], ["2"]), abs=1e-5)
-    with pytest.raises(FileNotFoundError, match="no such model directory"):
+    with pytest.raises(UserError, match="no such model directory"):
         RewardModelScorer.from_pretrained(tmp_path / "nope")
 
 

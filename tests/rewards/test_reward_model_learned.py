@@ -7,6 +7,7 @@ import dataclasses
 import pytest
 
 from posttrain.config.feedback import RewardConfig
+from posttrain.errors import UserError
 from posttrain.rewards import VerifierPool, build_verifier
 from posttrain.rewards.learned import ComponentScorer, LearnedRewards, add_component, build_learned_rewards
 from posttrain.rewards.scoring import PromptedVerifyBatch, judge
@@ -83,7 +84,7 @@ def test_build_learned_rewards_is_the_inner_path_without_learned_keys() -> None:
         return []
 
     assert build_learned_rewards(RewardConfig(), inner) is inner
-    with pytest.raises(FileNotFoundError, match="no such model directory"):
+    with pytest.raises(UserError, match="no such model directory"):
         build_learned_rewards(RewardConfig(model={"path": "/nonexistent/reward_model"}), inner)
     wrapped = build_learned_rewards(RewardConfig(judge={"url": "http://127.0.0.1:9"}), inner)
     assert isinstance(wrapped, LearnedRewards) and [c.name for c in wrapped.components] == ["judge"]
