@@ -1,0 +1,176 @@
+"""``trainer: preference`` with ``preference.online: true``: preference pairs from the run's own sampled groups.
+
+Each step samples ``sampling.prompts_per_step`` groups of ``sampling.group_size`` responses with the RL
+run's own parts (:func:`~posttrain.loop.run.open_run`: task, engine, verifier pool, ledger, checkpoints;
+:func:`~posttrain.loop.producer.build_producer`: the rollout of ``system.mode``), and the task's verifier
+labels them. Within a group, a ``correct`` response is preferred to a ``wrong`` or ``invalid`` one (an
+answer that is wrong, or that cannot be read): with ``preference.pairs_per_group: one`` the group gives
+one pair (its first correct response against its first wrong one, in sampling order), with ``all`` every
+correct x wrong pair. A group that is all correct or all wrong gives none (it says nothing about which
+response is better); ``timeout`` and infrastructure failures never enter a pair. The pairs then train the
+policy with the loss of ``preference.loss`` against a frozen reference (the policy at the start, after
+the SFT warm-up if any), exactly as offline (:class:`~posttrain.loop.preference_step.PairBatchLoss`,
+through the policy learner's own optimiser, schedule and mini-batch settings), and the engine gets the
+new weights. Held-out evaluation, promotion, guards, the ledger (every sampled response with its
+verdict) and checkpoints are the RL loop's. ODPO's ``score_diff`` is the reward difference of the pair
+(clamped at 0). This is the "online / iterative DPO" of Xiong et al. 2024 (arXiv:2312.11456) and Guo et
+al. 2024 (arXiv:2402.04792) with the verifier as the preference oracle.
+"""
+
+from __future__ import annotations
+
+import copy
+import time
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
+
+import numpy as np
+import torch
+
+from posttrain.config import RunConfig
+from posttrain.errors import UserError
+from posttrain.loop.guards import check_guards
+from posttrain.loop.preference_batch import EncodedPair, pair_logprobs
+from posttrain.loop.preference_loss import check_loss_kwargs, uses_reference
+from posttrain.loop.preference_step import PairBatch, PairBatchLoss, PreferenceRunResult
+from posttrain.loop.step_metrics import status_counts
+from posttrain.loop.training_loop import eval_due
+from posttrain.trajectory import Status, Trajectory
+
+if TYPE_CHECKING:
+    from rich.progress import Progress
+
+    from posttrain.loop.run import Run
+
+REJECTED = (Status.WRONG, Status.INVALID)
+"""Verdicts of a rejected response (a chosen one is ``correct``)."""
+
+REFERENCE_DIR = "reference"
+"""Where the reference is kept when it is not the model as loaded (after an SFT warm-up), for a resume."""
+
+
+def _split(t: Trajectory) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    """``(prompt ids, response ids)`` of a single-turn trajectory."""
+    mask = t.action_mask.astype(bool)
+    first = int(np.argmax(mask)) if mask.any() else len(mask)
+    return tuple(int(x) for x in t.token_ids[:first]), tuple(int(x) for x in t.token_ids[mask])
+
+
+def group_pairs(trajectories: Sequence[Trajectory], per_group: str) -> list[EncodedPair]:
+    """The pairs of a step's trajectories (module docstring): per group (``group_id``, in order), its
+    ``correct`` responses against its ``wrong`` / ``invalid`` ones; ``per_group`` ``"one"`` (the first of
+    each) or ``"all"`` (every combination). ``score_diff``: reward(chosen) - reward(rejected), at least 0."""
+    groups: dict[str, list[Trajectory]] = {}
+    for t in trajectories:
+        groups.setdefault(t.group_id, []).append(t)
+    out: list[EncodedPair] = []
+    for gid, members in groups.items():
+        good = [t for t in members if t.status == Status.CORRECT and t.num_actions > 0]
+        bad = [t for t in members if t.status in REJECTED and t.num_actions > 0]
+        if per_group == "one":
+            good, bad = good[:1], bad[:1]
+        for c in good:
+            for r in bad:
+                prompt, chosen = _split(c)
+                _, rejected = _split(r)
+                diff = max(float(c.reward.total or 0.0) - float(r.reward.total or 0.0), 0.0)
+                out.append(EncodedPair(pair_id=f"{c.traj_id}>{r.traj_id}", prompt=prompt, chosen=chosen,
+                                       rejected=rejected, score_diff=diff, source=f"group {gid}"))
+    return out
+
+
+def _reference(run: Run, fresh: bool) -> torch.nn.Module | None:
+    """The frozen reference: the policy now (a fresh run, after its warm-up: saved to ``reference/`` when
+    a warm-up changed it) or, on resume, that saved copy / the model as loaded."""
+    cfg = run.cfg
+    if not uses_reference(cfg.preference.loss):
+        return None
+    saved = run.dir / REFERENCE_DIR
+    if fresh:
+        ref = copy.deepcopy(run.learner.model).eval().requires_grad_(False)
+        if cfg.sft.steps > 0:
+            from posttrain.learner.checkpoint import quiet_hf_progress
+
+            with quiet_hf_progress():
+                ref.save_pretrained(str(saved))  # type: ignore[operator]
+        return ref
+    from posttrain.learner.checkpoint import load_pretrained_weights
+    from posttrain.loop.builders import build_model
+
+    _, model = build_model(cfg)
+    if cfg.sft.steps > 0:
+        load_pretrained_weights(model, saved)
+    return model.eval().requires_grad_(False)
+
+
+def _reward_metrics(trajs: Sequence[Trajectory]) -> dict[str, float]:
+    totals = [float(t.reward.total) for t in trajs if t.reward.total is not None]
+    return {"reward/mean": float(np.mean(totals)) if totals else float("nan")} | status_counts(trajs)
+
+
+def train_online_preference(cfg: RunConfig, progress: Progress | None = None) -> PreferenceRunResult:
+    """Run ``cfg.steps`` online preference steps (module docstring); returns what the run did."""
+    from posttrain.learner.actor import PolicyLearner
+    from posttrain.loop.producer import build_producer
+    from posttrain.loop.run import open_run
+
+    try:
+        check_loss_kwargs(cfg.preference.loss, cfg.preference.kwargs)
+    except ValueError as e:
+        raise UserError(str(e)) from None
+    run = open_run(cfg)  # locks run_dir, builds the parts, resumes if asked, writes config.yaml
+    st = run.state
+    try:
+        fresh = st.step == 0
+        if fresh:
+            run.warmup_and_baseline(progress)  # SFT warm-up (if configured) and the step-0 held-out eval
+        ref = _reference(run, fresh)
+        learner = run.learner
+        if not isinstance(learner, PolicyLearner):
+            raise TypeError(f"online preference needs the in-process policy learner, got {type(learner).__name__}")
+        bar = progress.add_task("preference", total=cfg.steps, completed=st.step) if progress else None
+        producer = build_producer(cfg, run)
+    except BaseException:
+        run.close()
+        raise
+    try:
+        while st.step < cfg.steps:
+            step, t_step = st.step + 1, time.perf_counter()
+            produced = producer.next_batch(step)
+            trajs = produced.trajectories
+            metrics: dict[str, float | int | str | bool | None] = {**produced.info, **_reward_metrics(trajs)}
+            pairs = group_pairs(trajs, cfg.preference.pairs_per_group)
+            metrics["preference/pairs"] = float(len(pairs))
+            if pairs:
+                t0 = time.perf_counter()
+                refs = (None, None) if ref is None else pair_logprobs(
+                    ref, pairs, pad_id=run.pad_token_id, microbatch_tokens=cfg.optim.microbatch_tokens)
+                loss = PairBatchLoss(learner.model, PairBatch(pairs, *refs), cfg, run.pad_token_id)
+                tally = learner.trainer.train(len(pairs), loss)
+                learner.version += 1  # the weights changed: the engine's next samples carry the new version
+                metrics.update(loss.metrics)
+                metrics.update(tally.steps.metrics())
+                metrics["time/learner_s"] = time.perf_counter() - t0
+            with producer.quiesce():
+                run.sync_weights()
+                if eval_due(cfg, step):
+                    metrics.update(run.evaluate_and_judge(step))
+            stop_reason = check_guards(cfg.guards, metrics)
+            run.finish_step(step, trajs, metrics, t_step)  # ledger, metrics.jsonl, checkpoint when due
+            if progress is not None and bar is not None:
+                progress.update(bar, completed=step, description=f"preference pairs {len(pairs)} held-out "
+                                f"{st.last_heldout_accuracy:.3f}")
+            if stop_reason:
+                run.stop(stop_reason)
+                break
+    finally:
+        try:
+            producer.close()
+        finally:
+            run.close()
+    run.verdicts.check(str(run.dir / "ledger"))  # every verification failed: an error, not "done"
+    return PreferenceRunResult(step=st.step, wall_seconds=st.wall_seconds, curve_name="held-out accuracy",
+                               curve=[(s, a) for s, a, _ in st.heldout_curve], stopped=st.stopped)
+
+
+__all__ = ["REFERENCE_DIR", "group_pairs", "train_online_preference"]
