@@ -115,6 +115,33 @@ def _log_order() -> list[str]:
     return [log_bin_label(x) for x in (0.0, *LOG_BINS)]
 
 
+#: Edges of the teacher log-prob gap strata (mean over a trajectory's action tokens of
+#: ``log pi_old - log pi_teacher``, nats): below 0 the student is less sure of its own tokens than the
+#: teacher, above 1 the teacher finds them ~e times less likely on average.
+TEACHER_GAP_BINS: tuple[float, ...] = (0.0, 0.1, 1.0)
+
+
+def teacher_gap_label(gap: float, edges: Sequence[float] = TEACHER_GAP_BINS) -> str:
+    """``"<0"``, ``"0-0.1"``, ``"0.1-1"``, ``">=1"`` for the teacher log-prob gap of a trajectory."""
+    if gap < edges[0]:
+        return f"<{edges[0]:g}"
+    for lo, hi in zip(edges, edges[1:], strict=False):
+        if gap < hi:
+            return f"{lo:g}-{hi:g}"
+    return f">={edges[-1]:g}"
+
+
+def teacher_gap_strata(rows: Sequence[dict[str, Any]]) -> StrataTable:
+    """On-policy distillation's stratum (``loss.distill``): the trajectories by their teacher log-prob gap
+    ``teacher_gap_mean`` (mean over action tokens of ``log pi_old - log pi_teacher``, the per-token
+    reverse-KL estimate the update trained on), binned by :data:`TEACHER_GAP_BINS`; empty with a note
+    when no row has one (a run without a teacher)."""
+    order = [teacher_gap_label(x) for x in (-1.0, *TEACHER_GAP_BINS)]
+    return stratify(rows, "teacher log-prob gap (old - teacher, mean over tokens)",
+                    lambda r: None if r.get("teacher_gap_mean") is None else teacher_gap_label(r["teacher_gap_mean"]),
+                    order, "no trajectory has teacher log-probs (loss.distill is not set)")
+
+
 def all_strata(rows: Sequence[dict[str, Any]]) -> list[StrataTable]:
     """The six tables of the report, in a fixed order."""
     edges = length_edges([r["length"] for r in rows])
