@@ -76,11 +76,6 @@ class FutureTable:
                 self._done.popitem(last=False)
             self._cond.notify_all()
 
-    def known(self, request_id: str) -> bool:
-        """Whether the id is pending or finished (and not yet dropped)."""
-        with self._cond:
-            return request_id in self._pending or request_id in self._done
-
     def wait(self, request_id: str, timeout: float) -> Outcome | None:
         """The outcome, waiting up to ``timeout`` s; None while still pending. ``KeyError`` if unknown."""
         deadline = time.monotonic() + timeout

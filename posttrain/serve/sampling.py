@@ -128,9 +128,7 @@ class Sampler:
     def load(self, key: str, weights: Callable[[], Mapping[str, torch.Tensor]]) -> None:
         """Make the engine hold the weights named ``key`` (``weights()`` is called only when they are not loaded)."""
         if key != self.loaded:
-            state = dict(weights())
-            if "lm_head.weight" not in state and "model.embed_tokens.weight" in state:
-                state["lm_head.weight"] = state["model.embed_tokens.weight"]
+            state = weights()  # a tied base's state dict names the unembedding too, so the untied copy gets it
             self.loaded = None
             self.engine.update_weights(state)
             self.loaded = key
