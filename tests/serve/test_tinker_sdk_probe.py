@@ -98,6 +98,11 @@ def test_official_sdk_probe(server: TinkerServer) -> None:
     ref, _ = token_logprobs(actor, ids, torch.ones_like(ids))
     diff = (torch.tensor(got[1:], dtype=torch.float64) - ref[0, 1:].double()).abs().max()
     assert float(diff) <= shape_rtol(12) * float(ref[0, 1:].abs().max()), diff
+    last3 = sampler.compute_logprobs(types.ModelInput.from_ints(SEQ[:12]), prompt_logprobs_last_n=3).result()
+    assert last3[:9] == [None] * 9 and last3[9:] == pytest.approx(got[9:], abs=1e-6)
+    with pytest.raises(tinker.BadRequestError, match="topk_prompt_logprobs is not supported"):
+        sampler.sample(prompt, num_samples=1, sampling_params=params, include_prompt_logprobs=True,
+                       topk_prompt_logprobs=2).result()
 
     # PPO and importance sampling on the sampled tokens: same weights -> ratio 1, loss = -sum(A)
     seq = res.sequences[0]
