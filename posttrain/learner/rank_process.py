@@ -232,17 +232,24 @@ def _load_weights(learner: PolicyLearner, sd: Mapping[str, torch.Tensor], fsdp: 
         learner.model.load_state_dict(sd)
 
 
-def rank_main(rank: int, world_size: int, port: int, conn: Connection, spec_bytes: bytes) -> None:
-    """A rank process: build the learner, then serve the driver's commands until ``close``."""
+def rank_main(rank: int, world_size: int, port: int, conn: Connection, spec_bytes: bytes, *,
+              host: str = "127.0.0.1", gpu_index: int | None = None, in_thread: bool = False) -> None:
+    """A rank: build the learner, then serve the driver's commands over ``conn`` until ``close``.
+
+    The process group forms at ``host:port`` (rank 0's address). ``gpu_index``: the CUDA device of
+    this rank (default ``rank``: every rank on one machine; a Ray actor sees only its own GPU, 0).
+    ``in_thread``: the loop runs on a thread of a longer-lived process (a Ray actor): an error is
+    reported and the function returns instead of ending the process."""
     spec: RankSpec = pickle.loads(spec_bytes)
     torch.set_num_threads(max(1, spec.threads))
     cuda = spec.device == "cuda"
+    gpu = rank if gpu_index is None else gpu_index
     try:
         if cuda:
-            torch.cuda.set_device(rank)
-        init_process_group(rank, world_size, port=port, backend="nccl" if cuda else "gloo",
+            torch.cuda.set_device(gpu)
+        init_process_group(rank, world_size, port=port, host=host, backend="nccl" if cuda else "gloo",
                            timeout_s=spec.collective_timeout_s)
-        device = torch.device("cuda", rank) if cuda else torch.device("cpu")
+        device = torch.device("cuda", gpu) if cuda else torch.device("cpu")
         model = spec.model.to(device)
         fsdp = spec.strategy == "fsdp2"
         autocast = "bfloat16" if spec.precision == "bf16" and not fsdp else None
@@ -295,7 +302,8 @@ def rank_main(rank: int, world_size: int, port: int, conn: Connection, spec_byte
             conn.send_bytes(pickle.dumps(("error", f"{type(e).__name__}: {e}".splitlines()[0][:500])))
         except Exception:  # noqa: BLE001 - the driver may be gone already
             pass
-        os._exit(1)
+        if not in_thread:
+            os._exit(1)
     finally:
         if dist.is_initialized():
             try:

@@ -40,23 +40,22 @@ This module is the driver's side; what a rank process runs is :mod:`posttrain.le
 
 from __future__ import annotations
 
+import logging
 import pickle
-import signal
 import time
 from collections.abc import Callable, Mapping
-from multiprocessing.connection import Connection
-from multiprocessing.process import BaseProcess
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from posttrain.learner.distributed import free_port
 from posttrain.learner.protocol import KLCoefficient
-from posttrain.learner.rank_process import RankLearnerFactory, RankSpec, WeightBucket, rank_main
+from posttrain.learner.rank_process import RankLearnerFactory, RankSpec, WeightBucket
+from posttrain.learner.rank_transport import RankTransport, SpawnedRanks, StartRanks
 from posttrain.trajectory.collate import TrajectoryBatch
 
 _POLL_S = 0.5  # liveness check interval while waiting for ranks
+log = logging.getLogger(__name__)
 
 
 class LearnerRankError(RuntimeError):
@@ -79,9 +78,7 @@ class LearnerRanks:
                  precision: str = "fp32", rank_timeout_s: float = 600.0, startup_timeout_s: float = 120.0,
                  grad_divide_factor: float = 1.0, drop_rank: int | None = None, top_k: int = 0,
                  top_p: float = 1.0, weight_bucket_bytes: int = 64 << 20,
-                 corrupt_bucket: int | None = None) -> None:
-        import multiprocessing as mp
-
+                 corrupt_bucket: int | None = None, start_ranks: StartRanks | None = None) -> None:
         if strategy not in ("ddp", "fsdp2"):
             raise ValueError(f"learner.strategy must be ddp or fsdp2 for rank processes, got {strategy!r}")
         self.model = model
@@ -102,23 +99,15 @@ class LearnerRanks:
                         precision=precision, threads=threads, collective_timeout_s=rank_timeout_s,
                         grad_divide_factor=grad_divide_factor, drop_rank=drop_rank,
                         weight_bucket_bytes=int(weight_bucket_bytes), corrupt_bucket=corrupt_bucket)
-        spec_bytes = pickle.dumps(spec)
-        ctx = mp.get_context("spawn")
-        port = free_port()
-        self.procs: list[BaseProcess] = []
-        self.conns: list[Connection] = []
+        self.transport: RankTransport | None = (start_ranks or SpawnedRanks)(world_size, pickle.dumps(spec))
+        self._placement_reported = False
         try:
-            for r in range(world_size):
-                parent, child = ctx.Pipe()
-                p = ctx.Process(target=rank_main, args=(r, world_size, port, child, spec_bytes),
-                                name=f"posttrain-learner-rank-{r}", daemon=True)
-                p.start()
-                child.close()
-                self.procs.append(p)
-                self.conns.append(parent)
-            self.pids = self._collect("start", startup_timeout_s)
+            self.pids: list[int] = self._collect("start", startup_timeout_s)
+            self.placement: dict[int, str] = dict(self.transport.where())
+            log.info("learner ranks (%s x %d): %s", strategy, world_size,
+                     ", ".join(f"rank {r} on {w}" for r, w in sorted(self.placement.items())))
         except BaseException:
-            self.close()
+            self.close(kill=True)
             raise
         self._synced = self._fingerprint()
 
@@ -127,24 +116,25 @@ class LearnerRanks:
         # In-place writes (load_state_dict, an optimizer step) bump a tensor's version counter.
         return tuple(t._version for t in self.model.state_dict().values())
 
+    def _live(self) -> RankTransport:
+        if self.transport is None:
+            raise LearnerRankError("learner ranks are closed")
+        return self.transport
+
     def _send(self, cmd: str, *args: object) -> None:
         payload = pickle.dumps((cmd, args))
-        for r, c in enumerate(self.conns):
+        t = self._live()
+        for r in range(self.world_size):
             try:
-                c.send_bytes(payload)
-            except (BrokenPipeError, ConnectionResetError, OSError):
+                t.send(r, payload)
+            except OSError:
                 self._fail(f"learner rank {r} is gone ({self._exit_reason(r)}) before {cmd}")
 
     def _exit_reason(self, r: int) -> str:
-        code = self.procs[r].exitcode
-        if code is None:
-            return "still running"
-        if code < 0:
-            try:
-                return f"killed by {signal.Signals(-code).name}"
-            except ValueError:
-                return f"killed by signal {-code}"
-        return f"exit code {code}"
+        t = self._live()
+        reason = t.exit_reason(r) or "still running"
+        where = t.where().get(r, "")
+        return reason if where == "this machine" or not where else f"{reason}; on {where}"
 
     def _fail(self, msg: str) -> None:
         self.close(kill=True)
@@ -152,18 +142,16 @@ class LearnerRanks:
 
     def _collect(self, cmd: str, timeout_s: float) -> list[Any]:
         """Every rank's reply to ``cmd``; a dead, failing or silent rank fails the call (ranks killed)."""
-        from multiprocessing.connection import wait
-
+        t = self._live()
+        n = self.world_size
         replies: dict[int, Any] = {}
         deadline = time.monotonic() + timeout_s
-        while len(replies) < len(self.conns):
-            pending = {id(self.conns[r]): r for r in range(len(self.conns)) if r not in replies}
-            for c in wait([self.conns[r] for r in pending.values()], timeout=_POLL_S):
-                r = pending[id(c)]
+        while len(replies) < n:
+            pending = [r for r in range(n) if r not in replies]
+            for r in t.ready(pending, _POLL_S):
                 try:
-                    status, value = pickle.loads(self.conns[r].recv_bytes())
-                except (EOFError, OSError):
-                    self.procs[r].join(1.0)
+                    status, value = pickle.loads(t.recv(r))
+                except EOFError:
                     self._fail(f"learner rank {r} died during {cmd} ({self._exit_reason(r)})")
                 if status == "bucket" and r == 0 and self._on_bucket is not None:
                     try:
@@ -175,17 +163,17 @@ class LearnerRanks:
                 if status != "ok":
                     self._fail(f"learner rank {r} failed during {cmd}: {value}")
                 replies[r] = value
-            for r in range(len(self.conns)):
-                if r not in replies and self.procs[r].exitcode is not None:
+            for r in range(n):
+                if r not in replies and t.exit_reason(r) is not None:
                     self._fail(f"learner rank {r} died during {cmd} ({self._exit_reason(r)})")
-            if time.monotonic() > deadline and len(replies) < len(self.conns):
-                silent = sorted(set(range(len(self.conns))) - set(replies))
+            if time.monotonic() > deadline and len(replies) < n:
+                silent = sorted(set(range(n)) - set(replies))
                 self._fail(f"learner rank(s) {silent} did not answer {cmd} within {timeout_s:g}s "
                            "(learner.rank_timeout_s)")
-        return [replies[r] for r in range(len(self.conns))]
+        return [replies[r] for r in range(n)]
 
     def _call(self, cmd: str, *args: object) -> list[Any]:
-        if not self.conns:
+        if self.transport is None:
             raise LearnerRankError(f"learner ranks are closed ({cmd})")
         if cmd not in ("load_weights", "load_state", "load_sharded") and self._fingerprint() != self._synced:
             self.push_weights()
@@ -263,6 +251,9 @@ class LearnerRanks:
         metrics = dict(metrics)
         metrics["learner/world_size"] = float(self.world_size)
         metrics["learner/weight_buckets"] = float(self.last_weight_buckets)
+        if not self._placement_reported:  # once: the first update's metrics carry where the ranks run
+            metrics.update(placement_metrics(self.placement))
+            self._placement_reported = True
         return metrics
 
     def weights_for_rollout(self) -> Mapping[str, torch.Tensor]:
@@ -317,23 +308,26 @@ class LearnerRanks:
             self.kl_coef.load_state_dict(state["kl_controller"])
 
     def close(self, kill: bool = False) -> None:
-        """Stop the ranks (``close`` command, then SIGKILL whatever is left after 5 s); idempotent."""
+        """Stop the ranks (``close`` command, then kill whatever is left after 5 s); idempotent."""
+        t, self.transport = self.transport, None
+        if t is None:
+            return
         if not kill:
-            for c in self.conns:
+            for r in range(self.world_size):
                 try:
-                    c.send_bytes(pickle.dumps(("close", ())))
+                    t.send(r, pickle.dumps(("close", ())))
                 except Exception:  # noqa: BLE001 - a dead rank
                     pass
-            end = time.monotonic() + 5.0
-            for p in self.procs:
-                p.join(max(0.0, end - time.monotonic()))
-        for p in self.procs:
-            if p.is_alive():
-                p.kill()
-            p.join(5.0)
-        for c in self.conns:
-            c.close()
-        self.procs, self.conns = [], []
+        t.close(0.0 if kill else 5.0)
+
+
+def placement_metrics(placement: Mapping[int, str]) -> dict[str, float]:
+    """``learner/nodes`` (distinct places) and ``learner/rank<r>_node``: each rank's place as an index
+    into the sorted distinct places (two ranks share a node iff their indices are equal)."""
+    nodes = sorted(set(placement.values()))
+    out = {"learner/nodes": float(len(nodes))}
+    out.update({f"learner/rank{r}_node": float(nodes.index(w)) for r, w in sorted(placement.items())})
+    return out
 
 
 def _is_alias(sd: Mapping[str, torch.Tensor], key: str) -> bool:
@@ -342,4 +336,4 @@ def _is_alias(sd: Mapping[str, torch.Tensor], key: str) -> bool:
     return any(k != key and v.data_ptr() == t.data_ptr() for k, v in sd.items())
 
 
-__all__ = ["LearnerRankError", "LearnerRanks"]
+__all__ = ["LearnerRankError", "LearnerRanks", "placement_metrics"]

@@ -204,7 +204,7 @@ def test_sigkilled_rank_fails_the_run_naming_it_then_resume_on_one_rank(tmp_root
 
     def update(self: LearnerRanks, *a: Any, **k: Any) -> Any:
         if self.version == 2:  # the third update: SIGKILL rank 1 while it works
-            pid = self.procs[1].pid
+            pid = self.pids[1]
             threading.Timer(0.05, os.kill, (pid, signal.SIGKILL)).start()
             seen["t_kill"] = time.monotonic()
         return orig(self, *a, **k)

@@ -3,7 +3,9 @@
 :func:`init_ray` connects to ``system.ray.address`` or starts a loopback-only local cluster;
 :class:`Placement` reserves the workers' bundles: ``colocated`` puts every worker's bundle in one
 placement group (``PACK``: the same node when it fits), ``disaggregated`` gives each role its own
-group, spread over nodes (``SPREAD``). Bundles are CPUs/GPUs/custom resources from
+group, spread over nodes (``SPREAD``). The learner ranks of ``learner.strategy=ddp|fsdp2`` get a
+group of their own (:func:`learner_group`: one bundle per rank, ``PACK`` when colocated, ``SPREAD``
+when disaggregated). Bundles are CPUs/GPUs/custom resources from
 :class:`~posttrain.loop.backends.config.RayBackendConfig`, so a multi-node run changes only
 ``address`` and the worker counts. Importing this module does not import Ray; every function does.
 """
@@ -82,6 +84,31 @@ def init_ray(cfg: RayBackendConfig) -> bool:
     else:
         ray.init(address=cfg.address, log_to_driver=True, configure_logging=False)
     return True
+
+
+def learner_group(cfg: RayBackendConfig, world_size: int) -> PlacementGroup:
+    """A ready placement group of ``world_size`` learner bundles (``cpus_per_learner``,
+    ``gpus_per_learner``, ``learner_resources`` each): ``PACK`` for ``placement: colocated`` (one node
+    when it fits), ``SPREAD`` for ``disaggregated`` (the ranks over nodes). Raises ``RuntimeError``
+    naming what could not be reserved within ``startup_timeout_s``."""
+    ray = require_ray()
+    from ray.util import placement_group, remove_placement_group
+
+    b = {"CPU": cfg.cpus_per_learner, **cfg.learner_resources}
+    if cfg.gpus_per_learner:
+        b["GPU"] = cfg.gpus_per_learner
+    strategy = "PACK" if cfg.placement == "colocated" else "SPREAD"
+    pg: PlacementGroup = placement_group([dict(b)] * world_size, strategy=strategy,
+                                         name=f"posttrain-learner-{uuid.uuid4().hex[:8]}")
+    try:
+        ray.get(pg.ready(), timeout=cfg.startup_timeout_s)
+    except Exception as e:
+        remove_placement_group(pg)
+        raise RuntimeError(
+            f"Ray placement ({strategy}) could not reserve {world_size} learner bundles of {b} within "
+            f"{cfg.startup_timeout_s:g}s; cluster has {ray.available_resources()} available ({type(e).__name__})"
+        ) from e
+    return pg
 
 
 def wait_alive(actor: ActorHandle[_Actor], timeout_s: float) -> str | None:
@@ -169,4 +196,5 @@ class Placement:
         self.pgs = []
 
 
-__all__ = ["RAY_INSTALL_HINT", "Placement", "infra_errors", "init_ray", "loopback_only", "require_ray", "wait_alive"]
+__all__ = ["RAY_INSTALL_HINT", "Placement", "infra_errors", "init_ray", "learner_group", "loopback_only", "require_ray",
+           "wait_alive"]

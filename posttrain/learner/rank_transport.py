@@ -1,0 +1,149 @@
+"""How the driver reaches its learner ranks: the :class:`RankTransport` protocol and the spawned-process one.
+
+:class:`~posttrain.learner.ranks.LearnerRanks` drives ``world_size`` ranks through a transport: it
+sends each rank pickled commands and waits for their replies; every rank runs
+:func:`~posttrain.learner.rank_process.rank_main`'s command loop unchanged. Two transports meet the
+protocol:
+
+- :class:`SpawnedRanks` (here, the default): ``torch.multiprocessing`` spawn on the driver's machine,
+  one pipe per rank, the process group over 127.0.0.1;
+- ``RayRanks`` (:mod:`posttrain.loop.backends.ray_learner`, ``system.backend=ray``): one Ray actor
+  per rank in a placement group, possibly on other nodes; the group forms at the rank-0 actor's node
+  address.
+
+A :data:`StartRanks` callable builds a transport from ``(world_size, spec_bytes)`` (the pickled
+:class:`~posttrain.learner.rank_process.RankSpec`) once the ranks are launched; the first message of
+every rank is its ``start`` reply.
+"""
+
+from __future__ import annotations
+
+import signal
+import time
+from collections.abc import Callable, Mapping, Sequence
+from multiprocessing.connection import Connection
+from multiprocessing.process import BaseProcess
+from typing import Protocol
+
+from posttrain.learner.distributed import free_port
+from posttrain.learner.rank_process import rank_main
+
+
+class RankTransport(Protocol):
+    """The driver's link to launched learner ranks (one message = one pickled ``bytes``)."""
+
+    world_size: int
+
+    def send(self, rank: int, payload: bytes) -> None:
+        """Deliver ``payload`` to ``rank`` in order; raises ``OSError`` when the rank is gone."""
+        ...
+
+    def ready(self, ranks: Sequence[int], timeout_s: float) -> list[int]:
+        """Those of ``ranks`` with a message (or an end: :meth:`recv` then raises) waiting; blocks at
+        most ``timeout_s`` for the first."""
+        ...
+
+    def recv(self, rank: int) -> bytes:
+        """The next message of a :meth:`ready` rank; raises ``EOFError`` when the rank is gone."""
+        ...
+
+    def exit_reason(self, rank: int) -> str | None:
+        """None while ``rank`` runs, else why it ended (one line, e.g. ``killed by SIGKILL``)."""
+        ...
+
+    def where(self) -> Mapping[int, str]:
+        """Where each rank runs: ``{rank: "node <id> (<ip>)"}`` or ``{rank: "this machine"}``."""
+        ...
+
+    def close(self, grace_s: float) -> None:
+        """Wait up to ``grace_s`` for the ranks to end (after their ``close`` command), then kill what
+        is left and release everything; idempotent."""
+        ...
+
+
+StartRanks = Callable[[int, bytes], RankTransport]
+"""``(world_size, spec_bytes) -> transport``: launches the ranks (see the module docstring)."""
+
+
+def exit_code_reason(code: int | None) -> str | None:
+    """A process exit code in words: None (still running), ``exit code N`` or ``killed by SIGNAME``."""
+    if code is None:
+        return None
+    if code < 0:
+        try:
+            return f"killed by {signal.Signals(-code).name}"
+        except ValueError:
+            return f"killed by signal {-code}"
+    return f"exit code {code}"
+
+
+class SpawnedRanks:
+    """``world_size`` rank processes on this machine (spawn, one pipe each, group on 127.0.0.1)."""
+
+    def __init__(self, world_size: int, spec_bytes: bytes) -> None:
+        import multiprocessing as mp
+
+        self.world_size = world_size
+        ctx = mp.get_context("spawn")
+        port = free_port()
+        self.procs: list[BaseProcess] = []
+        self.conns: list[Connection] = []
+        try:
+            for r in range(world_size):
+                parent, child = ctx.Pipe()
+                p = ctx.Process(target=rank_main, args=(r, world_size, port, child, spec_bytes),
+                                name=f"posttrain-learner-rank-{r}", daemon=True)
+                p.start()
+                child.close()
+                self.procs.append(p)
+                self.conns.append(parent)
+        except BaseException:
+            self.close(0.0)
+            raise
+
+    def send(self, rank: int, payload: bytes) -> None:
+        """See :meth:`RankTransport.send`."""
+        self.conns[rank].send_bytes(payload)
+
+    def ready(self, ranks: Sequence[int], timeout_s: float) -> list[int]:
+        """See :meth:`RankTransport.ready` (``multiprocessing.connection.wait`` over the pipes)."""
+        from multiprocessing.connection import wait
+
+        index = {id(self.conns[r]): r for r in ranks}
+        return [index[id(c)] for c in wait([self.conns[r] for r in ranks], timeout=timeout_s)]
+
+    def recv(self, rank: int) -> bytes:
+        """See :meth:`RankTransport.recv` (a dead rank's pipe ends: ``EOFError`` or ``OSError``)."""
+        try:
+            return self.conns[rank].recv_bytes()
+        except (EOFError, OSError) as e:
+            self.procs[rank].join(1.0)  # so that exit_reason knows how it ended
+            raise EOFError(str(e)) from e
+
+    def exit_reason(self, rank: int) -> str | None:
+        """See :meth:`RankTransport.exit_reason`."""
+        return exit_code_reason(self.procs[rank].exitcode)
+
+    def where(self) -> Mapping[int, str]:
+        """Every rank runs on the driver's machine."""
+        return {r: "this machine" for r in range(len(self.procs))}
+
+    def pid(self, rank: int) -> int | None:
+        """The rank's process id (tests kill it)."""
+        return self.procs[rank].pid
+
+    def close(self, grace_s: float) -> None:
+        """See :meth:`RankTransport.close`."""
+        end = time.monotonic() + grace_s
+        for p in self.procs:
+            p.join(max(0.0, end - time.monotonic()))
+        for p in self.procs:
+            if p.is_alive():
+                p.kill()
+            p.join(5.0)
+        for c in self.conns:
+            c.close()
+        self.procs, self.conns = [], []
+
+
+__all__ = ["RankTransport", "SpawnedRanks", "StartRanks", "exit_code_reason"]
