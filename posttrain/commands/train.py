@@ -147,7 +147,7 @@ def train_other(cfg: RunConfig, progress: Progress | None) -> TrainerResult:
         from posttrain.loop.preference_training import train_preference
 
         return train_preference(cfg, progress=progress)
-    from posttrain.loop.reward_model_training import train_reward_model  # type: ignore[import-not-found,unused-ignore]
+    from posttrain.loop.reward_model_training import train_reward_model
 
     result: TrainerResult = train_reward_model(cfg, progress=progress)
     return result

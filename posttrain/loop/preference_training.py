@@ -276,3 +276,7 @@ def _train_offline(cfg: RunConfig, run_dir: Path, train_pairs: list[PreferencePa
         metrics.close()
     return PreferenceRunResult(step=step, wall_seconds=clock.seconds(), curve_name="held-out pair accuracy",
                                curve=curve)
+
+
+__all__ = ["PreferenceRunResult", "batch_indices", "check_preference_config", "evaluate_pairs", "load_pairs",
+           "locked_run_dir", "optimizer_settings", "restore", "save", "train_preference"]
