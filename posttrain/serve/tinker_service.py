@@ -35,6 +35,8 @@ Snapshot = tuple[LoraSpec, Mapping[str, torch.Tensor]]
 RETRIEVE_WAIT_S = 30.0
 """How long one ``retrieve_future`` waits for a result before answering ``try_again`` (the SDK polls again)."""
 
+_SEQ_MEMORY = 65536
+
 CLIENT_CONFIG = {"pjwt_auth_enabled": False, "use_pyqwest_transport": False, "parallel_fwdbwd_chunks": True,
                  "proto_compress_fwdbwd": False, "sample_use_retrieve_futures": False,
                  "sample_join_sampling_session": False, "custom_loss_server_side": False}
@@ -82,6 +84,9 @@ class TinkerService:
         self.samplers: dict[str, _Sampler] = {}
         self.snapshots: OrderedDict[str, Snapshot] = OrderedDict()
         self._capacity = snapshot_capacity
+        self._lock = threading.Lock()
+        # (model id or sampling session, seq_id) -> request id, the newest _SEQ_MEMORY (a retry comes within seconds)
+        self._by_seq: OrderedDict[tuple[str, int], str] = OrderedDict()
         self._stop = threading.Event()
         self._worker = threading.Thread(target=self._work, name="tinker-worker", daemon=True)
         self._worker.start()
@@ -113,10 +118,22 @@ class TinkerService:
 
     def _submit(self, work: Callable[[], Outcome], *, order_key: str | None = None, seq: int | None = None,
                 extra: Mapping[str, object] | None = None) -> Reply:
-        rid = str(uuid.uuid4())
-        self.futures.add(rid)
-        self.queue.submit(Job(rid, work, order_key, seq))
+        """Queue ``work``; a request sent again with the same ``(order_key, seq)`` (the SDK's HTTP client
+        retries after a lost reply) gets the first one's ``request_id`` instead of running twice."""
+        with self._lock:
+            rid = self._by_seq.get((order_key, seq)) if order_key is not None and seq is not None else None
+            if rid is None:
+                rid = str(uuid.uuid4())
+                self.futures.add(rid)
+                self.queue.submit(Job(rid, work, order_key, seq))
+                if order_key is not None and seq is not None:
+                    self._note_seq((order_key, seq), rid)
         return reply({"request_id": rid, **(extra or {})})
+
+    def _note_seq(self, key: tuple[str, int], rid: str) -> None:
+        self._by_seq[key] = rid
+        while len(self._by_seq) > _SEQ_MEMORY:
+            self._by_seq.popitem(last=False)
 
     # ------------------------------------------------------------------ session
     def client_config(self, body: bytes) -> Reply:
@@ -370,12 +387,21 @@ class TinkerService:
             if c.get("type", "encoded_text") != "encoded_text":
                 raise UserError(f"sample: {c.get('type')} chunks are not supported by posttrain serve (token chunks only)")
             prompt += [int(t) for t in c["tokens"]]
-        rid = str(uuid.uuid4())
-        call = sample_call(rid, req, prompt, self.sampler.context)
-        self.futures.add(rid)
-        job = Job(rid, lambda: self._sample_batch([job])[0], batch_key=key, batch_work=self._sample_batch, payload=call)
-        self.queue.submit(job)
-        return reply({"request_id": rid, "sample_sequence_ids": [f"{rid}:{i}" for i in range(call.params.n)]})
+        seq = req.get("seq_id")
+        dedupe = (str(sid), int(seq)) if sid is not None and seq is not None else None
+        with self._lock:
+            rid = self._by_seq.get(dedupe) if dedupe is not None else None
+            if rid is None:
+                rid = str(uuid.uuid4())
+                call = sample_call(rid, req, prompt, self.sampler.context)
+                self.futures.add(rid)
+                job = Job(rid, lambda: self._sample_batch([job])[0], batch_key=key, batch_work=self._sample_batch,
+                          payload=call)
+                self.queue.submit(job)
+                if dedupe is not None:
+                    self._note_seq(dedupe, rid)
+        n = int(req.get("num_samples", 1))
+        return reply({"request_id": rid, "sample_sequence_ids": [f"{rid}:{i}" for i in range(n)]})
 
     # ------------------------------------------------------------------ futures
     def retrieve(self, body: bytes) -> Reply:
