@@ -15,6 +15,7 @@ BENCHMARKS: dict[str, str] = {
     "vs-trl": "posttrain.bench.vs_trl",
     "async": "posttrain.bench.async_modes",
     "lora": "posttrain.bench.lora",
+    "memory": "posttrain.bench.memory",
 }
 
 

@@ -111,6 +111,10 @@ class FullLogits(torch.nn.Module):
         kw = {"logits_to_keep": logits_to_keep} if logits_to_keep else {}
         return self.inner(input_ids=input_ids, attention_mask=attention_mask, use_cache=use_cache, **kw)
 
+    def gradient_checkpointing_enable(self) -> None:
+        """The inner transformers model's activation checkpointing (``compute.gradient_checkpointing``)."""
+        self.inner.gradient_checkpointing_enable()  # type: ignore[operator]
+
 
 def _is_sharded(t: torch.Tensor) -> bool:
     """Whether ``t`` is a distributed tensor (an FSDP2-sharded parameter, gathered only in the model's

@@ -6,7 +6,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from posttrain.learner.logprobs import forward_logprobs, token_logprobs
+from posttrain.learner.logprobs import FullLogits, forward_logprobs, linear_head_of, token_logprobs
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from _tolerance import assert_scaled_close, shape_rtol  # noqa: E402
@@ -27,9 +27,16 @@ def _hand(model, ids, am, T):
     return out, ent
 
 
+# Both paths of forward_logprobs: the chunked LM head (the micro preset is a Qwen2 causal LM with a
+# plain head) and the model's own forward to full logits (the same model behind FullLogits).
+PATHS = {"chunked": lambda m: m, "full": FullLogits}
+
+
+@pytest.mark.parametrize("path", PATHS)
 @pytest.mark.parametrize("T", [1.0, 0.7, 1.5])
-def test_matches_hand_gather_and_zeros(make_model, make_batch, T):
-    model, b = make_model(), make_batch(n=5)
+def test_matches_hand_gather_and_zeros(make_model, make_batch, T, path):
+    model, b = PATHS[path](make_model()), make_batch(n=5)
+    assert (linear_head_of(model) is not None) is (path == "chunked")
     with torch.no_grad():
         lp, ent = forward_logprobs(model, b.input_ids, b.attention_mask, temperature=T, with_entropy=True)
         ref, ref_ent = _hand(model, b.input_ids, b.attention_mask, T)
@@ -77,8 +84,9 @@ def test_microbatch_tolerance_catches_a_shifted_row(make_model, make_batch):
         assert_scaled_close(wrong, full, shape_rtol(int(b.lengths.max())))
 
 
-def test_grad_variant_carries_grad(make_model, make_batch):
-    model, b = make_model(), make_batch(n=3)
+@pytest.mark.parametrize("path", PATHS)
+def test_grad_variant_carries_grad(make_model, make_batch, path):
+    model, b = PATHS[path](make_model()), make_batch(n=3)
     lp, ent = forward_logprobs(model, b.input_ids, b.attention_mask, with_entropy=True, entropy_grad=False)
     assert lp.requires_grad and not ent.requires_grad
     lp.sum().backward()
