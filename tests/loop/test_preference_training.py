@@ -77,6 +77,27 @@ def test_sequence_logprobs_sum_the_response_tokens() -> None:
         assert float(got[i]) == pytest.approx(want, rel=1e-9)
 
 
+def test_encode_pair_renders_the_chat_and_appends_eos() -> None:
+    from posttrain.envs.preference_data import PreferencePair
+    from posttrain.envs.prompt_render import PromptRenderer
+    from posttrain.loop.preference_batch import encode_pair
+    from posttrain.models import build_char_tokenizer
+
+    tok = build_char_tokenizer()
+    renderer = PromptRenderer(tok, chat=True, system_prompt="Be loud.")
+    chat = ({"role": "user", "content": "hi"},)
+    enc = encode_pair(PreferencePair("t/0", chat, "HI", "hi", {"source": "f.jsonl: row 0"}), renderer, tok,
+                      max_length=64)
+    # <|system|>Be loud.<|user|>hi<|assistant|> : the prompt as the engine samples from it
+    assert tok.decode(list(enc.prompt)) == "<|system|>Be loud.<|user|>hi<|assistant|>"
+    assert enc.chosen == (*tok("HI", add_special_tokens=False).input_ids, tok.eos_token_id)
+    assert len(enc.prompt) == 13 and len(enc.rejected) == 3 and enc.source == "f.jsonl: row 0"  # 3 specials + 10 chars
+    with pytest.raises(UserError, match=r"f.jsonl: row 0: prompt \+ chosen response is 16 tokens, over "
+                       r"preference.max_length=15"):
+        encode_pair(PreferencePair("t/0", chat, "HI", "hi", {"source": "f.jsonl: row 0"}), renderer, tok,
+                    max_length=15)
+
+
 def test_batch_indices_walk_one_permutation_per_pass() -> None:
     a = batch_indices(10, 4, 0, seed=3) + batch_indices(10, 4, 4, seed=3) + batch_indices(10, 2, 8, seed=3)
     assert sorted(a) == list(range(10))  # one pass: every pair once
