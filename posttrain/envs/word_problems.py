@@ -91,7 +91,8 @@ class WordProblemsTask:
                 raise ValueError(f"word_problems: {', '.join(dead)} cannot take effect with phrasings='classic' "
                                  "(one sentence pattern per operation); set phrasings='families'")
             return
-        families_of(ops[0], True, self._family_fraction)  # validates the fraction
+        if not 0.0 < self._family_fraction < 1.0:
+            raise ValueError(f"word_problems: family_heldout_fraction must be in (0, 1), got {self._family_fraction}")
 
     @property
     def _family_fraction(self) -> float:
