@@ -53,6 +53,10 @@ class TinkerServer(ThreadingHTTPServer):
     """The HTTP server and its service; :meth:`start` serves on a thread, :meth:`close` stops both."""
 
     daemon_threads = True
+    # The SDK opens many connections at once (parallel polls, up to 50 requests per client) with a 5 s
+    # connect timeout: a backlog of socketserver's default 5 drops connects under load, and the client
+    # then re-sends requests (answered once, see TinkerService._submit).
+    request_queue_size = 256
 
     def __init__(self, service: TinkerService, host: str, port: int) -> None:
         self.service = service
