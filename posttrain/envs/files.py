@@ -202,7 +202,7 @@ class FileTask:
 
     def examples(self, split: str, n: int, seed: int) -> list[TaskExample]:
         """See the class docstring."""
-        pool = self.rows[check_split(split)]
+        pool = self.rows[check_split(split, self.name)]
         if not pool and n:
             raise ValueError(f"task {self.name!r}: split {split!r} is empty")
         rng = random.Random(f"{self.name}|{split}|{seed}")
