@@ -70,6 +70,11 @@ class TinkerServer(ThreadingHTTPServer):
         host, port = self.server_address[:2]
         return f"http://{host!s}:{port}"
 
+    def handle_error(self, request: object, client_address: object) -> None:
+        """A client that drops its connection (the SDK closing pooled connections) is not an error to print."""
+        if not isinstance(sys.exc_info()[1], ConnectionError):
+            super().handle_error(request, client_address)  # type: ignore[arg-type]
+
     def dispatch(self, method: str, path: str, body: bytes) -> Reply:
         """The reply to one request."""
         path = path.split("?", 1)[0]
