@@ -34,7 +34,7 @@ from posttrain.loop.preference_batch import EncodedPair, pair_logprobs
 from posttrain.loop.preference_loss import check_loss_kwargs, uses_reference
 from posttrain.loop.preference_step import PairBatch, PairBatchLoss, PreferenceRunResult
 from posttrain.loop.step_metrics import status_counts
-from posttrain.loop.training_loop import eval_due
+from posttrain.loop.training_loop import consumption_metrics, eval_due
 from posttrain.trajectory import Status, Trajectory
 
 if TYPE_CHECKING:
@@ -138,7 +138,8 @@ def train_online_preference(cfg: RunConfig, progress: Progress | None = None) ->
             step, t_step = st.step + 1, time.perf_counter()
             produced = producer.next_batch(step)
             trajs = produced.trajectories
-            metrics: dict[str, float | int | str | bool | None] = {**produced.info, **_reward_metrics(trajs)}
+            metrics: dict[str, float | int | str | bool | None] = {**produced.info, **_reward_metrics(trajs),
+                                                                   **consumption_metrics(trajs, produced.dropped)}
             pairs = group_pairs(trajs, cfg.preference.pairs_per_group)
             metrics["preference/pairs"] = float(len(pairs))
             if pairs:
