@@ -228,6 +228,11 @@ class InstructionFollowingTask:
         if not fams or bad or len(set(fams)) != len(fams):
             raise ValueError(f"instruction_following: families must be distinct names of {list(FAMILIES)}, "
                              f"got {list(fams)}")
+        splits = tuple(self.eval_splits)
+        object.__setattr__(self, "eval_splits", splits)
+        if not splits or not set(splits) <= {"heldout", "heldout_unseen"}:
+            raise ValueError(f"instruction_following: eval_splits must be a non-empty subset of heldout, "
+                             f"heldout_unseen; got {list(splits)}")
         if not 1 <= self.min_constraints <= self.max_constraints <= 3:
             raise ValueError(f"instruction_following: need 1 <= min_constraints <= max_constraints <= 3, got "
                              f"{self.min_constraints}, {self.max_constraints}")
@@ -308,5 +313,5 @@ class InstructionFollowingTask:
 @TASKS.register("instruction_following")
 def instruction_following(**kwargs: object) -> InstructionFollowingTask:
     """Factory of :class:`InstructionFollowingTask` (kwargs: ``min_constraints``, ``max_constraints``,
-    ``families``, ``heldout_fraction``, ``combo_heldout_fraction``)."""
+    ``families``, ``heldout_fraction``, ``combo_heldout_fraction``, ``eval_splits``)."""
     return InstructionFollowingTask(**kwargs)  # type: ignore[arg-type]

@@ -123,6 +123,12 @@ def test_bad_arguments() -> None:
         TASKS["instruction_following"]().examples("test", 1, seed=0)
     with pytest.raises(ValueError, match="families"):
         TASKS["instruction_following"](families=["haiku"])
+    with pytest.raises(ValueError, match="eval_splits"):
+        TASKS["instruction_following"](eval_splits=["heldout", "test"])
+    only = TASKS["instruction_following"](eval_splits=["heldout_unseen"])
+    assert only.eval_splits == ("heldout_unseen",) and len(only.examples("heldout_unseen", 2, seed=0)) == 2
+    with pytest.raises(ValueError, match="unknown split 'heldout'"):
+        only.examples("heldout", 1, seed=0)
     with pytest.raises(ValueError, match="max_constraints"):
         TASKS["instruction_following"](max_constraints=4)
     with pytest.raises(ValueError, match="only 0 distinct prompts"):  # no combination of 2 in the unseen split
