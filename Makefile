@@ -80,4 +80,4 @@ mypy-strict: $(STAMP)
 	$(BIN)/mypy --strict posttrain/loop posttrain/learner
 
 clean:
-	rm -rf $(VENV) $(VLLM_VENV)
+	rm -rf $(VENV) $(VLLM_VENV) $(COOKBOOK_VENV)
