@@ -105,3 +105,17 @@ def test_split_by_prompt_hash() -> None:
     assert split_pairs(list(reversed(pairs)), 0.3)[1] == list(reversed(held))  # order does not decide the split
     with pytest.raises(ValueError, match="heldout_fraction"):
         split_pairs(pairs, 0.0)
+
+
+def test_a_shipped_recipes_data_path_resolves_from_any_working_directory(tmp_path, monkeypatch):
+    """``posttrain/recipes/data/...`` (as the shipped dpo recipe names it) is found outside the repository
+    root; a relative path that exists nowhere stays as given, for the loader's "no such file" error."""
+    from posttrain.envs.preference_data import resolve_data_path
+
+    monkeypatch.chdir(tmp_path)
+    shipped = resolve_data_path("posttrain/recipes/data/shout_pairs.jsonl")
+    assert shipped.is_absolute() and shipped.is_file()
+    assert resolve_data_path("nowhere/pairs.jsonl") == Path("nowhere/pairs.jsonl")
+    (tmp_path / "posttrain/recipes/data").mkdir(parents=True)
+    (tmp_path / "posttrain/recipes/data/shout_pairs.jsonl").write_text("{}\n")
+    assert resolve_data_path("posttrain/recipes/data/shout_pairs.jsonl") == Path("posttrain/recipes/data/shout_pairs.jsonl")
