@@ -64,7 +64,8 @@ def load_pairs(cfg: RunConfig) -> tuple[list[PreferencePair], list[PreferencePai
     from posttrain.envs.preference_data import load_preference_pairs, split_pairs
 
     if cfg.preference.data is None:
-        raise UserError("trainer=preference (offline) needs preference.data")
+        raise UserError(f"trainer={cfg.trainer}" + (" (offline)" if cfg.trainer == "preference" else "")
+                        + " needs preference.data")
     pairs = load_preference_pairs(cfg.preference.data, cfg.preference.fields)
     train, heldout = split_pairs(pairs, cfg.preference.heldout_fraction)
     for name, part in (("training", train), ("held-out", heldout)):
@@ -278,5 +279,5 @@ def _train_offline(cfg: RunConfig, run_dir: Path, train_pairs: list[PreferencePa
                                curve=curve)
 
 
-__all__ = ["PreferenceRunResult", "batch_indices", "check_preference_config", "evaluate_pairs", "load_pairs",
+__all__ = ["batch_indices", "check_preference_config", "evaluate_pairs", "load_pairs",
            "locked_run_dir", "optimizer_settings", "restore", "save", "train_preference"]

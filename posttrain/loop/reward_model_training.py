@@ -46,8 +46,8 @@ from posttrain.learner.microbatch import split_by_token_budget
 from posttrain.learner.settings import BatchingSettings
 from posttrain.learner.trainer import Trainer
 from posttrain.loop.metrics_log import MetricsLog
+from posttrain.loop.preference_step import PreferenceRunResult
 from posttrain.loop.preference_training import (
-    PreferenceRunResult,
     batch_indices,
     load_pairs,
     locked_run_dir,
