@@ -25,18 +25,22 @@ class RayBackendConfig(BaseModel):
     num_reward_workers: int = Field(default=1, ge=0, description="verifier actors (0: verify in the driver process)")
     placement: Literal["colocated", "disaggregated"] = Field(
         default="colocated",
-        description="colocated: one placement group (PACK) for every worker; "
-        "disaggregated: one group per role, rollout workers SPREAD over nodes",
+        description="colocated: one placement group (PACK) for every worker, the learner ranks' group PACKed "
+        "too; disaggregated: one group per role, rollout workers and learner ranks SPREAD over nodes",
     )
     cpus_per_rollout_worker: float = Field(default=0.5, gt=0, description="logical CPUs reserved per rollout worker")
     cpus_per_reward_worker: float = Field(default=0.25, gt=0, description="logical CPUs reserved per reward worker")
-    cpus_per_learner: float = Field(default=0.5, gt=0, description="logical CPUs reserved for a remote learner")
+    cpus_per_learner: float = Field(
+        default=0.5, gt=0, description="logical CPUs reserved per learner rank actor (learner.strategy ddp / fsdp2)"
+    )
     gpus_per_rollout_worker: float = Field(default=0.0, ge=0)
-    gpus_per_learner: float = Field(default=0.0, ge=0)
+    gpus_per_learner: float = Field(default=0.0, ge=0, description="GPUs per learner rank actor (1 for a CUDA learner)")
     rollout_resources: dict[str, float] = Field(
         default_factory=dict, description="custom resources per rollout worker, e.g. {'rollout_node': 1}"
     )
-    learner_resources: dict[str, float] = Field(default_factory=dict)
+    learner_resources: dict[str, float] = Field(
+        default_factory=dict, description="custom resources per learner rank bundle, e.g. {'learner_node': 1}"
+    )
     transfer_timeout_s: float = Field(default=60.0, gt=0, description="bound on one weight broadcast (fails loudly)")
     generate_timeout_s: float = Field(default=600.0, gt=0, description="bound on one worker's generate call")
     verify_timeout_s: float = Field(default=10.0, gt=0, description="per-item verifier time limit")
