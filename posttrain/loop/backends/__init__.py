@@ -12,6 +12,10 @@ Modules, one concept each:
 - :mod:`~posttrain.loop.backends.ray_cluster`: joining/starting the cluster, placement groups;
 - :mod:`~posttrain.loop.backends.ray_rollout` / :mod:`~posttrain.loop.backends.ray_reward`: the actor
   pools; :mod:`~posttrain.loop.backends.ray_backend`: their assembly;
+- :mod:`~posttrain.loop.backends.ray_learner`: learner ranks (``learner.strategy`` ddp / fsdp2) as Ray
+  actors, a :class:`~posttrain.learner.rank_transport.RankTransport` for
+  :class:`~posttrain.learner.ranks.LearnerRanks` (:func:`ray_rank_starter`; Ray is imported when the
+  ranks start);
 - :mod:`~posttrain.loop.backends.builtin_factory`: the built-in engine's picklable factory.
 
 Importing this package never imports Ray; :func:`build_ray_backend` does, and without Ray
@@ -33,6 +37,7 @@ from posttrain.loop.backends.base import (
     check_exactly_once,
 )
 from posttrain.loop.backends.builtin_factory import builtin_engine_factory
+from posttrain.loop.backends.ray_learner import ray_rank_starter
 from posttrain.rollout.engine import RolloutEngine
 
 __all__ = [
@@ -46,6 +51,7 @@ __all__ = [
     "build_ray_backend",
     "builtin_engine_factory",
     "check_exactly_once",
+    "ray_rank_starter",
 ]
 
 
@@ -55,3 +61,4 @@ def build_ray_backend(engine_factory: Callable[[], RolloutEngine], cfg: RayBacke
     from posttrain.loop.backends.ray_backend import build_ray_backend as _build
 
     return _build(engine_factory, cfg, crash_markers=crash_markers)
+
