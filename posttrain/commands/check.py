@@ -12,9 +12,17 @@ On the configured model, engine and recipe (a few prompts, no training) it check
 5. ``save_resume``: a checkpoint round trip keeps the log-probs, versions and data cursor.
 
 With ``env.name`` set the trajectories are multi-turn episodes played as in training, so checks
-1-4 also cover the observation tokens between turns (never in a ratio, a loss or a gradient).
+1-4 also cover the observation tokens between turns (never in a ratio, a loss or a gradient). With
+``loss.distill`` the advantages are the teacher's reverse-KL ones the run trains on.
 
-Prints a pass/fail table; exit code 1 when any check fails.
+The list depends on the recipe's ``trainer`` (:func:`run_checks`): ``preference`` (offline) and
+``reward_model`` run their own checks on a few pairs of ``preference.data``
+(:mod:`posttrain.commands.check_preference`, :mod:`posttrain.commands.check_reward_model`); online
+``preference`` runs checks 3 and 5 on the sampled groups and the preference checks on pairs built from
+them (:func:`online_preference_checks`).
+
+Prints a pass / FAIL / n/a table (n/a: the check does not apply, the detail says why); exit code 1 when
+any check fails.
 """
 
 from __future__ import annotations
@@ -22,31 +30,34 @@ from __future__ import annotations
 import argparse
 import copy
 import tempfile
+from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import torch
 
+from posttrain.commands.check_result import CheckResult, all_passed, max_rel
+
 if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerBase
+
     from posttrain.config import RunConfig
     from posttrain.envs.task import Task
+    from posttrain.learner.actor import PolicyLearner
+    from posttrain.loop.preference_batch import EncodedPair
     from posttrain.rewards.scoring import Decoder
     from posttrain.rollout.engine import RolloutEngine
-    from posttrain.trajectory import Trajectory
+    from posttrain.trajectory import Trajectory, TrajectoryBatch
 
 
 def register(sub: Any) -> None:
-    p = sub.add_parser("check", help="run the verification list (ratio=1, masking, |log k|, splits, resume)")
+    p = sub.add_parser("check", help="run the verification list of the recipe's trainer (ratio=1, masking, |log k|, "
+                                     "splits, resume; preference / reward-model checks)")
     p.add_argument("recipe", nargs="?", default="grpo", help="recipe YAML path or shipped name (default grpo)")
     p.add_argument("overrides", nargs="*", help="key=value overrides")
-    p.add_argument("--prompts", type=int, default=4, help="prompts to sample (x group size)")
+    p.add_argument("--prompts", type=int, default=4, help="prompts to sample (x group size); preference and "
+                   "reward-model recipes: pairs to check")
     p.set_defaults(func=run)
-
-
-def _max_rel(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> float:
-    num = max(float((a[k] - b[k]).abs().max()) for k in a)
-    den = max(float(a[k].abs().max()) for k in a) or 1.0
-    return num / den
 
 
 def _episode_trajectories(cfg: RunConfig, prompts: int, tok: Decoder, model: torch.nn.Module, task: Task,
@@ -65,29 +76,19 @@ def _episode_trajectories(cfg: RunConfig, prompts: int, tok: Decoder, model: tor
     return [t for g in groups for t in g]
 
 
-def run_checks(cfg: RunConfig, prompts: int = 4) -> list[tuple[str, bool, str]]:
-    """Run the five checks on ``cfg``; returns ``[(name, passed, detail)]``."""
+def sample_trajectories(cfg: RunConfig, prompts: int, tok: Any, model: torch.nn.Module, task: Task,
+                        engine: RolloutEngine) -> list[Trajectory]:
+    """``prompts`` groups sampled and scored as a training step would (multi-turn episodes with ``env.name``),
+    infra_error / env_failure rows left out; ``ValueError`` when none is left. ``tok`` is
+    :func:`~posttrain.loop.builders.build_model`'s tokenizer (typed as it returns it)."""
     from posttrain.envs.task import check_prompts, task_rows
-    from posttrain.learner.checkpoint import load_checkpoint, restore_actor, save_checkpoint
-    from posttrain.loop.builders import (
-        build_engine,
-        build_model,
-        build_policy_learner,
-        build_renderer,
-        build_task,
-    )
+    from posttrain.loop.builders import build_renderer
     from posttrain.loop.single_turn import play_once
-    from posttrain.loop.targets import build_targets
     from posttrain.rewards.scoring import ScoringSpec
     from posttrain.rollout.sampling import SamplingParams
-    from posttrain.trajectory import Status, collate
+    from posttrain.trajectory import Status
 
-    torch.manual_seed(cfg.seed)
-    tok, model = build_model(cfg)
     renderer = build_renderer(cfg, tok)
-    task = build_task(cfg)
-    learner = build_policy_learner(cfg, model)
-    engine = build_engine(learner.model, tok)
     if cfg.env.name is not None:
         trajs = _episode_trajectories(cfg, prompts, tok, model, task, engine)
     else:
@@ -108,14 +109,88 @@ def run_checks(cfg: RunConfig, prompts: int = 4) -> list[tuple[str, bool, str]]:
     if not trajs:
         raise ValueError(f"check: none of the {prompts} sampled prompts gave a usable trajectory (all infra_error / "
                          "env_failure); nothing to check")
+    return trajs
+
+
+def check_behavior_vs_old(batch: TrajectoryBatch, old: torch.Tensor, cfg: RunConfig) -> CheckResult:
+    """``behavior_vs_old``: |log kappa| = |log mu - log pi_old| over the action tokens against
+    ``guards.max_abs_log_kappa``."""
+    mask = batch.action_mask > 0
+    lk = (batch.behavior_logprob - old).abs()[mask]
+    p99 = float(torch.quantile(lk, 0.99)) if lk.numel() else 0.0
+    thr = cfg.guards.max_abs_log_kappa
+    return ("behavior_vs_old", float(lk.max()) < thr,
+            f"|log k| mean {float(lk.mean()):.2e}, p99 {p99:.2e}, max {float(lk.max()):.2e} (limit {thr:g})")
+
+
+def check_save_resume(cfg: RunConfig, learner: PolicyLearner, tok: PreTrainedTokenizerBase, batch: TrajectoryBatch,
+                      old: torch.Tensor) -> CheckResult:
+    """``save_resume``: a checkpoint of ``learner`` reloaded into a differently initialised model gives the
+    same log-probs, and the cursor and versions come back."""
+    from posttrain.learner.checkpoint import load_checkpoint, restore_actor, save_checkpoint
+    from posttrain.loop.builders import build_model, build_policy_learner
+
+    with tempfile.TemporaryDirectory() as d:
+        extra = {"cursor": 123, "policy_version": learner.version, "ref_version": 0}
+        path = save_checkpoint(Path(d) / "step_000001", step=1, actor=learner.model, tokenizer=tok,
+                               learner_state={"learner": learner.state_dict()}, extra=extra)
+        ck = load_checkpoint(path)
+        _, fresh = build_model(cfg.model_copy(update={"model": cfg.model.model_copy(update={"init_seed": cfg.model.init_seed + 1})}))
+        restore_actor(fresh, ck)
+        lp2 = build_policy_learner(cfg, fresh).compute_logprobs(batch)
+        dlp = float((lp2 - old).abs().max())
+        same_extra = ck.extra == extra
+    return ("save_resume", dlp == 0.0 and same_extra,
+            f"max |d logprob| after reload {dlp:.2e}; cursor/versions restored: {same_extra}")
+
+
+def _teacher_logprobs(teacher: torch.nn.Module, learner: PolicyLearner, batch: TrajectoryBatch,
+                      cfg: RunConfig) -> torch.Tensor:
+    """The frozen teacher's log-probs of ``batch`` as a distillation run computes them (the learner's
+    temperature and truncation), 0 off the action mask."""
+    from posttrain.learner.logprobs import token_logprobs
+
+    with torch.no_grad():
+        lp, _ = token_logprobs(teacher, batch.input_ids, batch.attention_mask, temperature=learner.temperature,
+                               top_k=learner.top_k, top_p=learner.top_p, microbatch_tokens=cfg.optim.microbatch_tokens,
+                               action_mask=batch.action_mask)
+    out: torch.Tensor = lp * batch.action_mask.to(lp.dtype)
+    return out
+
+
+def run_rl_checks(cfg: RunConfig, prompts: int = 4) -> list[CheckResult]:
+    """Run the five RL checks (module docstring) on ``cfg``; returns ``[(name, passed, detail)]``."""
+    from posttrain.learner.checkpoint import quiet_hf_progress
+    from posttrain.loop.builders import (
+        build_engine,
+        build_model,
+        build_policy_learner,
+        build_task,
+        build_teacher,
+    )
+    from posttrain.loop.targets import build_targets
+    from posttrain.trajectory import collate
+
+    torch.manual_seed(cfg.seed)
+    tok, model = build_model(cfg)
+    task = build_task(cfg)
+    learner = build_policy_learner(cfg, model)
+    engine = build_engine(learner.model, tok)
+    trajs = sample_trajectories(cfg, prompts, tok, model, task, engine)
     batch = collate(trajs, pad_token_id=int(tok.pad_token_id or 0))
     old = learner.compute_logprobs(batch)
+    distill = cfg.loss.distill  # on-policy distillation: the teacher's reverse-KL advantages, as the run trains
+    with quiet_hf_progress():
+        teacher = build_teacher(cfg, tok) if distill is not None else None
     adv = build_targets(batch, old_logprob=old, ref_logprob=None, values=None,
                         estimator=cfg.credit.estimator if not cfg.critic.enabled else "grpo",
-                        estimator_kwargs=cfg.credit.kwargs if not cfg.critic.enabled else {}).advantages
+                        estimator_kwargs=cfg.credit.kwargs if not cfg.critic.enabled else {},
+                        teacher_logprob=None if teacher is None else _teacher_logprobs(teacher, learner, batch, cfg),
+                        distill_coef=None if distill is None else distill.coef,
+                        distill_only=distill is not None and distill.only).advantages
     if not bool((adv != 0).any()):  # all-equal rewards: use a fixed pattern so gradients are non-trivial
         adv = torch.linspace(-1, 1, batch.size, dtype=torch.float64)[:, None] * batch.action_mask
-    results: list[tuple[str, bool, str]] = []
+    results: list[CheckResult] = []
     mask = batch.action_mask > 0
 
     # 1. ratio = 1 at lr = 0
@@ -135,16 +210,12 @@ def run_checks(cfg: RunConfig, prompts: int = 4) -> list[tuple[str, bool, str]]:
     junk.input_ids = torch.where(batch.attention_mask > 0, batch.input_ids, (batch.input_ids + 7) % 50)
     loss_b, g_b = learner.compute_gradients(junk, torch.where(mask, adv, 1e3 * noise),
                                             old_logprob=torch.where(mask, old, -30.0 + noise))
-    rel = _max_rel(g_a, g_b)
+    rel = max_rel(g_a, g_b)
     results.append(("mask_invariance", abs(loss_a - loss_b) <= 1e-6 * max(1.0, abs(loss_a)) and rel < 1e-5,
                     f"|d loss| = {abs(loss_a - loss_b):.2e}, max rel |d grad| = {rel:.2e}"))
 
     # 3. behavior vs recomputed old log-probs
-    lk = (batch.behavior_logprob - old).abs()[mask]
-    p99 = float(torch.quantile(lk, 0.99)) if lk.numel() else 0.0
-    thr = cfg.guards.max_abs_log_kappa
-    results.append(("behavior_vs_old", float(lk.max()) < thr,
-                    f"|log k| mean {float(lk.mean()):.2e}, p99 {p99:.2e}, max {float(lk.max()):.2e} (limit {thr:g})"))
+    results.append(check_behavior_vs_old(batch, old, cfg))
 
     # 4. micro-batch split invariance
     whole = build_policy_learner(cfg.model_copy(update={"optim": cfg.optim.model_copy(update={"microbatch_tokens": 10**9})}),
@@ -153,24 +224,89 @@ def run_checks(cfg: RunConfig, prompts: int = 4) -> list[tuple[str, bool, str]]:
                             learner.model)
     la, ga = whole.compute_gradients(batch, adv, old_logprob=old)
     lb, gb = one_row.compute_gradients(batch, adv, old_logprob=old)
-    rel = _max_rel(ga, gb)
+    rel = max_rel(ga, gb)
     results.append(("microbatch_split", rel < 1e-4 and abs(la - lb) <= 1e-5 * max(1.0, abs(la)),
                     f"1 row vs whole batch: |d loss| = {abs(la - lb):.2e}, max rel |d grad| = {rel:.2e}"))
 
     # 5. save / resume continuity
-    with tempfile.TemporaryDirectory() as d:
-        extra = {"cursor": 123, "policy_version": learner.version, "ref_version": 0}
-        path = save_checkpoint(Path(d) / "step_000001", step=1, actor=learner.model, tokenizer=tok,
-                               learner_state={"learner": learner.state_dict()}, extra=extra)
-        ck = load_checkpoint(path)
-        _, fresh = build_model(cfg.model_copy(update={"model": cfg.model.model_copy(update={"init_seed": cfg.model.init_seed + 1})}))
-        restore_actor(fresh, ck)
-        lp2 = build_policy_learner(cfg, fresh).compute_logprobs(batch)
-        dlp = float((lp2 - old).abs().max())
-        same_extra = ck.extra == extra
-    results.append(("save_resume", dlp == 0.0 and same_extra,
-                    f"max |d logprob| after reload {dlp:.2e}; cursor/versions restored: {same_extra}"))
+    results.append(check_save_resume(cfg, learner, tok, batch, old))
     return results
+
+
+def sampled_pairs(trajectories: Sequence[Trajectory]) -> list[EncodedPair]:
+    """Per group, its first two responses with action tokens as a (first, second) pair, whatever their
+    verdicts: the preference checks' invariants (zero margin at the start, masking, micro-batch splits)
+    hold for any pair, so they run even when no group mixes correct and wrong responses."""
+    import numpy as np
+
+    from posttrain.loop.preference_batch import EncodedPair
+
+    groups: dict[str, list[Trajectory]] = {}
+    for t in trajectories:
+        if t.num_actions > 0:
+            groups.setdefault(t.group_id, []).append(t)
+    out = []
+    for gid, (a, b, *_) in ((g, m) for g, m in groups.items() if len(m) >= 2):
+        first = int(np.argmax(a.action_mask.astype(bool)))
+        out.append(EncodedPair(pair_id=f"{a.traj_id}>{b.traj_id}", prompt=tuple(int(x) for x in a.token_ids[:first]),
+                               chosen=tuple(int(x) for x in a.token_ids[a.action_mask.astype(bool)]),
+                               rejected=tuple(int(x) for x in b.token_ids[b.action_mask.astype(bool)]),
+                               score_diff=0.0, source=f"group {gid}"))
+    return out
+
+
+def online_preference_checks(cfg: RunConfig, prompts: int = 4) -> list[CheckResult]:
+    """``trainer: preference`` with ``preference.online``: the rollout checks ``behavior_vs_old`` and
+    ``save_resume`` on ``prompts`` sampled groups, then the preference checks of
+    :mod:`posttrain.commands.check_preference` on the pairs those groups give
+    (:func:`~posttrain.loop.online_preference.group_pairs`), which replace the RL policy-loss checks (the
+    run trains with the preference loss, not a policy-gradient one). Where the groups give fewer than two
+    (correct, wrong) pairs (an untrained model, all wrong) the pairs are :func:`sampled_pairs`; fewer than two
+    of those leave the three ``n/a``, saying so."""
+    from posttrain.commands.check_preference import pair_checks
+    from posttrain.loop.builders import build_engine, build_model, build_policy_learner, build_task
+    from posttrain.loop.online_preference import group_pairs
+    from posttrain.loop.preference_loss import uses_reference
+    from posttrain.trajectory import collate
+
+    torch.manual_seed(cfg.seed)
+    tok, model = build_model(cfg)
+    learner = build_policy_learner(cfg, model)
+    trajs = sample_trajectories(cfg, prompts, tok, model, build_task(cfg), build_engine(learner.model, tok))
+    batch = collate(trajs, pad_token_id=int(tok.pad_token_id or 0))
+    old = learner.compute_logprobs(batch)
+    results = [check_behavior_vs_old(batch, old, cfg)]
+    pairs = group_pairs(trajs, cfg.preference.pairs_per_group)
+    if len(pairs) < 2:  # the invariants do not depend on which response is preferred: any two of a group
+        pairs = sampled_pairs(trajs)
+    names = ("reference_equals_policy", "mask_invariance", "microbatch_split")
+    if len(pairs) < 2:
+        why = f"the {prompts} sampled groups gave {len(pairs)} pair(s) of responses, need 2; raise --prompts"
+        results += [(n, None, why) for n in names]
+    else:
+        policy = learner.model.eval()
+        ref = copy.deepcopy(policy).requires_grad_(False) if uses_reference(cfg.preference.loss) else None
+        results += pair_checks(policy, ref, pairs, cfg, int(tok.pad_token_id or 0))
+    results.append(check_save_resume(cfg, learner, tok, batch, old))
+    return results
+
+
+def run_checks(cfg: RunConfig, prompts: int = 4) -> list[CheckResult]:
+    """The checks of ``cfg``'s trainer: ``rl`` (distillation included) the five RL checks of the module
+    docstring; ``preference`` offline :func:`~posttrain.commands.check_preference.offline_checks` on
+    ``prompts`` pairs, online :func:`online_preference_checks`; ``reward_model``
+    :func:`~posttrain.commands.check_reward_model.reward_model_checks`."""
+    if cfg.trainer == "reward_model":
+        from posttrain.commands.check_reward_model import reward_model_checks
+
+        return reward_model_checks(cfg, prompts)
+    if cfg.trainer == "preference":
+        if cfg.preference.online:
+            return online_preference_checks(cfg, prompts)
+        from posttrain.commands.check_preference import offline_checks
+
+        return offline_checks(cfg, prompts)
+    return run_rl_checks(cfg, prompts)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -186,6 +322,7 @@ def run(args: argparse.Namespace) -> int:
     t.add_column("result")
     t.add_column("detail")
     for name, ok, detail in results:
-        t.add_row(name, "[green]pass[/green]" if ok else "[red]FAIL[/red]", detail)
+        t.add_row(name, "[yellow]n/a[/yellow]" if ok is None else "[green]pass[/green]" if ok else "[red]FAIL[/red]",
+                  detail)
     Console().print(t)
-    return 0 if all(ok for _, ok, _ in results) else 1
+    return 0 if all_passed(results) else 1
