@@ -211,9 +211,12 @@ class LearnerRanks:
         mine = self.model.state_dict()
         got: list[str] = []
         received = [0]
+        stream_s = [0.0, 0.0]  # monotonic time of the first bucket's arrival, of the last bucket loaded
         digest = hashlib.blake2b(digest_size=16)
 
         def load_bucket(bucket: WeightBucket) -> None:
+            if received[0] == 0:
+                stream_s[0] = time.monotonic()
             index, packet, checksum, version = bucket.index, bucket.packet, bucket.checksum, bucket.version
             if index != received[0] or version != self.version + 1:
                 raise LearnerRankError(f"weight bucket {index} v{version} arrived, expected bucket {received[0]} "
@@ -228,6 +231,7 @@ class LearnerRanks:
                     mine[k].copy_(v)
             got.extend(sd)
             received[0] += 1
+            stream_s[1] = time.monotonic()
             digest.update(checksum.encode())
 
         self._on_bucket = load_bucket
@@ -251,6 +255,7 @@ class LearnerRanks:
         metrics = dict(metrics)
         metrics["learner/world_size"] = float(self.world_size)
         metrics["learner/weight_buckets"] = float(self.last_weight_buckets)
+        metrics["time/learner_weight_stream_s"] = stream_s[1] - stream_s[0]  # ranks -> driver copy
         if not self._placement_reported:  # once: the first update's metrics carry where the ranks run
             metrics.update(placement_metrics(self.placement))
             self._placement_reported = True
