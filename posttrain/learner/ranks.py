@@ -2,8 +2,11 @@
 
 The driver (the loop's process) keeps orchestrating rollout, reward and ledger. :class:`LearnerRanks`
 stands where the embedded :class:`~posttrain.learner.actor.PolicyLearner` stands (``run.learner``)
-and forwards every learner call to ``world_size`` rank processes (``torch.multiprocessing`` spawn,
-one pipe each, a process group over 127.0.0.1: gloo on CPU, NCCL on CUDA). Every rank runs the
+and forwards every learner call to ``world_size`` ranks through a
+:class:`~posttrain.learner.rank_transport.RankTransport`: by default rank processes on this machine
+(``torch.multiprocessing`` spawn, one pipe each, a process group over 127.0.0.1: gloo on CPU, NCCL on
+CUDA); with ``start_ranks`` e.g. Ray actors on other nodes
+(``posttrain.loop.backends.ray_learner``). Every rank runs the
 same :class:`PolicyLearner` update code; only its :mod:`~posttrain.learner.grad_sync` hook differs:
 
 - ``ddp``: :class:`~posttrain.learner.distributed.ProcessGroupSync` — a full replica per rank,
@@ -30,8 +33,8 @@ before their next call. Checkpoints are sharded (:meth:`LearnerRanks.save_sharde
 :mod:`~posttrain.learner.sharded_checkpoint`); :meth:`LearnerRanks.state_dict` still gives the
 embedded learner's format (an id-keyed full AdamW state, gathered on rank 0).
 
-Faults: every call waits on the ranks' pipes in 0.5 s slices and checks the processes; a rank
-that exits (SIGKILL included) fails the call within that slice, a rank that stays silent past
+Faults: every call waits on the ranks' messages in 0.5 s slices and checks the ranks; a rank
+that exits (SIGKILL included, or its Ray actor / node dies) fails the call within that slice, a rank that stays silent past
 ``rank_timeout_s`` fails it then; either way all ranks are killed and :class:`LearnerRankError`
 names the rank. The run's checkpoints are untouched, so ``resume=true`` continues from the last one.
 
