@@ -61,11 +61,17 @@ class EnvTask:
             raise ValueError(f"env.name={self.env_name!r}: the factory returned {type(probe).__name__}, which has no "
                              "reset(seed) / step(text) / name (posttrain.envs.multiturn.Environment)")
         self.verifier = EnvVerifier(str(probe.name), str(getattr(probe, "version", "0")))
+        self._key = getattr(probe, "problem_key", None)
 
     @property
     def name(self) -> str:
         """The environment's name (prefix of prompt ids)."""
         return self.verifier.name
+
+    def problem_key(self, prompt: str) -> str:
+        """The problem a first observation states (the environment's ``problem_key(statement)`` when it has
+        one, e.g. ``a*b`` and ``b*a`` as one product; else the text itself)."""
+        return prompt if self._key is None else str(self._key(prompt))
 
     def make_env(self, **overrides: Any) -> Environment:
         """A fresh environment (``overrides`` on top of ``kwargs``, e.g. ``use_tools=False``)."""

@@ -127,7 +127,8 @@ class ToolEnv:
     observation (reward part ``tool_calls`` +1 each); invalid calls and turns with neither are
     invalid actions (``invalid_actions`` +1, the observation says why). ``use_tools=False``
     declares no tools and refuses calls (the no-tool baseline of the same problems).
-    ``max_calls`` bounds calls per episode (more are invalid actions).
+    ``max_calls`` bounds calls per episode (more are invalid actions). ``canonical(statement)``, when
+    given, names the problem a statement states (:meth:`problem_key`: ``a*b`` and ``b*a`` are one).
     """
 
     #: the reward parts its steps report (checked against ``reward.weights`` at config load; a part an
@@ -141,6 +142,7 @@ class ToolEnv:
     max_calls: int = 8
     version: str = "1"
     demonstrate: Callable[[int], list[str]] | None = None
+    canonical: Callable[[str], str] | None = None
     target: int | None = dataclasses.field(default=None, init=False)
     calls: int = dataclasses.field(default=0, init=False)
 
@@ -182,6 +184,11 @@ class ToolEnv:
             except Exception as e:  # noqa: BLE001 - a crashing tool is an observation the model sees
                 lines.append(f"tool error: {type(e).__name__}: {e}"[:200])
         return StepResult("\n".join(lines), {k: v for k, v in parts.items() if v})
+
+    def problem_key(self, statement: str) -> str:
+        """The problem ``statement`` (a first observation) states: two statements with one key are the same
+        problem (the SFT warm-up demonstrates no problem whose key a held-out statement has)."""
+        return statement if self.canonical is None else self.canonical(statement)
 
     def demonstration(self, seed: int) -> list[str]:
         """Assistant turns of a demonstration episode of ``seed`` for the SFT warm-up (``demonstrate``)."""
@@ -246,6 +253,12 @@ def multiplication_problem(digits: Sequence[int] | int, name: str = "mul") -> Ca
     return draw
 
 
+def product_key(statement: str) -> str:
+    """The problem of a ``"a*b=?"`` statement with its factors sorted (``"7*3=?"`` -> ``"3*7"``): the
+    same product whichever operand comes first."""
+    return "*".join(sorted(statement.removesuffix("=?").split("*"), key=lambda f: (len(f), f)))
+
+
 def hermes_call(name: str, **arguments: Any) -> str:
     """A compact Hermes-style call ``<tool_call>{"name": ..., "arguments": {...}}</tool_call>``."""
     return "<tool_call>" + json.dumps({"name": name, "arguments": arguments}, separators=(",", ":")) + "</tool_call>"
@@ -278,7 +291,7 @@ def calculator_tool_env(digits: Sequence[int] | int = 3, parser: str = "hermes",
     SFT demonstrations: :func:`format_demonstrations` with ``demo_direct_fraction``."""
     problem = multiplication_problem(digits, "calculator_tool")
     return ToolEnv("calculator_tool", [CALCULATOR], problem, parser=parser, use_tools=use_tools, max_calls=max_calls,
-                   demonstrate=format_demonstrations(problem, demo_direct_fraction))
+                   demonstrate=format_demonstrations(problem, demo_direct_fraction), canonical=product_key)
 
 
 def python_tool_env(digits: Sequence[int] | int = 3, parser: str = "hermes", use_tools: bool = True,
@@ -290,4 +303,4 @@ def python_tool_env(digits: Sequence[int] | int = 3, parser: str = "hermes", use
 
 __all__ = ["CALCULATOR", "TOOL_PARSERS", "ParsedCall", "Tool", "ToolEnv", "calculator_tool_env", "check_arguments",
            "format_demonstrations", "hermes_call",
-           "multiplication_problem", "parse_hermes", "python_tool", "python_tool_env"]
+           "multiplication_problem", "parse_hermes", "product_key", "python_tool", "python_tool_env"]

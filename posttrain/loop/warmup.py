@@ -4,7 +4,9 @@ Single-turn, the pairs are (rendered prompt, the example's ``meta['answer']`` + 
 the environment's demonstrations, one pair per turn. ``sft.batch_size`` pairs are drawn per step with
 replacement (seeded by ``seed``) from ``sft.examples`` training examples; the per-step losses go to
 ``sft_losses.json``. The reference model and the engine then take the warmed weights, so the step-0
-held-out evaluation and the KL are measured from them.
+held-out evaluation and the KL are measured from them. The warm-up's problems are training ones,
+less any that states a held-out problem in other words (:func:`warmup_examples`): no problem of the
+run's held-out sets is ever demonstrated.
 """
 
 from __future__ import annotations
@@ -15,8 +17,11 @@ from typing import TYPE_CHECKING
 import torch
 
 if TYPE_CHECKING:
+    from collections.abc import Callable, Sequence
+
     from rich.progress import Progress
 
+    from posttrain.config import RunConfig
     from posttrain.envs.task import Task, TaskExample
     from posttrain.loop.run import Run
 
@@ -29,13 +34,25 @@ def reference_answer(task: Task, ex: TaskExample) -> str:
     return str(ans)
 
 
+def warmup_examples(task: Task, cfg: RunConfig, heldout: Sequence[TaskExample]) -> list[TaskExample]:
+    """The warm-up's problems: ``sft.examples`` of ``task``'s *training* split (seed ``seed + 12345``;
+    the split is by problem, so none is a held-out statement), less any that states the same problem as
+    one of ``heldout`` in other words (``task.problem_key`` when the task has one: ``b*a`` for a held-out
+    ``a*b``). A warm-up never demonstrates a problem the run is evaluated on."""
+    key: Callable[[str], str] = getattr(task, "problem_key", None) or str
+    held = {key(ex.prompt) for ex in heldout}
+    return [ex for ex in task.examples("train", cfg.sft.examples, seed=cfg.seed + 12_345) if key(ex.prompt) not in held]
+
+
 def sft_warmup(run: Run, progress: Progress | None = None) -> None:
     """``run.cfg.sft.steps`` SFT steps on ``run``'s learner model (:func:`posttrain.learner.sft.run_sft`,
     a ``rich`` ``progress`` bar when given); then the reference model and the engine get its weights."""
     from posttrain.learner.sft import run_sft
+    from posttrain.loop.heldout import eval_splits, split_examples
 
     cfg = run.cfg
-    pool = run.task.examples("train", cfg.sft.examples, seed=cfg.seed + 12_345)
+    held = [ex for split in eval_splits(run.task) for ex in split_examples(run, split)]
+    pool = warmup_examples(run.task, cfg, held)
     tok = run.tokenizer
     eos = tok.eos_token_id
     if cfg.env.name is not None:  # multi-turn: the environment's demonstrations, one pair per turn
@@ -65,4 +82,4 @@ def sft_warmup(run: Run, progress: Progress | None = None) -> None:
     run.sync_weights()
 
 
-__all__ = ["reference_answer", "sft_warmup"]
+__all__ = ["reference_answer", "sft_warmup", "warmup_examples"]
