@@ -6,11 +6,18 @@ accuracy of every held-out set with bootstrap 95% intervals (first, best and las
 rise first -> last: :func:`~posttrain.evaluation.report.accuracy_summaries`), the strata and the
 symptom table; writes JSON (``heldout_intervals.json`` beside ``diagnostics.json``), PNGs and
 ``report.html`` (see docs/diagnostics.md).
+
+Per trainer (the run's ``config.yaml``): a run with learned reward components (``reward.model``,
+``reward.judge``) adds each one's agreement with the verifier (``learned_agreement.json``); a distillation
+run (``loss.distill``) the teacher log-prob gap strata (``teacher_gap_strata.json``). An offline
+``trainer: preference`` or a ``trainer: reward_model`` run samples nothing (no ledger): its report is the
+held-out pair accuracy curve with first / best / last (``pair_accuracy.json``).
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 from pathlib import Path
 from typing import Any
@@ -40,6 +47,71 @@ def _eval_temperatures(run_dir: Path) -> tuple[float, float | None]:
     return (float(t) if isinstance(t, (int, float)) else 0.0), (float(st) if isinstance(st, (int, float)) else None)
 
 
+def _pair_trainer(config: dict[str, Any]) -> str | None:
+    """``"preference"`` / ``"reward_model"`` for a run that trains on pairs without sampling, else None."""
+    trainer = config.get("trainer", "rl")
+    online = bool((config.get("preference") or {}).get("online", False))
+    return str(trainer) if trainer == "reward_model" or (trainer == "preference" and not online) else None
+
+
+def _pair_report(args: argparse.Namespace, run_dir: Path, trainer: str) -> int:
+    """The report of an offline preference or reward-model run: its held-out pair accuracy curve."""
+    from rich.console import Console
+
+    from posttrain.evaluation.report import pair_accuracy_curve, pair_accuracy_summary, pair_accuracy_table
+
+    curve = pair_accuracy_curve(run_dir)
+    if not curve:
+        raise FileNotFoundError(f"{run_dir}: a trainer={trainer} run with no held-out pair evaluation in "
+                                "metrics.jsonl yet")
+    out = Path(args.out) if args.out is not None else run_dir / "diagnostics"
+    out.mkdir(parents=True, exist_ok=True)
+    path = out / "pair_accuracy.json"
+    path.write_text(json.dumps({"trainer": trainer, "curve": curve, "summary": pair_accuracy_summary(curve)}, indent=2))
+    if not args.quiet:
+        con = Console()
+        con.print(pair_accuracy_table(curve, trainer))
+        con.print(f"trainer={trainer} samples no responses (no ledger): the RL strata, trends and failure symptoms "
+                  "do not apply; no interval: per-pair outcomes are not recorded")
+    print(f"wrote {path}")
+    return 0
+
+
+def _strata_table(t: dict[str, Any]) -> Any:
+    from rich.table import Table
+
+    tab = Table(title=f"by {t['feature']}")
+    for col in ("stratum", "n", "reward", "accuracy", "length", "truncated"):
+        tab.add_column(col, justify="right")
+    for s in t["strata"]:
+        tab.add_row(s["label"], str(s["n"]), _fmt(s["reward_mean"]), _fmt(s["accuracy"]),
+                    _fmt(s["length_mean"]), _fmt(s["truncated_rate"]))
+    return tab
+
+
+def _trainer_sections(run_dir: Path, config: dict[str, Any], out: Path) -> tuple[list[Any], list[Path]]:
+    """What a run's trainer adds to the report: learned-reward agreement lines and the teacher gap strata
+    table (printables, files written); nothing for a plain RL run."""
+    from posttrain.diagnostics.learned_reward import run_agreements
+
+    printables: list[Any] = []
+    files: list[Path] = []
+    agreements = run_agreements(run_dir, config)
+    if agreements:
+        printables += [line for a in agreements for line in a.lines()]
+        files.append(out / "learned_agreement.json")
+        files[-1].write_text(json.dumps([dataclasses.asdict(a) for a in agreements], indent=2))
+    if (config.get("loss") or {}).get("distill"):
+        from posttrain.diagnostics.strata import teacher_gap_strata
+        from posttrain.diagnostics.teacher_gap import teacher_gap_rows
+
+        table = dataclasses.asdict(teacher_gap_strata(teacher_gap_rows(run_dir)))
+        printables.append(f"[bold]{table['feature']}[/bold]: {table['note']}" if table["note"] else _strata_table(table))
+        files.append(out / "teacher_gap_strata.json")
+        files[-1].write_text(json.dumps(table, indent=2))
+    return printables, files
+
+
 def run(args: argparse.Namespace) -> int:
     """Build the report of ``args.run_dir``; exit code 0."""
     from rich.console import Console
@@ -53,11 +125,18 @@ def run(args: argparse.Namespace) -> int:
         report_table,
         summaries_json,
     )
+    from posttrain.loop.run_dir import read_config_yaml
 
     run_dir = Path(args.run_dir)
     if not run_dir.is_dir():
         raise FileNotFoundError(f"{args.run_dir}: no such run directory")
+    config = read_config_yaml(run_dir / "config.yaml") or {}
+    pair_trainer = _pair_trainer(config)
+    if pair_trainer is not None:
+        return _pair_report(args, run_dir, pair_trainer)
     doc = build_report(args.run_dir, args.out)
+    extra, extra_files = _trainer_sections(run_dir, config, Path(args.out) if args.out is not None
+                                           else run_dir / "diagnostics")
     summaries = accuracy_summaries(heldout_series(run_dir), *_eval_temperatures(run_dir))
     intervals_path = Path(args.out) if args.out is not None else run_dir / "diagnostics"
     intervals_path = intervals_path / "heldout_intervals.json"
@@ -74,13 +153,9 @@ def run(args: argparse.Namespace) -> int:
             if t["note"]:
                 con.print(f"[bold]{t['feature']}[/bold]: {t['note']}")
                 continue
-            tab = Table(title=f"by {t['feature']}")
-            for col in ("stratum", "n", "reward", "accuracy", "length", "truncated"):
-                tab.add_column(col, justify="right")
-            for s in t["strata"]:
-                tab.add_row(s["label"], str(s["n"]), _fmt(s["reward_mean"]), _fmt(s["accuracy"]),
-                            _fmt(s["length_mean"]), _fmt(s["truncated_rate"]))
-            con.print(tab)
+            con.print(_strata_table(t))
+        for item in extra:
+            con.print(item)
         hv = doc["hidden_verifier"]
         con.print(f"[bold]passed by the training verifier, failed by the hidden one[/bold]: {hv['explanation']}")
         if hv["items"]:
@@ -97,6 +172,6 @@ def run(args: argparse.Namespace) -> int:
         for s in doc["symptoms"]:
             sym.add_row(s["name"], "[red]YES[/red]" if s["flagged"] else "no", s["evidence"], s["check"])
         con.print(sym)
-    for f in [*doc["files"], str(intervals_path)]:
+    for f in [*doc["files"], str(intervals_path), *map(str, extra_files)]:
         print(f"wrote {f}")
     return 0

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Mapping, Sequence
+from pathlib import Path
 from typing import Any
 
 from posttrain.trajectory import Status, Trajectory
@@ -78,3 +79,15 @@ def learned_component_names(config: Mapping[str, Any]) -> list[str]:
     reward = config.get("reward") or {}
     defaults = {"model": "rm", "judge": "judge"}
     return [str((reward[key] or {}).get("name", default)) for key, default in defaults.items() if reward.get(key)]
+
+
+def run_agreements(run_dir: str | Path, config: Mapping[str, Any]) -> list[LearnedAgreement]:
+    """:func:`learned_agreement` of every learned component ``config`` declares
+    (:func:`learned_component_names`) over every trajectory of ``run_dir``'s ledger; ``[]`` when it declares none."""
+    from posttrain.diagnostics.load import open_ledger
+
+    names = learned_component_names(config)
+    if not names:
+        return []
+    trajectories = open_ledger(run_dir).read_trajectories()
+    return [learned_agreement(trajectories, name) for name in names]

@@ -284,3 +284,59 @@ def report_table(rep: dict[str, Any]) -> Any:
     for row in rep["heldout_curve"]:
         t.add_row(str(row["step"]), f"{row['accuracy']:.3f}", f"{row['reward']:.3f}")
     return t
+
+
+PAIR_KEYS = ("heldout/pair_accuracy", "heldout/margin", "heldout/loss")
+"""What a ``trainer: preference`` (offline) or ``trainer: reward_model`` run logs per held-out evaluation:
+the share of held-out pairs ranked chosen-above-rejected, the mean margin and the mean loss."""
+
+
+def pair_accuracy_curve(run_dir: Path) -> list[dict[str, float]]:
+    """``[{step, pair_accuracy, margin, loss}, ...]`` by step from ``run_dir/metrics.jsonl`` (the rows holding
+    ``heldout/pair_accuracy``; a resumed run's repeated step keeps its last row; a key not logged is absent)."""
+    path = run_dir / "metrics.jsonl"
+    by_step: dict[int, dict[str, float]] = {}
+    if path.is_file():
+        for line in path.read_text().splitlines():
+            try:
+                row = json.loads(line)
+            except json.JSONDecodeError:  # a line cut by a crash: the rows before it still count
+                continue
+            if isinstance(row, dict) and isinstance(row.get("step"), int) and "heldout/pair_accuracy" in row:
+                by_step[row["step"]] = {k.split("/", 1)[1]: float(row[k]) for k in PAIR_KEYS
+                                        if isinstance(row.get(k), (int, float))}
+    return [{"step": s, **v} for s, v in sorted(by_step.items())]
+
+
+def pair_accuracy_summary(curve: list[dict[str, float]]) -> dict[str, Any] | None:
+    """First, best (highest, earliest on ties) and last evaluation of :func:`pair_accuracy_curve` and the rise
+    first -> last; None for an empty curve. No interval: the runs do not record per-pair outcomes."""
+    if not curve:
+        return None
+    best = max(curve, key=lambda p: (p["pair_accuracy"], -p["step"]))
+    return {"first": curve[0], "best": best, "last": curve[-1],
+            "rise": curve[-1]["pair_accuracy"] - curve[0]["pair_accuracy"]}
+
+
+def pair_accuracy_table(curve: list[dict[str, float]], trainer: str) -> Any:
+    """A rich Table of the held-out pair accuracy curve (every evaluation, then first / best / last marked)."""
+    from rich.table import Table
+
+    summary = pair_accuracy_summary(curve)
+    marks: dict[int, list[str]] = {}
+    if summary is not None:
+        for what in ("first", "best", "last"):
+            marks.setdefault(int(summary[what]["step"]), []).append(what)
+    t = Table(title=f"held-out pair accuracy ({trainer}): the share of held-out pairs ranked chosen above rejected")
+    for col in ("step", "pair accuracy", "margin", "loss", ""):
+        t.add_column(col, justify="right" if col else "left")
+
+    def f(p: dict[str, float], k: str) -> str:
+        return f"{p[k]:.3f}" if k in p else "-"
+
+    for p in curve:
+        t.add_row(str(int(p["step"])), f(p, "pair_accuracy"), f(p, "margin"), f(p, "loss"),
+                  ", ".join(marks.get(int(p["step"]), [])))
+    if summary is not None:
+        t.add_row("rise", f"{summary['rise'] * 100:+.1f} pts", "", "", "first -> last", end_section=True)
+    return t
