@@ -28,7 +28,7 @@ from posttrain.loop.guards import check_guards
 from posttrain.loop.producer import Produced, Producer
 from posttrain.loop.run import Run, StepMetrics, open_run
 from posttrain.loop.step_metrics import status_counts, step_metrics
-from posttrain.loop.targets import build_targets, ref_token_kl, run_baseline
+from posttrain.loop.targets import build_targets, distill_metrics, ref_token_kl, run_baseline
 from posttrain.rewards.hidden import judge_trajectories
 from posttrain.trajectory import Status, Trajectory, collate
 from posttrain.trajectory.collate import with_update_record
@@ -131,11 +131,14 @@ def update_step(run: Run, producer: Producer, step: int, produced: Produced,
     old_version = run.learner.version
     # One optimizer step per update and nothing before it that reads pi_old (no KL in the reward):
     # pi_old comes from the update's own forward, detached (no redundant no-grad forward).
-    fuse = cfg.optim.fuse_old_logprob and run.learner.can_fuse_old_logprob() and not cfg.credit.kl_in_reward
+    fuse = (cfg.optim.fuse_old_logprob and run.learner.can_fuse_old_logprob() and not cfg.credit.kl_in_reward
+            and cfg.loss.distill is None)
     if not fuse:
         batch = batch.freeze("old", run.learner.compute_logprobs(batch), old_version)
     if run.ref_model is not None:
         batch = batch.freeze("ref", run.ref_logprobs(batch), st.ref_version)
+    if run.teacher_model is not None:  # loss.distill: the frozen teacher scores the student's own tokens
+        batch = batch.freeze("teacher", run.teacher_logprobs(batch))
     if run.critic is not None:
         values, final_values = run.critic.compute_values(batch)
         batch = batch.with_targets(values=values, final_values=final_values)
@@ -146,6 +149,8 @@ def update_step(run: Run, producer: Producer, step: int, produced: Produced,
         batch, estimator=cfg.credit.estimator, estimator_kwargs=cfg.credit.kwargs,
         kl_in_reward=cfg.credit.kl_in_reward, kl_estimator=cfg.loss.kl_estimator,
         kl_coef=run.kl_coef_value(), baseline=baseline,
+        distill_coef=None if cfg.loss.distill is None else cfg.loss.distill.coef,
+        distill_only=cfg.loss.distill is not None and cfg.loss.distill.only,
     )
     batch = batch.with_targets(advantages=tg.advantages, returns=tg.returns)
     # 5. update actor (and critic) under the recipe's reduction (correction: CORRECTIONS / decoupled PPO
@@ -163,6 +168,7 @@ def update_step(run: Run, producer: Producer, step: int, produced: Produced,
     metrics.update(upd)
     metrics["time/learner_s"] = time.perf_counter() - t0
     metrics.update(step_metrics(batch, trajs, tg, learner_version=old_version))
+    metrics.update(distill_metrics(tg, batch))
     # 6. judge the revision; a NaN/inf loss is rejected and the promoted weights restored
     if not math.isfinite(float(upd.get("loss", 0.0))):
         run.reject(step, reason=f"non-finite loss {upd.get('loss')}")

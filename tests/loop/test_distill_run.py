@@ -20,20 +20,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from _tolerance import shape_rtol  # noqa: E402
 
 from posttrain.learner.checkpoint import latest_checkpoint  # noqa: E402
-from posttrain.loop import training_loop  # noqa: E402
 from posttrain.loop.preflight import preflight  # noqa: E402
 from posttrain.loop.training_loop import train  # noqa: E402
 from posttrain.loop.validate import load_run_config  # noqa: E402
 from posttrain.trajectory import Ledger  # noqa: E402
 
-pytestmark = [
-    pytest.mark.timeout(600),
-    # The step's teacher hook (batch.freeze("teacher", ...), distill_coef / distill_only into build_targets,
-    # no fused pi_old) lives in loop/training_loop.py's update_step; until it is there the loop ignores
-    # loss.distill, and these tests say so instead of failing.
-    pytest.mark.skipif(not hasattr(training_loop, "distill_metrics"),
-                       reason="loop/training_loop.py does not freeze the teacher's log-probs yet (issue 25)"),
-]
+pytestmark = [pytest.mark.timeout(600)]
 
 TASK = ["model.path=builtin:micro", "task.kwargs={terms: 3}", "sampling.max_new_tokens=4", "logging.progress=false",
         "guards.max_truncation_rate=1.0", "eval.size=200"]
