@@ -142,3 +142,13 @@ def test_a_bad_pairs_file_fails_pairs_load_naming_it(tmp_path) -> None:
     results = run_checks(load_run_config("dpo", [f"preference.data={f}"]), 2)
     assert [(n, ok) for n, ok, _ in results] == [("pairs_load", False)]
     assert str(f) in results[0][2]
+
+
+def test_sampled_pairs_take_the_first_two_responses_of_each_group_whatever_their_verdicts() -> None:
+    from posttrain.commands.check import sampled_pairs
+    from tests.diagnostics.synthetic import traj
+
+    trajs = [traj("a", "g1", "wrong", 0.0, [-0.5, -1.0], None), traj("b", "g1", "wrong", 0.0, [-2.0], None),
+             traj("c", "g1", "correct", 1.0, [-2.0], None), traj("d", "g2", "wrong", 0.0, [-1.0], None)]
+    (pair,) = sampled_pairs(trajs)  # g2 has one response: no pair
+    assert (pair.pair_id, pair.prompt, pair.chosen, pair.rejected) == ("a>b", (1, 2), (10, 11), (10,))
