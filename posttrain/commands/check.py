@@ -277,8 +277,10 @@ def online_preference_checks(cfg: RunConfig, prompts: int = 4) -> list[CheckResu
     old = learner.compute_logprobs(batch)
     results = [check_behavior_vs_old(batch, old, cfg)]
     pairs = group_pairs(trajs, cfg.preference.pairs_per_group)
+    source = f"{len(pairs)} (correct, wrong) pairs of the sampled groups"
     if len(pairs) < 2:  # the invariants do not depend on which response is preferred: any two of a group
         pairs = sampled_pairs(trajs)
+        source = f"{len(pairs)} pairs of two sampled responses of a group (no group mixed correct and wrong)"
     names = ("reference_equals_policy", "mask_invariance", "microbatch_split")
     if len(pairs) < 2:
         why = f"the {prompts} sampled groups gave {len(pairs)} pair(s) of responses, need 2; raise --prompts"
@@ -286,7 +288,8 @@ def online_preference_checks(cfg: RunConfig, prompts: int = 4) -> list[CheckResu
     else:
         policy = learner.model.eval()
         ref = copy.deepcopy(policy).requires_grad_(False) if uses_reference(cfg.preference.loss) else None
-        results += pair_checks(policy, ref, pairs, cfg, int(tok.pad_token_id or 0))
+        results += [(n, ok, f"{detail} [{source}]") for n, ok, detail in
+                    pair_checks(policy, ref, pairs, cfg, int(tok.pad_token_id or 0))]
     results.append(check_save_resume(cfg, learner, tok, batch, old))
     return results
 

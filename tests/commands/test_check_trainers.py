@@ -152,3 +152,18 @@ def test_sampled_pairs_take_the_first_two_responses_of_each_group_whatever_their
              traj("c", "g1", "correct", 1.0, [-2.0], None), traj("d", "g2", "wrong", 0.0, [-1.0], None)]
     (pair,) = sampled_pairs(trajs)  # g2 has one response: no pair
     assert (pair.pair_id, pair.prompt, pair.chosen, pair.rejected) == ("a>b", (1, 2), (10, 11), (10,))
+
+
+def test_online_preference_checks_run_on_the_verifiers_pairs_when_groups_mix_verdicts() -> None:
+    from pathlib import Path
+
+    import posttrain
+
+    teacher = Path(posttrain.__file__).parent / "recipes" / "data" / "distill_teacher_micro"  # 0.92 held-out
+    results = run_checks(load_run_config("dpo_online", [*ONLINE, f"model.path={teacher}"]), prompts=3)
+    by_name = {n: (ok, d) for n, ok, d in results}
+    for name in ("reference_equals_policy", "mask_invariance", "microbatch_split"):
+        ok, detail = by_name[name]
+        assert ok is True and "(correct, wrong) pairs of the sampled groups" in detail, detail
+    untrained = {n: d for n, _, d in run_checks(load_run_config("dpo_online", ONLINE), prompts=3)}
+    assert "no group mixed correct and wrong" in untrained["microbatch_split"]
