@@ -86,3 +86,32 @@ def test_ray_rank_actors_update_equals_the_embedded_learner(ray_env: Any) -> Non
         assert ranks.transport is None  # every rank killed, placement released
     finally:
         ranks.close()
+
+
+def test_role_placement_metrics_hand_computed() -> None:
+    from posttrain.loop.backends.ray_cluster import role_placement_metrics
+
+    # node ids sorted: "a" -> 0, "b" -> 1
+    got = role_placement_metrics({"rollout": ["b", "a"], "reward": ["b"]})
+    assert got == {"placement/nodes": 2.0, "placement/reward/nodes": 1.0, "placement/reward/0": 1.0,
+                   "placement/rollout/nodes": 2.0, "placement/rollout/0": 1.0, "placement/rollout/1": 0.0}
+
+
+@pytest.mark.timeout(120)
+def test_placement_reports_the_node_of_every_bundle(ray_env: Any) -> None:
+    import ray
+
+    from posttrain.config.ray import RayBackendConfig
+    from posttrain.loop.backends.ray_cluster import Placement, bundle_node, learner_group
+
+    cfg = RayBackendConfig(num_rollout_workers=2, num_reward_workers=1, cpus_per_rollout_worker=0.05,
+                           cpus_per_reward_worker=0.05, cpus_per_learner=0.05, startup_timeout_s=60)
+    here = ray.get_runtime_context().get_node_id()  # the session cluster has one node
+    p = Placement(cfg)
+    pg = learner_group(cfg, 2)
+    try:
+        assert p.where() == {"rollout": [here, here], "reward": [here]}
+        assert [bundle_node(pg, i) for i in range(2)] == [here, here]
+    finally:
+        p.remove()
+        ray.util.remove_placement_group(pg)

@@ -15,7 +15,7 @@ from __future__ import annotations
 import os
 import time
 import uuid
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from types import ModuleType
 from typing import TYPE_CHECKING, TypeVar
 
@@ -86,6 +86,26 @@ def init_ray(cfg: RayBackendConfig) -> bool:
     return True
 
 
+def bundle_node(pg: PlacementGroup, index: int) -> str:
+    """The Ray node id on which bundle ``index`` of the ready placement group ``pg`` is reserved."""
+    from ray.util import placement_group_table
+
+    return str(placement_group_table(pg)["bundles_to_node_id"][index])
+
+
+def role_placement_metrics(where: Mapping[str, Sequence[str]]) -> dict[str, float]:
+    """Where each role's workers run, as numbers for the run's metrics: ``placement/nodes`` (distinct
+    nodes over every role), ``placement/<role>/nodes`` and ``placement/<role>/<i>`` (worker ``i``'s node
+    as an index into the sorted distinct node ids, shared by every role: two workers share a node iff
+    their indices are equal)."""
+    nodes = sorted({n for ids in where.values() for n in ids})
+    out = {"placement/nodes": float(len(nodes))}
+    for role, ids in sorted(where.items()):
+        out[f"placement/{role}/nodes"] = float(len(set(ids)))
+        out.update({f"placement/{role}/{i}": float(nodes.index(n)) for i, n in enumerate(ids)})
+    return out
+
+
 def learner_group(cfg: RayBackendConfig, world_size: int) -> PlacementGroup:
     """A ready placement group of ``world_size`` learner bundles (``cpus_per_learner``,
     ``gpus_per_learner``, ``learner_resources`` each): ``PACK`` for ``placement: colocated`` (one node
@@ -137,6 +157,8 @@ class Placement:
         ray = require_ray()
         from ray.util import placement_group
 
+        self.cfg = cfg
+
         def bundle(cpus: float, gpus: float, extra: Mapping[str, float]) -> dict[str, float]:
             b = {"CPU": cpus, **extra}
             if gpus:
@@ -177,6 +199,13 @@ class Placement:
                 f"cluster has {ray.available_resources()} available ({type(e).__name__})"
             ) from e
 
+    def where(self) -> dict[str, list[str]]:
+        """``{role: [Ray node id of bundle i, ...]}`` for every role with workers (from the placement
+        group table: where Ray reserved each worker's bundle)."""
+        sizes = {"rollout": self.cfg.num_rollout_workers, "reward": self.cfg.num_reward_workers}
+        return {role: [bundle_node(pg, offset + i) for i in range(sizes[role])]
+                for role, (pg, offset) in self.groups.items() if sizes[role]}
+
     def strategy(self, role: str, i: int) -> PlacementGroupSchedulingStrategy:
         """A ``PlacementGroupSchedulingStrategy`` for worker ``i`` of ``role``."""
         from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
@@ -196,5 +225,5 @@ class Placement:
         self.pgs = []
 
 
-__all__ = ["RAY_INSTALL_HINT", "Placement", "infra_errors", "init_ray", "learner_group", "loopback_only", "require_ray",
-           "wait_alive"]
+__all__ = ["RAY_INSTALL_HINT", "Placement", "bundle_node", "infra_errors", "init_ray", "learner_group", "loopback_only",
+           "require_ray", "role_placement_metrics", "wait_alive"]
