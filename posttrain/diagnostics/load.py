@@ -66,7 +66,8 @@ def summarize_row(step: int, row: dict[str, Any]) -> dict[str, Any]:
 
     ``abs_log_kappa_*`` is ``|old - behavior|`` over action tokens (train/rollout mismatch),
     ``abs_log_rho_*`` is ``|current - old|`` (only when the ledger holds current log-probs),
-    ``ref_kl_mean`` the mean ``old - ref`` (k1 estimate, only with a reference) and
+    ``ref_kl_mean`` the mean ``old - ref`` (k1 estimate, only with a reference),
+    ``teacher_gap_mean`` the mean ``old - teacher`` (only in an on-policy distillation run: ``loss.distill``) and
     ``surprisal_mean`` the mean ``-behavior`` log-prob, an estimate of the sampler's entropy.
     ``group_success`` is filled in by :func:`load_summaries`.
     """
@@ -93,6 +94,8 @@ def summarize_row(step: int, row: dict[str, Any]) -> dict[str, Any]:
             out["abs_log_rho_mean"], out["abs_log_rho_max"] = _abs_mean_max(np.asarray(cur)[mask] - o)
         if row.get("ref_logprob") is not None and o.size:
             out["ref_kl_mean"] = float((o - np.asarray(row["ref_logprob"], dtype=np.float64)[mask]).mean())
+        if row.get("teacher_logprob") is not None and o.size:
+            out["teacher_gap_mean"] = float((o - np.asarray(row["teacher_logprob"], dtype=np.float64)[mask]).mean())
     return out
 
 

@@ -124,6 +124,10 @@ def build_parts(cfg: RunConfig, run_dir: Path) -> Parts:
         # call), and training and held-out evaluation both verify through this one guarded path.
         pool = VerifierPool(workers=cfg.reward.workers, timeout_s=cfg.reward.timeout_s, retries=cfg.reward.retries)
         remote_verify = pool.verify_batch
+    from posttrain.rewards.learned import build_learned_rewards
+
+    # reward.model / reward.judge: their scores join each verdict as components (a failed score: infra_error).
+    remote_verify = build_learned_rewards(cfg.reward, remote_verify)
     return Parts(tokenizer=tokenizer, renderer=renderer, task=task, heldout=list(heldout), learner=learner,
                  plain_model=plain_model, engine=engine, backend=backend, ref_model=ref_model, critic=critic,
                  hidden_verifier=hidden, verify_batch=remote_verify, pool=pool, teacher_model=teacher)

@@ -180,7 +180,8 @@ def check_scoring(cfg: RunConfig, task: Task) -> None:
     for v, extra in zip(verdicts, shaping, strict=True):
         if v.status is Status.INFRA_ERROR:
             continue
-        comps = {**v.components, **extra}
+        # reward.model / reward.judge add their components to every verdict during the run.
+        comps = {**v.components, **extra, **{k: 0.0 for k in cfg.reward.learned_components()}}
         missing = sorted(k for k in cfg.reward.weights if k not in comps)
         if missing:
             raise ConfigError(

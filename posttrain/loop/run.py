@@ -185,7 +185,7 @@ class Run:
         """Evaluate; promote if best so far, reject (restore) on a collapse, else retain."""
         from posttrain.loop.heldout import heldout_metrics  # shared with `posttrain eval`
 
-        res, metrics = heldout_metrics(self)
+        res, metrics = heldout_metrics(self, step=step, run_dir=self.dir)  # + heldout_outcomes.jsonl
         decision, reason = self.promotion.judge(step, res.accuracy)  # (:mod:`posttrain.loop.promotion`)
         if decision == "rejected":
             self.sync_weights()  # the engine gets the restored weights

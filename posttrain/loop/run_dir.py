@@ -38,7 +38,7 @@ FAILED_PREFIX = "failed_"
 # its first checkpoint (anything else in the directory is not the run's and stays where it is).
 RUN_FILES = ("config.yaml", "config.step_*.yaml", "metrics.jsonl", "ledger", "checkpoints", "sft_losses.json",
              "tensorboard", "wandb", "mlruns", "mlflow", "engine_model", "engine_server*.log", "report.json",
-             "report.png", "reference")
+             "report.png", "reference", "heldout_outcomes.jsonl")
 
 log = logging.getLogger("posttrain")
 

@@ -69,8 +69,6 @@ def test_every_held_out_set_is_evaluated_and_reproduced_by_eval(run, capsys):
     assert lo <= out["heldout_unseen/accuracy"] <= hi
 
 
-@pytest.mark.xfail(strict=True, reason="needs loop/run.py Run.evaluate_and_judge to call "
-                   "heldout_metrics(self, step=step, run_dir=self.dir) (edit listed for its owner)")
 def test_per_problem_outcomes_give_the_report_and_the_rise_their_intervals(run, capsys):
     run_dir, overrides = run
     rec = _evaluations(run_dir)

@@ -4,7 +4,6 @@ recorded in the ledger, and a scoring failure makes its trajectory ``infra_error
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import math
 from pathlib import Path
@@ -85,28 +84,18 @@ def _rl_overrides(run_dir: Path, rm_dir: Path, weight: float) -> list[str]:
             "reward.model.batch_size=1", f"reward.model.weight={weight}"]
 
 
-def _train_wrapped(cfg, monkeypatch: pytest.MonkeyPatch) -> None:
-    """RL with the learned-rewards wrapper on the run's verification path (the line loop/parts.py gets)."""
-    import posttrain.loop.run as run_mod
+def _train(cfg) -> None:
+    """RL through posttrain's own loop (loop/parts.py puts the learned rewards on the verification path)."""
     from posttrain.loop.training_loop import train
-    from posttrain.rewards.learned import build_learned_rewards
 
-    real = run_mod.build_parts
-
-    def wrapped(c, run_dir):
-        parts = real(c, run_dir)
-        return dataclasses.replace(parts, verify_batch=build_learned_rewards(c.reward, parts.verify_batch))
-
-    monkeypatch.setattr(run_mod, "build_parts", wrapped)
     train(cfg)
 
 
-def test_rl_records_the_reward_model_score_beside_the_verifier(rm_run: Path, tmp_path: Path,
-                                                              monkeypatch: pytest.MonkeyPatch) -> None:
+def test_rl_records_the_reward_model_score_beside_the_verifier(rm_run: Path, tmp_path: Path) -> None:
     d = tmp_path / "rl"
     cfg = load_run_config("grpo", _rl_overrides(d, rm_run / REWARD_MODEL_DIR, 0.5))
     assert cfg.reward.weights == {"task": 1.0, "rm": 0.5}
-    _train_wrapped(cfg, monkeypatch)
+    _train(cfg)
     trajs = Ledger(d / "ledger").read_trajectories()
     assert len(trajs) == 2 * 4 * 2
     scorer = RewardModelScorer.from_pretrained(rm_run / REWARD_MODEL_DIR)
@@ -134,7 +123,7 @@ def test_a_failed_scoring_is_infra_error_never_zero(rm_run: Path, tmp_path: Path
 
     monkeypatch.setattr(RewardModelScorer, "score", flaky)
     d = tmp_path / "rl_fail"
-    _train_wrapped(load_run_config("grpo", _rl_overrides(d, rm_run / REWARD_MODEL_DIR, 1.0)), monkeypatch)
+    _train(load_run_config("grpo", _rl_overrides(d, rm_run / REWARD_MODEL_DIR, 1.0)))
     trajs = Ledger(d / "ledger").read_trajectories()
     failed = [t for t in trajs if t.status is Status.INFRA_ERROR]
     ok = [t for t in trajs if t.status is not Status.INFRA_ERROR]
@@ -161,8 +150,7 @@ def test_resume_continues_the_same_run(tmp_path: Path) -> None:
     assert a == pytest.approx(b, abs=1e-5)
 
 
-def test_rl_on_the_reward_model_alone_raises_its_score(rm_run: Path, tmp_path: Path,
-                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+def test_rl_on_the_reward_model_alone_raises_its_score(rm_run: Path, tmp_path: Path) -> None:
     """GRPO with reward.weights={rm: 1} (no verifier weight) for 12 steps: the mean rm score of the sampled
     responses rises (measured: about -2.9 over steps 1-3 -> above 0 over steps 10-12). How it rises is the
     classic over-optimisation of a learned reward: docs/tasks_and_verifiers.md, "Learned rewards"."""
@@ -172,7 +160,7 @@ def test_rl_on_the_reward_model_alone_raises_its_score(rm_run: Path, tmp_path: P
     ov = [o for o in _rl_overrides(d, rm_run / REWARD_MODEL_DIR, 1.0) if not o.startswith(("steps=", "sampling."))]
     ov += ["steps=12", "sampling.prompts_per_step=8", "sampling.group_size=4", "sampling.max_new_tokens=3",
            "reward.weights={rm: 1.0}", "reward.model.batch_size=32", "eval.every=100", "optim.lr=1e-3"]
-    _train_wrapped(load_run_config("grpo", ov), monkeypatch)
+    _train(load_run_config("grpo", ov))
     by_step: dict[int, list[float]] = {}
     for t in Ledger(d / "ledger").read_trajectories():
         m = re.match(r"s(\d+)", t.traj_id)
