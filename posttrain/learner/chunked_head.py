@@ -60,9 +60,9 @@ class HeadSpec:
 
 
 def _logits(h: torch.Tensor, w: torch.Tensor, spec: HeadSpec) -> torch.Tensor:
-    """``(h W^T)`` in the GEMM dtype, upcast to the softmax dtype and divided by the temperature."""
+    """``(h W^T)`` in the GEMM dtype, upcast to the softmax dtype and divided by the temperature (a new tensor)."""
     z = (h.to(spec.matmul_dtype) @ w.to(spec.matmul_dtype).t()).to(spec.softmax_dtype)
-    return z / spec.temperature if spec.temperature != 1.0 else z
+    return z.div_(spec.temperature) if spec.temperature != 1.0 else z
 
 
 def _kept(z: torch.Tensor, targets: torch.Tensor, spec: HeadSpec) -> torch.Tensor:
@@ -94,8 +94,8 @@ class _ChunkedHead(torch.autograd.Function):
                 logp[s:e] = z.gather(-1, t.unsqueeze(-1)).squeeze(-1) - lse_kept[s:e]
                 if spec.entropy:
                     # H = lse - sum_v p_v z_v (no log of an underflowed probability)
-                    p = torch.exp(z - lse[s:e, None])
-                    ent[s:e] = lse[s:e] - (p * z).sum(dim=-1)
+                    p = (z - lse[s:e, None]).exp_()
+                    ent[s:e] = lse[s:e] - p.mul_(z).sum(dim=-1)
         ctx.spec = spec
         ctx.save_for_backward(h, w, targets, lse, lse_kept, ent)
         ctx.set_materialize_grads(False)
@@ -123,27 +123,35 @@ class _ChunkedHead(torch.autograd.Function):
         with torch.autocast(h.device.type, enabled=False), torch.no_grad():
             for s in range(0, n, spec.chunk_tokens):
                 e = min(s + spec.chunk_tokens, n)
-                z = _logits(h[s:e], w, spec)
-                t = targets[s:e].unsqueeze(-1)
-                dz = torch.zeros_like(z)
-                if g_ent is not None:
-                    # dH/dz = -p (log p + H), log p = z - lse
-                    logp_all = z - lse[s:e, None]
-                    dz -= g_ent[s:e, None] * logp_all.exp() * (logp_all + ent[s:e, None])
-                if g_logp is not None:
-                    if spec.truncated:
-                        z = z.masked_fill(~_kept(z, targets[s:e], spec), float("-inf"))
-                    q = torch.exp(z - lse_kept[s:e, None])  # softmax over the kept set (0 outside it)
+                # in place where possible: at most three [chunk, V] tensors (z, dz, the entropy term)
+                logp_all = _logits(h[s:e], w, spec)
+                keep = _kept(logp_all, targets[s:e], spec) if g_logp is not None and spec.truncated else None
+                logp_all.sub_(lse[s:e, None])  # log p
+                dz = logp_all.exp()  # p
+                d_ent = None
+                if g_ent is not None:  # dH/dz = -p (log p + H)
+                    d_ent = logp_all.add_(ent[s:e, None]).mul_(dz).mul_(-g_ent[s:e, None])
+                if g_logp is not None:  # d logp_t/dz = onehot(t) - q, q = p e^(lse - lse_kept) on K, 0 off it
                     g = g_logp[s:e, None]
-                    dz -= g * q
-                    dz.scatter_add_(-1, t, g.to(dz.dtype))
+                    if keep is not None:
+                        dz.mul_(torch.exp(lse[s:e] - lse_kept[s:e])[:, None]).masked_fill_(~keep, 0.0)
+                    dz.mul_(-g).scatter_add_(-1, targets[s:e].unsqueeze(-1), g.to(dz.dtype))
+                    if d_ent is not None:
+                        dz.add_(d_ent)
+                else:
+                    assert d_ent is not None
+                    dz = d_ent
                 if spec.temperature != 1.0:
-                    dz /= spec.temperature
+                    dz.div_(spec.temperature)
                 dzm = dz.to(spec.matmul_dtype)
+                hm = h[s:e].to(spec.matmul_dtype)
                 if grad_h is not None:
                     grad_h[s:e] = (dzm @ wm).to(h.dtype)
                 if grad_w is not None:
-                    grad_w += (dzm.t() @ h[s:e].to(spec.matmul_dtype)).to(acc)
+                    if dzm.dtype == acc:
+                        grad_w.addmm_(dzm.t(), hm)  # no [V, D] temporary
+                    else:
+                        grad_w += (dzm.t() @ hm).to(acc)
         return grad_h, (grad_w.to(w.dtype) if grad_w is not None else None), None, None
 
 
