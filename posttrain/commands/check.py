@@ -45,7 +45,7 @@ if TYPE_CHECKING:
     from posttrain.envs.task import Task
     from posttrain.learner.actor import PolicyLearner
     from posttrain.loop.preference_batch import EncodedPair
-    from posttrain.rewards.scoring import Decoder
+    from posttrain.rewards.scoring import Decoder, VerifyBatch
     from posttrain.rollout.engine import RolloutEngine
     from posttrain.trajectory import Trajectory, TrajectoryBatch
 
@@ -76,6 +76,18 @@ def _episode_trajectories(cfg: RunConfig, prompts: int, tok: Decoder, model: tor
     return [t for g in groups for t in g]
 
 
+def _verify_batch(cfg: RunConfig) -> VerifyBatch | None:
+    """The verification a run's verdicts go through when it has learned reward components (``reward.model``,
+    ``reward.judge``: the verifier's verdicts plus theirs, :func:`~posttrain.rewards.learned.build_learned_rewards`,
+    so ``reward.weights`` on them compose as in training); None (the default in-process path) otherwise."""
+    if cfg.reward.model is None and cfg.reward.judge is None:
+        return None
+    from posttrain.rewards.learned import build_learned_rewards
+    from posttrain.rewards.pool import VerifierPool
+
+    return build_learned_rewards(cfg.reward, VerifierPool(workers=0).verify_batch)
+
+
 def sample_trajectories(cfg: RunConfig, prompts: int, tok: Any, model: torch.nn.Module, task: Task,
                         engine: RolloutEngine) -> list[Trajectory]:
     """``prompts`` groups sampled and scored as a training step would (multi-turn episodes with ``env.name``),
@@ -102,7 +114,8 @@ def sample_trajectories(cfg: RunConfig, prompts: int, tok: Any, model: torch.nn.
                       max_context=getattr(model.config, "max_position_embeddings", None),
                       max_new_tokens=s.max_new_tokens, renderer=renderer)
         played = play_once(engine, examples, params, request_ids=[f"check{i}" for i in range(len(examples))],
-                           renderer=renderer, verifier=task.verifier, tokenizer=tok)
+                           renderer=renderer, verifier=task.verifier, tokenizer=tok,
+                           verify_batch=_verify_batch(cfg))
         trajs = played.trajectories(verifier=task.verifier, spec=ScoringSpec(
             cfg.reward.weights, cfg.reward.overlong_max_len, cfg.reward.overlong_cache_len))
     trajs = [t for t in trajs if t.status not in (Status.INFRA_ERROR, Status.ENV_FAILURE)]

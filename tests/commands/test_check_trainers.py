@@ -167,3 +167,16 @@ def test_online_preference_checks_run_on_the_verifiers_pairs_when_groups_mix_ver
         assert ok is True and "(correct, wrong) pairs of the sampled groups" in detail, detail
     untrained = {n: d for n, _, d in run_checks(load_run_config("dpo_online", ONLINE), prompts=3)}
     assert "no group mixed correct and wrong" in untrained["microbatch_split"]
+
+
+def test_an_rl_recipe_with_a_reward_model_component_is_checked_on_its_composed_rewards(tmp_path) -> None:
+    from posttrain.commands import train
+    from tests.diagnostics.test_commands import parse
+
+    args = parse(train, ["train", "reward_model", "steps=1", f"run_dir={tmp_path / 'rm'}", "--no-progress"])
+    assert args.func(args) == 0
+    cfg = load_run_config("grpo", ["model.path=builtin:tiny", "task.name=arithmetic", "task.kwargs={}", "sft.steps=0",
+                                   "sampling.group_size=2", f"reward.model.path={tmp_path / 'rm' / 'reward_model'}",
+                                   "reward.model.weight=0.5"])
+    results = run_checks(cfg, prompts=2)  # reward.weights.rm composes: the verdicts carry the rm component
+    assert [n for n, _, _ in results][0] == "ratio_is_one" and all(ok is True for _, ok, _ in results), results
