@@ -114,7 +114,9 @@ class RunConfig(Section):
             + (", dynamic sampling" if self.sampling.dynamic_sampling else ""),
             "credit": f"{self.credit.estimator} {self.credit.kwargs or ''}"
             + (" + critic" if self.critic.enabled else "")
-            + (f", KL in reward ({self.loss.kl_estimator}, coef {self.loss.kl_coef})" if self.credit.kl_in_reward else ""),
+            + (f", KL in reward ({self.loss.kl_estimator}, coef {self.loss.kl_coef})" if self.credit.kl_in_reward else "")
+            + (f"; distill from {self.loss.distill.teacher} (reverse KL per token, coef {self.loss.distill.coef}"
+               + (", alone)" if self.loss.distill.only else ", added)") if self.loss.distill is not None else ""),
             "correction": f"{corr} {self.correction.kwargs or ''}",
             "reduction": f"{self.loss.reduction}; loss {self.loss.policy_loss} {self.loss.kwargs or ''}"
             + (f"; KL in loss {self.loss.kl_estimator} coef {self.loss.kl_coef}"

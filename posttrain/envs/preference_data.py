@@ -36,6 +36,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from posttrain.config.paths import resolve_shipped_path
 from posttrain.config.preference import FIELD_ROLES
 from posttrain.envs.files import iter_jsonl, iter_parquet
 from posttrain.envs.prompt_render import check_messages
@@ -143,18 +144,6 @@ def _score_diff(rec: Mapping[str, Any], col: str, where: str) -> float:
     return float(v)
 
 
-def resolve_data_path(path: str | Path) -> Path:
-    """``path`` as given when it exists (absolute, or relative to the working directory); else, for a
-    relative path, the same path under posttrain's install root (the directory holding the ``posttrain``
-    package), where the shipped recipes' data files are (``posttrain/recipes/data/``); else ``path``
-    unchanged, for the caller's "no such file" error."""
-    p = Path(path)
-    if p.exists() or p.is_absolute():
-        return p
-    shipped = Path(__file__).resolve().parent.parent.parent / p
-    return shipped if shipped.exists() else p
-
-
 def load_preference_pairs(path: str | Path, fields: Mapping[str, str] | None = None) -> list[PreferencePair]:
     """Every row of the JSONL (``.jsonl``) or Parquet (``.parquet``) file ``path`` as a validated pair.
 
@@ -163,7 +152,7 @@ def load_preference_pairs(path: str | Path, fields: Mapping[str, str] | None = N
     missing or malformed field, a duplicate id, identical chosen and rejected responses, or a file
     without rows is a :class:`~posttrain.errors.UserError` naming the file (and the row and column).
     """
-    p = resolve_data_path(path)
+    p = resolve_shipped_path(path)
     cols = _check_fields(fields)
     if not p.is_file():
         raise UserError(f"{p}: no such preference file")

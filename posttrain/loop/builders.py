@@ -143,7 +143,10 @@ def build_teacher(cfg: RunConfig, student_tokenizer: PreTrainedTokenizerBase) ->
     d = cfg.loss.distill
     if d is None:
         return None
-    tok, teacher = load_model(d.teacher, cfg.model.dtype, init_seed=cfg.model.init_seed)
+    from posttrain.config.paths import resolve_shipped_path
+
+    path = d.teacher if d.teacher.startswith("builtin:") else str(resolve_shipped_path(d.teacher))
+    tok, teacher = load_model(path, cfg.model.dtype, init_seed=cfg.model.init_seed)
     check_same_tokenizer(student_tokenizer, tok, student_path=cfg.model.path, teacher_path=d.teacher)
     return teacher.eval().requires_grad_(False)
 

@@ -88,13 +88,15 @@ def check_distill(cfg: RunConfig) -> None:
                               "measured); unset it or set loss.distill.only=false")
     from pathlib import Path
 
+    from posttrain.config.paths import resolve_shipped_path
     from posttrain.loop.builders import check_same_tokenizer, load_tokenizer
 
-    if not d.teacher.startswith("builtin:") and not Path(d.teacher).is_dir():
+    teacher_path = d.teacher if d.teacher.startswith("builtin:") else str(resolve_shipped_path(d.teacher))
+    if not d.teacher.startswith("builtin:") and not Path(teacher_path).is_dir():
         raise ConfigError(f"loss.distill.teacher={d.teacher}: no such directory (give a checkpoint's actor/ "
                           "directory, a Hugging Face model directory or builtin:NAME)")
     try:
-        student, teacher = load_tokenizer(cfg.model.path), load_tokenizer(d.teacher)
+        student, teacher = load_tokenizer(cfg.model.path), load_tokenizer(teacher_path)
     except (OSError, ValueError) as e:
         if isinstance(e, ConfigError):
             raise

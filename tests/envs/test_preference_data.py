@@ -110,7 +110,7 @@ def test_split_by_prompt_hash() -> None:
 def test_a_shipped_recipes_data_path_resolves_from_any_working_directory(tmp_path, monkeypatch):
     """``posttrain/recipes/data/...`` (as the shipped dpo recipe names it) is found outside the repository
     root; a relative path that exists nowhere stays as given, for the loader's "no such file" error."""
-    from posttrain.envs.preference_data import resolve_data_path
+    from posttrain.config.paths import resolve_shipped_path as resolve_data_path
 
     monkeypatch.chdir(tmp_path)
     shipped = resolve_data_path("posttrain/recipes/data/shout_pairs.jsonl")
