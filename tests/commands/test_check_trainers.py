@@ -145,7 +145,7 @@ def test_a_bad_pairs_file_fails_pairs_load_naming_it(tmp_path) -> None:
 
 
 def test_sampled_pairs_take_the_first_two_responses_of_each_group_whatever_their_verdicts() -> None:
-    from posttrain.commands.check import sampled_pairs
+    from posttrain.commands.check_online_preference import sampled_pairs
     from tests.diagnostics.synthetic import traj
 
     trajs = [traj("a", "g1", "wrong", 0.0, [-0.5, -1.0], None), traj("b", "g1", "wrong", 0.0, [-2.0], None),
