@@ -128,10 +128,6 @@ class SpawnedRanks:
         """Every rank runs on the driver's machine."""
         return {r: "this machine" for r in range(len(self.procs))}
 
-    def pid(self, rank: int) -> int | None:
-        """The rank's process id (tests kill it)."""
-        return self.procs[rank].pid
-
     def close(self, grace_s: float) -> None:
         """See :meth:`RankTransport.close`."""
         end = time.monotonic() + grace_s
