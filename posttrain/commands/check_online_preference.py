@@ -10,8 +10,8 @@ from typing import TYPE_CHECKING
 import numpy as np
 import torch
 
-from posttrain.commands.check import check_behavior_vs_old, check_save_resume, sample_trajectories
 from posttrain.commands.check_result import CheckResult
+from posttrain.commands.check_rollout import check_behavior_vs_old, check_save_resume, sample_trajectories
 from posttrain.loop.preference_batch import EncodedPair
 
 if TYPE_CHECKING:

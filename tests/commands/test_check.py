@@ -27,7 +27,7 @@ EPISODES = ["model.path=builtin:micro", "env.name=calculator_tool", "env.tool_pr
 
 
 def test_checks_run_on_multi_turn_episodes_with_observations_between_turns():
-    from posttrain.commands.check import _episode_trajectories
+    from posttrain.commands.check_rollout import _episode_trajectories
     from posttrain.loop.builders import build_engine, build_learner, build_model, build_task
     from posttrain.trajectory import Role
 
