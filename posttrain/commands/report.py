@@ -102,10 +102,10 @@ def _trainer_sections(run_dir: Path, config: dict[str, Any], out: Path) -> tuple
         files.append(out / "learned_agreement.json")
         files[-1].write_text(json.dumps([dataclasses.asdict(a) for a in agreements], indent=2))
     if (config.get("loss") or {}).get("distill"):
+        from posttrain.diagnostics.load import load_summaries
         from posttrain.diagnostics.strata import teacher_gap_strata
-        from posttrain.diagnostics.teacher_gap import teacher_gap_rows
 
-        table = dataclasses.asdict(teacher_gap_strata(teacher_gap_rows(run_dir)))
+        table = dataclasses.asdict(teacher_gap_strata(load_summaries(run_dir)))
         printables.append(f"[bold]{table['feature']}[/bold]: {table['note']}" if table["note"] else _strata_table(table))
         files.append(out / "teacher_gap_strata.json")
         files[-1].write_text(json.dumps(table, indent=2))
