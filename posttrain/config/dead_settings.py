@@ -71,11 +71,13 @@ RULES: tuple[Rule, ...] = (
          "in system.mode=sync without partial rollout every sample is consumed at the version that sampled it"),
     # posttrain/loop/run.py: Ray actors are built only with system.backend=ray.
     Rule(("system.ray",), lambda c: c.system.backend != "ray", "system.backend is not ray"),
-    # posttrain/loop/backends/: no learner runs as a Ray actor (learner ranks are processes the driver
-    # spawns, learner.strategy); nothing reads these keys until one does.
-    Rule(("system.ray.cpus_per_learner", "system.ray.gpus_per_learner", "system.ray.learner_resources",
-          "system.ray.learner_timeout_s"), lambda c: True,
-         "no learner runs as a Ray actor (learner ranks are processes on the driver's machine, learner.strategy)"),
+    # posttrain/loop/backends/ray_learner.py: with system.backend=ray the learner ranks (learner.strategy
+    # ddp / fsdp2) are Ray actors placed with these keys; the embedded learner is no actor.
+    Rule(("system.ray.cpus_per_learner", "system.ray.gpus_per_learner", "system.ray.learner_resources"),
+         lambda c: c.learner.strategy == "single",
+         "learner.strategy=single runs the learner in the driver (no Ray learner actor)"),
+    Rule(("system.ray.learner_timeout_s",), lambda c: True,
+         "Ray learner ranks are bounded by learner.rank_timeout_s"),
     # posttrain/loop/builders.py engine_factory: each engine section is read by its engine only.
     Rule(("rollout.vllm",), lambda c: c.rollout.engine != "vllm", "rollout.engine is not vllm"),
     Rule(("rollout.http",), lambda c: c.rollout.engine != "http", "rollout.engine is not http"),

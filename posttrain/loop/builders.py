@@ -459,10 +459,15 @@ def build_learner_ranks(cfg: RunConfig, model: torch.nn.Module, **faults: Unpack
 
     lc = cfg.learner
     replay = _sampler_replay(cfg)
+    start_ranks = None  # spawned rank processes on this machine
+    if cfg.system.backend == "ray":  # ranks as Ray actors placed by system.ray (docs/distributed.md)
+        from posttrain.loop.backends import ray_rank_starter
+
+        start_ranks = ray_rank_starter(cfg.system.ray, gpu=lc.resolved_device() == "cuda")
     return LearnerRanks(
         model, RankLearnerFactory(cfg), strategy=lc.strategy, world_size=lc.world_size,
         device=lc.resolved_device(), precision=lc.precision, temperature=replay.temperature,
         top_k=replay.top_k, top_p=replay.top_p, kl_coef=build_kl_coef(cfg), rank_timeout_s=lc.rank_timeout_s,
         startup_timeout_s=lc.startup_timeout_s, weight_bucket_bytes=max(1, int(lc.weight_bucket_mb * 2**20)),
-        **faults,
+        start_ranks=start_ranks, **faults,
     )

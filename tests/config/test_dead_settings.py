@@ -33,7 +33,7 @@ REFUSED = [
      "system.max_version_span"),  # async without interruption pauses nothing
     (["system.max_staleness=2"], "system.max_staleness"),  # sync, no partial rollout: lag 0
     (["system.ray.num_rollout_workers=3"], "system.ray.num_rollout_workers"),  # backend local
-    (["system.backend=ray", "system.ray.cpus_per_learner=2"], "system.ray.cpus_per_learner"),  # no Ray learner
+    (["system.backend=ray", "system.ray.cpus_per_learner=2"], "system.ray.cpus_per_learner"),  # embedded learner
     (["system.backend=ray", "system.ray.learner_timeout_s=60"], "system.ray.learner_timeout_s"),
     (["rollout.vllm.kv_cache_gib=2"], "rollout.vllm.kv_cache_gib"),  # engine builtin
     (["rollout.http.timeout_s=5"], "rollout.http.timeout_s"),
@@ -72,6 +72,9 @@ WARNED = [
 
 # The same keys where they act: accepted without a warning.
 LIVE = [
+    # learner ranks on Ray are placed with the learner keys (posttrain/loop/backends/ray_learner.py)
+    ["system.backend=ray", "learner.strategy=fsdp2", "learner.world_size=2", "system.ray.cpus_per_learner=1",
+     "system.ray.learner_resources={learner_node: 1}"],
     ["loss.kl_estimator=k3", "loss.kl_coef=0.05", "loss.kl_target=0.01", "loss.kl_horizon=10"],
     ["credit.kl_in_reward=true", "loss.kl_estimator=k1", "loss.kl_coef=0.05"],
     ["system.mode=async", "system.max_queue=16", "system.interrupt_on_update=false", "system.queue_timeout_s=30"],

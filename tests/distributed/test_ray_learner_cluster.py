@@ -105,10 +105,6 @@ def cluster() -> Any:
         c.shutdown()  # type: ignore[no-untyped-call]
 
 
-# Until posttrain/loop/builders.py passes start_ranks=ray_rank_starter(...) with system.backend=ray the
-# CLI spawns local ranks and this fails ("... not on a node of the cluster"); strict: the lead removes
-# the mark with that edit (an XPASS fails).
-@pytest.mark.xfail(strict=True, reason="build_learner_ranks does not place ranks on Ray yet (issue 28 wiring)")
 @pytest.mark.timeout(600)
 def test_fsdp2_ranks_over_two_nodes_equal_single_then_a_node_dies_and_resume(cluster: Any, tmp_path: Path) -> None:
     from posttrain.loop.training_loop import train
