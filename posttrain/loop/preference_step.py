@@ -1,19 +1,80 @@
 """One preference step's pieces, shared by the offline and the online trainer: the step's pairs with their
 reference log-probs (:class:`PairBatch`), their loss as the learners' :class:`~posttrain.learner.trainer.Trainer`
-takes it (:class:`PairBatchLoss`: the mean over pairs of the preference loss, micro-batched), and what a
-preference run returns (:class:`PreferenceRunResult`).
+takes it (:class:`PairBatchLoss`: the mean over pairs of the preference loss, micro-batched), the step loop of
+both pairwise trainers (:func:`run_pair_steps`, also the reward-model trainer's) and what a preference run
+returns (:class:`PreferenceRunResult`).
 """
 
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Sequence
+import time
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Protocol
 
 import torch
 
 from posttrain.config import RunConfig
+from posttrain.learner.trainer import MinibatchLoss, Trainer
+from posttrain.loop.metrics_log import MetricsLog
 from posttrain.loop.preference_batch import EncodedPair, pair_chunks, sequence_logprobs
 from posttrain.loop.preference_loss import PairLogprobs, kto_reference_point, preference_loss
+
+if TYPE_CHECKING:
+    from rich.progress import Progress
+
+
+class PairStepLoss(MinibatchLoss, Protocol):
+    """A pairwise trainer's loss of one step's pairs: a :class:`~posttrain.learner.trainer.MinibatchLoss` whose
+    ``metrics`` (``loss`` ...) are filled by the step's backward passes."""
+
+    metrics: dict[str, float]
+
+
+def batch_indices(n: int, batch_size: int, cursor: int, seed: int) -> list[int]:
+    """Indices of the ``batch_size`` training pairs at data cursor ``cursor`` (of ``n`` pairs): pass
+    ``k = cursor // n`` walks ``torch.randperm(n)`` seeded by ``(seed, k)``; a batch may span two passes."""
+    out: list[int] = []
+    while len(out) < batch_size:
+        epoch, offset = divmod(cursor, n)
+        perm = torch.randperm(n, generator=torch.Generator().manual_seed(seed * 1_000_003 + epoch)).tolist()
+        take = perm[offset: offset + batch_size - len(out)]
+        out.extend(take)
+        cursor += len(take)
+    return out
+
+
+def run_pair_steps(cfg: RunConfig, *, step: int, cursor: int, num_train: int,
+                   step_loss: Callable[[list[int]], PairStepLoss], trainer: Trainer, metrics: MetricsLog,
+                   evaluate: Callable[[int], None], checkpoint: Callable[[int, int], None],
+                   progress: Progress | None, label: str) -> tuple[int, int]:
+    """Steps ``step + 1 .. cfg.steps`` of a pairwise trainer (preference optimisation, the reward model);
+    returns the final ``(step, cursor)``.
+
+    Contract: each step takes ``preference.batch_size`` training pairs from ``cursor`` on
+    (:func:`batch_indices`, a seeded pass over ``num_train`` pairs),
+    builds their loss with ``step_loss(rows)``, takes one ``trainer.train`` update, and logs the loss's metrics
+    with the optimiser's, ``lr``, ``pairs_seen`` and ``step_seconds``; ``evaluate(step)`` runs every
+    ``eval.every`` steps and at the last, ``checkpoint(step, cursor)`` every ``checkpoint_every`` steps and at
+    the last (and once at step 0 when there are no steps)."""
+    bar = progress.add_task(label, total=cfg.steps, completed=step) if progress is not None else None
+    while step < cfg.steps:
+        t0 = time.perf_counter()
+        rows = batch_indices(num_train, cfg.preference.batch_size, cursor, cfg.seed)
+        loss = step_loss(rows)
+        tally = trainer.train(len(rows), loss)
+        step, cursor = step + 1, cursor + len(rows)
+        metrics.log(step, {**loss.metrics, **tally.steps.metrics(), "lr": tally.steps.lr, "pairs_seen": cursor,
+                           "step_seconds": time.perf_counter() - t0})
+        if step % cfg.eval.every == 0 or step == cfg.steps:
+            evaluate(step)
+        if (cfg.checkpoint_every and step % cfg.checkpoint_every == 0) or step == cfg.steps:
+            checkpoint(step, cursor)
+        if progress is not None and bar is not None:
+            progress.update(bar, completed=step, description=f"{label} loss {loss.metrics['loss']:.3f}")
+    if step == 0:
+        checkpoint(step, cursor)
+    return step, cursor
 
 
 @dataclasses.dataclass

@@ -47,7 +47,12 @@ from posttrain.loop.preference_loss import (
     preference_loss,
     uses_reference,
 )
-from posttrain.loop.preference_step import PairBatch, PairBatchLoss, PreferenceRunResult
+from posttrain.loop.preference_step import (
+    PairBatch,
+    PairBatchLoss,
+    PreferenceRunResult,
+    run_pair_steps,
+)
 
 if TYPE_CHECKING:
     from rich.progress import Progress
@@ -88,19 +93,6 @@ def check_preference_config(cfg: RunConfig) -> None:
         raise UserError(str(e)) from None
     if not cfg.preference.online:
         load_pairs(cfg)
-
-
-def batch_indices(n: int, batch_size: int, cursor: int, seed: int) -> list[int]:
-    """Indices of the ``batch_size`` training pairs at data cursor ``cursor`` (of ``n`` pairs): pass
-    ``k = cursor // n`` walks ``torch.randperm(n)`` seeded by ``(seed, k)``; a batch may span two passes."""
-    out: list[int] = []
-    while len(out) < batch_size:
-        epoch, offset = divmod(cursor, n)
-        perm = torch.randperm(n, generator=torch.Generator().manual_seed(seed * 1_000_003 + epoch)).tolist()
-        take = perm[offset: offset + batch_size - len(out)]
-        out.extend(take)
-        cursor += len(take)
-    return out
 
 
 def evaluate_pairs(model: torch.nn.Module, batch: PairBatch, cfg: RunConfig, pad_id: int) -> dict[str, float]:
@@ -242,42 +234,31 @@ def _train_offline(cfg: RunConfig, run_dir: Path, train_pairs: list[PreferencePa
         log.info("preference (%s): %d training pairs, %d held-out pairs", cfg.preference.loss, len(train_enc),
                  len(held_enc))
 
-        def evaluate() -> None:
+        def evaluate(at: int) -> None:
             ev = evaluate_pairs(model, held_batch, cfg, pad_id)
-            curve.append((step, ev["heldout/pair_accuracy"]))
-            metrics.log(step, ev)
+            curve.append((at, ev["heldout/pair_accuracy"]))
+            metrics.log(at, ev)
 
-        def checkpoint() -> None:
-            save(run_dir, step, model, tokenizer, trainer,
-                 {"trainer": "preference", "cursor": cursor, "wall_seconds": clock.seconds(), "curve": curve})
+        def checkpoint(at: int, pairs_seen: int) -> None:
+            save(run_dir, at, model, tokenizer, trainer,
+                 {"trainer": "preference", "cursor": pairs_seen, "wall_seconds": clock.seconds(), "curve": curve})
 
-        if step == 0:
-            evaluate()
-        bar = progress.add_task("preference", total=cfg.steps, completed=step) if progress is not None else None
-        while step < cfg.steps:
-            t0 = time.perf_counter()
-            rows = batch_indices(len(train_enc), cfg.preference.batch_size, cursor, cfg.seed)
+        def step_loss(rows: list[int]) -> PairBatchLoss:
             sub = PairBatch([train_enc[i] for i in rows],
                             *(None if t is None else t[torch.tensor(rows)]
                               for t in (train_batch.ref_chosen, train_batch.ref_rejected)))
-            loss = PairBatchLoss(model, sub, cfg, pad_id)
-            tally = trainer.train(len(rows), loss)
-            step, cursor = step + 1, cursor + len(rows)
-            metrics.log(step, {**loss.metrics, **tally.steps.metrics(), "lr": tally.steps.lr, "pairs_seen": cursor,
-                               "step_seconds": time.perf_counter() - t0})
-            if step % cfg.eval.every == 0 or step == cfg.steps:
-                evaluate()
-            if (cfg.checkpoint_every and step % cfg.checkpoint_every == 0) or step == cfg.steps:
-                checkpoint()
-            if progress is not None and bar is not None:
-                progress.update(bar, completed=step, description=f"preference loss {loss.metrics['loss']:.3f}")
+            return PairBatchLoss(model, sub, cfg, pad_id)
+
         if step == 0:
-            checkpoint()
+            evaluate(step)
+        step, cursor = run_pair_steps(cfg, step=step, cursor=cursor, num_train=len(train_enc), step_loss=step_loss,
+                                      trainer=trainer, metrics=metrics, evaluate=evaluate, checkpoint=checkpoint,
+                                      progress=progress, label="preference")
     finally:
         metrics.close()
     return PreferenceRunResult(step=step, wall_seconds=clock.seconds(), curve_name="held-out pair accuracy",
                                curve=curve)
 
 
-__all__ = ["batch_indices", "check_preference_config", "evaluate_pairs", "load_pairs",
+__all__ = ["check_preference_config", "evaluate_pairs", "load_pairs",
            "locked_run_dir", "optimizer_settings", "restore", "save", "train_preference"]

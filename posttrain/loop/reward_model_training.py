@@ -46,9 +46,8 @@ from posttrain.learner.microbatch import split_by_token_budget
 from posttrain.learner.settings import BatchingSettings
 from posttrain.learner.trainer import Trainer
 from posttrain.loop.metrics_log import MetricsLog
-from posttrain.loop.preference_step import PreferenceRunResult
+from posttrain.loop.preference_step import PreferenceRunResult, run_pair_steps
 from posttrain.loop.preference_training import (
-    batch_indices,
     load_pairs,
     locked_run_dir,
     optimizer_settings,
@@ -243,35 +242,24 @@ def _train(cfg: RunConfig, run_dir: Path, train_pairs: list[PreferencePair], hel
         write_text_atomic(run_dir / "config.yaml", dump_config(cfg))
         log.info("reward model: %d training pairs, %d held-out pairs (chat template: %s)", len(train), len(held), chat)
 
-        def evaluate() -> None:
+        def evaluate(at: int) -> None:
             ev = evaluate_pairs(model, tokenizer, held, max_length=max_length, microbatch_tokens=mb)
-            curve.append((step, ev["heldout/pair_accuracy"]))
-            metrics.log(step, ev)
+            curve.append((at, ev["heldout/pair_accuracy"]))
+            metrics.log(at, ev)
 
-        def checkpoint() -> None:
-            save(run_dir, step, model, tokenizer, trainer, {"trainer": "reward_model", "cursor": cursor,
-                                                            "wall_seconds": before + time.perf_counter() - start,
-                                                            "curve": curve})
+        def checkpoint(at: int, pairs_seen: int) -> None:
+            save(run_dir, at, model, tokenizer, trainer, {"trainer": "reward_model", "cursor": pairs_seen,
+                                                          "wall_seconds": before + time.perf_counter() - start,
+                                                          "curve": curve})
+
+        def step_loss(rows: list[int]) -> PairwiseLoss:
+            return PairwiseLoss(model, tokenizer, [train[i] for i in rows], max_length=max_length, microbatch_tokens=mb)
 
         if step == 0:
-            evaluate()
-        bar = progress.add_task("reward model", total=cfg.steps, completed=step) if progress is not None else None
-        while step < cfg.steps:
-            t0 = time.perf_counter()
-            rows = batch_indices(len(train), cfg.preference.batch_size, cursor, cfg.seed)
-            loss = PairwiseLoss(model, tokenizer, [train[i] for i in rows], max_length=max_length, microbatch_tokens=mb)
-            tally = trainer.train(len(rows), loss)
-            step, cursor = step + 1, cursor + len(rows)
-            metrics.log(step, {**loss.metrics, **tally.steps.metrics(), "lr": tally.steps.lr, "pairs_seen": cursor,
-                               "step_seconds": time.perf_counter() - t0})
-            if step % cfg.eval.every == 0 or step == cfg.steps:
-                evaluate()
-            if (cfg.checkpoint_every and step % cfg.checkpoint_every == 0) or step == cfg.steps:
-                checkpoint()
-            if progress is not None and bar is not None:
-                progress.update(bar, completed=step, description=f"reward model loss {loss.metrics['loss']:.3f}")
-        if step == 0:
-            checkpoint()
+            evaluate(step)
+        step, cursor = run_pair_steps(cfg, step=step, cursor=cursor, num_train=len(train), step_loss=step_loss,
+                                      trainer=trainer, metrics=metrics, evaluate=evaluate, checkpoint=checkpoint,
+                                      progress=progress, label="reward model")
         where = save_reward_model(run_dir, model, tokenizer, use_chat_template=chat, max_length=max_length)
         log.info("reward model saved to %s (reward.model.path)", where)
     finally:

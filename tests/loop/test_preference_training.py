@@ -16,7 +16,8 @@ from posttrain.config import RECIPES_DIR, RunConfig
 from posttrain.errors import UserError
 from posttrain.loop.preference_batch import sequence_logprobs
 from posttrain.loop.preference_loss import PairLogprobs, implicit_margin, kto_reference_point, preference_loss
-from posttrain.loop.preference_training import batch_indices, train_preference
+from posttrain.loop.preference_step import batch_indices
+from posttrain.loop.preference_training import train_preference
 from posttrain.loop.validate import load_run_config
 
 D = torch.float64
