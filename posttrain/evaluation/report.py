@@ -38,6 +38,23 @@ def _sets_of(rows: list[dict[str, float]]) -> list[str]:
     return ["heldout", *others]
 
 
+def metrics_rows_with(run_dir: Path, key: str) -> dict[int, dict[str, Any]]:
+    """The rows of ``run_dir/metrics.jsonl`` that hold ``key``, by their (int) ``step``: a resumed run's
+    repeated step keeps its last row; a line cut by a crash is skipped (the rows before it still count);
+    no file -> ``{}``."""
+    path = run_dir / "metrics.jsonl"
+    by_step: dict[int, dict[str, Any]] = {}
+    if path.is_file():
+        for line in path.read_text().splitlines():
+            try:
+                row = json.loads(line)
+            except json.JSONDecodeError:
+                continue
+            if isinstance(row, dict) and isinstance(row.get("step"), int) and key in row:
+                by_step[row["step"]] = row
+    return by_step
+
+
 def heldout_series(run_dir: Path) -> HeldoutSeries:
     """``{metric: [(step, value), ...]}`` of the held-out evaluations logged in ``run_dir/metrics.jsonl``.
 
@@ -47,17 +64,9 @@ def heldout_series(run_dir: Path) -> HeldoutSeries:
     no evaluation -> ``{}``. The result also carries the run's per-problem outcomes
     (:attr:`HeldoutSeries.outcomes`, empty for a run written before they were recorded).
     """
-    path = run_dir / "metrics.jsonl"
-    by_step: dict[int, dict[str, float]] = {}
-    if path.is_file():
-        for line in path.read_text().splitlines():
-            try:
-                row = json.loads(line)
-            except json.JSONDecodeError:  # a line cut by a crash: the rows before it still count
-                continue
-            if isinstance(row, dict) and "heldout/accuracy" in row and isinstance(row.get("step"), int):
-                by_step[row["step"]] = {k: float(v) for k, v in row.items() if k.startswith("heldout")
-                                        and isinstance(v, (int, float)) and not isinstance(v, bool)}
+    by_step = {step: {k: float(v) for k, v in row.items() if k.startswith("heldout")
+                      and isinstance(v, (int, float)) and not isinstance(v, bool)}
+               for step, row in metrics_rows_with(run_dir, "heldout/accuracy").items()}
     keys: list[str] = []
     for s in _sets_of(list(by_step.values())):
         passk = f"{s}/pass@"
@@ -294,17 +303,8 @@ the share of held-out pairs ranked chosen-above-rejected, the mean margin and th
 def pair_accuracy_curve(run_dir: Path) -> list[dict[str, float]]:
     """``[{step, pair_accuracy, margin, loss}, ...]`` by step from ``run_dir/metrics.jsonl`` (the rows holding
     ``heldout/pair_accuracy``; a resumed run's repeated step keeps its last row; a key not logged is absent)."""
-    path = run_dir / "metrics.jsonl"
-    by_step: dict[int, dict[str, float]] = {}
-    if path.is_file():
-        for line in path.read_text().splitlines():
-            try:
-                row = json.loads(line)
-            except json.JSONDecodeError:  # a line cut by a crash: the rows before it still count
-                continue
-            if isinstance(row, dict) and isinstance(row.get("step"), int) and "heldout/pair_accuracy" in row:
-                by_step[row["step"]] = {k.split("/", 1)[1]: float(row[k]) for k in PAIR_KEYS
-                                        if isinstance(row.get(k), (int, float))}
+    by_step = {step: {k.split("/", 1)[1]: float(row[k]) for k in PAIR_KEYS if isinstance(row.get(k), (int, float))}
+               for step, row in metrics_rows_with(run_dir, "heldout/pair_accuracy").items()}
     return [{"step": s, **v} for s, v in sorted(by_step.items())]
 
 
