@@ -100,6 +100,10 @@ class OptimConfig(Section):
     schedule: Literal["constant", "linear", "cosine"] = "constant"
     max_grad_norm: float | None = Field(default=1.0, gt=0)
     microbatch_tokens: int = Field(default=4096, ge=1, description="token budget per micro-batch (rows x padded length)")
+    gradient_checkpointing: bool = Field(
+        default=False, description="recompute the policy's layer activations in the backward instead of keeping them "
+        "(transformers' gradient checkpointing; needs a model without dropout): lower peak memory per micro-batch "
+        "for one more forward of the backbone (measured: docs/benchmarks.md, `posttrain bench memory`)")
     ppo_epochs: int = Field(default=1, ge=1)
     num_minibatches: int = Field(default=1, ge=1)
     fuse_old_logprob: bool = Field(

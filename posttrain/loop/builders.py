@@ -399,7 +399,7 @@ def policy_settings(cfg: RunConfig, *, autocast_dtype: str | None = None) -> Pol
             correction_kwargs=cfg.correction.kwargs, skip_no_signal_rows=o.skip_no_signal_rows,
         ),
         sampler=_sampler_replay(cfg),
-        compute=ComputeSettings(autocast_dtype=autocast_dtype),
+        compute=ComputeSettings(autocast_dtype=autocast_dtype, gradient_checkpointing=cfg.optim.gradient_checkpointing),
         lora=LoraSettings(rank=cfg.lora.rank, alpha=cfg.lora.alpha, target_modules=cfg.lora.target_modules,
                           dropout=cfg.lora.dropout),
     )

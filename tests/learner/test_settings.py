@@ -62,3 +62,16 @@ def test_critic_flat_and_typed_give_the_same_update(make_model, make_batch):
     assert flat.update(batch, returns) == typed.update(batch, returns)
     with pytest.raises(TypeError, match="ppo_epochs"):
         CriticLearner(ValueModel.from_actor(make_model()), ppo_epochs=2)  # type: ignore[call-arg]
+
+
+@pytest.mark.parametrize("flag", [False, True])
+def test_optim_gradient_checkpointing_reaches_the_policy_learner(flag: bool) -> None:
+    """``optim.gradient_checkpointing`` is the learner's ``compute.gradient_checkpointing`` (the recipe key
+    that lowers a micro-batch's activation memory: docs/benchmarks.md, ``posttrain bench memory``)."""
+    from posttrain.loop.builders import build_model, build_policy_learner
+    from posttrain.loop.validate import load_run_config
+
+    cfg = load_run_config("grpo", ["model.path=builtin:micro", f"optim.gradient_checkpointing={str(flag).lower()}"])
+    _, model = build_model(cfg)
+    learner = build_policy_learner(cfg, model)
+    assert learner.gradient_checkpointing is flag
