@@ -4,6 +4,7 @@ tinker-cookbook train LoRA adapters on posttrain locally (docs/tinker.md)."""
 from __future__ import annotations
 
 import argparse
+import signal
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -22,7 +23,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    """Serve until interrupted (Ctrl-C); exit code 0."""
+    """Serve until interrupted (Ctrl-C, SIGINT or SIGTERM); exit code 0."""
     from posttrain.serve.tinker_app import make_server
     from posttrain.serve.wire import proto
 
@@ -31,6 +32,10 @@ def run(args: argparse.Namespace) -> int:
         server = make_server(args.model, port=args.port, host=args.host, state_dir=args.state_dir)
     except OSError as e:
         raise ValueError(f"cannot listen on {args.host}:{args.port}: {e.strerror}") from None
+    # Stop on SIGINT and SIGTERM even when started with SIGINT ignored (a background job of a
+    # non-interactive shell inherits SIG_IGN, and Python then installs no KeyboardInterrupt handler).
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    signal.signal(signal.SIGTERM, signal.default_int_handler)
     print(f"posttrain serve: Tinker API for {args.model} at {server.url}  "
           f"(TINKER_BASE_URL={server.url} TINKER_API_KEY=tml-local; Ctrl-C to stop)", flush=True)
     try:

@@ -261,7 +261,7 @@ def build_targets(
     ref_logprob = ref_logprob if ref_logprob is not None else getattr(batch, "ref_logprob", None)
     values = values if values is not None else getattr(batch, "values", None)
     final_values = final_values if final_values is not None else getattr(batch, "final_values", None)
-    teacher_logprob = teacher_logprob if teacher_logprob is not None else batch.teacher_logprob
+    teacher_logprob = teacher_logprob if teacher_logprob is not None else getattr(batch, "teacher_logprob", None)
     mask = batch.action_mask.to(torch.float64)
     rewards = torch.tensor([float(t.reward.total) for t in batch.trajectories], dtype=torch.float64)  # type: ignore[arg-type]
     token_kl = ref_token_kl(old_logprob, ref_logprob, batch.action_mask, kl_estimator)

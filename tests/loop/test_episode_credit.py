@@ -146,7 +146,9 @@ def test_observation_tokens_never_enter_ratio_loss_or_gradient(extra):
 
 
 def _with_head_noise(learner, g, role, gen, batch, adv, old):
-    """Loss and grads with random logits added (a hook on the output head) wherever the next token has ``role``."""
+    """Loss and grads with random noise added to the final hidden state (a hook on the decoder's last norm,
+    what the output head reads, on the full-logits and the chunked-head path alike) at every position whose
+    next token has ``role``: the model's log-probs of those tokens change."""
     obs_next = {tuple(t.token_ids.tolist()): [r is role for r in t.roles[1:]] + [False] for t in g}
 
     def hook(module, inputs, output):
@@ -157,17 +159,15 @@ def _with_head_noise(learner, g, role, gen, batch, adv, old):
             for key, m in obs_next.items():
                 if tuple(row[: len(key)]) == key:
                     sel = torch.tensor(m + [False] * (len(row) - len(m)))
-                    # the learner may keep logits only for the last positions (logits_to_keep):
-                    # the head's output is right-aligned with the row
-                    sel = sel[len(row) - output.shape[1]:]
+                    sel = sel[len(row) - output.shape[1]:]  # (the norm runs on every position: no-op)
                     bump[r, sel] = 7.0 * torch.randn(int(sel.sum()), output.shape[-1], generator=gen)
         return output + bump
 
     def pre(module, args, kwargs):
         hook.ids = kwargs.get("input_ids", args[0] if args else None)
 
-    h1 = learner.model.register_forward_pre_hook(pre, with_kwargs=True)
-    h2 = learner.model.get_output_embeddings().register_forward_hook(hook)
+    h1 = learner.model.get_decoder().register_forward_pre_hook(pre, with_kwargs=True)
+    h2 = learner.model.get_decoder().norm.register_forward_hook(hook)
     try:
         return learner.compute_gradients(batch, adv, old_logprob=old)
     finally:

@@ -14,6 +14,7 @@ import pytest
 import torch
 
 from posttrain.config import RECIPES_DIR
+from posttrain.loop.preflight import preflight
 from posttrain.loop.training_loop import train
 from posttrain.loop.validate import load_run_config
 from posttrain.trajectory import Ledger, Status
@@ -105,7 +106,11 @@ def test_every_recipe_runs(tmp_path, recipe):
     extra = ["steps=2", "sampling.group_size=4" if recipe != "ppo" else "sampling.group_size=1"]
     if recipe in ("dapo",):
         extra += ["reward.overlong_max_len=3", "reward.overlong_cache_len=1"]
-    st = train(_cfg(tmp_path, recipe, extra))
+    if recipe == "smollm2_instruction_following":  # its reward weighs ifc_mean, a component of its own verifier
+        extra += ["task.name=instruction_following", "task.kwargs={}"]
+    cfg = _cfg(tmp_path, recipe, extra)
+    preflight(cfg)  # as posttrain train does: a config the first step would fail on fails here, naming the key
+    st = train(cfg)
     assert st.step == 2
     assert np.isfinite(Ledger(tmp_path / "ledger").read_metrics()[-1]["loss"])
 
