@@ -17,7 +17,7 @@ from __future__ import annotations
 import tempfile
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
 import torch
 
@@ -26,6 +26,9 @@ from posttrain.config import RunConfig
 from posttrain.errors import UserError
 from posttrain.loop.reward_model_training import PairwiseLoss, TextPair, rewards_of
 
+if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerBase
+
 GRAD_RTOL = 1e-4
 """Largest relative gradient difference accepted between micro-batch splits (float32 reductions)."""
 
@@ -33,7 +36,7 @@ SCORE_ATOL = 1e-4
 """Largest score difference accepted between a text scored alone and in a padded batch."""
 
 
-def _loss_and_grads(model: torch.nn.Module, tokenizer: Any, pairs: Sequence[TextPair], max_length: int,
+def _loss_and_grads(model: torch.nn.Module, tokenizer: PreTrainedTokenizerBase, pairs: Sequence[TextPair], max_length: int,
                     microbatch_tokens: int) -> tuple[float, dict[str, torch.Tensor]]:
     loss = PairwiseLoss(model, tokenizer, pairs, max_length=max_length, microbatch_tokens=microbatch_tokens)
     rows = list(range(len(pairs)))
@@ -44,7 +47,7 @@ def _loss_and_grads(model: torch.nn.Module, tokenizer: Any, pairs: Sequence[Text
     return loss.metrics["loss"], grads
 
 
-def check_microbatch_split(model: torch.nn.Module, tokenizer: Any, pairs: Sequence[TextPair],
+def check_microbatch_split(model: torch.nn.Module, tokenizer: PreTrainedTokenizerBase, pairs: Sequence[TextPair],
                            max_length: int) -> CheckResult:
     """Check 2 of the module docstring."""
     la, ga = _loss_and_grads(model, tokenizer, pairs, max_length, 10**9)
@@ -55,7 +58,7 @@ def check_microbatch_split(model: torch.nn.Module, tokenizer: Any, pairs: Sequen
 
 
 @torch.no_grad()
-def batched_and_alone(model: torch.nn.Module, tokenizer: Any, pairs: Sequence[TextPair],
+def batched_and_alone(model: torch.nn.Module, tokenizer: PreTrainedTokenizerBase, pairs: Sequence[TextPair],
                       max_length: int) -> tuple[torch.Tensor, torch.Tensor]:
     """``(batched, alone)`` scores ``[2B]`` of every chosen then rejected text of ``pairs``."""
     c, r = rewards_of(model, tokenizer, pairs, max_length)
@@ -64,7 +67,7 @@ def batched_and_alone(model: torch.nn.Module, tokenizer: Any, pairs: Sequence[Te
     return batched, torch.cat([torch.cat([a[0] for a in alone]), torch.cat([a[1] for a in alone])]).double()
 
 
-def check_padding_invariance(model: torch.nn.Module, tokenizer: Any, pairs: Sequence[TextPair],
+def check_padding_invariance(model: torch.nn.Module, tokenizer: PreTrainedTokenizerBase, pairs: Sequence[TextPair],
                              max_length: int) -> CheckResult:
     """Check 3 of the module docstring."""
     batched, alone = batched_and_alone(model, tokenizer, pairs, max_length)
@@ -73,7 +76,7 @@ def check_padding_invariance(model: torch.nn.Module, tokenizer: Any, pairs: Sequ
             f"max |score alone - score in the padded batch| = {d:.2e} over {batched.numel()} texts")
 
 
-def check_save_load(model: torch.nn.Module, tokenizer: Any, pairs: Sequence[TextPair], *, use_chat_template: bool,
+def check_save_load(model: torch.nn.Module, tokenizer: PreTrainedTokenizerBase, pairs: Sequence[TextPair], *, use_chat_template: bool,
                     max_length: int) -> CheckResult:
     """Check 4 of the module docstring (through the saver and the loader the runs use)."""
     from posttrain.learner.checkpoint import quiet_hf_progress

@@ -82,7 +82,7 @@ def load_model(path: str, dtype_name: str, *, init_seed: int) -> tuple[Any, torc
     return tok, hf
 
 
-def load_tokenizer(path: str) -> Any | None:
+def load_tokenizer(path: str) -> PreTrainedTokenizerBase | None:
     """The tokenizer of model ``path`` without loading its weights: a builtin char preset's, SmolLM2's
     once converted (None before: the conversion loads the model), or a model directory's (``AutoTokenizer``)."""
     if path.startswith("builtin:"):

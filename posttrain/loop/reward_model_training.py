@@ -58,6 +58,7 @@ from posttrain.rewards.reward_model import RENDER_FILE, pair_rewards, render_pai
 
 if TYPE_CHECKING:
     from rich.progress import Progress
+    from transformers import PreTrainedTokenizerBase
 
     from posttrain.envs.preference_data import PreferencePair
 
@@ -117,7 +118,7 @@ def build_reward_model(cfg: RunConfig) -> tuple[Any, torch.nn.Module]:
     return tok, model
 
 
-def render_pairs(pairs: Sequence[PreferencePair], tokenizer: Any, *, use_chat_template: bool,
+def render_pairs(pairs: Sequence[PreferencePair], tokenizer: PreTrainedTokenizerBase, *, use_chat_template: bool,
                  max_length: int) -> list[TextPair]:
     """Each pair's chosen and rejected texts (:func:`~posttrain.rewards.reward_model.render_pair`);
     :class:`~posttrain.errors.UserError` naming the pair's file and row when a text exceeds ``max_length``
