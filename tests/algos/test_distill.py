@@ -53,7 +53,7 @@ def test_reverse_kl_advantage_hand_three_tokens() -> None:
 
 def test_reverse_kl_advantage_zero_for_equal_and_refuses_bad_input() -> None:
     s = torch.tensor([[-0.5, -2.0], [-3.0, -0.1]], dtype=torch.float32)
-    assert torch.equal(reverse_kl_advantage(s, s.clone(), torch.ones(2, 2)), torch.zeros(2, 2, dtype=D))
+    assert torch.equal(reverse_kl_advantage(s, s.clone(), torch.ones(2, 2)), torch.zeros(2, 2, dtype=D))  # x - x is exactly 0 in IEEE arithmetic
     with pytest.raises(ValueError, match="coef must be > 0"):
         reverse_kl_advantage(s, s, torch.ones(2, 2), coef=0.0)
     with pytest.raises(ValueError, match=r"\[B, T\]"):

@@ -103,7 +103,7 @@ def test_teacher_logprobs_reach_the_ledger(tmp_path: Path) -> None:
         assert t.teacher_logprob is not None and t.teacher_logprob.tolist() == row.tolist()
         assert t.old_version == 0 and t.ref_logprob is None
     # collated again from the records, the batch carries the teacher (every row has it)
-    assert torch.equal(collate(back).teacher_logprob, TEACHER)
+    assert torch.equal(collate(back).teacher_logprob, TEACHER)  # stored and read back, no arithmetic
     # a record whose teacher log-prob is positive on an action token is refused like any log-prob
     with pytest.raises(ValueError, match="teacher_logprob"):
         back[0].replace(teacher_logprob=np.array([0, 0, 0.5, -1, -1]))
@@ -184,7 +184,7 @@ def test_build_teacher_is_frozen_and_equals_the_student_for_the_same_builtin() -
     assert all(not p.requires_grad for p in teacher.parameters())
     student = build_tiny_model("micro", vocab_size=len(build_char_tokenizer()), seed=3)
     for (k, a), b in zip(teacher.state_dict().items(), student.state_dict().values(), strict=True):
-        assert torch.equal(a, b), k
+        assert torch.equal(a, b), k  # the same seeded init by the same code: equal bit for bit by construction
     assert build_teacher(load_run_config("grpo", []), build_char_tokenizer()) is None
 
 
