@@ -30,7 +30,8 @@ from typing import Any
 from posttrain.envs.task import TASKS, TaskExample, check_references, check_split, resolve_verifier, split_of
 from posttrain.rewards.verifier import Verifier
 
-_MISSING = object()
+MISSING = object()
+"""What :func:`get_dotted` returns for a key path a row does not have."""
 
 DEFAULT_MAX_ROW_BYTES = 16 * 1024 * 1024
 """JSONL rows longer than this are refused while reading (``reader_kwargs={"max_row_bytes": ...}``)."""
@@ -39,11 +40,12 @@ DEFAULT_MAX_PROMPT_CHARS = 1_000_000
 against the model's context is :func:`posttrain.envs.task.check_prompts`."""
 
 
-def _get(row: Mapping[str, Any], dotted: str) -> Any:
+def get_dotted(row: Mapping[str, Any], dotted: str) -> Any:
+    """``row[a][b]...`` for the key path ``"a.b..."``, or :data:`MISSING` where a key is absent."""
     cur: Any = row
     for part in dotted.split("."):
         if not isinstance(cur, Mapping) or part not in cur:
-            return _MISSING
+            return MISSING
         cur = cur[part]
     return cur
 
@@ -146,15 +148,15 @@ def load_examples(
         if messages_field is not None:
             from posttrain.envs.prompt_render import check_messages
 
-            raw = _get(rec, messages_field)
-            if raw is _MISSING:
+            raw = get_dotted(rec, messages_field)
+            if raw is MISSING:
                 raise ValueError(f"{p}: row {i}: field {messages_field!r} is missing")
             messages = check_messages(raw, f"{p}: row {i}: field {messages_field!r}")
             prompt = messages[-1]["content"]
             size, field = sum(len(m["content"]) for m in messages), messages_field
         else:
-            prompt = _get(rec, prompt_field)
-            if prompt is _MISSING:
+            prompt = get_dotted(rec, prompt_field)
+            if prompt is MISSING:
                 raise ValueError(f"{p}: row {i}: field {prompt_field!r} is missing")
             if not isinstance(prompt, str) or not prompt.strip():
                 raise ValueError(f"{p}: row {i}: field {prompt_field!r} must be a non-empty string, got {prompt!r:.60}")
@@ -162,13 +164,13 @@ def load_examples(
         if size > max_prompt_chars:
             raise ValueError(f"{p}: row {i}: field {field!r} has {size} characters, over "
                              f"max_prompt_chars={max_prompt_chars} (no model context holds it)")
-        ref = _get(rec, reference_field)
-        if ref is _MISSING or ref is None:
+        ref = get_dotted(rec, reference_field)
+        if ref is MISSING or ref is None:
             raise ValueError(f"{p}: row {i}: field {reference_field!r} is missing")
         pid: Any = i
         if id_field is not None:
-            pid = _get(rec, id_field)
-            if pid is _MISSING or not _is_scalar(pid) or pid is None:
+            pid = get_dotted(rec, id_field)
+            if pid is MISSING or not _is_scalar(pid) or pid is None:
                 raise ValueError(f"{p}: row {i}: field {id_field!r} must be a present scalar id")
             # Ids compare as the prompt ids they become (1 and "1" are the same id).
             if str(pid) in seen:
@@ -176,8 +178,8 @@ def load_examples(
             seen[str(pid)] = i
         meta: dict[str, Any] = {}
         for m in meta_fields:
-            v = _get(rec, m)
-            if v is _MISSING or not _is_scalar(v):
+            v = get_dotted(rec, m)
+            if v is MISSING or not _is_scalar(v):
                 raise ValueError(f"{p}: row {i}: meta field {m!r} is missing or not a JSON scalar")
             meta[m] = v
         meta.setdefault("answer", ref if _is_scalar(ref) else json.dumps(ref))

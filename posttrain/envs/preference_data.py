@@ -38,7 +38,7 @@ from typing import Any
 
 from posttrain.config.paths import resolve_shipped_path
 from posttrain.config.preference import FIELD_ROLES
-from posttrain.envs.files import iter_jsonl, iter_parquet
+from posttrain.envs.files import MISSING, get_dotted, iter_jsonl, iter_parquet
 from posttrain.envs.prompt_render import check_messages
 from posttrain.envs.task import split_of
 from posttrain.errors import UserError
@@ -65,18 +65,6 @@ class PreferencePair:
     def prompt_key(self) -> str:
         """The prompt as one string (a chat as its JSON): what the held-out split hashes."""
         return self.prompt if isinstance(self.prompt, str) else json.dumps(list(self.prompt), sort_keys=True)
-
-
-_MISSING = object()
-
-
-def _get(row: Mapping[str, Any], dotted: str) -> Any:
-    cur: Any = row
-    for part in dotted.split("."):
-        if not isinstance(cur, Mapping) or part not in cur:
-            return _MISSING
-        cur = cur[part]
-    return cur
 
 
 def _check_fields(fields: Mapping[str, str] | None) -> dict[str, str]:
@@ -117,8 +105,8 @@ def _response(value: Any, where: str) -> tuple[str, tuple[dict[str, str], ...] |
 def _prompt(rec: Mapping[str, Any], cols: Mapping[str, str], where: str,
             prefixes: tuple[tuple[dict[str, str], ...] | None, ...]) -> str | tuple[dict[str, str], ...]:
     role = "messages" if "messages" in cols else "prompt"
-    raw = _get(rec, cols[role])
-    if raw is _MISSING:
+    raw = get_dotted(rec, cols[role])
+    if raw is MISSING:
         c, r = prefixes
         if c is not None and r is not None:
             if c != r:
@@ -137,10 +125,10 @@ def _prompt(rec: Mapping[str, Any], cols: Mapping[str, str], where: str,
 
 
 def _score_diff(rec: Mapping[str, Any], col: str, where: str) -> float:
-    v = _get(rec, col)
-    if v is _MISSING or isinstance(v, bool) or not isinstance(v, int | float) or not math.isfinite(v) or v < 0:
+    v = get_dotted(rec, col)
+    if v is MISSING or isinstance(v, bool) or not isinstance(v, int | float) or not math.isfinite(v) or v < 0:
         raise UserError(f"{where}: field {col!r} must be a finite number >= 0 (score(chosen) - score(rejected)), "
-                         f"got {None if v is _MISSING else v!r}")
+                         f"got {None if v is MISSING else v!r}")
     return float(v)
 
 
@@ -166,8 +154,8 @@ def load_preference_pairs(path: str | Path, fields: Mapping[str, str] | None = N
             where = f"{p}: row {i}"
             sides = []
             for role in ("chosen", "rejected"):
-                raw = _get(rec, cols[role])
-                if raw is _MISSING:
+                raw = get_dotted(rec, cols[role])
+                if raw is MISSING:
                     raise UserError(f"{where}: field {cols[role]!r} is missing")
                 sides.append(_response(raw, f"{where}: field {cols[role]!r}"))
             (chosen, c_prefix), (rejected, r_prefix) = sides
@@ -177,8 +165,8 @@ def load_preference_pairs(path: str | Path, fields: Mapping[str, str] | None = N
             prompt = _prompt(rec, cols, where, (c_prefix, r_prefix))
             pid = str(i)
             if "id" in cols:
-                raw_id = _get(rec, cols["id"])
-                if raw_id is _MISSING or raw_id is None or not isinstance(raw_id, str | int | float | bool):
+                raw_id = get_dotted(rec, cols["id"])
+                if raw_id is MISSING or raw_id is None or not isinstance(raw_id, str | int | float | bool):
                     raise UserError(f"{where}: field {cols['id']!r} must be a present scalar id")
                 pid = str(raw_id)
                 if pid in seen:
