@@ -169,6 +169,8 @@ def update_step(run: Run, producer: Producer, step: int, produced: Produced,
     metrics["time/learner_s"] = time.perf_counter() - t0
     metrics.update(step_metrics(batch, trajs, tg, learner_version=old_version))
     metrics.update(distill_metrics(tg, batch))
+    if run.backend is not None:  # system.backend=ray: where the rollout / reward workers run (once)
+        metrics.update(run.backend.placement_once())
     # 6. judge the revision; a NaN/inf loss is rejected and the promoted weights restored
     if not math.isfinite(float(upd.get("loss", 0.0))):
         run.reject(step, reason=f"non-finite loss {upd.get('loss')}")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import sys
 from pathlib import Path
 
@@ -63,6 +64,14 @@ def test_sync_run_on_ray_equals_the_local_run(ray_env, tmp_path):
         # Step s was sampled by the weights the Ray worker received after step s - 1 (version s - 1).
         assert set(tb.behavior_version[tb.action_mask.astype(bool)].tolist()) == {sb - 1}
     assert local.step == remote.step == 2
+    # where the workers run, in the first step's metrics only (one node here: index 0 for every worker)
+    def placement(run: str) -> list[dict[str, float]]:
+        rows = [json.loads(line) for line in (tmp_path / run / "metrics.jsonl").read_text().splitlines()]
+        return [{k: v for k, v in r.items() if k.startswith("placement/")} for r in rows if "loss" in r]
+
+    assert placement("ray") == [{"placement/nodes": 1.0, "placement/rollout/nodes": 1.0, "placement/rollout/0": 0.0,
+                                 "placement/reward/nodes": 1.0, "placement/reward/0": 0.0}, {}]
+    assert placement("local") == [{}, {}]
 
 
 @pytest.mark.timeout(400)

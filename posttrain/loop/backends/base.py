@@ -198,6 +198,14 @@ class Backend:
     rollout: RolloutWorkers
     reward: RewardWorkers | None = None
     release: Callable[[], None] | None = None
+    # Where the workers run (ray_cluster.role_placement_metrics), reported once by placement_once.
+    placement: dict[str, float] = dataclasses.field(default_factory=dict)
+
+    def placement_once(self) -> dict[str, float]:
+        """The workers' placement metrics the first time it is called, then ``{}`` (the run's first
+        update of this process carries them, as the learner ranks' own placement)."""
+        out, self.placement = self.placement, {}
+        return out
 
     def close(self) -> None:
         """Close every part, then ``release`` (idempotent)."""

@@ -13,7 +13,7 @@ from collections.abc import Callable, Sequence
 
 from posttrain.config.ray import RayBackendConfig
 from posttrain.loop.backends.base import Backend, RewardWorkers
-from posttrain.loop.backends.ray_cluster import Placement, init_ray, require_ray
+from posttrain.loop.backends.ray_cluster import Placement, init_ray, require_ray, role_placement_metrics
 from posttrain.loop.backends.ray_reward import RayRewardWorkers
 from posttrain.loop.backends.ray_rollout import RayRolloutWorkers
 from posttrain.rollout.engine import RolloutEngine
@@ -47,7 +47,8 @@ def build_ray_backend(
     except BaseException:
         release()
         raise
-    return Backend(rollout=rollout, reward=reward, release=release)
+    return Backend(rollout=rollout, reward=reward, release=release,
+                   placement=role_placement_metrics(placement.where()))
 
 
 __all__ = ["build_ray_backend"]
