@@ -74,9 +74,11 @@ def load_model(path: str, dtype_name: str, *, init_seed: int) -> tuple[Any, torc
         tok = build_char_tokenizer()
         model = build_tiny_model(name, vocab_size=len(tok), seed=init_seed, dtype=dtype)
         return tok, model
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers import AutoModelForCausalLM
 
-    tok = AutoTokenizer.from_pretrained(path)
+    from posttrain.models.tokenizer import load_pretrained_tokenizer
+
+    tok = load_pretrained_tokenizer(path)  # a char model's checkpoint reloads its own tokenizer class
     hf: torch.nn.Module = AutoModelForCausalLM.from_pretrained(path, dtype=dtype)
     hf.eval()
     return tok, hf
@@ -84,7 +86,8 @@ def load_model(path: str, dtype_name: str, *, init_seed: int) -> tuple[Any, torc
 
 def load_tokenizer(path: str) -> PreTrainedTokenizerBase | None:
     """The tokenizer of model ``path`` without loading its weights: a builtin char preset's, SmolLM2's
-    once converted (None before: the conversion loads the model), or a model directory's (``AutoTokenizer``)."""
+    once converted (None before: the conversion loads the model), or a model directory's
+    (:func:`~posttrain.models.tokenizer.load_pretrained_tokenizer`)."""
     if path.startswith("builtin:"):
         name = path.split(":", 1)[1]
         if name.startswith("smollm2"):
@@ -98,9 +101,9 @@ def load_tokenizer(path: str) -> PreTrainedTokenizerBase | None:
             from posttrain.models import build_char_tokenizer
 
             return build_char_tokenizer()
-    from transformers import AutoTokenizer
+    from posttrain.models.tokenizer import load_pretrained_tokenizer
 
-    return AutoTokenizer.from_pretrained(path)
+    return load_pretrained_tokenizer(path)
 
 
 #: Text whose token ids (the student's encoding) must decode to the same text with both tokenizers

@@ -2,8 +2,14 @@
 
 It is a real ``transformers.PreTrainedTokenizerFast`` over a ``tokenizers`` WordLevel model whose
 vocabulary is the printable ASCII characters plus special tokens, so it saves with
-``save_pretrained`` and loads with ``AutoTokenizer.from_pretrained``. It carries a chat template
-so multi-turn code paths render turns the same way as for a hub model.
+``save_pretrained``. It carries a chat template so multi-turn code paths render turns the same way
+as for a hub model.
+
+Reload a saved copy with :func:`load_pretrained_tokenizer`, not ``AutoTokenizer.from_pretrained``:
+next to a Qwen2 model's ``config.json`` (a checkpoint's ``actor/``) transformers replaces the saved
+tokenizer class by ``Qwen2Tokenizer``, whose byte-level pre-tokenizer drops every space of this
+vocabulary ("a b" -> the ids of "ab"). ``save_pretrained`` marks the folder
+(``tokenizer_config.json`` key :data:`MARKER_KEY`) and the loader rebuilds this class from it.
 
 Text with a character outside that vocabulary is refused with a ``ValueError`` naming the
 character, instead of silently becoming ``<unk>`` (a model trained on ``<unk>`` for every accented
@@ -20,7 +26,7 @@ from typing import Any
 
 from tokenizers import Regex, Tokenizer, decoders, pre_tokenizers
 from tokenizers.models import WordLevel
-from transformers import PreTrainedTokenizerFast
+from transformers import PreTrainedTokenizerBase, PreTrainedTokenizerFast
 
 SPECIAL_TOKENS = ["<pad>", "<eos>", "<bos>", "<unk>", "<|user|>", "<|assistant|>", "<|tool|>", "<|system|>"]
 
@@ -33,6 +39,10 @@ CHAT_TEMPLATE = (
     "{% if add_generation_prompt %}<|assistant|>{% endif %}"
 )
 
+
+MARKER_KEY = "posttrain_tokenizer"
+"""Key of ``tokenizer_config.json`` whose value :data:`MARKER_CHAR` says the folder holds the char tokenizer."""
+MARKER_CHAR = "char"
 
 CHARS = "".join(c for c in string.printable if c not in "\x0b\x0c")
 """The vocabulary's characters: printable ASCII minus \\v and \\f (ids 8..105 in this order)."""
@@ -84,8 +94,8 @@ class CharTokenizer(PreTrainedTokenizerFast):
     """The char tokenizer: a ``PreTrainedTokenizerFast`` that refuses unencodable text (see module doc).
 
     Every encoding path (``__call__``, ``encode``, batches, ``apply_chat_template(tokenize=True)``)
-    goes through ``_encode_plus``, which checks the text first. A saved copy reloads with
-    ``AutoTokenizer`` as a plain fast tokenizer (the check is not saved with it).
+    goes through ``_encode_plus``, which checks the text first. A saved copy reloads as this class
+    with :func:`load_pretrained_tokenizer`.
     """
 
     def _encode_plus(self, text: Any, text_pair: Any = None, *args: Any, **kwargs: Any) -> Any:
@@ -94,13 +104,15 @@ class CharTokenizer(PreTrainedTokenizerFast):
         return super()._encode_plus(text, text_pair, *args, **kwargs)
 
     def save_pretrained(self, save_directory: Any, *args: Any, **kwargs: Any) -> Any:
-        """Save as the plain fast tokenizer underneath: transformers does not know this class's name
-        and would reload it as the model type's tokenizer (Qwen2Tokenizer), which encodes differently."""
+        """Save as the plain fast tokenizer underneath (transformers does not know this class's name),
+        marked as the char tokenizer (:data:`MARKER_KEY`) so :func:`load_pretrained_tokenizer` rebuilds
+        this class from the folder."""
         files = super().save_pretrained(save_directory, *args, **kwargs)
         for f in files:
             if Path(f).name.endswith("tokenizer_config.json"):
                 cfg = json.loads(Path(f).read_text())
                 cfg["tokenizer_class"] = PreTrainedTokenizerFast.__name__
+                cfg[MARKER_KEY] = MARKER_CHAR
                 Path(f).write_text(json.dumps(cfg, indent=2, ensure_ascii=False) + "\n")
         return files
 
@@ -128,3 +140,26 @@ def build_char_tokenizer() -> PreTrainedTokenizerFast:
     fast.chat_template = CHAT_TEMPLATE
     fast.padding_side = "left"
     return fast
+
+
+def is_char_tokenizer_dir(path: str | Path) -> bool:
+    """True when ``path`` is a folder whose ``tokenizer_config.json`` carries the char tokenizer's mark
+    (written by :meth:`CharTokenizer.save_pretrained`)."""
+    cfg = Path(path) / "tokenizer_config.json"
+    return cfg.is_file() and json.loads(cfg.read_text()).get(MARKER_KEY) == MARKER_CHAR
+
+
+def load_pretrained_tokenizer(path: str | Path) -> PreTrainedTokenizerBase:
+    """The tokenizer saved in ``path`` (a model directory, a checkpoint's ``actor/``), encoding exactly as
+    the saved one did: a marked char tokenizer folder reloads as :class:`CharTokenizer` from its own
+    ``tokenizer.json`` (pad / eos ids, chat template, left padding and the unencodable-text check as
+    saved); any other folder through ``AutoTokenizer.from_pretrained``. See the module doc for why the
+    char tokenizer cannot go through ``AutoTokenizer``."""
+    if is_char_tokenizer_dir(path):
+        tok: CharTokenizer = CharTokenizer.from_pretrained(str(path))
+        tok.padding_side = "left"  # not saved with the folder
+        return tok
+    from transformers import AutoTokenizer
+
+    loaded: PreTrainedTokenizerBase = AutoTokenizer.from_pretrained(str(path))
+    return loaded
