@@ -1,22 +1,14 @@
 """Tolerances for comparing results computed with different batch shapes or thread counts.
 
-Why not bit-exact: a CPU GEMM / reduction kernel is not batch-invariant — another ``M`` (rows per
-micro-batch), another padded length or another thread count can pick another blocking and so
-another summation order (MKL on AVX2-only AMD EPYC picks other kernels than on AVX-512 Intel). Two
-such results agree only to the rounding error of the reductions involved.
+The rule and why it holds (CPU kernels are not batch-invariant; the attention softmax runs in float32
+over at most ``T`` keys, so ``tol = SAFETY * n * eps(dtype)``) live in
+:mod:`posttrain.diagnostics.tolerance`, which ``posttrain check`` uses as well; this module re-exports
+``SAFETY`` and ``shape_rtol`` and adds the assertions the tests compare with.
 
-Where the error comes from in our tiny float64 test models: Hugging Face's eager attention computes
-its softmax in **float32** (``softmax(..., dtype=torch.float32)``) whatever the model's dtype, over
-at most ``T`` keys (the padded sequence length). The textbook bound on a length-``n`` float sum is
-``n * eps`` relative, so every comparison here uses
-
-    tol = SAFETY * n * eps(dtype)          (dtype = float32 for the attention softmax)
-
-relative to the reference's largest magnitude. ``SAFETY = 4`` covers the few layers the error
-travels through; measured differences are ~1 eps (float32) relative, while the bugs these tests are
-about (a micro-batch's own denominator, a dropped micro-batch, a missing all-reduce) move the
-result by >= 1e-3 relative — ``tests/learner/test_actor.py::test_split_tolerance_catches_local_normaliser``
-breaks the normaliser on purpose to show the tolerance still catches it.
+Measured differences are ~1 eps (float32) relative, while the bugs these tests are about (a
+micro-batch's own denominator, a dropped micro-batch, a missing all-reduce) move the result by >= 1e-3
+relative — ``tests/learner/test_actor.py::test_split_tolerance_catches_local_normaliser`` breaks the
+normaliser on purpose to show the tolerance still catches it.
 """
 
 from __future__ import annotations
@@ -25,12 +17,9 @@ from collections.abc import Mapping
 
 import torch
 
-SAFETY = 4.0
+from posttrain.diagnostics.tolerance import SAFETY, shape_rtol
 
-
-def shape_rtol(n: int, dtype: torch.dtype = torch.float32) -> float:
-    """Relative tolerance ``SAFETY * n * eps(dtype)`` for a result whose reductions span <= n terms."""
-    return SAFETY * max(int(n), 1) * torch.finfo(dtype).eps
+__all__ = ["SAFETY", "assert_grads_close", "assert_scaled_close", "scaled_maxdiff", "shape_rtol", "update_rel_diff"]
 
 
 def scaled_maxdiff(a: torch.Tensor, b: torch.Tensor) -> float:

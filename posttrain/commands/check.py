@@ -3,7 +3,8 @@
 On the configured model, engine and recipe (a few prompts, no training) it checks:
 
 1. ``ratio_is_one``: with ``lr = 0`` (pi_theta = pi_old) every action token's ratio is 1 and no
-   token is clipped;
+   token is clipped; "1" up to the rounding of two forwards of different batch shapes, the
+   length- and dtype-aware rule of :mod:`posttrain.diagnostics.tolerance` (:func:`ratio_is_one`);
 2. ``mask_invariance``: loss and gradient are unchanged when log-probs, advantages and token ids
    change only at positions the action mask excludes;
 3. ``behavior_vs_old``: |log kappa| = |log mu - log pi_old| over action tokens (mean, p99, max)
@@ -35,6 +36,7 @@ import torch
 
 from posttrain.commands.check_result import CheckResult, all_passed, max_rel
 from posttrain.commands.check_rollout import check_behavior_vs_old, check_save_resume, sample_trajectories
+from posttrain.diagnostics.tolerance import compute_dtype, shape_rtol
 
 if TYPE_CHECKING:
 
@@ -65,6 +67,20 @@ def _teacher_logprobs(teacher: torch.nn.Module, learner: PolicyLearner, batch: T
                                action_mask=batch.action_mask)
     out: torch.Tensor = lp * batch.action_mask.to(lp.dtype)
     return out
+
+
+def ratio_is_one(ratio_min: float, ratio_max: float, clipped: float, tokens: int,
+                 dtype: torch.dtype) -> CheckResult:
+    """Check 1 from an ``lr = 0`` update's ratio range and clipped fraction: passes when no token is clipped
+    and ``max |ratio - 1| <= shape_rtol(tokens, compute_dtype(dtype))`` — the rounding two forwards of
+    different batch shapes may differ by over ``tokens`` (the padded length) in a model of parameter dtype
+    ``dtype`` (:mod:`posttrain.diagnostics.tolerance`). A 128-token float32 batch gets ``6.1e-5``: its
+    measured ``1.1e-5`` passes, a ratio off by ``1e-3`` (log-probs of another temperature or mask) fails."""
+    dev = max(abs(ratio_min - 1), abs(ratio_max - 1))
+    limit = shape_rtol(tokens, compute_dtype(dtype))
+    return ("ratio_is_one", dev <= limit and clipped == 0.0,
+            f"max |ratio - 1| = {dev:.2e} (limit {limit:.1e}: {tokens} tokens, {str(dtype).removeprefix('torch.')}), "
+            f"clipped fraction {clipped:.3f} (lr = 0)")
 
 
 def run_rl_checks(cfg: RunConfig, prompts: int = 4) -> list[CheckResult]:
@@ -106,10 +122,8 @@ def run_rl_checks(cfg: RunConfig, prompts: int = 4) -> list[CheckResult]:
     frozen = build_policy_learner(cfg.model_copy(update={"optim": cfg.optim.model_copy(update={"lr": 0.0})}),
                            copy.deepcopy(learner.model))
     m = frozen.update(batch, adv, old_logprob=old)
-    dev = max(abs(m["ratio_min"] - 1), abs(m["ratio_max"] - 1))
-    clipped = m.get("clip_frac_low", 0.0) + m.get("clip_frac_high", 0.0)
-    results.append(("ratio_is_one", dev < 1e-5 and clipped == 0.0,
-                    f"max |ratio - 1| = {dev:.2e}, clipped fraction {clipped:.3f} (lr = 0)"))
+    results.append(ratio_is_one(m["ratio_min"], m["ratio_max"], m.get("clip_frac_low", 0.0) + m.get("clip_frac_high", 0.0),
+                                tokens=batch.input_ids.shape[1], dtype=next(learner.model.parameters()).dtype))
 
     # 2. masked positions change -> same loss and gradient
     loss_a, g_a = learner.compute_gradients(batch, adv, old_logprob=old)
