@@ -2,7 +2,8 @@
 
 ``rollout.engine`` picks the engine every system mode and backend builds
 (:func:`posttrain.loop.builders.build_engine` / ``engine_factory``); the engine-specific keys sit in
-their own sub-sections. Whether the vLLM environment exists on this machine is checked by
+their own sub-sections. ``rollout.process: server`` runs the built-in engine in its own process
+(:mod:`posttrain.rollout.builtin_server`). Whether the vLLM environment exists on this machine is checked by
 :func:`posttrain.loop.validate.validate_run`. See docs/rollout.md.
 """
 
@@ -59,6 +60,17 @@ class HTTPSettings(Section):
     connect_timeout_s: float = Field(default=60.0, gt=0, description="how long to wait for the server's /health at start")
 
 
+class ServerSettings(Section):
+    """``rollout.server``: the built-in engine as a 127.0.0.1 server process (``rollout.process: server``)."""
+
+    threads: int = Field(
+        default=0, ge=0, description="torch intra-op threads of the server process; 0 = the trainer's "
+        "torch.get_num_threads() when it starts the server",
+    )
+    startup_timeout_s: float = Field(default=300.0, gt=0, description="bound on the server's start-up (fails loudly)")
+    timeout_s: float = Field(default=600.0, gt=0, description="bound on one generate / weight-update call")
+
+
 class RolloutConfig(Section):
     """``rollout``: the engine that samples (every system mode and backend builds it from here)."""
 
@@ -67,11 +79,22 @@ class RolloutConfig(Section):
         description="builtin: the PyTorch engine in this process (bit-exact log-probs); vllm: vLLM (rollout.vllm); "
         "http: a running posttrain engine server (rollout.http)",
     )
+    process: Literal["in_process", "server"] = Field(
+        default="in_process",
+        description="where the builtin engine runs: in_process (the trainer's process; its rollout thread shares "
+        "the interpreter lock with the learner in one_step_off / async) or server (its own 127.0.0.1 process, "
+        "started by the trainer and driven over HTTP: rollout.server)",
+    )
     vllm: VLLMSettings = Field(default_factory=VLLMSettings)
     http: HTTPSettings = Field(default_factory=HTTPSettings)
+    server: ServerSettings = Field(default_factory=ServerSettings)
 
     @model_validator(mode="after")
     def _check_engine(self) -> RolloutConfig:
+        if self.process == "server" and self.engine != "builtin":
+            where = ("vllm runs as a server process by rollout.vllm.python" if self.engine == "vllm"
+                     else "http is a server process already")
+            raise ValueError(f"rollout.process=server applies to rollout.engine=builtin only ({where})")
         if self.engine == "http":
             url = self.http.url
             if url is None:

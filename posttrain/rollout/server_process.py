@@ -53,14 +53,15 @@ class SpawnedEngine(HTTPEngine):
     """Start ``python -m posttrain.rollout.http_engine --factory F --kwargs K`` and drive it over HTTP.
 
     ``python``: the interpreter of the environment that has the engine's dependencies; ``env``:
-    extra environment variables of the child (e.g. ``VLLM_CPU_KVCACHE_SPACE``). Waits at most
+    extra environment variables of the child (e.g. ``VLLM_CPU_KVCACHE_SPACE``); ``threads``: the
+    child's ``torch.set_num_threads`` (0: torch's default there). Waits at most
     ``startup_timeout_s`` for the child's ``LISTENING <port>`` line; a child that exits or stays
     silent raises ``RuntimeError`` quoting the end of ``log_path``. ``close()`` (also run at
     garbage collection and interpreter exit) stops the child.
     """
 
     def __init__(self, python: str | Path, factory: str, kwargs: Mapping[str, Any], *, log_path: str | Path,
-                 env: Mapping[str, str] | None = None, startup_timeout_s: float = 600.0,
+                 env: Mapping[str, str] | None = None, threads: int = 0, startup_timeout_s: float = 600.0,
                  timeout_s: float = 600.0, weights_timeout_s: float = 600.0) -> None:
         self.log_path = Path(log_path)
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
@@ -69,7 +70,8 @@ class SpawnedEngine(HTTPEngine):
         child_env["PYTHONPATH"] = os.pathsep.join(p for p in (_source_root(), child_env.get("PYTHONPATH")) if p)
         child_env["PYTHONUNBUFFERED"] = "1"
         cmd = [str(python), "-m", "posttrain.rollout.http_engine", "--factory", factory,
-               "--kwargs", json.dumps(dict(kwargs)), "--host", "127.0.0.1", "--port", "0", "--exit-on-stdin-eof"]
+               "--kwargs", json.dumps(dict(kwargs)), "--host", "127.0.0.1", "--port", "0", "--exit-on-stdin-eof",
+               "--threads", str(int(threads))]
         t0 = time.perf_counter()
         self._log = open(self.log_path, "ab")  # noqa: SIM115 - owned for the child's lifetime
         self.proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
