@@ -29,7 +29,6 @@ import torch
 
 from posttrain.commands.check_result import CheckResult, gradients, max_rel
 from posttrain.config import RunConfig
-from posttrain.errors import UserError
 from posttrain.loop.preference_batch import EncodedPair, pair_logprobs
 from posttrain.loop.preference_loss import (
     implicit_margin,
@@ -168,17 +167,15 @@ def offline_checks(cfg: RunConfig, n_pairs: int = 4) -> list[CheckResult]:
     """``pairs_load``, checks 1-3 on the first ``n_pairs`` training pairs, and ``save_resume`` (offline
     ``trainer: preference``). A pairs file that does not load ends the list at ``pairs_load`` (failed,
     with the error naming the file, row or split)."""
+    from posttrain.commands.check_pairs import pairs_load
     from posttrain.loop.builders import build_model, build_renderer
     from posttrain.loop.preference_batch import encode_pair
-    from posttrain.loop.preference_training import check_preference_config, load_pairs
+    from posttrain.loop.preference_training import check_preference_config
 
-    try:
-        check_preference_config(cfg)
-        train, held = load_pairs(cfg)
-    except UserError as e:
-        return [("pairs_load", False, str(e))]
-    results: list[CheckResult] = [("pairs_load", True, f"{len(train)} training and {len(held)} held-out pairs "
-                                                       f"of {cfg.preference.data}")]
+    loaded, train = pairs_load(cfg, config_check=check_preference_config)
+    if not train:  # the pairs did not load: the list ends at the failed pairs_load
+        return [loaded]
+    results: list[CheckResult] = [loaded]
     torch.manual_seed(cfg.seed)
     tokenizer, model = build_model(cfg)
     model.eval()

@@ -23,7 +23,6 @@ import torch
 
 from posttrain.commands.check_result import CheckResult, gradients, max_rel
 from posttrain.config import RunConfig
-from posttrain.errors import UserError
 from posttrain.loop.reward_model_training import PairwiseLoss, TextPair, rewards_of
 
 if TYPE_CHECKING:
@@ -99,17 +98,15 @@ def check_save_load(model: torch.nn.Module, tokenizer: PreTrainedTokenizerBase, 
 def reward_model_checks(cfg: RunConfig, n_pairs: int = 4) -> list[CheckResult]:
     """The checks of the module docstring on the first ``n_pairs`` training pairs; a pairs file that does
     not load ends the list at ``pairs_load`` (failed, the error naming the file, row or split)."""
+    from posttrain.commands.check_pairs import pairs_load
     from posttrain.envs.prompt_render import resolve_chat
     from posttrain.loop.builders import is_char_preset
-    from posttrain.loop.preference_training import load_pairs
     from posttrain.loop.reward_model_training import build_reward_model, render_pairs
 
-    try:
-        train, held = load_pairs(cfg)
-    except UserError as e:
-        return [("pairs_load", False, str(e))]
-    results: list[CheckResult] = [("pairs_load", True, f"{len(train)} training and {len(held)} held-out pairs "
-                                                       f"of {cfg.preference.data}")]
+    loaded, train = pairs_load(cfg)
+    if not train:  # the pairs did not load: the list ends at the failed pairs_load
+        return [loaded]
+    results: list[CheckResult] = [loaded]
     torch.manual_seed(cfg.seed)
     tokenizer, model = build_reward_model(cfg)
     chat = resolve_chat(cfg.task.chat_template, tokenizer, char_preset=is_char_preset(cfg.model.path, tokenizer))
