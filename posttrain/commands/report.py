@@ -5,7 +5,7 @@ Reads the ledger and metrics only (no model, no GPU). Prints the per-step ledger
 accuracy of every held-out set with bootstrap 95% intervals (first, best and last evaluation, and the
 rise first -> last: :func:`~posttrain.evaluation.report.accuracy_summaries`), the strata and the
 symptom table; writes JSON (``heldout_intervals.json`` beside ``diagnostics.json``), PNGs and
-``report.html`` (see docs/diagnostics.md).
+``report.html`` (the same intervals included; see docs/diagnostics.md).
 
 Per trainer (the run's ``config.yaml``): a run with learned reward components (``reward.model``,
 ``reward.judge``) adds each one's agreement with the verifier (``learned_agreement.json``); a distillation
@@ -134,10 +134,10 @@ def run(args: argparse.Namespace) -> int:
     pair_trainer = _pair_trainer(config)
     if pair_trainer is not None:
         return _pair_report(args, run_dir, pair_trainer)
-    doc = build_report(args.run_dir, args.out)
+    summaries = accuracy_summaries(heldout_series(run_dir), *_eval_temperatures(run_dir))
+    doc = build_report(args.run_dir, args.out, summaries)
     extra, extra_files = _trainer_sections(run_dir, config, Path(args.out) if args.out is not None
                                            else run_dir / "diagnostics")
-    summaries = accuracy_summaries(heldout_series(run_dir), *_eval_temperatures(run_dir))
     intervals_path = Path(args.out) if args.out is not None else run_dir / "diagnostics"
     intervals_path = intervals_path / "heldout_intervals.json"
     intervals_path.write_text(json.dumps(summaries_json(summaries), indent=2))

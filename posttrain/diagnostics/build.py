@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import dataclasses
 import json
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 from posttrain.diagnostics.html import render_report_html
+from posttrain.diagnostics.intervals_html import AccuracySummaryView
 from posttrain.diagnostics.load import load_summaries, read_metrics
 from posttrain.diagnostics.plots import plot_strata, plot_trends
 from posttrain.diagnostics.second_verifier import disagreements
@@ -25,11 +27,14 @@ def heldout_report(metrics: list[dict[str, Any]]) -> dict[str, Any]:
     return {"heldout_curve": curve}
 
 
-def build_report(run_dir: str | Path, out_dir: str | Path | None = None) -> dict[str, Any]:
+def build_report(run_dir: str | Path, out_dir: str | Path | None = None,
+                 heldout_intervals: Sequence[AccuracySummaryView] = ()) -> dict[str, Any]:
     """Compute strata, trends and symptoms of ``run_dir``; write JSON, PNGs and one HTML page.
 
     Output goes to ``out_dir`` (default ``<run_dir>/diagnostics``): ``diagnostics.json``,
-    ``strata.png`` and ``trends.png`` (when matplotlib is installed) and ``report.html``.
+    ``strata.png`` and ``trends.png`` (when matplotlib is installed) and ``report.html``, which also
+    shows ``heldout_intervals`` (the held-out accuracy summaries with their bootstrap intervals that
+    ``posttrain report`` computes; :mod:`posttrain.diagnostics.intervals_html`).
     Returns the JSON document, with ``files`` listing what was written.
     """
     run = Path(run_dir)
@@ -51,7 +56,7 @@ def build_report(run_dir: str | Path, out_dir: str | Path | None = None) -> dict
         **heldout_report(metrics),
     }
     files = [p for p in (plot_strata(strata, out / "strata.png"), plot_trends(trends, out / "trends.png")) if p]
-    (out / "report.html").write_text(render_report_html(doc, [p.name for p in files]))
+    (out / "report.html").write_text(render_report_html(doc, [p.name for p in files], heldout_intervals))
     doc["files"] = [str(p) for p in [*files, out / "report.html", out / "diagnostics.json"]]
     (out / "diagnostics.json").write_text(json.dumps(doc, indent=2))
     return doc

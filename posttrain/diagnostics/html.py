@@ -6,6 +6,8 @@ from collections.abc import Sequence
 from html import escape
 from typing import Any
 
+from posttrain.diagnostics.intervals_html import AccuracySummaryView, intervals_section
+
 
 def fmt(v: Any, digits: int = 3) -> str:
     """A table cell: ``-`` for missing, fixed decimals for floats."""
@@ -26,8 +28,11 @@ td,th{border:1px solid #ccc;padding:3px 8px;font-size:13px;text-align:right}th{b
 td:first-child{text-align:left}.flag{background:#fde2e2}.note{color:#777;font-style:italic}img{max-width:100%}"""
 
 
-def render_report_html(doc: dict[str, Any], images: Sequence[str]) -> str:
-    """The report page of a :func:`~posttrain.diagnostics.build.build_report` document."""
+def render_report_html(doc: dict[str, Any], images: Sequence[str],
+                       intervals: Sequence[AccuracySummaryView] = ()) -> str:
+    """The report page of a :func:`~posttrain.diagnostics.build.build_report` document; ``intervals`` (the
+    held-out accuracy summaries of ``posttrain report``) add their section after the held-out curve
+    (:func:`~posttrain.diagnostics.intervals_html.intervals_section`)."""
     parts = [f"<!doctype html><html><head><meta charset='utf-8'><title>posttrain report</title><style>{_CSS}</style>"
              f"</head><body><h1>Run report: {escape(doc['run_dir'])}</h1>",
              f"<p>{doc['trajectories']} trajectories over {len(doc['steps'])} ledger steps.</p>",
@@ -49,6 +54,8 @@ def render_report_html(doc: dict[str, Any], images: Sequence[str]) -> str:
     if doc["heldout_curve"]:
         parts.append("<h2>Held-out accuracy</h2>" + table_html(
             ["step", "accuracy", "reward"], [[c["step"], c["accuracy"], c["reward"]] for c in doc["heldout_curve"]]))
+    if intervals:
+        parts.append(intervals_section(intervals))
     parts.append("<h2>Strata</h2>")
     for t in doc["strata"]:
         parts.append(f"<h3>{escape(t['feature'])}</h3>")

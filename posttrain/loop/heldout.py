@@ -20,12 +20,13 @@ from __future__ import annotations
 import dataclasses
 import math
 from collections import Counter, OrderedDict
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
 from posttrain.diagnostics.heldout_outcomes import SetOutcomes, append_outcomes
 from posttrain.loop.episode_rollout import EpisodeRollout, context_limit, run_episodes, turn_seed
+from posttrain.loop.heldout_breakdown import constraint_rates, has_tools, tool_calls_per_episode
 from posttrain.loop.single_turn import Renderer, Sampler, play_once
 from posttrain.rewards.scoring import Decoder, HasVerifier, VerifyBatch
 from posttrain.rewards.verifier import Verifier
@@ -66,6 +67,10 @@ class EvalResult:
     k: int = 1
     # eval.hidden_verifier over the same responses (posttrain.rewards.hidden.heldout_metrics); {} without one.
     hidden: dict[str, float] = dataclasses.field(default_factory=dict)
+    # Instruction following: {"ifc/<family>": share of that family's constraints met} (heldout_breakdown).
+    constraint_rates: dict[str, float] = dataclasses.field(default_factory=dict)
+    # Tool environments: mean tool calls per judged episode; None without tools (heldout_breakdown).
+    tool_calls_mean: float | None = None
 
     @property
     def infra_errors(self) -> int:
@@ -73,11 +78,15 @@ class EvalResult:
         return int(self.status_counts.get(Status.INFRA_ERROR.value, 0))
 
     def as_metrics(self, prefix: str = "heldout") -> dict[str, float]:
-        """Flat metric dict (``heldout/accuracy``, ``heldout/infra_errors`` ...)."""
+        """Flat metric dict (``heldout/accuracy``, ``heldout/infra_errors`` ...; ``heldout/ifc/<family>``
+        for instruction following, ``heldout/tool_calls_mean`` for a tool environment with its tools on)."""
         out = {f"{prefix}/accuracy": self.accuracy, f"{prefix}/reward_mean": self.reward_mean,
                f"{prefix}/mean_length": self.mean_length, f"{prefix}/infra_errors": float(self.infra_errors)}
         out.update({f"{prefix}/status/{k}": float(v) for k, v in self.status_counts.items()})
         out.update({f"{prefix}/hidden/{k}": v for k, v in self.hidden.items()})
+        out.update({f"{prefix}/{k}": v for k, v in self.constraint_rates.items()})
+        if self.tool_calls_mean is not None:
+            out[f"{prefix}/tool_calls_mean"] = self.tool_calls_mean
         return out
 
     def passk_metrics(self, prefix: str = "heldout") -> dict[str, float]:
@@ -151,6 +160,7 @@ def evaluate(
     statuses: Counter[str] = Counter()
     rewards: list[float] = []
     lengths: list[int] = []
+    judged: list[Mapping[str, float]] = []
     n_valid, n_correct = [0] * len(examples), [0] * len(examples)
     for row, c, v in zip(played.rows, played.completions, verdicts, strict=True):
         statuses[v.status.value] += 1
@@ -159,6 +169,7 @@ def evaluate(
             n_valid[row] += 1
             n_correct[row] += v.status is Status.CORRECT
             rewards.append(float(v.components.get("task", 0.0)))
+            judged.append(v.components)
     valid = sum(n for s, n in statuses.items() if s != Status.INFRA_ERROR.value)
     return EvalResult(
         accuracy=statuses[Status.CORRECT.value] / valid if valid else float("nan"),
@@ -169,6 +180,7 @@ def evaluate(
         per_prompt=tuple(zip(n_valid, n_correct, strict=True)),
         k=k,
         hidden=hidden,
+        constraint_rates=constraint_rates(judged),
     )
 
 
@@ -388,4 +400,6 @@ def evaluate_episodes(rollout: EpisodeRollout, examples: Sequence[TaskExample], 
         reward_mean=sum(float(t.reward.components.get("task", 0.0)) for t in ok) / len(ok) if ok else float("nan"),
         mean_length=sum(t.num_actions for t in trajs) / len(trajs) if trajs else 0.0,
         status_counts=dict(statuses), n=len(examples), per_prompt=tuple(per_prompt), k=k,
+        tool_calls_mean=(tool_calls_per_episode([t.reward.components for t in ok])
+                         if eps and has_tools(eps[0].env) else None),
     )
