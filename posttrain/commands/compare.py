@@ -139,6 +139,14 @@ def _run_pairs(base_seeds: list[int], other_seeds: list[int]) -> list[tuple[int,
     return [(0, 0)] if len(base_seeds) == len(other_seeds) == 1 else []
 
 
+def _no_outcomes(base: list[tuple[int | None, dict[str, SetOutcomes]]], other: list[tuple[int | None, dict[str, SetOutcomes]]],
+                 pairs: list[tuple[int, int]]) -> str:
+    """Why paired runs give no outcomes to compare: a run holds no evaluation at the budget, or none were recorded."""
+    if any(base[i][0] is None or other[j][0] is None for i, j in pairs):
+        return "a run has no evaluation within the budget"
+    return "outcomes not recorded"
+
+
 def paired_intervals(groups: dict[str, list[Path]], curves: dict[str, list[Curve]], seeds_of: dict[str, list[int]],
                      budget: float) -> dict[str, dict[str, dict[str, Any]]]:
     """Per recipe (baseline excepted) and held-out set: the paired bootstrap interval of its accuracy
@@ -158,15 +166,16 @@ def paired_intervals(groups: dict[str, list[Path]], curves: dict[str, list[Curve
         sets = sorted({name for _, o in held[base] + held[lab] for name in o})
         res = out[lab] = {}
         if not pairs or not sets:
-            why = "no seed common to both sides" if not pairs else "outcomes not recorded"
+            why = "no seed common to both sides" if not pairs else _no_outcomes(held[base], held[lab], pairs)
             print(f"  {lab} - {base}: no interval: {why}")
             res["*"] = {"none": why}
             continue
         for name in sets:
             used = [(i, j) for i, j in pairs if name in held[base][i][1] and name in held[lab][j][1]]
             if not used:
-                print(f"  {lab} - {base}, {name}: no interval: outcomes not recorded")
-                res[name] = {"none": "outcomes not recorded"}
+                why = _no_outcomes(held[base], held[lab], pairs)
+                print(f"  {lab} - {base}, {name}: no interval: {why}")
+                res[name] = {"none": why}
                 continue
             iv = paired_difference([(held[base][i][1][name], held[lab][j][1][name]) for i, j in used])
             seeds = [seeds_of[base][i] for i, _ in used]

@@ -52,6 +52,10 @@ def test_compare_pairs_the_outcomes_each_run_holds_at_the_budget(tmp_path: Path,
     res = json.loads((tmp_path / "out" / "compare.json").read_text())["paired_intervals"]
     assert res["B"]["heldout"]["estimate"] == pytest.approx(0.25) and res["B"]["heldout"]["n"] == 4
     assert res["C"]["heldout"] == {"none": "outcomes not recorded"}
+    # At 150 tokens A holds step 1; B (100 tokens in all) cannot speak for that budget.
+    args = parse(compare, ["compare", str(a), str(b), "--budget-tokens", "150", "--out", str(tmp_path / "out")])
+    assert args.func(args) == 0
+    assert "B - A, heldout: no interval: a run has no evaluation within the budget" in capsys.readouterr().out
 
 
 def test_several_seeds_are_paired_by_seed_and_pooled(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
