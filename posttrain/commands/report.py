@@ -3,9 +3,11 @@
 Reads the ledger and metrics only (no model, no GPU). Prints the per-step ledger table of
 ``posttrain inspect ledger``, the held-out table of :mod:`posttrain.evaluation.report`, the held-out
 accuracy of every held-out set with bootstrap 95% intervals (first, best and last evaluation, and the
-rise first -> last: :func:`~posttrain.evaluation.report.accuracy_summaries`), the strata and the
-symptom table; writes JSON (``heldout_intervals.json`` beside ``diagnostics.json``), PNGs and
-``report.html`` (the same intervals included; see docs/diagnostics.md).
+rise first -> last: :func:`~posttrain.evaluation.report.accuracy_summaries`), the held-out breakdown
+(per constraint family and tool calls per episode, first -> last:
+:mod:`~posttrain.diagnostics.heldout_breakdown_report`), the strata and the symptom table; writes JSON
+(``heldout_intervals.json`` beside ``diagnostics.json``), PNGs and ``report.html`` (the same intervals
+and breakdown included; see docs/diagnostics.md).
 
 Per trainer (the run's ``config.yaml``): a run with learned reward components (``reward.model``,
 ``reward.judge``) adds each one's agreement with the verifier (``learned_agreement.json``); a distillation
@@ -89,6 +91,19 @@ def _strata_table(t: dict[str, Any]) -> Any:
     return tab
 
 
+def _breakdown_table(rows: list[dict[str, Any]]) -> Any:
+    """The held-out breakdown (per constraint family, tool calls per episode) as a rich Table."""
+    from rich.table import Table
+
+    tab = Table(title="held-out breakdown: constraint families (share met), tool calls per episode")
+    for col in ("metric", "first step", "first", "last step", "last", "change"):
+        tab.add_column(col, justify="left" if col == "metric" else "right")
+    for r in rows:
+        tab.add_row(r["key"], str(r["first_step"]), _fmt(r["first"]), str(r["last_step"]), _fmt(r["last"]),
+                    f"{r['last'] - r['first']:+.3f}")
+    return tab
+
+
 def _trainer_sections(run_dir: Path, config: dict[str, Any], out: Path) -> tuple[list[Any], list[Path]]:
     """What a run's trainer adds to the report: learned-reward agreement lines and the teacher gap strata
     table (printables, files written); nothing for a plain RL run."""
@@ -149,6 +164,8 @@ def run(args: argparse.Namespace) -> int:
             con.print(report_table(doc))
         if summaries:
             con.print(intervals_table(summaries))
+        if doc["heldout_breakdown"]:
+            con.print(_breakdown_table(doc["heldout_breakdown"]))
         for t in doc["strata"]:
             if t["note"]:
                 con.print(f"[bold]{t['feature']}[/bold]: {t['note']}")

@@ -8,6 +8,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from posttrain.diagnostics.heldout_breakdown_report import breakdown_rows
 from posttrain.diagnostics.html import render_report_html
 from posttrain.diagnostics.intervals_html import AccuracySummaryView
 from posttrain.diagnostics.load import load_summaries, read_metrics
@@ -54,6 +55,8 @@ def build_report(run_dir: str | Path, out_dir: str | Path | None = None,
         # Passed by the training verifier, failed by the run's eval.hidden_verifier (from the ledger).
         "hidden_verifier": disagreements(passed_rows(run), None),
         **heldout_report(metrics),
+        # Per constraint family / tool calls per episode, first -> last evaluation (heldout_breakdown_report).
+        "heldout_breakdown": [dataclasses.asdict(r) for r in breakdown_rows(metrics)],
     }
     files = [p for p in (plot_strata(strata, out / "strata.png"), plot_trends(trends, out / "trends.png")) if p]
     (out / "report.html").write_text(render_report_html(doc, [p.name for p in files], heldout_intervals))

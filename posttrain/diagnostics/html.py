@@ -25,7 +25,8 @@ def table_html(headers: Sequence[str], rows: Sequence[Sequence[Any]], cls: str =
 
 _CSS = """body{font-family:sans-serif;margin:2em;max-width:1100px}table{border-collapse:collapse;margin:.5em 0 1.5em}
 td,th{border:1px solid #ccc;padding:3px 8px;font-size:13px;text-align:right}th{background:#f3f3f3}
-td:first-child{text-align:left}.flag{background:#fde2e2}.note{color:#777;font-style:italic}img{max-width:100%}"""
+td:first-child{text-align:left}.flag{background:#fde2e2}.note{color:#777;font-style:italic}img{max-width:100%}
+tr.rise td{border-bottom:2px solid #999;font-weight:bold}"""
 
 
 def render_report_html(doc: dict[str, Any], images: Sequence[str],
@@ -56,6 +57,11 @@ def render_report_html(doc: dict[str, Any], images: Sequence[str],
             ["step", "accuracy", "reward"], [[c["step"], c["accuracy"], c["reward"]] for c in doc["heldout_curve"]]))
     if intervals:
         parts.append(intervals_section(intervals))
+    if doc.get("heldout_breakdown"):
+        parts.append("<h2>Held-out breakdown: constraint families, tool calls per episode</h2>" + table_html(
+            ["metric", "first step", "first", "last step", "last", "change"],
+            [[r["key"], r["first_step"], r["first"], r["last_step"], r["last"], r["last"] - r["first"]]
+             for r in doc["heldout_breakdown"]]))
     parts.append("<h2>Strata</h2>")
     for t in doc["strata"]:
         parts.append(f"<h3>{escape(t['feature'])}</h3>")

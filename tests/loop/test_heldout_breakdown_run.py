@@ -1,7 +1,6 @@
 """End to end on the micro model: a run logs, at every evaluation, the per-family constraint rates of each
 held-out set of ``instruction_following`` (only the families that set asks for) and, for a tool environment,
-the tool calls per held-out episode (not for the no-tool evaluation); ``posttrain eval`` of a checkpoint
-reports the same keys."""
+the tool calls per held-out episode (not for the no-tool evaluation)."""
 
 from __future__ import annotations
 
