@@ -350,7 +350,9 @@ def heldout_metrics(run: EvaluatedRun, *, step: int | None = None,
     The main result is the ``heldout`` set's at ``eval.temperature`` (greedy by default: it promotes /
     rejects). The metric dict holds its ``heldout/*`` keys plus, as configured: ``heldout_sampled/*`` at
     ``eval.sampled_temperature``; pass@k over ``eval.samples`` responses of whichever evaluation
-    samples (``heldout/pass@k``, Chen et al. 2021); ``heldout_notool/*`` (``env.eval_without_tools``).
+    samples (``heldout/pass@k``, Chen et al. 2021); ``heldout_notool/*`` (``env.eval_without_tools``);
+    the breakdowns of :mod:`posttrain.loop.heldout_breakdown` (``heldout/ifc/<family>`` for instruction
+    following, ``heldout/tool_calls_mean`` for a tool environment).
     Each further held-out set the task declares (:func:`eval_splits`, e.g. ``heldout_unseen``) gets the
     same figures, ``heldout`` replaced by its name (``heldout_unseen/accuracy``,
     ``heldout_unseen_sampled/accuracy``, ``heldout_unseen/pass@k``). With ``run_dir`` and ``step``, the
