@@ -10,6 +10,7 @@ from typing import Any
 import pytest
 
 from posttrain.commands import compare
+from posttrain.commands.compare_outcomes import parse_target
 from posttrain.diagnostics.heldout_outcomes import SetOutcomes, append_outcomes
 from tests.diagnostics.synthetic import CONFIG, write_run
 from tests.diagnostics.test_commands import parse
@@ -109,7 +110,14 @@ def test_a_teacher_target_without_a_recorded_teacher_says_so(tmp_path: Path, cap
     assert "no run distills from a teacher (loss.distill.teacher)" in capsys.readouterr().out
 
 
-@pytest.mark.parametrize("bad", ["heldout/accuracy", "=0.5", "heldout/accuracy=high"])
+@pytest.mark.parametrize("bad", ["heldout/accuracy", "=0.5", "heldout/accuracy=high", "heldout/accuracy=nan"])
 def test_a_malformed_target_is_refused_naming_it(bad: str) -> None:
     with pytest.raises(ValueError, match=f"--target {bad}"):
-        compare.parse_target(bad)
+        parse_target(bad)
+
+
+def test_a_malformed_target_is_refused_before_anything_is_trained(tmp_path: Path) -> None:
+    args = parse(compare, ["compare", "grpo", "demo", "--out", str(tmp_path / "out"), "--target", "heldout/accuracy"])
+    with pytest.raises(ValueError, match="--target heldout/accuracy: expected KEY=VALUE"):
+        args.func(args)
+    assert not (tmp_path / "out").exists()
