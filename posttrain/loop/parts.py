@@ -90,18 +90,34 @@ def build_parts(cfg: RunConfig, run_dir: Path) -> Parts:
     renderer = build_renderer(cfg, tokenizer)
     task = build_task(cfg)
     # LoRA wraps the actor in place (peft): the engine, the reference and the critic need the
-    # plain architecture, so they are built from a copy taken before the wrap.
-    plain = copy.deepcopy(actor) if cfg.lora.rank > 0 else None
-    learner = build_learner(cfg, actor)
-    plain_model: torch.nn.Module = plain if plain is not None else learner.model
-    # The rollout side: an in-process engine, or Ray rollout (and reward) workers behind the same calls.
+    # plain architecture, so they are built from a copy taken before the wrap (without LoRA the learner
+    # keeps ``actor`` itself as its model).
+    plain_model: torch.nn.Module = copy.deepcopy(actor) if cfg.lora.rank > 0 else actor
+    # The rollout side: Ray rollout (and reward) workers behind the same calls as an in-process engine.
+    # Built before the learner, so the backend is the one that joins or starts Ray (Ray learner ranks
+    # then join its session) and, at Run.close, shuts down the session it started.
     backend: Backend | None = None
     remote_verify: VerifyBatch | None = None
     if cfg.system.backend == "ray":
         backend, remote_verify = _ray_backend(cfg, plain_model, tokenizer, run_dir)
-        engine: RolloutEngine = backend.rollout
-    else:
-        engine = build_engine(plain_model, tokenizer, cfg, run_dir)
+    learner: Learner | None = None
+    try:
+        learner = build_learner(cfg, actor)
+        return _build_rest(cfg, run_dir, tokenizer, renderer, task, learner, plain_model, backend, remote_verify)
+    except BaseException:  # a part failed: stop the learner ranks, then the workers (and the Ray they started)
+        if learner is not None:
+            learner.close()
+        if backend is not None:
+            backend.close()
+        raise
+
+
+def _build_rest(cfg: RunConfig, run_dir: Path, tokenizer: PreTrainedTokenizerBase, renderer: PromptRenderer,
+                task: Task, learner: Learner, plain_model: torch.nn.Module, backend: Backend | None,
+                remote_verify: VerifyBatch | None) -> Parts:
+    """The parts :func:`build_parts` builds after the backend and the learner, in its order."""
+    engine: RolloutEngine = backend.rollout if backend is not None else build_engine(plain_model, tokenizer, cfg,
+                                                                                     run_dir)
     ref_model = copy.deepcopy(plain_model).eval().requires_grad_(False) if cfg.loss.kl_estimator is not None else None
     critic = build_critic(cfg, plain_model) if cfg.critic.enabled else None
     teacher = build_teacher(cfg, tokenizer)  # loss.distill: frozen, on the learner side
