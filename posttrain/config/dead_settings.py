@@ -72,8 +72,10 @@ RULES: tuple[Rule, ...] = (
     # posttrain/loop/run.py: Ray actors are built only with system.backend=ray.
     Rule(("system.ray",), lambda c: c.system.backend != "ray", "system.backend is not ray"),
     # posttrain/loop/backends/ray_learner.py: with system.backend=ray the learner ranks (learner.strategy
-    # ddp / fsdp2) are Ray actors placed with these keys; the embedded learner is no actor.
-    Rule(("system.ray.cpus_per_learner", "system.ray.gpus_per_learner", "system.ray.learner_resources"),
+    # ddp / fsdp2) are Ray actors placed with these keys, and publish their weight buckets (weight_sync);
+    # the embedded learner is no actor, its weights are always packed by the driver.
+    Rule(("system.ray.cpus_per_learner", "system.ray.gpus_per_learner", "system.ray.learner_resources",
+          "system.ray.weight_sync"),
          lambda c: c.learner.strategy == "single",
          "learner.strategy=single runs the learner in the driver (no Ray learner actor)"),
     Rule(("system.ray.learner_timeout_s",), lambda c: True,

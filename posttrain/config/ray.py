@@ -54,6 +54,13 @@ class RayBackendConfig(BaseModel):
         default=1, ge=0, description="driver re-queues of a request whose worker failed, before it is an infra_error"
     )
     verify_retries: int = Field(default=1, ge=0, description="retries of a verifier that raised or timed out")
+    weight_sync: Literal["direct", "via_driver"] = Field(
+        default="direct",
+        description="learner ranks (learner.strategy ddp / fsdp2) -> rollout workers after an update. direct: rank "
+        "0's actor puts each weight bucket in the object store and every rollout worker fetches and verifies the "
+        "buckets itself (the driver passes references); via_driver: the buckets stream to the driver, which packs "
+        "its copy into one packet for the workers (docs/distributed.md, 'Weight sync')",
+    )
     weight_transport: Literal["object_store"] = Field(
         default="object_store",
         description="object_store (CPU, tested). A NCCL broadcast is the GPU path; see docs/distributed.md",

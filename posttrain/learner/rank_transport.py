@@ -14,10 +14,17 @@ protocol:
 A :data:`StartRanks` callable builds a transport from ``(world_size, spec_bytes)`` (the pickled
 :class:`~posttrain.learner.rank_process.RankSpec`) once the ranks are launched; the first message of
 every rank is its ``start`` reply.
+
+Weight buckets (``("bucket", WeightBucket)`` messages of rank 0 after an update) reach the driver
+through every transport. A transport may also *publish* them where other processes can fetch them
+(``RayRanks`` with ``system.ray.weight_sync=direct``: Ray's object store, written by the rank's
+actor); :meth:`RankTransport.published` hands out those references, which the engines load without
+the driver forwarding the bytes.
 """
 
 from __future__ import annotations
 
+import pickle
 import signal
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -27,10 +34,15 @@ from typing import Protocol
 
 from posttrain.learner.distributed import free_port
 from posttrain.learner.rank_process import rank_main
+from posttrain.rollout.weight_transfer import PublishedBucket
+
+RankMessage = tuple[str, object]
+"""One decoded rank message: ``(status, value)``, status ``ok`` / ``error`` / ``bucket``."""
 
 
 class RankTransport(Protocol):
-    """The driver's link to launched learner ranks (one message = one pickled ``bytes``)."""
+    """The driver's link to launched learner ranks (a command goes as pickled ``bytes``, a reply comes
+    back as a decoded :data:`RankMessage`)."""
 
     world_size: int
 
@@ -43,8 +55,13 @@ class RankTransport(Protocol):
         most ``timeout_s`` for the first."""
         ...
 
-    def recv(self, rank: int) -> bytes:
+    def recv(self, rank: int) -> RankMessage:
         """The next message of a :meth:`ready` rank; raises ``EOFError`` when the rank is gone."""
+        ...
+
+    def published(self, version: int) -> list[PublishedBucket]:
+        """The weight buckets of ``version`` this transport published, in bucket order (empty when it
+        publishes none, or holds another version's)."""
         ...
 
     def exit_reason(self, rank: int) -> str | None:
@@ -112,13 +129,19 @@ class SpawnedRanks:
         index = {id(self.conns[r]): r for r in ranks}
         return [index[id(c)] for c in wait([self.conns[r] for r in ranks], timeout=timeout_s)]
 
-    def recv(self, rank: int) -> bytes:
+    def recv(self, rank: int) -> RankMessage:
         """See :meth:`RankTransport.recv` (a dead rank's pipe ends: ``EOFError`` or ``OSError``)."""
         try:
-            return self.conns[rank].recv_bytes()
+            raw = self.conns[rank].recv_bytes()
         except (EOFError, OSError) as e:
             self.procs[rank].join(1.0)  # so that exit_reason knows how it ended
             raise EOFError(str(e)) from e
+        msg: RankMessage = pickle.loads(raw)
+        return msg
+
+    def published(self, version: int) -> list[PublishedBucket]:
+        """Nothing: the buckets travel over the pipes to the driver only."""
+        return []
 
     def exit_reason(self, rank: int) -> str | None:
         """See :meth:`RankTransport.exit_reason`."""
@@ -142,4 +165,4 @@ class SpawnedRanks:
         self.procs, self.conns = [], []
 
 
-__all__ = ["RankTransport", "SpawnedRanks", "StartRanks", "exit_code_reason"]
+__all__ = ["RankMessage", "RankTransport", "SpawnedRanks", "StartRanks", "exit_code_reason"]

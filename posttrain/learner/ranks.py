@@ -26,7 +26,10 @@ After an update the ranks stream the weights to the driver in buckets of at most
 ``DTensor.full_tensor()``, one bucket at a time); rank 0 packs each with
 :func:`~posttrain.rollout.weight_transfer.pack_state_dict` (versioned, blake2b checksum) and the
 driver verifies it before copying it into its own CPU copy (:attr:`LearnerRanks.model`) — the copy
-the engine sync, evaluation and checkpoints use.
+evaluation and checkpoints use, and the engine sync unless the transport published the buckets
+(Ray actors with ``system.ray.weight_sync=direct``: rank 0's actor puts each bucket in Ray's object
+store and the driver fetches its copy from there): then :meth:`LearnerRanks.weights_for_rollout`
+hands the engines the references, and each engine fetches and verifies the buckets itself.
 Weights the driver changes itself (SFT warm-up, a rejected revision restoring the promoted
 weights, a resume) are detected by the tensors' in-place version counters and pushed to the ranks
 before their next call. Checkpoints are sharded (:meth:`LearnerRanks.save_sharded`,
@@ -55,6 +58,7 @@ import torch
 from posttrain.learner.protocol import KLCoefficient
 from posttrain.learner.rank_process import RankLearnerFactory, RankSpec, WeightBucket
 from posttrain.learner.rank_transport import RankTransport, SpawnedRanks, StartRanks
+from posttrain.rollout.weight_transfer import PublishedBucket, PublishedWeights
 from posttrain.trajectory.collate import TrajectoryBatch
 
 _POLL_S = 0.5  # liveness check interval while waiting for ranks
@@ -96,6 +100,7 @@ class LearnerRanks:
         self.last_current_logprob: torch.Tensor | None = None
         self.last_weights_checksum: str | None = None  # blake2b over the last update's bucket checksums
         self.last_weight_buckets = 0
+        self._published: list[PublishedBucket] = []  # the last update's buckets in a shared store, if any
         self._on_bucket: Callable[[WeightBucket], None] | None = None  # set while an update streams its weights
         threads = max(1, torch.get_num_threads() // world_size)
         spec = RankSpec(model=model, learner_factory=learner_factory, strategy=strategy, device=device,
@@ -153,11 +158,13 @@ class LearnerRanks:
             pending = [r for r in range(n) if r not in replies]
             for r in t.ready(pending, _POLL_S):
                 try:
-                    status, value = pickle.loads(t.recv(r))
+                    status, value = t.recv(r)
                 except EOFError:
                     self._fail(f"learner rank {r} died during {cmd} ({self._exit_reason(r)})")
                 if status == "bucket" and r == 0 and self._on_bucket is not None:
                     try:
+                        if not isinstance(value, WeightBucket):
+                            raise TypeError(f"a bucket message holds a {type(value).__name__}")
                         self._on_bucket(value)
                     except Exception as e:  # noqa: BLE001 - a bad bucket ends the run (the driver copy is half-loaded)
                         self._fail(f"learner rank 0 sent a bad weight bucket during {cmd}: "
@@ -188,6 +195,7 @@ class LearnerRanks:
         sd = {k: v.detach().to("cpu").clone() for k, v in self.model.state_dict().items()}
         self._call("load_weights", sd)
         self._synced = self._fingerprint()
+        self._published = []  # they hold the weights the driver replaced
 
     # ------------------------------------------------------------------ the learner interface
     def can_fuse_old_logprob(self) -> bool:
@@ -213,6 +221,7 @@ class LearnerRanks:
 
         mine = self.model.state_dict()
         got: list[str] = []
+        got_checksums: list[str] = []  # per bucket, as verified here
         received = [0]
         stream_s = [0.0, 0.0]  # monotonic time of the first bucket's arrival, of the last bucket loaded
         digest = hashlib.blake2b(digest_size=16)
@@ -233,10 +242,12 @@ class LearnerRanks:
                 for k, v in sd.items():
                     mine[k].copy_(v)
             got.extend(sd)
+            got_checksums.append(checksum)
             received[0] += 1
             stream_s[1] = time.monotonic()
             digest.update(checksum.encode())
 
+        self._published = []  # the store may drop them once the new ones arrive
         self._on_bucket = load_bucket
         try:
             metrics, n_buckets, version, steps = self._call(
@@ -253,6 +264,7 @@ class LearnerRanks:
                                    f"{sorted(missing)[:3]}")
         self._synced = self._fingerprint()
         self.version, self.optimizer_steps = version, steps
+        self._published = self._check_published(self._live().published(version), got_checksums)
         self.last_weights_checksum = digest.hexdigest()
         self.last_weight_buckets = int(n_buckets)
         metrics = dict(metrics)
@@ -264,9 +276,23 @@ class LearnerRanks:
             self._placement_reported = True
         return metrics
 
+    def _check_published(self, buckets: list[PublishedBucket], checksums: list[str]) -> list[PublishedBucket]:
+        """The transport's published buckets of this update, when they are exactly the buckets the
+        driver copy loaded (same count, order, version and checksums); else a failure."""
+        if buckets and [(b.index, b.checksum) for b in buckets] != list(enumerate(checksums)):
+            raise LearnerRankError(f"learner rank 0 published weight buckets {[b.index for b in buckets]} that are not "
+                                   f"the {len(checksums)} buckets it streamed")
+        return buckets
+
     def weights_for_rollout(self) -> Mapping[str, torch.Tensor]:
-        """The driver copy's state dict (live tensors, as PolicyLearner.weights_for_rollout)."""
-        return self.model.state_dict()
+        """The driver copy's state dict (live tensors, as PolicyLearner.weights_for_rollout); when the
+        ranks published the last update's buckets and the driver copy is unchanged since, a
+        :class:`~posttrain.rollout.weight_transfer.PublishedWeights` carrying them too (an engine
+        that reaches the store loads those: ``system.ray.weight_sync=direct``)."""
+        sd = self.model.state_dict()
+        if self._published and self._published[0].version == self.version and self._fingerprint() == self._synced:
+            return PublishedWeights(sd, self.version, self._published)
+        return sd
 
     def state_dict(self) -> dict[str, Any]:
         """The embedded learner's format (optimizer id-keyed and full), from rank 0, plus the KL controller."""
@@ -309,6 +335,7 @@ class LearnerRanks:
         shards, so the driver copy (loaded from the same checkpoint's ``actor/``) counts as in sync."""
         self._call("load_sharded", str(directory), dict(state))
         self._synced = self._fingerprint()
+        self._published = []
         self.version, self.optimizer_steps = int(state["version"]), int(state["optimizer_steps"])
         if "kl_controller" in state:
             if isinstance(self.kl_coef, (int, float)):

@@ -14,6 +14,12 @@ sender announced *separately* (the call that asks it to load the packet), so a c
 swapped or stale payload is refused with :class:`WeightTransferError` before any parameter is
 touched. One flat buffer is also the shape a GPU path wants: it is a single tensor for a
 ``torch.distributed.broadcast`` over NCCL (see ``docs/distributed.md``).
+
+A :class:`PublishedBucket` is a packet left in a shared store (Ray's object store) by the process
+that packed it: readers get only a reference plus the version and checksum announced beside it, and
+fetch and verify the bytes themselves. :class:`PublishedWeights` is a state dict together with the
+published buckets that hold exactly its tensors, so an engine that can reach the store loads those
+instead of packing the state dict again (``system.ray.weight_sync=direct``, docs/distributed.md).
 """
 
 from __future__ import annotations
@@ -21,11 +27,14 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
-from collections.abc import Mapping
-from typing import Any
+from collections.abc import Iterator, Mapping, Sequence
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
+
+if TYPE_CHECKING:
+    from ray import ObjectRef
 
 ManifestEntry = tuple[str, str, tuple[int, ...], int, int]
 
@@ -140,3 +149,53 @@ def pack_state_dict(state_dict: Mapping[str, torch.Tensor], version: int) -> Wei
 def state_dict_checksum(state_dict: Mapping[str, torch.Tensor]) -> str:
     """The checksum :func:`pack_state_dict` would give ``state_dict`` (any version)."""
     return pack_state_dict(state_dict, 0).checksum
+
+
+@dataclasses.dataclass(frozen=True)
+class PublishedBucket:
+    """One :class:`WeightPacket` in a shared store, as its readers see it (module docstring).
+
+    ``box``: a one-element list holding the store reference (inside a list, Ray hands the reference
+    itself to an actor instead of resolving it); ``checksum`` and ``version`` are the values the
+    packer computed beside the packet, against which every reader verifies the bytes it fetched.
+    """
+
+    index: int
+    version: int
+    checksum: str
+    nbytes: int
+    box: list[ObjectRef[WeightPacket]]
+
+
+class PublishedWeights(Mapping[str, torch.Tensor]):
+    """``state_dict`` (read as a plain mapping) plus the published ``buckets`` that hold exactly its
+    tensors at ``version``; the holder guarantees the two agree (module docstring)."""
+
+    def __init__(self, state_dict: Mapping[str, torch.Tensor], version: int,
+                 buckets: Sequence[PublishedBucket]) -> None:
+        if not buckets or any(b.version != version for b in buckets):
+            raise ValueError(f"published weights v{version} need buckets of that version, got "
+                             f"{[b.version for b in buckets]}")
+        self._sd = state_dict
+        self.version = int(version)
+        self.buckets: tuple[PublishedBucket, ...] = tuple(buckets)
+
+    def __getitem__(self, key: str) -> torch.Tensor:
+        return self._sd[key]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._sd)
+
+    def __len__(self) -> int:
+        return len(self._sd)
+
+
+def buckets_identity(checksums: Sequence[str]) -> str:
+    """One identity for weights sent as ``checksums`` (one per bucket, in order): the checksum itself
+    for a single packet, else blake2b-128 over the checksums."""
+    if len(checksums) == 1:
+        return checksums[0]
+    h = hashlib.blake2b(digest_size=16)
+    for c in checksums:
+        h.update(c.encode())
+    return h.hexdigest()

@@ -16,11 +16,22 @@ the rank: :class:`~posttrain.learner.ranks.LearnerRanks` then kills every rank a
 naming the rank and its node (``rank_timeout_s`` still bounds a silent one). Ray itself is joined or
 started with :func:`~posttrain.loop.backends.ray_cluster.init_ray` and left running (the rollout
 backend, or the process's exit, shuts it down).
+
+Weights (``system.ray.weight_sync``): with ``direct`` (the default) rank 0's actor takes each weight
+bucket its rank streams after an update, ``ray.put`` s the packet (the actor owns the object) and
+answers the driver with a :class:`~posttrain.rollout.weight_transfer.PublishedBucket` — a reference
+plus the version and the checksum computed when packing. The driver fetches its own copy from the
+store (zero-copy on its node) and verifies it as before; the rollout workers get the references
+(:meth:`RayRanks.published`, through
+:meth:`~posttrain.learner.ranks.LearnerRanks.weights_for_rollout`) and fetch and verify the buckets
+themselves. With ``via_driver`` the bucket bytes travel in the recv replies to the driver, which
+later packs its copy again for the workers (the path before ``direct``, kept for measurement).
 """
 
 from __future__ import annotations
 
 import os
+import pickle
 import threading
 from collections.abc import Mapping, Sequence
 from multiprocessing.connection import Connection
@@ -28,15 +39,21 @@ from typing import TYPE_CHECKING
 
 from posttrain.config.ray import RayBackendConfig
 from posttrain.learner.distributed import free_port
-from posttrain.learner.rank_process import rank_main
-from posttrain.learner.rank_transport import StartRanks
+from posttrain.learner.rank_process import WeightBucket, rank_main
+from posttrain.learner.rank_transport import RankMessage, StartRanks
 from posttrain.loop.backends.ray_cluster import infra_errors, init_ray, learner_group, require_ray
+from posttrain.rollout.weight_transfer import PublishedBucket, WeightPacket
 
 if TYPE_CHECKING:
     from ray.actor import ActorHandle
-    from ray.types import ObjectRef
+    from ray import ObjectRef
 
 _RECV_S = 0.5  # how long one pending recv call waits in the actor before answering None
+# A bucket message's pickle names its status within its first bytes; anything else that does is
+# unpickled, checked and passed on unchanged.
+_BUCKET_TAG, _TAG_WITHIN = b"bucket", 32
+Reply = bytes | tuple[str, PublishedBucket] | None
+"""What :meth:`RankActor.recv` answers: a pickled message, a published bucket, or None (nothing yet)."""
 
 
 def _node_ip() -> str:
@@ -49,9 +66,10 @@ def _node_ip() -> str:
 class RankActor:
     """One learner rank in a Ray actor (decorated with ``ray.remote`` by :class:`RayRanks`)."""
 
-    def __init__(self) -> None:
+    def __init__(self, publish: bool = False) -> None:
         self._conn: Connection | None = None
         self._thread: threading.Thread | None = None
+        self._publish = publish  # weight buckets go to the object store (system.ray.weight_sync=direct)
 
     def node(self) -> tuple[str, str]:
         """``(node IP address, Ray node id)`` of this actor."""
@@ -87,12 +105,23 @@ class RankActor:
         assert self._conn is not None, "start first"
         self._conn.send_bytes(payload)
 
-    def recv(self, timeout_s: float) -> bytes | None:
-        """The rank's next message, or None when none came within ``timeout_s``; EOFError once it ended."""
+    def recv(self, timeout_s: float) -> Reply:
+        """The rank's next message, or None when none came within ``timeout_s``; EOFError once it ended.
+        Publishing (module docstring): a weight bucket is put in the object store and answered as
+        ``("published", PublishedBucket)``; every other message as its pickled bytes."""
         assert self._conn is not None, "start first"
         if not self._conn.poll(timeout_s):
             return None
-        return self._conn.recv_bytes()
+        raw = self._conn.recv_bytes()
+        if not self._publish or _BUCKET_TAG not in raw[:_TAG_WITHIN]:
+            return raw
+        status, bucket = pickle.loads(raw)
+        if status != "bucket" or not isinstance(bucket, WeightBucket):
+            return raw
+        import ray
+
+        ref: ObjectRef[WeightPacket] = ray.put(bucket.packet)
+        return "published", PublishedBucket(bucket.index, bucket.version, bucket.checksum, bucket.packet.nbytes, [ref])
 
 
 def _one_line(e: BaseException) -> str:
@@ -117,9 +146,12 @@ class RayRanks:
         init_ray(cfg)
         self._pg = learner_group(cfg, world_size)
         self.actors: list[ActorHandle[RankActor]] = []
-        self._inbox: dict[int, list[bytes]] = {r: [] for r in range(world_size)}
+        self._inbox: dict[int, list[RankMessage]] = {r: [] for r in range(world_size)}
         self._dead: dict[int, str] = {}
-        self._recv: dict[int, ObjectRef[bytes | None]] = {}
+        self._recv: dict[int, ObjectRef[Reply]] = {}
+        self._published: list[PublishedBucket] = []  # the latest version's, in arrival (= bucket) order
+        self._fetch_timeout_s = cfg.transfer_timeout_s
+        publish = cfg.weight_sync == "direct"
         self._where: dict[int, str] = {}
         try:
             cls = ray.remote(RankActor)
@@ -128,7 +160,7 @@ class RayRanks:
                     num_cpus=cfg.cpus_per_learner, num_gpus=cfg.gpus_per_learner, max_concurrency=3, max_restarts=0,
                     scheduling_strategy=PlacementGroupSchedulingStrategy(placement_group=self._pg,
                                                                          placement_group_bundle_index=r),
-                ).remote())
+                ).remote(publish and r == 0))  # rank 0 streams the buckets
             t = cfg.startup_timeout_s
             nodes = ray.get([a.node.remote() for a in self.actors], timeout=t)
             self._where = {r: f"node {nid[:12]} ({ip})" for r, (ip, nid) in enumerate(nodes)}
@@ -166,9 +198,20 @@ class RayRanks:
         except infra_errors() as e:
             self._dead[rank] = _one_line(e)
             return
-        if msg is not None:
-            self._inbox[rank].append(msg)
+        if isinstance(msg, bytes):
+            self._inbox[rank].append(pickle.loads(msg))
+        elif msg is not None:
+            self._inbox[rank].append(self._fetch(msg[1]))
         self._recv[rank] = self.actors[rank].recv.remote(_RECV_S)
+
+    def _fetch(self, bucket: PublishedBucket) -> RankMessage:
+        """A published bucket as the bucket message the driver copy loads (its packet fetched from the
+        store: zero-copy on this node); the reference is kept for :meth:`published`."""
+        if self._published and self._published[0].version != bucket.version:
+            self._published = []
+        self._published.append(bucket)
+        packet: WeightPacket = self._ray.get(bucket.box[0], timeout=self._fetch_timeout_s)
+        return "bucket", WeightBucket(bucket.index, packet, bucket.checksum, bucket.version)
 
     def ready(self, ranks: Sequence[int], timeout_s: float) -> list[int]:
         """See :meth:`~posttrain.learner.rank_transport.RankTransport.ready` (``ray.wait`` over the
@@ -190,11 +233,16 @@ class RayRanks:
             for ref in done:
                 self._take(waiting[ref])
 
-    def recv(self, rank: int) -> bytes:
+    def recv(self, rank: int) -> RankMessage:
         """See :meth:`~posttrain.learner.rank_transport.RankTransport.recv`."""
         if self._inbox[rank]:
             return self._inbox[rank].pop(0)
         raise EOFError(self._dead.get(rank, "no message"))
+
+    def published(self, version: int) -> list[PublishedBucket]:
+        """See :meth:`~posttrain.learner.rank_transport.RankTransport.published`: rank 0's buckets of
+        ``version`` in the object store (``system.ray.weight_sync=direct``; else none)."""
+        return [b for b in self._published if b.version == version]
 
     def exit_reason(self, rank: int) -> str | None:
         """See :meth:`~posttrain.learner.rank_transport.RankTransport.exit_reason` (the Ray error that
@@ -225,6 +273,7 @@ class RayRanks:
             self._ray.wait(list(self._recv.values()), num_returns=len(self._recv), timeout=grace_s)
         self._kill()
         self._recv = {}
+        self._published = []
         try:
             remove_placement_group(self._pg)
         except Exception:  # noqa: BLE001,S110 - best effort at shutdown

@@ -1,9 +1,18 @@
 """Rollout workers as Ray actors behind one engine-shaped handle (:class:`RayRolloutWorkers`).
 
-Weights (:meth:`RayRolloutWorkers.broadcast_weights`): the driver packs the state dict ONCE into a
-:class:`~posttrain.rollout.weight_transfer.WeightPacket`, ``ray.put``s it, and every worker pulls
-the same object (zero-copy on a node) and verifies version + checksum against the values sent in
-the call, before touching a parameter. The driver waits at most ``transfer_timeout_s`` and then
+Weights, two paths (``system.ray.weight_sync``, docs/distributed.md):
+
+- via the driver (:meth:`RayRolloutWorkers.broadcast_weights`): the driver packs the state dict ONCE
+  into a :class:`~posttrain.rollout.weight_transfer.WeightPacket`, ``ray.put``s it, and every
+  worker pulls the same object (zero-copy on a node);
+- direct (:meth:`RayRolloutWorkers.broadcast_buckets`): the state dict handed to
+  :meth:`~RayRolloutWorkers.update_weights` is a
+  :class:`~posttrain.rollout.weight_transfer.PublishedWeights` — learner rank 0's actor already put
+  every weight bucket in the object store — so the driver passes only the references, and every
+  worker fetches the buckets from the rank's store itself.
+
+Either way each worker verifies version + checksum of every packet against the values sent in the
+call, before touching a parameter. The driver waits at most ``transfer_timeout_s`` and then
 raises :class:`WeightTransferError` naming the workers that did not confirm -- it never hangs. A
 worker that was dead during the broadcast is not an error: every ``generate`` call carries the
 latest (version, checksum, object ref), and a worker holding another version loads and verifies
@@ -43,18 +52,57 @@ from posttrain.loop.backends.ray_cluster import Placement, infra_errors, require
 from posttrain.loop.backends.worker import RolloutWorker
 from posttrain.rollout.engine import RolloutEngine
 from posttrain.rollout.types import Completion, GenerationRequest
-from posttrain.rollout.weight_transfer import WeightPacket, WeightTransferError, pack_state_dict
+from posttrain.rollout.weight_transfer import (
+    PublishedBucket,
+    PublishedWeights,
+    WeightPacket,
+    WeightTransferError,
+    buckets_identity,
+    pack_state_dict,
+)
 
 if TYPE_CHECKING:
     from ray import ObjectRef
     from ray.actor import ActorHandle
 
-# A one-element list holding the object-store reference to a WeightPacket: inside a list, Ray passes
-# the reference itself to the actor instead of resolving it (the actor fetches it when it needs it).
+# The object-store references to the WeightPackets of one version (one packed by the driver, or one
+# per bucket published by learner rank 0): inside a list, Ray passes the references themselves to the
+# actor instead of resolving them (the actor fetches them when it needs them).
 WeightBox = list["ObjectRef[WeightPacket]"]
 # What every generate call carries so a worker at another version catches up first:
-# (version, checksum, box, fetch timeout in seconds).
-WeightSync = tuple[int, str, WeightBox, float]
+# (version, checksum of each packet of the box, box, fetch timeout in seconds).
+WeightSync = tuple[int, tuple[str, ...], WeightBox, float]
+
+
+def load_packets(worker: RolloutWorker, packets: Sequence[WeightPacket], version: int,
+                 checksums: Sequence[str]) -> dict[str, float]:
+    """Verify every packet against the announced ``version`` and its ``checksums[i]``, then swap all
+    of them into ``worker``'s engine at once; ``{"verify_s", "load_s"}``.
+
+    One packet is :meth:`RolloutWorker.load_packet`. Several (the buckets of one version): a
+    :class:`WeightTransferError` naming the worker, the bucket and the version on any mismatch, or on
+    a version older than the engine's, before any parameter is touched; the worker's checksum
+    becomes :func:`~posttrain.rollout.weight_transfer.buckets_identity` of them."""
+    if len(packets) != len(checksums):
+        raise WeightTransferError(f"{worker.name}: {len(packets)} weight packets for {len(checksums)} checksums")
+    if len(packets) == 1:
+        return worker.load_packet(packets[0], version, checksums[0])
+    if version < worker.version:
+        raise WeightTransferError(f"{worker.name}: refusing weights v{version}, engine already holds v{worker.version}")
+    t0 = time.perf_counter()
+    for i, (packet, checksum) in enumerate(zip(packets, checksums, strict=True)):
+        packet.verify(version=version, checksum=checksum, where=f"{worker.name} (weight bucket {i})")
+    t1 = time.perf_counter()
+    tensors: dict[str, torch.Tensor] = {}
+    for packet in packets:
+        tensors.update(packet.tensors())
+    try:
+        worker.engine.update_weights(tensors, version)
+    except ValueError as e:
+        raise WeightTransferError(f"{worker.name}: weights v{version} do not fit the engine: {e}") from e
+    worker.checksum = buckets_identity(checksums)
+    worker.loads += 1
+    return {"verify_s": t1 - t0, "load_s": time.perf_counter() - t1}
 
 
 class RolloutActor:
@@ -76,13 +124,14 @@ class RolloutActor:
         """Name, pid, version, loads."""
         return self.worker.info()
 
-    def load_weights(self, box: WeightBox, version: int, checksum: str, timeout_s: float) -> dict[str, float]:
-        """Pull ``box[0]`` (an ObjectRef to a WeightPacket), verify, load; timings."""
+    def load_weights(self, box: WeightBox, version: int, checksums: Sequence[str],
+                     timeout_s: float) -> dict[str, float]:
+        """Pull every packet of ``box`` (ObjectRefs to WeightPackets), verify, load (:func:`load_packets`); timings."""
         import ray
 
         t0 = time.perf_counter()
-        packet: WeightPacket = ray.get(box[0], timeout=timeout_s)
-        out = self.worker.load_packet(packet, version, checksum)
+        packets: list[WeightPacket] = ray.get(list(box), timeout=timeout_s)
+        out = load_packets(self.worker, packets, version, checksums)
         return {"fetch_s": time.perf_counter() - t0 - out["verify_s"] - out["load_s"], **out}
 
     def generate(self, requests: list[GenerationRequest], finish_target: int | None,
@@ -91,8 +140,12 @@ class RolloutActor:
         import ray
 
         if sync is not None:
-            version, checksum, box, timeout_s = sync
-            self.worker.ensure_version(version, checksum, lambda: ray.get(box[0], timeout=timeout_s))
+            version, checksums, box, timeout_s = sync
+            w = self.worker
+            if len(box) == 1:  # one packet: the worker's own check (load_packets' identity is its checksum)
+                w.ensure_version(version, checksums[0], lambda: ray.get(box[0], timeout=timeout_s))
+            elif w.version != version or w.checksum not in (None, buckets_identity(checksums)):
+                load_packets(w, ray.get(list(box), timeout=timeout_s), version, checksums)
         return self.worker.generate(requests, finish_target)
 
     def pause(self) -> None:
@@ -154,7 +207,7 @@ class RayRolloutWorkers:
         self.version = versions.pop()
         self.dead: set[int] = set()
         self.last_error: dict[int, str] = {}
-        self._latest: tuple[int, str, WeightBox] | None = None
+        self._latest: tuple[int, tuple[str, ...], WeightBox] | None = None
         self.counts: collections.Counter[str] = collections.Counter()
         self._control: list[ObjectRef[None]] = []  # pause calls not yet answered (see pause / close)
 
@@ -182,8 +235,8 @@ class RayRolloutWorkers:
     def _sync(self) -> WeightSync | None:
         if self._latest is None:
             return None
-        v, c, box = self._latest
-        return v, c, box, self.cfg.transfer_timeout_s
+        v, cs, box = self._latest
+        return v, cs, box, self.cfg.transfer_timeout_s
 
     def _alive(self) -> list[int]:
         return [i for i in range(len(self.actors)) if i not in self.dead]
@@ -324,6 +377,16 @@ class RayRolloutWorkers:
         return {"transfer/pack_s": t1 - t0, "transfer/put_s": t2 - t1, "transfer/bytes": float(packet.nbytes),
                 **m, "transfer/total_s": time.perf_counter() - t0}
 
+    def broadcast_buckets(self, buckets: Sequence[PublishedBucket], version: int) -> dict[str, float]:
+        """Every live worker fetches the published ``buckets`` (already in the object store, put there
+        by their publisher) and verifies each against its checksum (see :meth:`broadcast_ref`); the
+        driver passes only the references."""
+        t0 = time.perf_counter()
+        box = [ref for b in buckets for ref in b.box]
+        m = self._load_everywhere(box, version, tuple(b.checksum for b in buckets))
+        return {"transfer/bytes": float(sum(b.nbytes for b in buckets)), "transfer/buckets": float(len(buckets)),
+                **m, "transfer/total_s": time.perf_counter() - t0}
+
     def broadcast_ref(self, box: WeightBox, version: int, checksum: str) -> dict[str, float]:
         """Every live worker loads the packet ``box[0]`` (already in the object store) and verifies it.
 
@@ -331,9 +394,13 @@ class RayRolloutWorkers:
         confirm within ``transfer_timeout_s``. A worker that died meanwhile is counted
         (``rollout/deferred_syncs``): it verifies and loads before its next generate.
         """
+        return self._load_everywhere(box, version, (checksum,))
+
+    def _load_everywhere(self, box: WeightBox, version: int, checksums: tuple[str, ...]) -> dict[str, float]:
+        """:meth:`broadcast_ref` for the packets of ``box``, ``checksums[i]`` announced for ``box[i]``."""
         t0 = time.perf_counter()
         tmo = self.cfg.transfer_timeout_s
-        calls = {self.actors[i].load_weights.remote(box, version, checksum, tmo): i for i in self._alive()}
+        calls = {self.actors[i].load_weights.remote(box, version, checksums, tmo): i for i in self._alive()}
         ready, not_ready = self._ray.wait(list(calls), num_returns=len(calls), timeout=tmo)
         if not_ready:
             names = sorted(self.names[calls[r]] for r in not_ready)
@@ -346,8 +413,9 @@ class RayRolloutWorkers:
             except self._errors:
                 self.counts["rollout/deferred_syncs"] += 1
             except Exception as e:  # the worker raised (checksum, version, shape): fail loudly, name it
-                raise WeightTransferError(f"rollout worker {self.names[i]} rejected weights v{version}: {e}") from e
-        self._latest = (int(version), checksum, box)
+                why = getattr(e, "cause", None) or e  # a RayTaskError's own error, without the remote traceback
+                raise WeightTransferError(f"rollout worker {self.names[i]} rejected weights v{version}: {why}") from e
+        self._latest = (int(version), checksums, box)
         self.version = int(version)
         self.counts["rollout/weight_syncs"] += 1
         out = {"transfer/broadcast_s": time.perf_counter() - t0, "transfer/workers": float(len(stats))}
@@ -358,8 +426,14 @@ class RayRolloutWorkers:
         return out
 
     def update_weights(self, state_dict: Mapping[str, torch.Tensor], version: int | None = None) -> None:
-        """Engine protocol: :meth:`broadcast_weights` (``version=None`` -> current + 1)."""
-        self.broadcast_weights(state_dict, self.version + 1 if version is None else int(version))
+        """Engine protocol (``version=None`` -> current + 1): :meth:`broadcast_buckets` when
+        ``state_dict`` is :class:`~posttrain.rollout.weight_transfer.PublishedWeights` of that version
+        and ``system.ray.weight_sync=direct``, else :meth:`broadcast_weights`."""
+        v = self.version + 1 if version is None else int(version)
+        if isinstance(state_dict, PublishedWeights) and state_dict.version == v and self.cfg.weight_sync == "direct":
+            self.broadcast_buckets(state_dict.buckets, v)
+        else:
+            self.broadcast_weights(state_dict, v)
 
     def metrics(self) -> dict[str, float]:
         """Cumulative ``rollout/*`` counters."""
