@@ -12,7 +12,17 @@ of RL steps; only ``system.*`` differs. Per mode, from the run's own metrics:
 - held-out greedy accuracy before / after, and its gain per 1k generated tokens and per minute;
 - ``lag_hist``: consumed samples by policy lag 0 / 1 / 2 / 3+;
 - ``accepted_token_frac``: action tokens trained / tokens generated;
-- ``speedup_vs_sync``: ``tokens_per_s / tokens_per_s(sync)``.
+- ``speedup_vs_sync``: ``tokens_per_s / tokens_per_s(sync)`` of the same rollout process;
+  ``speedup_vs_in_process_sync``: against the plain in-process sync run;
+- ``model``: the speed-up :mod:`posttrain.bench.async_model` predicts for the mode from the sync
+  run's own per-step split (rollout + reward, learner, weight sync), beside the measurement.
+
+``--process in_process,server`` runs every mode twice, side by side in one invocation: with the
+engine in the trainer's process (the threaded modes run the rollout in a thread, sharing the
+interpreter lock with the learner) and with the engine in its own 127.0.0.1 server process
+(:mod:`posttrain.rollout.builtin_server`, driven over HTTP with checksummed weight updates: the
+trainer's rollout thread then only waits on a socket). A fresh server per run, started from the
+shared warm-up weights, ``--intra-op-threads`` torch threads in it.
 
 Threads: ``torch.set_num_threads(--intra-op-threads)`` (default 1) for every mode. Sync has one
 compute thread; the threaded modes run a rollout thread and a learner thread side by side (the
@@ -25,12 +35,18 @@ intra-op threads than free cores makes every op wait at its barrier.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import shutil
 import tempfile
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+from posttrain.bench.async_model import StepSplit, predict_speedup, split_from_metrics
+
+if TYPE_CHECKING:
+    from posttrain.rollout.server_process import SpawnedEngine
 
 MODES: dict[str, list[str]] = {
     "sync": ["system.mode=sync"],
@@ -44,6 +60,10 @@ MODES: dict[str, list[str]] = {
 # at lr 1e-4 sync RL improves on that start (0.75 -> 0.82 in 20 steps, docs/benchmarks.md); 3e-4 lowered it.
 FULL = dict(model="builtin:tiny", sft_steps=90, steps=20, prompts=16, group=8, max_len=24, eval_size=100, lr=1e-4)
 QUICK = dict(model="builtin:micro", sft_steps=10, steps=3, prompts=4, group=4, max_len=10, eval_size=8, lr=3e-4)
+PROCESSES = ("in_process", "server")
+# The staleness bound of each overlapping mode (MODES), as the speed-up model reads it; partial rollout
+# runs in sync mode (no overlap: the model has nothing to predict).
+STALENESS: dict[str, int] = {"one_step_off": 1, "async": 2}
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -59,6 +79,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--intra-op-threads", dest="threads", type=int, default=1,
                         help="torch.set_num_threads for every mode (default 1; see the module docstring)")
     parser.add_argument("--workdir", default=None, help="keep runs here (default: a temporary directory)")
+    parser.add_argument("--process", default="in_process",
+                        help="comma-separated subset of in_process, server: where the engine runs; each mode runs once "
+                        "per entry (server: its own 127.0.0.1 process, see the module docstring)")
     parser.add_argument("--init", default=None, help="start every mode from this HF model directory (skips the "
                         "warm-up; e.g. WORKDIR/sft/checkpoints/step_000000/actor of an earlier run)")
 
@@ -88,8 +111,28 @@ def warm_start(p: dict[str, Any], seed: int, work: Path) -> Path:
     return Path(path) / "actor"
 
 
-def run_mode(mode: str, p: dict[str, Any], seed: int, model_dir: Path, work: Path, threads: int) -> dict[str, Any]:
-    """Train ``p['steps']`` steps in ``mode`` from ``model_dir``; return the mode's figures."""
+def label(mode: str, process: str) -> str:
+    """A row's name: the mode, with ``/server`` when its engine ran in its own process."""
+    return mode if process == "in_process" else f"{mode}/server"
+
+
+def start_server(model_dir: Path, p: dict[str, Any], seed: int, work: Path, threads: int) -> SpawnedEngine:
+    """A built-in engine server on ``model_dir``'s model (``rollout.process: server``'s factory), ``threads``
+    torch threads; its files under ``work``. The caller closes it."""
+    from posttrain.loop.builders import build_model
+    from posttrain.loop.validate import load_run_config
+    from posttrain.rollout.builtin_server import builtin_server_factory
+
+    cfg = load_run_config("grpo", [*_base(p, seed), f"model.path={model_dir}"])
+    tok, model = build_model(cfg)
+    return builtin_server_factory(model, work, eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id or 0,
+                                  threads=threads)()
+
+
+def run_mode(mode: str, p: dict[str, Any], seed: int, model_dir: Path, work: Path, threads: int,
+             process: str = "in_process") -> dict[str, Any]:
+    """Train ``p['steps']`` steps in ``mode`` from ``model_dir`` with the engine ``process`` (in_process or
+    server); return the mode's figures."""
     import torch
 
     from posttrain.loop.training_loop import train
@@ -97,13 +140,19 @@ def run_mode(mode: str, p: dict[str, Any], seed: int, model_dir: Path, work: Pat
     from posttrain.trajectory import Ledger
 
     torch.set_num_threads(threads)
-    d = work / mode
+    d = work / label(mode, process).replace("/", "-")
     shutil.rmtree(d, ignore_errors=True)
-    cfg = load_run_config("grpo", [*_base(p, seed), f"model.path={model_dir}", f"steps={p['steps']}",
-                               f"run_dir={d}", *MODES[mode]])
-    t0 = time.perf_counter()
-    st = train(cfg)
-    total = time.perf_counter() - t0
+    server = start_server(model_dir, p, seed, d.with_name(d.name + "-engine"), threads) if process == "server" else None
+    engine = [] if server is None else ["rollout.engine=http", f"rollout.http.url={server.base_url}"]
+    try:
+        cfg = load_run_config("grpo", [*_base(p, seed), f"model.path={model_dir}", f"steps={p['steps']}",
+                                   f"run_dir={d}", *MODES[mode], *engine])
+        t0 = time.perf_counter()
+        st = train(cfg)
+        total = time.perf_counter() - t0
+    finally:
+        if server is not None:
+            server.close()
     ms = Ledger(d / "ledger").read_metrics()
     wall = sum(m["time/step_s"] for m in ms) - sum(m.get("time/eval_s", 0.0) for m in ms)
     gen = sum(m.get("rollout/new_tokens", 0.0) for m in ms)
@@ -113,12 +162,20 @@ def run_mode(mode: str, p: dict[str, Any], seed: int, model_dir: Path, work: Pat
     acc0 = st.heldout_curve[0][1]
     acc1 = st.heldout_curve[-1][1]
     hist = {k: int(sum(m.get(f"lag/count_{k}", 0.0) for m in ms)) for k in ("0", "1", "2", "3plus")}
+    split = split_from_metrics(ms)
     return {
-        "mode": mode, "config": MODES[mode], "steps": st.step, "torch_threads": torch.get_num_threads(),
+        "mode": mode, "process": process, "label": label(mode, process), "config": MODES[mode], "steps": st.step,
+        "torch_threads": torch.get_num_threads(),
         # The core split: sync (and partial, which is sync with suspended samples) runs rollout and update one
-        # after the other on one compute thread; one_step_off / async run a rollout thread and a learner
-        # thread side by side, each with ``torch_threads`` intra-op threads.
-        "threads_per_side": {"rollout": threads, "learner": threads, "concurrent": cfg.system.mode != "sync"},
+        # after the other; one_step_off / async run the rollout side by side with the learner, each with
+        # ``torch_threads`` intra-op threads: in a thread of the trainer (in_process) or in the engine's own
+        # process (server).
+        "threads_per_side": {"rollout": threads, "learner": threads, "concurrent": cfg.system.mode != "sync",
+                             "rollout_in": "thread" if process == "in_process" else "process"},
+        # the measured per-step split, means (the speed-up model's input when this is a sync run)
+        "split": {"rollout_s": _mean(split.rollout_s), "learner_s": _mean(split.learner_s),
+                  "sync_s": _mean(split.sync_s), "group_idle_frac": _mean(split.idle_frac)},
+        "step_split": dataclasses.asdict(split),
         "wall_s": wall, "total_s": total, "generated_tokens": gen, "tokens_per_s": gen / wall if wall else 0.0,
         "learner_util": learner / wall if wall else 0.0,
         "group_idle_frac": sum(idle) / len(idle) if idle else 0.0,
@@ -133,15 +190,64 @@ def run_mode(mode: str, p: dict[str, Any], seed: int, model_dir: Path, work: Pat
     }
 
 
+def _mean(xs: tuple[float, ...]) -> float:
+    return sum(xs) / len(xs) if xs else 0.0
+
+
+def _x(v: float | None) -> str:
+    return "-" if v is None else f"{v:.2f}x"
+
+
+def predictions(rows: list[dict[str, Any]]) -> None:
+    """Set each overlapping row's ``model`` (the predicted speed-up, :func:`predict_speedup` at one worker and
+    the mode's staleness bound, over the measured number of steps) from its process's sync row's split."""
+    sync = {r["process"]: r for r in rows if r["mode"] == "sync"}
+    for r in rows:
+        s = sync.get(r["process"])
+        eta = STALENESS.get(r["mode"], 0 if r["mode"] == "sync" else None)
+        if s is None or eta is None:
+            r["model"] = None
+            continue
+        pred = predict_speedup(StepSplit(**{k: tuple(v) for k, v in s["step_split"].items()}), max_staleness=eta)
+        r["model"] = {"speedup": pred.speedup, "bound": pred.bound, "max_staleness": eta, "workers": 1}
+
+
+def at_scale(split: StepSplit, workers: tuple[int, ...] = (1, 4, 16)) -> list[dict[str, Any]]:
+    """The model's speed-up for ``workers`` rollout workers, staleness 1 and 2, without and with streaming
+    (the measured idle fraction), over 100 steps cycling the measured split."""
+    out = []
+    for n in workers:
+        for eta in (1, 2):
+            for streaming in (False, True):
+                pr = predict_speedup(split, workers=n, max_staleness=eta, streaming=streaming, steps=100)
+                out.append({"workers": n, "max_staleness": eta, "streaming": streaming, "speedup": pr.speedup,
+                            "bound": pr.bound})
+    return out
+
+
+def scale_table(split: dict[str, float], preds: list[dict[str, Any]], source: str) -> str:
+    """The model's speed-ups of :func:`at_scale` as a Markdown table, one row per number of rollout workers."""
+    out = [f"model at scale, from the split of {source} (per step: rollout {split['rollout_s']:.3f} s, learner "
+           f"{split['learner_s']:.3f} s, sync {split['sync_s']:.3f} s; group idle {split['group_idle_frac']:.2f}); "
+           "published: AReaL 2.77x, veRL fully async 2.35-2.67x",
+           "| rollout workers | eta 1 | eta 1 streaming | eta 2 | eta 2 streaming |", "|---|---|---|---|---|"]
+    for n in sorted({q["workers"] for q in preds}):
+        cells = {(q["max_staleness"], q["streaming"]): q["speedup"] for q in preds if q["workers"] == n}
+        out.append(f"| {n} | " + " | ".join(f"{cells[(e, st)]:.2f}x" for e in (1, 2) for st in (False, True)) + " |")
+    return "\n".join(out)
+
+
 def table(rows: list[dict[str, Any]]) -> str:
     """Markdown table of the per-mode figures."""
-    head = ("| mode | tokens/s | speedup vs sync | learner util | group idle | held-out acc before -> after | "
+    head = ("| mode | tokens/s | speedup vs sync | model | learner util | group idle | held-out acc before -> after | "
             "acc gain / 1k tok | acc gain / min | lag 0/1/2/3+ | accepted tok | wall s |")
     out = [head, "|" + "---|" * (head.count("|") - 1)]
     for r in rows:
         h = r["lag_hist"]
+        model = r.get("model")
         out.append(
-            f"| {r['mode']} | {r['tokens_per_s']:.0f} | {r.get('speedup_vs_sync', float('nan')):.2f}x | "
+            f"| {r['label']} | {r['tokens_per_s']:.0f} | {_x(r.get('speedup_vs_sync'))} | "
+            f"{_x(model['speedup'] if model else None)} | "
             f"{r['learner_util']:.2f} | {r['group_idle_frac']:.2f} | {r['heldout_acc_before']:.3f} -> "
             f"{r['heldout_acc_after']:.3f} | {r['acc_gain_per_1k_tokens']:+.4f} | {r['acc_gain_per_minute']:+.3f} | "
             f"{h['0']}/{h['1']}/{h['2']}/{h['3plus']} | {r['accepted_token_frac']:.2f} | {r['wall_s']:.1f} |")
@@ -167,6 +273,10 @@ def run(args: argparse.Namespace) -> int:
     bad = [m for m in modes if m not in MODES]
     if bad:
         raise SystemExit(f"unknown mode(s) {bad}; valid: {', '.join(MODES)}")
+    processes = [x.strip() for x in getattr(args, "process", "in_process").split(",") if x.strip()]
+    bad = [x for x in processes if x not in PROCESSES]
+    if bad or not processes:
+        raise SystemExit(f"--process: unknown {bad or processes}; valid: {', '.join(PROCESSES)}")
     threads = max(1, int(args.threads))
     tmp = None
     if args.workdir:
@@ -181,17 +291,32 @@ def run(args: argparse.Namespace) -> int:
         actor = Path(args.init) if args.init else warm_start(p, args.seed, work)
         print(f"warm-up: {time.perf_counter() - t0:.1f}s ({p['sft_steps']} SFT steps, model {p['model']})")
         rows = []
-        for m in modes:
-            r = run_mode(m, p, args.seed, actor, work, threads)
-            rows.append(r)
-            print(f"{m}: {r['tokens_per_s']:.0f} tok/s, wall {r['wall_s']:.1f}s, held-out "
-                  f"{r['heldout_acc_before']:.3f} -> {r['heldout_acc_after']:.3f}", flush=True)
-        sync = next((r for r in rows if r["mode"] == "sync"), None)
+        for m in modes:  # the processes of one mode back to back: load drifts less between them
+            for proc in processes:
+                r = run_mode(m, p, args.seed, actor, work, threads, proc)
+                rows.append(r)
+                print(f"{r['label']}: {r['tokens_per_s']:.0f} tok/s, wall {r['wall_s']:.1f}s, held-out "
+                      f"{r['heldout_acc_before']:.3f} -> {r['heldout_acc_after']:.3f}", flush=True)
+        sync = {r["process"]: r for r in rows if r["mode"] == "sync"}
+
+        def ratio(r: dict[str, Any], base: dict[str, Any] | None) -> float | None:
+            return r["tokens_per_s"] / base["tokens_per_s"] if base and base["tokens_per_s"] else None
+
         for r in rows:
-            r["speedup_vs_sync"] = r["tokens_per_s"] / sync["tokens_per_s"] if sync and sync["tokens_per_s"] else None
+            r["speedup_vs_sync"] = ratio(r, sync.get(r["process"]))
+            r["speedup_vs_in_process_sync"] = ratio(r, sync.get("in_process"))
+        predictions(rows)
         print(table(rows))
-        res = {"benchmark": "async", "params": p, "threads": threads, "modes": rows,
-               "speedup_vs_sync": {r["mode"]: r["speedup_vs_sync"] for r in rows}}
+        scale = {proc: at_scale(StepSplit(**{k: tuple(v) for k, v in s["step_split"].items()}))
+                 for proc, s in sync.items()}
+        for proc, preds in scale.items():
+            print(scale_table(sync[proc]["split"], preds, label("sync", proc)))
+        res = {"benchmark": "async", "params": p, "threads": threads, "processes": processes, "modes": rows,
+               "speedup_vs_sync": {r["label"]: r["speedup_vs_sync"] for r in rows},
+               "speedup_vs_in_process_sync": {r["label"]: r["speedup_vs_in_process_sync"] for r in rows},
+               "model_speedup": {r["label"]: (r["model"] or {}).get("speedup") for r in rows},
+               "model_at_scale": scale,
+               "published": {"areal": 2.77, "verl_fully_async": [2.35, 2.67]}}
         if getattr(args, "json_path", None):
             Path(args.json_path).parent.mkdir(parents=True, exist_ok=True)
             Path(args.json_path).write_text(json.dumps(res, indent=1, default=str))

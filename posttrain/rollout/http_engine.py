@@ -293,7 +293,9 @@ class HTTPEngine:
             raise ValueError(f"base_url must be http://host:port, got {base_url!r}")
         self.base_url, self.host, self.port = base_url.rstrip("/"), u.hostname, u.port
         self.timeout_s, self.weights_timeout_s = timeout_s, weights_timeout_s
-        self._version: int | None = None
+        self._version: int | None = None  # the server's version as last confirmed to this client
+        self._updates = 0  # weight updates confirmed (a /version answer older than one is not cached)
+        self._version_lock = threading.Lock()
 
     def _call(self, method: str, path: str, body: bytes | None = None, headers: Mapping[str, str] | None = None,
               timeout_s: float | None = None) -> dict[str, Any]:
@@ -320,8 +322,19 @@ class HTTPEngine:
 
     @property
     def version(self) -> int:
-        """The server engine's version (asked over HTTP)."""
-        return int(self._call("GET", "/version")["version"])
+        """The server engine's version: asked over HTTP once, then the version the server confirmed for
+        this client's last weight update. Only weight updates change it, and one client drives a server
+        (the trainer that started or connected to it), so the loop's admission checks, which read it
+        every few milliseconds, cost no round trip."""
+        v = self._version
+        if v is None:
+            with self._version_lock:
+                seen = self._updates
+            v = int(self._call("GET", "/version")["version"])
+            with self._version_lock:
+                if self._updates == seen:  # no update of ours landed while we asked: v is current
+                    self._version = v
+        return v
 
     def health(self, timeout_s: float = 5.0) -> dict[str, Any]:
         """``GET /health``."""
@@ -355,12 +368,20 @@ class HTTPEngine:
     def send_packet(self, packet: WeightPacket) -> dict[str, float]:
         """``POST /update_weights`` of an already packed state dict; returns ``{"transfer_s", "bytes"}``."""
         t0 = time.perf_counter()
-        out = self._call(
-            "POST", "/update_weights", encode_packet(packet),
-            {"Content-Type": "application/octet-stream", "X-Weights-Version": str(packet.version),
-             "X-Weights-Checksum": packet.checksum},
-            timeout_s=self.weights_timeout_s,
-        )
+        try:
+            out = self._call(
+                "POST", "/update_weights", encode_packet(packet),
+                {"Content-Type": "application/octet-stream", "X-Weights-Version": str(packet.version),
+                 "X-Weights-Checksum": packet.checksum},
+                timeout_s=self.weights_timeout_s,
+            )
+        except (TimeoutError, ConnectionError, RuntimeError):  # the server may or may not have applied it
+            with self._version_lock:
+                self._version = None
+            raise
+        with self._version_lock:
+            self._updates += 1
+            self._version = int(out["version"]) if int(out["version"]) == packet.version else None
         if int(out["version"]) != packet.version or out["checksum"] != packet.checksum:
             raise WeightTransferError(f"{self.base_url}: server confirmed v{out['version']} {out['checksum']}, "
                                       f"sent v{packet.version} {packet.checksum}")
