@@ -16,6 +16,7 @@ BENCHMARKS: dict[str, str] = {
     "async": "posttrain.bench.async_modes",
     "lora": "posttrain.bench.lora",
     "memory": "posttrain.bench.memory",
+    "weight-sync": "posttrain.bench.weight_sync",
 }
 
 
