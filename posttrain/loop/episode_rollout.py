@@ -19,12 +19,20 @@ versions, across turns and within one. Episodes end by the environment (terminal
 reward, counted, excluded from the update). With partial rollout (``system.partial_fraction`` < 1)
 a call returns once enough episodes have ended and suspends the others between two turns, with
 their environment state, until a later call resumes them (the driver's finish target).
+
+Episodes score themselves (the environment's reward parts). A learned reward (``reward.model`` /
+``reward.judge``: the run's verification is a :class:`~posttrain.rewards.learned.LearnedRewards`)
+adds its component to each emitted episode the environment did not fail
+(:func:`add_learned_components`): it scores ``(prompt, response)`` = the example's prompt (the first
+observation) and the episode after it as the policy saw it (its turns and the observations between
+them, :func:`episode_response`); a row it cannot score becomes ``infra_error`` (no reward, never a zero).
 """
 
 from __future__ import annotations
 
 import dataclasses
 import hashlib
+import time
 from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
@@ -33,10 +41,13 @@ from posttrain.config import RunConfig
 from posttrain.envs.multiturn import EpisodeState
 from posttrain.loop.backends.base import generate_detailed
 from posttrain.loop.rollout import Advanced, Group
+from posttrain.rewards.compose import compose
+from posttrain.rewards.learned import ComponentScorer, LearnedRewards, add_component
+from posttrain.rewards.verdict import Verdict
 from posttrain.rollout.engine import RolloutEngine
 from posttrain.rollout.sampling import SamplingParams
 from posttrain.rollout.types import Completion, GenerationRequest
-from posttrain.trajectory import Finish, Status, Trajectory
+from posttrain.trajectory import Finish, Reward, Role, Status, Trajectory
 from posttrain.trajectory.record import JSONScalar
 
 if TYPE_CHECKING:
@@ -153,13 +164,17 @@ class EpisodeRollout:
 
     def new_episode(self, ex: TaskExample, *, traj_id: str, group_id: str,
                     env_overrides: Mapping[str, JSONScalar] | None = None) -> EpisodeState:
-        """A started episode of example ``ex`` (``meta["env_seed"]``) under the run's ``env`` settings."""
+        """A started episode of example ``ex`` (``meta["env_seed"]``) under the run's ``env`` settings,
+        weighting the environment's reward parts (``reward.weights`` less the learned components, which
+        :meth:`emit` adds)."""
         e = self.cfg.env
         tok = self.run.tokenizer
+        learned = self.cfg.reward.learned_components()
         ep = EpisodeState(
             self.run.task.make_env(**(env_overrides or {})), tok, seed=env_seed(ex), traj_id=traj_id,
             group_id=group_id, prompt_id=ex.prompt_id, max_turns=e.max_turns, max_tokens=e.max_tokens,
-            max_wall_s=e.max_wall_s, weights=self.cfg.reward.weights, use_chat_template=e.use_chat_template,
+            max_wall_s=e.max_wall_s, weights={k: w for k, w in self.cfg.reward.weights.items() if k not in learned},
+            use_chat_template=e.use_chat_template,
             system=e.system, tool_prompt=e.tool_prompt, fallback_prompt_ids=tok(ex.prompt).input_ids).start()
         room = min(e.max_tokens, (context_limit(self.run) or e.max_tokens + 1) - 1)
         if ep.status is not Status.ENV_FAILURE and len(ep.ids) >= room:
@@ -219,7 +234,52 @@ class EpisodeRollout:
         out = [[e.trajectory(sampling=record, meta={"rollout_call": call, "version_span": _span(e),
                                                     "pauses": e.pauses, "pause_age": call - g.call})
                 for e in g.members] for g in groups]
-        return out, {**episode_metrics([t for g in out for t in g]), "time/reward_s": 0.0}
+        learned = getattr(self.run, "verify_batch", None)
+        t0 = time.perf_counter()
+        if isinstance(learned, LearnedRewards):
+            tok = self.run.tokenizer
+            flat = add_learned_components(
+                [t for g in out for t in g], [str(g.example.prompt) for g in groups for _ in g.members],
+                [episode_response(e, tok) for g in groups for e in g.members], learned.components,
+                self.cfg.reward.weights)
+            scored = iter(flat)
+            out = [[next(scored) for _ in g] for g in out]
+        return out, {**episode_metrics([t for g in out for t in g]), "time/reward_s": time.perf_counter() - t0}
+
+
+def episode_response(episode: EpisodeState, tokenizer: Any) -> str:
+    """The episode after its prompt as text: its policy turns and the observations between them, decoded
+    as the policy saw them (special tokens such as chat role markers left out)."""
+    start = next((i for i, r in enumerate(episode.roles) if r is not Role.PROMPT), len(episode.roles))
+    return str(tokenizer.decode(episode.ids[start:], skip_special_tokens=True))
+
+
+def add_learned_components(trajs: Sequence[Trajectory], prompts: Sequence[str], responses: Sequence[str],
+                           scorers: Sequence[ComponentScorer], weights: Mapping[str, float]) -> list[Trajectory]:
+    """``trajs`` (episodes scored by their environments) with each learned component of ``scorers`` added.
+
+    Row ``i`` is scored on ``(prompts[i], responses[i])`` unless the episode is ``env_failure`` or
+    ``infra_error`` (no reward to add to); its reward is then ``compose(environment parts + learned
+    components, weights)`` (``weights``: the full ``reward.weights``). A row a scorer gives no value
+    becomes ``infra_error`` (no reward total, the scorer's reason and the environment's status in the
+    explanation): never a zero (:func:`~posttrain.rewards.learned.add_component`)."""
+    skip = (Status.ENV_FAILURE, Status.INFRA_ERROR)
+    rows = [i for i, t in enumerate(trajs) if t.status is not None and t.status not in skip]
+    verdicts = [Verdict(t.status, dict(t.reward.components), str(t.meta.get("explanation", "")))
+                for t in (trajs[i] for i in rows) if t.status is not None]
+    for c in scorers:
+        verdicts = add_component(verdicts, [prompts[i] for i in rows], [responses[i] for i in rows], c.name,
+                                 c.score_rows)
+    out = [dataclasses.replace(t, reward=Reward(components=dict(t.reward.components), weights=dict(weights), total=None))
+           if t.status in skip else t for t in trajs]
+    for i, v in zip(rows, verdicts, strict=True):
+        t = trajs[i]
+        if v.status is Status.INFRA_ERROR:
+            out[i] = dataclasses.replace(t, status=Status.INFRA_ERROR, reward=Reward(components={}, weights=dict(weights),
+                                         total=None), meta={**t.meta, "explanation": v.explanation[:500]})
+        else:
+            out[i] = dataclasses.replace(t, reward=compose(v.components, weights))
+    return out
 
 
 def _span(e: EpisodeState) -> int:
