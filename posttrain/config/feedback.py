@@ -73,7 +73,9 @@ class RewardFunctionConfig(Section):
 
 class RewardModelConfig(Section):
     """A learned reward model scoring each response in RL (``reward.model``): its score is a raw component
-    beside the verifier's (posttrain/rewards/learned.py; train one with ``posttrain train reward_model``)."""
+    beside the verifier's (posttrain/rewards/learned.py; train one with ``posttrain train reward_model``).
+    With ``env.name`` it scores each episode beside the environment's reward parts: prompt = the first
+    observation, response = the episode after it (posttrain/loop/episode_rollout.py)."""
 
     path: str = Field(description="a reward-model directory: <run_dir>/reward_model of a trainer=reward_model run, "
                       "or any local Hugging Face *ForSequenceClassification directory (num_labels=1)")
@@ -106,7 +108,8 @@ class JudgeConfig(Section):
     """An LLM judge behind an OpenAI-compatible ``/v1/chat/completions`` endpoint on this machine
     (``reward.judge``): its parsed verdict is a raw component beside the verifier's
     (posttrain/rewards/judge.py). A call that times out, fails or cannot be parsed is retried, then the
-    sample is an ``infra_error`` (never a zero reward)."""
+    sample is an ``infra_error`` (never a zero reward). With ``env.name`` it judges each episode as
+    ``reward.model`` scores it (:class:`RewardModelConfig`)."""
 
     url: str = Field(description="base URL of the server on 127.0.0.1 / localhost / ::1, e.g. http://127.0.0.1:8000 "
                      "(/v1/chat/completions is appended unless the URL ends with it)")
