@@ -15,6 +15,7 @@ from posttrain.cli import main
 from posttrain.config import RECIPES_DIR, ConfigError, resolve_recipe_path
 from posttrain.loop.algo_kwargs import check_algo_kwargs
 from posttrain.loop.validate import load_run_config
+from tests._required_keys import with_required
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from _cli_errors import one_error_line  # noqa: E402
@@ -140,7 +141,7 @@ def test_every_shipped_recipe_and_every_registered_function_passes_the_probe_wit
     # The dummy-tensor probe must never reject a valid recipe: defaults of every registered
     # function, and every shipped recipe's kwargs, pass.
     for name in sorted(p.stem for p in RECIPES_DIR.glob("*.yaml")):
-        check_algo_kwargs(load_run_config(name))
+        check_algo_kwargs(load_run_config(name, with_required(name, [])))
     for est in A.ADVANTAGES:
         if "step_ids" in A.ADVANTAGES.needs(est):
             continue  # gigpo: needs env.name (step ids come from multi-turn episodes); tests/loop/test_requirements.py

@@ -12,6 +12,7 @@ import yaml
 
 from posttrain.config import RECIPES_DIR, ConfigError, dump_config, parse_config
 from posttrain.loop.validate import load_run_config
+from tests._required_keys import with_required
 
 SHIPPED = sorted(p.stem for p in RECIPES_DIR.glob("*.yaml"))
 
@@ -131,7 +132,7 @@ def test_the_same_keys_where_they_act_load_silently(overrides: list[str], caplog
 @pytest.mark.parametrize("name", SHIPPED)
 def test_every_shipped_recipe_and_its_saved_config_load_clean(name: str, caplog: pytest.LogCaptureFixture) -> None:
     with caplog.at_level(logging.WARNING, logger="posttrain.config"):
-        cfg = load_run_config(name, ["steps=3"])  # steps > 0 (the lr=0 warning is another rule)
+        cfg = load_run_config(name, with_required(name, ["steps=3"]))  # steps > 0 (the lr=0 warning is another rule)
         # The run's config.yaml lists every key (defaults included): it loads like the recipe that wrote it.
         again = parse_config(yaml.safe_load(dump_config(cfg)), "config.yaml")
     assert _warnings(caplog) == [] and again == cfg

@@ -21,6 +21,7 @@ from posttrain.config import RECIPES_DIR, ConfigError
 from posttrain.loop.preflight import fake_batch, preflight
 from posttrain.loop.validate import load_run_config
 from tests._cli_errors import one_error_line
+from tests._required_keys import with_required
 
 TINY = ["model.path=builtin:micro", "task.name=chain_sum", "task.kwargs={terms: 2}", "sampling.prompts_per_step=2",
         "sampling.group_size=2", "sampling.max_new_tokens=2", "eval.size=4", "eval.every=100", "optim.lr=0.001",
@@ -168,7 +169,7 @@ def test_valid_recipes_pass_the_preflight(overrides):
 
 @pytest.mark.parametrize("recipe", sorted(p.stem for p in RECIPES_DIR.glob("*.yaml")))
 def test_every_shipped_recipe_passes_the_preflight(recipe):
-    assert preflight(load_run_config(recipe, [])) is None
+    assert preflight(load_run_config(recipe, with_required(recipe, []))) is None
 
 
 @pytest.mark.parametrize("overrides", [

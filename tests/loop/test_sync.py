@@ -18,6 +18,7 @@ from posttrain.loop.preflight import preflight
 from posttrain.loop.training_loop import train
 from posttrain.loop.validate import load_run_config
 from posttrain.trajectory import Ledger, Status
+from tests._required_keys import with_required
 
 HERE = Path(__file__).parent
 sys.path.insert(0, str(HERE.parent))
@@ -108,7 +109,7 @@ def test_every_recipe_runs(tmp_path, recipe):
         extra += ["reward.overlong_max_len=3", "reward.overlong_cache_len=1"]
     if recipe == "smollm2_instruction_following":  # its reward weighs ifc_mean, a component of its own verifier
         extra += ["task.name=instruction_following", "task.kwargs={}"]
-    cfg = _cfg(tmp_path, recipe, extra)
+    cfg = load_run_config(recipe, with_required(recipe, [*SMALL, f"run_dir={tmp_path}", *extra]))
     preflight(cfg)  # as posttrain train does: a config the first step would fail on fails here, naming the key
     st = train(cfg)
     assert st.step == 2
