@@ -161,3 +161,58 @@ def test_a_multi_turn_run_records_the_judges_component_of_each_episode(length_ju
         c = t.reward.components
         assert c["judge"] == float(len(TOK.decode(after, skip_special_tokens=True)))
         assert t.reward.total == pytest.approx(c["task"] + 0.25 * c["judge"], abs=1e-12)
+
+
+@pytest.fixture
+def digit_judge() -> Iterator[str]:
+    """A stub judge on 127.0.0.1: ``score: <digits in the text between <r> and </r>>``."""
+
+    class Handler(BaseHTTPRequestHandler):
+        def log_message(self, *a: object) -> None:
+            pass
+
+        def do_POST(self) -> None:  # noqa: N802 - http.server's name
+            body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+            answer = body["messages"][0]["content"].split("<r>", 1)[1].rsplit("</r>", 1)[0]
+            payload = json.dumps({"choices": [{"message": {"role": "assistant",
+                                                           "content": f"score: {sum(ch.isdigit() for ch in answer)}"}}]})
+            self.send_response(200)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(payload.encode())))
+            self.end_headers()
+            self.wfile.write(payload.encode())
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    server.daemon_threads = True
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}"
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+def test_rl_on_the_judge_alone_raises_its_score_on_episodes(digit_judge, tmp_path: Path) -> None:
+    """GRPO on calculator_tool episodes of the random micro model rewarded by a judge counting the digits of
+    each episode's response, no task weight: the judge's mean score rises (measured, seeds 0-2: 0.3-0.5 over
+    steps 1-3 -> 2.9 of at most 3 over steps 10-12). A 3-token turn hits its length limit, which ends the
+    episode: these episodes have one turn (the scripted tests above have observations between turns)."""
+    from posttrain.loop.training_loop import train
+    from posttrain.trajectory import Ledger
+
+    d = tmp_path / "episodes_digits"
+    cfg = load_run_config("grpo", [
+        *ENV, "sampling.prompts_per_step=8", "sampling.group_size=4", "sampling.max_new_tokens=3",
+        "env.max_turns=2", "eval.size=2", "eval.every=100", "steps=12", "checkpoint_every=0", "sft.steps=0",
+        "optim.lr=1e-2", "guards.max_truncation_rate=1.0", "logging.progress=false", f"run_dir={d}"])
+    cfg = with_learned(cfg, judge={"url": digit_judge, "parse": "score", "timeout_s": 5,
+                                   "prompt_template": "Q: {prompt} A: <r>{response}</r>"})
+    train(cfg.model_copy(update={"reward": cfg.reward.model_copy(update={"weights": {"judge": 1.0}})}))
+    by_step: dict[int, list[float]] = {}
+    for t in Ledger(d / "ledger").read_trajectories():
+        m = re.match(r"s(\d+)", t.traj_id)
+        if m is not None and t.reward.total is not None:
+            by_step.setdefault(int(m.group(1)), []).append(t.reward.components["judge"])
+    mean = {s: sum(v) / len(v) for s, v in by_step.items()}
+    first, last = sum(mean[s] for s in (1, 2, 3)) / 3, sum(mean[s] for s in (10, 11, 12)) / 3
+    assert last > first + 1.0, (first, last, mean)
