@@ -270,6 +270,7 @@ class LearnerRanks:
         metrics = dict(metrics)
         metrics["learner/world_size"] = float(self.world_size)
         metrics["learner/weight_buckets"] = float(self.last_weight_buckets)
+        metrics["learner/published_buckets"] = float(len(self._published))  # the engines fetch these themselves
         metrics["time/learner_weight_stream_s"] = stream_s[1] - stream_s[0]  # ranks -> driver copy
         if not self._placement_reported:  # once: the first update's metrics carry where the ranks run
             metrics.update(placement_metrics(self.placement))

@@ -11,6 +11,8 @@ dead); the run must fail naming rank 1 and its node, in bounded time. Its steps 
 single-process run's within the rank tolerance of test_learner_ranks.py (shape_rtol of the longest
 sequence; whole updates within 100x). Then a new node C joins (another placement) and ``resume=true``
 on ONE rank (another world size) continues from the step-4 sharded checkpoint to the end, where it equals the single-process run too.
+The weights reach the rollout worker directly from rank 0's actor (``system.ray.weight_sync=direct``,
+the default): the object store of the node holding rank 0, read by the worker on node A.
 """
 
 from __future__ import annotations
@@ -142,6 +144,8 @@ def test_fsdp2_ranks_over_two_nodes_equal_single_then_a_node_dies_and_resume(clu
     # where the ranks ran: recorded once, in the first update's metrics
     first = next(m for m in _metrics(run_dir) if "grad_norm" in m)
     assert first["learner/nodes"] == 2.0 and first["learner/rank0_node"] != first["learner/rank1_node"], first
+    # the weights went from rank 0's actor to the rollout worker directly (system.ray.weight_sync=direct)
+    assert first["learner/published_buckets"] == first["learner/weight_buckets"] > 0, first
     _assert_equal_runs(run_dir, ref_dir, [1, 2, 3, 4], 4)
 
     # another placement (a new node C) and another world size (one rank): resume to the end

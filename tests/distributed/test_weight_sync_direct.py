@@ -79,7 +79,8 @@ def test_direct_sync_loads_the_same_tensors_as_the_via_driver_sync(workers: Any)
                          start_ranks=ray_rank_starter(ray_cfg))
     try:
         start = {k: v.detach().clone() for k, v in ranks.model.state_dict().items()}
-        ranks.update(batch, adv, old_logprob=ranks.compute_logprobs(batch))
+        upd = ranks.update(batch, adv, old_logprob=ranks.compute_logprobs(batch))
+        assert upd["learner/published_buckets"] == upd["learner/weight_buckets"] > 1
         driver = {k: v.detach().clone() for k, v in ranks.model.state_dict().items()}
         assert not _bit_equal(driver, start)  # the update moved the weights
         sent = ranks.weights_for_rollout()
