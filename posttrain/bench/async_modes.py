@@ -126,7 +126,7 @@ def start_server(model_dir: Path, p: dict[str, Any], seed: int, work: Path, thre
     cfg = load_run_config("grpo", [*_base(p, seed), f"model.path={model_dir}"])
     tok, model = build_model(cfg)
     return builtin_server_factory(model, work, eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id or 0,
-                                  threads=threads)()
+                                  threads=threads).start()
 
 
 def run_mode(mode: str, p: dict[str, Any], seed: int, model_dir: Path, work: Path, threads: int,

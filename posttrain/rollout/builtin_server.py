@@ -25,7 +25,7 @@ import os
 import sys
 from collections.abc import Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 import torch
 
@@ -84,7 +84,8 @@ def serve_builtin_engine(model_file: str, eos_token_id: int | list[int] | None, 
 
 
 class BuiltinServerFactory:
-    """Picklable zero-argument factory: each call starts a built-in engine server and returns its client.
+    """Picklable zero-argument factory: each call starts a built-in engine server and returns its client
+    (:meth:`start`).
 
     ``kwargs``: :func:`serve_builtin_engine`'s; ``threads``: the server's torch threads (0: this
     process's ``torch.get_num_threads()`` at the call); ``log_path``: the server's log (a process other
@@ -103,7 +104,13 @@ class BuiltinServerFactory:
         stem, dot, ext = self.log_path.rpartition(".")
         return f"{stem}.{os.getpid()}{dot}{ext}" if dot else f"{self.log_path}.{os.getpid()}"
 
-    def __call__(self) -> SpawnedEngine:
+    def __call__(self) -> RolloutEngine:
+        """:meth:`start`, typed as the engine the loop drives (the client's ``version`` is a read-only
+        property where the protocol declares an attribute; the loop only reads it)."""
+        return cast("RolloutEngine", self.start())
+
+    def start(self) -> SpawnedEngine:
+        """Start a server and return its client (which owns the process: ``close()`` stops it)."""
         from posttrain.rollout.server_process import SpawnedEngine
 
         return SpawnedEngine(sys.executable, SERVER_FACTORY, self.kwargs, log_path=self.server_log(),

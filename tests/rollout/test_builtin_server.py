@@ -53,7 +53,7 @@ def test_server_generates_and_updates_like_the_in_process_engine(tmp_path):
     tok, model = build_model(cfg)
     local = BuiltinEngine(model, tok, eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id or 0)
     server = builtin_server_factory(model, tmp_path, eos_token_id=tok.eos_token_id,
-                                    pad_token_id=tok.pad_token_id or 0, threads=1)()
+                                    pad_token_id=tok.pad_token_id or 0, threads=1).start()
     try:
         reqs = [GenerationRequest(f"r{i}", [5, 6, 7 + i], SamplingParams(n=2, max_new_tokens=5, seed=3 + i))
                 for i in range(2)]
@@ -88,7 +88,7 @@ def test_a_runs_ledger_is_the_same_in_process_and_in_a_server(tmp_path, mode):
     cfg = load_run_config("grpo", SMALL)
     tok, model = build_model(cfg)  # the run's initial model (same seed): what the server is started from
     server = builtin_server_factory(model, tmp_path / "srv", eos_token_id=tok.eos_token_id,
-                                    pad_token_id=tok.pad_token_id or 0, threads=1)()
+                                    pad_token_id=tok.pad_token_id or 0, threads=1).start()
     try:
         st_b, b = _run(tmp_path, "server", MODES[mode], server)
         assert server.version == st_b.step  # every update reached the server process
@@ -112,7 +112,7 @@ def test_async_in_a_server_keeps_its_staleness_bound(tmp_path):
     cfg = load_run_config("grpo", SMALL)
     tok, model = build_model(cfg)
     server = builtin_server_factory(model, tmp_path / "srv", eos_token_id=tok.eos_token_id,
-                                    pad_token_id=tok.pad_token_id or 0, threads=1)()
+                                    pad_token_id=tok.pad_token_id or 0, threads=1).start()
     try:
         st, b = _run(tmp_path, "async", ["system.mode=async", "system.max_staleness=1", "correction.name=tis"], server)
         assert server.version == st.step == 3
