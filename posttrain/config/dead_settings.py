@@ -176,10 +176,6 @@ RULES: tuple[Rule, ...] = (
          lambda c: c.trainer == "reward_model",
          "trainer=reward_model trains a Bradley-Terry reward model on preference.data's pairs (no sampling, no "
          "verifier, no policy update; one optimizer step per step; held-out pair accuracy every eval.every steps)"),
-    # posttrain/rewards/learned.py: the learned components are added to single-turn verdicts
-    # (rewards/scoring.py judge); an environment scores its own episodes.
-    Rule(("reward.model", "reward.judge"), lambda c: c.env.name is not None,
-         "env.name is set: the environment scores its own episodes (no verdict to add a learned component to)"),
     # posttrain/rewards/judge.py parse_reply: the pattern is read by parse=score only.
     Rule(("reward.judge.score_pattern",), lambda c: c.reward.judge is not None and c.reward.judge.parse != "score",
          "reward.judge.parse is not score (a yes/no reply is read without a pattern)"),

@@ -168,5 +168,7 @@ def _check_registries(cfg: RunConfig) -> None:
         if ":" not in cfg.env.name and cfg.env.name not in ENVS:
             raise ValueError(f"env.name: unknown env {cfg.env.name!r}; valid: {', '.join(sorted(ENVS))}, "
                              "or 'package.module:factory'")
-        check_env_reward_weights(cfg.env.name, cfg.env.kwargs, cfg.reward.weights)  # like single-turn components
+        learned = cfg.reward.learned_components()  # added by the episode player (loop/episode_rollout.py)
+        check_env_reward_weights(cfg.env.name, cfg.env.kwargs,
+                                 {k: w for k, w in cfg.reward.weights.items() if k not in learned})  # like single-turn components
     check_algo_kwargs(cfg)

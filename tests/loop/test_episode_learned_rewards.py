@@ -38,9 +38,8 @@ ENV = ["model.path=builtin:micro", "env.name=calculator_tool", "env.kwargs={digi
 def with_learned(cfg: RunConfig, **learned: object) -> RunConfig:
     """``cfg`` with ``reward.model`` / ``reward.judge`` set (their weights entered into reward.weights).
 
-    Set on the loaded config: the load-time refusal of learned rewards with ``env.name``
-    (posttrain/config/dead_settings.py) and the environment's reward-weights check (posttrain/loop/validate.py)
-    predate this feature; once both let learned components through, load them as overrides instead."""
+    Set on the loaded config so prompt templates with braces need no override quoting; loading them as
+    overrides with ``env.name`` is tested in tests/rewards/test_judge.py."""
     return cfg.model_copy(update={"reward": RewardConfig(weights=dict(cfg.reward.weights), **learned)})
 
 

@@ -176,8 +176,8 @@ def test_learned_reward_keys_that_cannot_take_effect_are_refused_at_load() -> No
     cfg = load_run_config("grpo", ["reward.judge.url=http://127.0.0.1:1", "reward.judge.parse=score",
                                    "reward.judge.score_pattern=(x)"])
     assert cfg.reward.judge is not None and cfg.reward.weights["judge"] == 1.0
-    with pytest.raises(ConfigError, match=r"reward.model.path='m' cannot take effect: env.name is set"):
-        load_run_config("tool_calc", ["reward.model.path=m"])
+    episodes = load_run_config("tool_calc", ["reward.model.path=m"])  # episodes get learned components too
+    assert episodes.reward.model is not None and episodes.reward.weights["rm"] == 1.0
     with pytest.raises(ConfigError, match="reward.judge.url"):
         load_run_config("grpo", ["reward.judge.url=http://192.168.1.10:8000"])
 
