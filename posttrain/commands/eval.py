@@ -63,11 +63,12 @@ def register(sub: Any) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers import AutoModelForCausalLM
 
     from posttrain.diagnostics.intervals import accuracy_interval
     from posttrain.evaluation.heldout import HeldoutRun
     from posttrain.loop.heldout import evaluate_run, heldout_evaluation, outcomes_of
+    from posttrain.models.tokenizer import load_pretrained_tokenizer
 
     path = Path(args.checkpoint)
     if not path.exists():
@@ -113,7 +114,7 @@ def run(args: argparse.Namespace) -> int:
             model.eval()
         else:  # a run from a local model dir loaded it like this too (model.dtype); a bare dir: as saved
             dtype: dict[str, Any] = {"dtype": _DTYPES[cfg.model.dtype]} if cfg_path is not None else {}
-            tok = AutoTokenizer.from_pretrained(model_dir)
+            tok = load_pretrained_tokenizer(model_dir)  # a char tokenizer reloads as itself
             model = AutoModelForCausalLM.from_pretrained(model_dir, **dtype)
             model.eval()
     hr = HeldoutRun.from_config(cfg, model, tok)

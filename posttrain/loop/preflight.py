@@ -209,9 +209,11 @@ def _tokenizer_and_context(cfg: RunConfig) -> tuple[Any, int | None] | None:
 
         ctx = inspect.signature(build_tiny_model).parameters["max_position_embeddings"].default
         return build_char_tokenizer(), int(ctx)
-    from transformers import AutoConfig, AutoTokenizer
+    from transformers import AutoConfig
 
-    return AutoTokenizer.from_pretrained(path), getattr(AutoConfig.from_pretrained(path), "max_position_embeddings",
+    from posttrain.models.tokenizer import load_pretrained_tokenizer
+
+    return load_pretrained_tokenizer(path), getattr(AutoConfig.from_pretrained(path), "max_position_embeddings",
                                                         None)
 
 

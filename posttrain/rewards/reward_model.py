@@ -79,7 +79,9 @@ class RewardModelScorer:
         The rendering and length of a posttrain-trained directory (:data:`RENDER_FILE`) are used unless
         ``kwargs`` give them. A missing directory is a :class:`~posttrain.errors.UserError` naming it.
         """
-        from transformers import AutoModelForSequenceClassification, AutoTokenizer
+        from transformers import AutoModelForSequenceClassification
+
+        from posttrain.models.tokenizer import load_pretrained_tokenizer
 
         d = Path(path)
         if not (d / "config.json").is_file():
@@ -88,7 +90,7 @@ class RewardModelScorer:
         render = json.loads((d / RENDER_FILE).read_text()) if (d / RENDER_FILE).is_file() else {}
         opts = {k: render[k] for k in ("use_chat_template", "max_length") if k in render}
         model = AutoModelForSequenceClassification.from_pretrained(str(d))
-        return cls(model, AutoTokenizer.from_pretrained(str(d)), **{**opts, **kwargs})
+        return cls(model, load_pretrained_tokenizer(d), **{**opts, **kwargs})
 
     def _render(self, prompt: PromptLike, response: str) -> str:
         return render_pair(self.tokenizer, prompt, response, use_chat_template=self.use_chat_template)

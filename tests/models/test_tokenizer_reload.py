@@ -40,3 +40,24 @@ def test_checkpoint_tokenizer_encodes_spaces_as_the_run_did(actor_dir):
 def test_reloaded_char_tokenizer_still_refuses_unencodable_text(actor_dir):
     with pytest.raises(ValueError, match="U\\+00E9"):
         load_pretrained_tokenizer(actor_dir).encode("café")
+
+
+def test_preflight_and_reward_model_read_a_char_folder_as_the_run_saved_it(actor_dir, tmp_path):
+    """The preflight's tokenizer of ``model.path=<ckpt>/actor`` and a reward model's tokenizer (a char
+    reward-model folder) keep the spaces: both loaded through ``AutoTokenizer`` before."""
+    from transformers import Qwen2Config, Qwen2ForSequenceClassification
+
+    from posttrain.loop.preflight import _tokenizer_and_context
+    from posttrain.loop.validate import load_run_config
+    from posttrain.rewards.reward_model import RewardModelScorer
+
+    run = build_char_tokenizer()
+    got = _tokenizer_and_context(load_run_config("grpo", [f"model.path={actor_dir}"]))
+    assert got is not None and got[0].encode(TEXT) == run.encode(TEXT)
+    rm_dir = tmp_path / "rm"
+    config = Qwen2Config(vocab_size=len(run), hidden_size=16, intermediate_size=32, num_hidden_layers=1,
+                         num_attention_heads=2, num_key_value_heads=1, num_labels=1, pad_token_id=0)
+    Qwen2ForSequenceClassification(config).save_pretrained(rm_dir)
+    run.save_pretrained(rm_dir)
+    scorer = RewardModelScorer.from_pretrained(rm_dir)
+    assert scorer.tokenizer.encode(TEXT) == run.encode(TEXT)
