@@ -12,7 +12,9 @@ weights_for_rollout())``); one untimed warm-up first. Per repeat:
 - ``engine_s``: the engine sync call (via_driver: pack + put + every worker fetches, verifies, loads;
   direct: references out, every worker fetches, verifies, loads);
 - ``sync_s`` = stream_s + engine_s, the time from the ranks' weights to every engine's; ``update_s``:
-  the whole update call (compute + stream).
+  the whole update call (compute + stream);
+- ``sent_bytes`` / ``buckets``: what each worker receives per sync (direct: rank 0's buckets, a tied
+  weight once; via_driver: one packet of the driver's state dict, a tied weight under each name).
 
 Medians and spreads (min, max) per model and path, and the via_driver / direct ratio of the median
 ``sync_s``. Timings: run it on a quiet machine; on a loaded one only the ratio means much (the load
@@ -47,7 +49,7 @@ class Row(TypedDict):
 
     model: str
     path: str
-    weight_bytes: int
+    sent_bytes: int
     buckets: int
     repeats: list[Repeat]
     median: dict[str, float]
@@ -88,6 +90,7 @@ def _measure(model_path: str, path: str, args: argparse.Namespace) -> Row:
     from posttrain.loop.backends.ray_rollout import RayRolloutWorkers
     from posttrain.loop.builders import build_learner_ranks, build_model
     from posttrain.loop.validate import load_run_config
+    from posttrain.rollout.weight_transfer import PublishedWeights
     from posttrain.trajectory.collate import collate
     from posttrain.trajectory.record import make_trajectory
 
@@ -100,7 +103,6 @@ def _measure(model_path: str, path: str, args: argparse.Namespace) -> Row:
         "loss.kl_estimator=null", "loss.kl_coef=0.0", "loss.kl_target=null", "optim.num_minibatches=1",
     ])
     tok, model = build_model(cfg)
-    weight_bytes = sum(t.numel() * t.element_size() for t in model.state_dict().values())
     vocab = int(model.get_input_embeddings().weight.shape[0])  # type: ignore[operator]
     g = torch.Generator().manual_seed(0)
     trajs = [make_trajectory(traj_id=f"t{i}", prompt_id="p0", group_id="g0",
@@ -119,18 +121,23 @@ def _measure(model_path: str, path: str, args: argparse.Namespace) -> Row:
             t0 = time.perf_counter()
             m = ranks.update(batch, adv, old_logprob=old)
             t1 = time.perf_counter()
-            workers.update_weights(ranks.weights_for_rollout(), version=ranks.version)
+            sent = ranks.weights_for_rollout()
+            workers.update_weights(sent, version=ranks.version)
             t2 = time.perf_counter()
             if i:  # the first is the warm-up
                 stream = float(m["time/learner_weight_stream_s"])
                 repeats.append({"sync_s": stream + t2 - t1, "stream_s": stream, "engine_s": t2 - t1,
                                 "update_s": t1 - t0})
-        buckets = ranks.last_weight_buckets
+        # what each worker receives: rank 0's buckets (a tied weight once), or the driver's packed state dict
+        # (every name, a tied weight under each)
+        buckets = len(sent.buckets) if isinstance(sent, PublishedWeights) else 1
+        sent_bytes = (sum(b.nbytes for b in sent.buckets) if isinstance(sent, PublishedWeights)
+                      else sum(t.numel() * t.element_size() for t in sent.values()))
     finally:
         ranks.close()
         workers.close()
     med, lo, hi = _summary(repeats)
-    return {"model": model_path, "path": path, "weight_bytes": weight_bytes, "buckets": buckets, "repeats": repeats,
+    return {"model": model_path, "path": path, "sent_bytes": sent_bytes, "buckets": buckets, "repeats": repeats,
             "median": med, "min": lo, "max": hi}
 
 
@@ -146,7 +153,7 @@ def run(args: argparse.Namespace) -> int:
     # every actor reserves 0.5 logical CPU (system.ray defaults): room for all of them, whatever the cores
     started = init_ray(RayBackendConfig(local_num_cpus=args.num_cpus or max(2, args.ranks + args.workers)))
     rows: list[Row] = []
-    print(f"{'model':<32} {'path':<10} {'MB':>6} {'buckets':>7} {'sync s (median [min, max])':>28} "
+    print(f"{'model':<32} {'path':<10} {'sent MB':>7} {'packets':>7} {'sync s (median [min, max])':>28} "
           f"{'stream s':>9} {'engine s':>9} {'update s':>9}", flush=True)
     try:
         for model_path in _csv(args.models):
@@ -154,7 +161,7 @@ def run(args: argparse.Namespace) -> int:
                 r = _measure(model_path, path, args)
                 rows.append(r)
                 med = r["median"]
-                print(f"{model_path:<32} {path:<10} {r['weight_bytes'] / 1e6:>6.0f} {r['buckets']:>7} "
+                print(f"{model_path:<32} {path:<10} {r['sent_bytes'] / 1e6:>7.0f} {r['buckets']:>7} "
                       f"{med['sync_s']:>10.3f} [{r['min']['sync_s']:.3f}, {r['max']['sync_s']:.3f}]"
                       f"{'':>3}{med['stream_s']:>9.3f} {med['engine_s']:>9.3f} {med['update_s']:>9.3f}", flush=True)
     finally:

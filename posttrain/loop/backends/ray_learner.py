@@ -45,8 +45,8 @@ from posttrain.loop.backends.ray_cluster import infra_errors, init_ray, learner_
 from posttrain.rollout.weight_transfer import PublishedBucket, WeightPacket
 
 if TYPE_CHECKING:
-    from ray.actor import ActorHandle
     from ray import ObjectRef
+    from ray.actor import ActorHandle
 
 _RECV_S = 0.5  # how long one pending recv call waits in the actor before answering None
 # A bucket message's pickle names its status within its first bytes; anything else that does is
@@ -192,16 +192,16 @@ class RayRanks:
         ref = self._recv.pop(rank)
         try:
             msg = self._ray.get(ref)
+            if isinstance(msg, bytes):
+                self._inbox[rank].append(pickle.loads(msg))
+            elif msg is not None:
+                self._inbox[rank].append(self._fetch(msg[1]))
         except self._ray.exceptions.RayTaskError as e:  # EOFError in the actor: the rank's loop ended
             self._dead[rank] = f"its command loop ended ({type(e.cause).__name__ if e.cause else 'error'})"
             return
-        except infra_errors() as e:
+        except (*infra_errors(), self._ray.exceptions.GetTimeoutError) as e:  # a bucket's fetch included
             self._dead[rank] = _one_line(e)
             return
-        if isinstance(msg, bytes):
-            self._inbox[rank].append(pickle.loads(msg))
-        elif msg is not None:
-            self._inbox[rank].append(self._fetch(msg[1]))
         self._recv[rank] = self.actors[rank].recv.remote(_RECV_S)
 
     def _fetch(self, bucket: PublishedBucket) -> RankMessage:
