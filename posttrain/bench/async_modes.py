@@ -24,6 +24,9 @@ interpreter lock with the learner) and with the engine in its own 127.0.0.1 serv
 trainer's rollout thread then only waits on a socket). A fresh server per run, started from the
 shared warm-up weights, ``--intra-op-threads`` torch threads in it.
 
+``--repeats R`` runs the whole set R times, round by round, and reports medians (a round's speed-ups
+are against that round's sync run, so a load that drifts between rounds cancels in the ratio).
+
 Threads: ``torch.set_num_threads(--intra-op-threads)`` (default 1) for every mode. Sync has one
 compute thread; the threaded modes run a rollout thread and a learner thread side by side (the
 GIL is released inside torch ops), so with 1 intra-op thread each they can use two cores. On the
@@ -82,6 +85,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--process", default="in_process",
                         help="comma-separated subset of in_process, server: where the engine runs; each mode runs once "
                         "per entry (server: its own 127.0.0.1 process, see the module docstring)")
+    parser.add_argument("--repeats", type=int, default=1,
+                        help="run every mode and process this many times, round by round; tokens/s and speed-ups are "
+                        "the medians over the rounds (each round's speed-up against its own sync run)")
     parser.add_argument("--init", default=None, help="start every mode from this HF model directory (skips the "
                         "warm-up; e.g. WORKDIR/sft/checkpoints/step_000000/actor of an earlier run)")
 
@@ -254,6 +260,54 @@ def table(rows: list[dict[str, Any]]) -> str:
     return "\n".join(out)
 
 
+def run_round(modes: list[str], processes: list[str], p: dict[str, Any], seed: int, actor: Path, work: Path,
+              threads: int) -> list[dict[str, Any]]:
+    """Every mode in every process once (the processes of one mode back to back: load drifts less between
+    them), with speed-ups against this round's sync rows and the model's predictions."""
+    rows = []
+    for m in modes:
+        for proc in processes:
+            r = run_mode(m, p, seed, actor, work, threads, proc)
+            rows.append(r)
+            print(f"{r['label']}: {r['tokens_per_s']:.0f} tok/s, wall {r['wall_s']:.1f}s, held-out "
+                  f"{r['heldout_acc_before']:.3f} -> {r['heldout_acc_after']:.3f}", flush=True)
+    sync = {r["process"]: r for r in rows if r["mode"] == "sync"}
+
+    def ratio(r: dict[str, Any], base: dict[str, Any] | None) -> float | None:
+        return r["tokens_per_s"] / base["tokens_per_s"] if base and base["tokens_per_s"] else None
+
+    for r in rows:
+        r["speedup_vs_sync"] = ratio(r, sync.get(r["process"]))
+        r["speedup_vs_in_process_sync"] = ratio(r, sync.get("in_process"))
+    predictions(rows)
+    return rows
+
+
+def _median(xs: list[float]) -> float:
+    ys = sorted(xs)
+    n = len(ys)
+    return ys[n // 2] if n % 2 else 0.5 * (ys[n // 2 - 1] + ys[n // 2])
+
+
+def merge_rounds(rounds: list[list[dict[str, Any]]]) -> list[dict[str, Any]]:
+    """One row per mode and process: the first round's row, with ``tokens_per_s``, ``wall_s``, the speed-ups
+    and the model's speed-up replaced by their medians over the rounds (each round's speed-up is against
+    the same round's sync run: paired, so a load that drifts between rounds cancels) and the per-round
+    values kept in ``<key>_runs``."""
+    merged = []
+    for i, first in enumerate(rounds[0]):
+        row = dict(first)
+        for key in ("tokens_per_s", "wall_s", "speedup_vs_sync", "speedup_vs_in_process_sync"):
+            runs = [rs[i][key] for rs in rounds]
+            row[f"{key}_runs"] = runs
+            row[key] = None if None in runs else _median(runs)
+        if first.get("model"):
+            runs = [rs[i]["model"]["speedup"] for rs in rounds]
+            row["model"] = {**first["model"], "speedup": _median(runs), "speedup_runs": runs}
+        merged.append(row)
+    return merged
+
+
 def run(args: argparse.Namespace) -> int:
     """Warm up once, run every requested mode from the same weights, print the table (and JSON)."""
     import torch
@@ -290,28 +344,24 @@ def run(args: argparse.Namespace) -> int:
         t0 = time.perf_counter()
         actor = Path(args.init) if args.init else warm_start(p, args.seed, work)
         print(f"warm-up: {time.perf_counter() - t0:.1f}s ({p['sft_steps']} SFT steps, model {p['model']})")
-        rows = []
-        for m in modes:  # the processes of one mode back to back: load drifts less between them
-            for proc in processes:
-                r = run_mode(m, p, args.seed, actor, work, threads, proc)
-                rows.append(r)
-                print(f"{r['label']}: {r['tokens_per_s']:.0f} tok/s, wall {r['wall_s']:.1f}s, held-out "
-                      f"{r['heldout_acc_before']:.3f} -> {r['heldout_acc_after']:.3f}", flush=True)
-        sync = {r["process"]: r for r in rows if r["mode"] == "sync"}
-
-        def ratio(r: dict[str, Any], base: dict[str, Any] | None) -> float | None:
-            return r["tokens_per_s"] / base["tokens_per_s"] if base and base["tokens_per_s"] else None
-
-        for r in rows:
-            r["speedup_vs_sync"] = ratio(r, sync.get(r["process"]))
-            r["speedup_vs_in_process_sync"] = ratio(r, sync.get("in_process"))
-        predictions(rows)
+        repeats = max(1, int(getattr(args, "repeats", 1)))
+        rounds = []
+        for i in range(repeats):
+            if repeats > 1:
+                print(f"round {i + 1}/{repeats}", flush=True)
+            rounds.append(run_round(modes, processes, p, args.seed, actor, work, threads))
+        rows = merge_rounds(rounds)
         print(table(rows))
-        scale = {proc: at_scale(StepSplit(**{k: tuple(v) for k, v in s["step_split"].items()}))
-                 for proc, s in sync.items()}
-        for proc, preds in scale.items():
-            print(scale_table(sync[proc]["split"], preds, label("sync", proc)))
-        res = {"benchmark": "async", "params": p, "threads": threads, "processes": processes, "modes": rows,
+        scale = {}
+        for proc in processes:
+            splits = [r["step_split"] for rs in rounds for r in rs if r["mode"] == "sync" and r["process"] == proc]
+            if splits:  # every round's sync steps: more draws of the rollout-time distribution
+                both = StepSplit(**{k: tuple(x for sp in splits for x in sp[k]) for k in splits[0]})
+                scale[proc] = at_scale(both)
+                sync_row = next(r for r in rows if r["mode"] == "sync" and r["process"] == proc)
+                print(scale_table(sync_row["split"], scale[proc], label("sync", proc)))
+        res = {"benchmark": "async", "params": p, "threads": threads, "processes": processes, "repeats": repeats,
+               "modes": rows,
                "speedup_vs_sync": {r["label"]: r["speedup_vs_sync"] for r in rows},
                "speedup_vs_in_process_sync": {r["label"]: r["speedup_vs_in_process_sync"] for r in rows},
                "model_speedup": {r["label"]: (r["model"] or {}).get("speedup") for r in rows},

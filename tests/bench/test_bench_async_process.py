@@ -14,7 +14,7 @@ import pytest
 def test_bench_async_runs_each_mode_in_thread_and_in_a_server_process(tmp_path):
     out = tmp_path / "out.json"
     p = subprocess.run([sys.executable, "-m", "posttrain.cli", "bench", "async", "--quick", "--steps", "2",
-                        "--sft-steps", "3", "--modes", "sync,one_step_off", "--process", "in_process,server",
+                        "--sft-steps", "3", "--modes", "sync,one_step_off", "--process", "in_process,server", "--repeats", "2",
                         "--workdir", str(tmp_path / "w"), "--json", str(out)],
                        capture_output=True, text=True, timeout=590)
     assert p.returncode == 0, p.stderr[-3000:]
@@ -30,6 +30,8 @@ def test_bench_async_runs_each_mode_in_thread_and_in_a_server_process(tmp_path):
         assert a["lag_hist"] == b["lag_hist"] and a["generated_tokens"] == b["generated_tokens"] > 0
         assert a["heldout_acc_after"] == b["heldout_acc_after"]
     assert res["speedup_vs_sync"]["sync/server"] == 1.0 and res["speedup_vs_in_process_sync"]["sync"] == 1.0
+    for r in rows.values():  # two rounds; the reported figure is their median (the mean of two)
+        assert len(r["tokens_per_s_runs"]) == 2 and r["tokens_per_s"] == pytest.approx(sum(r["tokens_per_s_runs"]) / 2)
     # the model: sync predicts exactly 1; one_step_off a figure within its bound; a table at scale per process
     assert rows["sync/server"]["model"]["speedup"] == pytest.approx(1.0)
     m = rows["one_step_off/server"]["model"]
