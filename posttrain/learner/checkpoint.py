@@ -1,6 +1,6 @@
 """Atomic training checkpoints: weights, optimizer/scheduler/shuffle state, RNG, cursors.
 
-Layout of one checkpoint directory (``<run_dir>/checkpoints/step_00000012``)::
+Layout of one checkpoint directory (``<run_dir>/checkpoints/step_000012``)::
 
     actor/              save_pretrained of the actor (safetensors + config) and the tokenizer:
                         AutoModelForCausalLM.from_pretrained(actor/) loads it (LoRA: merged)
@@ -14,7 +14,7 @@ Layout of one checkpoint directory (``<run_dir>/checkpoints/step_00000012``)::
     meta.json           {"format", "step", "extra"}: the JSON extra (data cursor, versions,
                         adaptive-KL state, ...) — written last
 
-Atomicity: everything is written into a hidden sibling ``.step_00000012.tmp-<pid>``, flushed
+Atomicity: everything is written into a hidden sibling ``.step_000012.tmp-<pid>``, flushed
 to disk, then renamed onto the final name (``os.replace`` of a directory is atomic on POSIX).
 A crash at any point leaves either the complete new checkpoint or none, and never touches
 earlier checkpoints; hidden temp dirs are ignored by :func:`latest_checkpoint` and removed by the
@@ -89,10 +89,11 @@ class CheckpointState:
 
 
 def checkpoint_path(run_dir: str | Path, step: int) -> Path:
-    """``<run_dir>/checkpoints/step_<step:08d>`` (the name :func:`latest_checkpoint` looks for)."""
+    """``<run_dir>/checkpoints/step_<step:06d>``: the one name of a step's checkpoint (the RL loop, the
+    preference trainers and the Tinker server all write it; :func:`latest_checkpoint` orders by the number)."""
     if step < 0:
         raise ValueError(f"checkpoint step must be >= 0, got {step}")
-    return Path(run_dir) / CHECKPOINTS_SUBDIR / f"step_{step:08d}"
+    return Path(run_dir) / CHECKPOINTS_SUBDIR / f"step_{step:06d}"
 
 
 def capture_rng() -> dict[str, Any]:
@@ -225,7 +226,7 @@ def save_checkpoint(
     """
     final = Path(path)
     if _NAME.match(final.name) is None:
-        raise ValueError(f"checkpoint directory name must look like 'step_00000012', got {final.name!r}")
+        raise ValueError(f"checkpoint directory name must look like 'step_000012', got {final.name!r}")
     extra_json = json.dumps(
         {"format": FORMAT_VERSION, "step": int(step), "extra": dict(extra or {})}, indent=1
     )

@@ -59,7 +59,7 @@ def write_checkpoint(run: Run) -> Path:
     The run's wall time and its samples in flight (queued / paused, not in the checkpoint: a resume
     discards and counts them) are recorded in its state first.
     """
-    from posttrain.learner.checkpoint import save_checkpoint
+    from posttrain.learner.checkpoint import checkpoint_path, save_checkpoint
 
     run.state.wall_seconds = run.wall_seconds()
     run.state.inflight_at_checkpoint = int(run.inflight_count()) if run.inflight_count is not None else 0
@@ -71,7 +71,7 @@ def write_checkpoint(run: Run) -> Path:
         return run_learner_state(run, directory)
 
     return save_checkpoint(
-        run.dir / "checkpoints" / f"step_{run.state.step:06d}",
+        checkpoint_path(run.dir, run.state.step),
         step=run.state.step, actor=run.learner.model, tokenizer=run.tokenizer,
         critic=None if run.critic is None else run.critic.model,
         learner_state=learner_state, extra=extra,

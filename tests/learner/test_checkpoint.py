@@ -47,7 +47,7 @@ def test_round_trip(make_model, make_batch, make_advantages, tmp_path):
     np.random.seed(2)
     torch.manual_seed(3)
     path = _save(ckpt.checkpoint_path(tmp_path, 7), learner, critic, 7)
-    assert path == tmp_path / "checkpoints" / "step_00000007"
+    assert path == tmp_path / "checkpoints" / "step_000007"
     draws = (random.random(), float(np.random.rand()), float(torch.rand(1)))
 
     state = ckpt.load_checkpoint(path)
@@ -100,7 +100,7 @@ def test_crash_mid_save_keeps_previous(make_model, make_batch, make_advantages, 
     for step in (2, 1):  # a new step, and overwriting the existing one
         with pytest.raises(OSError, match="simulated"):
             _save(ckpt.checkpoint_path(tmp_path, step), learner, critic, step)
-        assert sorted(p.name for p in (tmp_path / "checkpoints").iterdir()) == ["step_00000001"]
+        assert sorted(p.name for p in (tmp_path / "checkpoints").iterdir()) == ["step_000001"]
     assert sorted(p.relative_to(first) for p in first.rglob("*")) == before
     assert ckpt.latest_checkpoint(tmp_path) == first
     assert ckpt.load_checkpoint(first).step == 1
@@ -127,10 +127,10 @@ def test_sigkill_mid_save_leaves_only_a_hidden_temp(make_model, tmp_path):
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, timeout=120)
     assert proc.returncode == -signal.SIGKILL, proc.stderr.decode()[-2000:]
     names = sorted(p.name for p in (tmp_path / "checkpoints").iterdir())
-    assert names[1] == "step_00000001" and names[0].startswith(".step_00000002.tmp-"), names
+    assert names[1] == "step_000001" and names[0].startswith(".step_000002.tmp-"), names
     assert ckpt.latest_checkpoint(tmp_path) == ok
     with pytest.raises(ValueError, match="not a complete checkpoint"):
-        ckpt.load_checkpoint(tmp_path / "checkpoints" / "step_00000002")
+        ckpt.load_checkpoint(tmp_path / "checkpoints" / "step_000002")
     # The next save sweeps the dead writer's temp dir.
     ckpt.save_checkpoint(
         ckpt.checkpoint_path(tmp_path, 3),
@@ -138,7 +138,7 @@ def test_sigkill_mid_save_leaves_only_a_hidden_temp(make_model, tmp_path):
         actor=AutoModelForCausalLM.from_pretrained(model_dir),
         learner_state={},
     )
-    assert sorted(p.name for p in (tmp_path / "checkpoints").iterdir()) == ["step_00000001", "step_00000003"]
+    assert sorted(p.name for p in (tmp_path / "checkpoints").iterdir()) == ["step_000001", "step_000003"]
 
 
 def test_latest_and_prune(make_model, tmp_path):
@@ -146,12 +146,12 @@ def test_latest_and_prune(make_model, tmp_path):
     assert ckpt.latest_checkpoint(tmp_path) is None
     for s in (3, 10, 2):
         ckpt.save_checkpoint(ckpt.checkpoint_path(tmp_path, s), step=s, actor=m, learner_state={})
-    assert ckpt.latest_checkpoint(tmp_path).name == "step_00000010"  # by step, not by write order
+    assert ckpt.latest_checkpoint(tmp_path).name == "step_000010"  # by step, not by write order
     deleted = ckpt.prune_checkpoints(tmp_path, keep_last=2)
-    assert [p.name for p in deleted] == ["step_00000002"]
+    assert [p.name for p in deleted] == ["step_000002"]
     meta = json.loads((ckpt.checkpoint_path(tmp_path, 3) / "meta.json").read_text())
     assert meta == {"format": 1, "step": 3, "extra": {}}
-    with pytest.raises(ValueError, match="step_00000012"):
+    with pytest.raises(ValueError, match="step_000012"):
         ckpt.save_checkpoint(tmp_path / "latest", step=1, actor=m, learner_state={})
     assert not os.path.exists(tmp_path / "latest")
 

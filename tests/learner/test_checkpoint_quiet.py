@@ -18,10 +18,10 @@ def test_checkpoint_writes_without_a_progress_bar(tmp_path: Path, capfd: pytest.
     model = build_tiny_model("micro", vocab_size=len(build_char_tokenizer()), seed=0, dtype=torch.float32)
     (hf_logging.enable_progress_bar if enabled else hf_logging.disable_progress_bar)()
     try:
-        save_checkpoint(tmp_path / "step_00000001", step=1, actor=model, learner_state={"version": 1})
+        save_checkpoint(tmp_path / "step_000001", step=1, actor=model, learner_state={"version": 1})
         err = capfd.readouterr().err
         assert "Writing model shards" not in err and "it/s" not in err, err
         assert hf_logging.is_progress_bar_enabled() is enabled  # restored, not switched off for good
     finally:
         hf_logging.enable_progress_bar()
-    assert (tmp_path / "step_00000001" / "actor").is_dir()
+    assert (tmp_path / "step_000001" / "actor").is_dir()

@@ -127,7 +127,7 @@ def test_dpo_learns_the_toy_preference(tmp_path: Path) -> None:
     assert train[-1]["reward_margin"] > train[0]["reward_margin"] + 0.1
     assert train[-1]["loss"] < train[0]["loss"] - 0.1
     assert res.step == 12 and [s for s, _ in res.curve] == [0, 6, 12]
-    assert (tmp_path / "run" / "checkpoints" / "step_00000012" / "actor").is_dir()
+    assert (tmp_path / "run" / "checkpoints" / "step_000012" / "actor").is_dir()
 
 
 @pytest.mark.parametrize(("loss", "kwargs"), [("ipo", "{tau: 0.5}"), ("simpo", "{}"), ("orpo", "{}"),
