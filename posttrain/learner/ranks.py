@@ -234,7 +234,7 @@ class LearnerRanks:
                 raise LearnerRankError(f"weight bucket {index} v{version} arrived, expected bucket {received[0]} "
                                        f"v{self.version + 1}")
             packet.verify(version=version, checksum=checksum, where=f"driver (weight bucket {index} from learner rank 0)")
-            sd = packet.tensors()
+            sd = packet.tensors(read_only_views=True)  # only copied into the driver copy below
             unexpected = sorted(k for k in sd if k not in mine or mine[k].shape != sd[k].shape)
             if unexpected:
                 raise LearnerRankError(f"weight bucket {index} does not fit the model: {unexpected[:3]}")

@@ -27,6 +27,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
+import warnings
 from collections.abc import Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -88,11 +89,19 @@ class WeightPacket:
                 f"packet says {self.checksum}, sender announced {checksum}"
             )
 
-    def tensors(self) -> dict[str, torch.Tensor]:
-        """Unpack into ``{name: tensor}`` (CPU; each a view on the buffer when it is writable, else a copy)."""
+    def tensors(self, *, read_only_views: bool = False) -> dict[str, torch.Tensor]:
+        """Unpack into ``{name: tensor}`` (CPU; each a view on the buffer when it is writable, else on a
+        copy of it). ``read_only_views``: views on a read-only buffer too (one fetched from Ray's
+        object store, shared with its other readers), for a caller that only reads them — copies them
+        into its own tensors — and saves the copy of the whole buffer; writing into them is undefined."""
         raw = self.buffer
-        if not raw.flags.writeable:
-            raw = raw.copy()  # torch.frombuffer needs a writable buffer to avoid a warning
+        if not raw.flags.writeable and not read_only_views:
+            raw = raw.copy()
+        with warnings.catch_warnings():  # torch warns on every view of a read-only buffer
+            warnings.filterwarnings("ignore", message="The given buffer is not writable", category=UserWarning)
+            return self._views(raw)
+
+    def _views(self, raw: np.ndarray) -> dict[str, torch.Tensor]:
         out: dict[str, torch.Tensor] = {}
         for name, dtype, shape, offset, nbytes in self.manifest:
             if offset < 0 or offset + nbytes > raw.nbytes:

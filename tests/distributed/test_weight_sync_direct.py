@@ -19,11 +19,14 @@ import _distributed_helpers as helpers
 import pytest
 import torch
 
+from posttrain.rollout.sampling import SamplingParams
+from posttrain.rollout.types import GenerationRequest
 from posttrain.rollout.weight_transfer import (
     PublishedBucket,
     PublishedWeights,
     WeightPacket,
     WeightTransferError,
+    buckets_identity,
     pack_state_dict,
 )
 
@@ -107,6 +110,17 @@ def test_direct_sync_loads_the_same_tensors_as_the_via_driver_sync(workers: Any)
         # the loop's entry point takes the direct path for PublishedWeights of the version it syncs
         workers.update_weights(sent, version=1)
         assert [i["loads"] for i in workers.info()] == [4, 4] and workers.version == 1
+        # a worker found at another version (as a restarted one, rebuilt at 0) catches up from the
+        # buckets before it samples: loads once more, holds the direct weights again
+        import ray
+
+        def rewind(actor: Any) -> None:
+            actor.worker.engine.version = 0
+
+        ray.get(workers.actors[0].__ray_call__.remote(rewind), timeout=60)
+        req = GenerationRequest("catch-up", [5, 6, 7], SamplingParams(n=1, max_new_tokens=2, seed=1))
+        assert {v for c in workers.generate([req]) for v in c.versions} == {1}
+        assert [i["loads"] for i in workers.info()] == [5, 4] and _bit_equal(_engine_weights(workers)[0], driver)
         # a driver-side change (a rejected revision restoring weights) makes it fall back to packing
         with torch.no_grad():
             next(iter(ranks.model.parameters())).add_(1.0)
@@ -142,3 +156,29 @@ def test_a_corrupted_bucket_is_refused_naming_worker_bucket_and_version(workers:
     after = _engine_weights(workers)
     assert all(_bit_equal(a, b) for a, b in zip(before, after, strict=True))  # bucket 0 was not applied either
     assert workers.version == v - 1
+
+
+def test_buckets_identity_and_published_weights_hand_computed() -> None:
+    import hashlib
+
+    assert buckets_identity(["ab12"]) == "ab12"  # one packet: its own checksum (the via-driver identity)
+    assert buckets_identity(["ab12", "cd34"]) == hashlib.blake2b(b"ab12cd34", digest_size=16).hexdigest()
+    sd = {"w": torch.zeros(2)}
+    b = PublishedBucket(0, 3, "ab12", 8, [])
+    assert dict(PublishedWeights(sd, 3, [b])) == sd
+    with pytest.raises(ValueError, match="v4 need buckets of that version"):
+        PublishedWeights(sd, 4, [b])
+
+
+def test_read_only_views_share_the_fetched_bytes_the_default_copies_them() -> None:
+    sd = {"a": torch.arange(6.0).view(2, 3), "b": torch.ones(2, dtype=torch.float64)}
+    p = pack_state_dict(sd, 1)
+    frozen = p.buffer.copy()
+    frozen.flags.writeable = False  # as an array fetched from Ray's object store
+    q = WeightPacket(1, p.checksum, p.manifest, frozen)
+    views, copies = q.tensors(read_only_views=True), q.tensors()
+    base = frozen.ctypes.data
+    assert views["a"].data_ptr() == base and views["b"].data_ptr() == base + 24  # "a": 6 float32 = 24 bytes
+    assert copies["a"].data_ptr() != base
+    for k, v in sd.items():
+        assert torch.equal(views[k], v) and torch.equal(copies[k], v)

@@ -94,8 +94,8 @@ def load_packets(worker: RolloutWorker, packets: Sequence[WeightPacket], version
         packet.verify(version=version, checksum=checksum, where=f"{worker.name} (weight bucket {i})")
     t1 = time.perf_counter()
     tensors: dict[str, torch.Tensor] = {}
-    for packet in packets:
-        tensors.update(packet.tensors())
+    for packet in packets:  # views on the object store's bytes: every engine's update_weights copies them in
+        tensors.update(packet.tensors(read_only_views=True))
     try:
         worker.engine.update_weights(tensors, version)
     except ValueError as e:
