@@ -15,7 +15,7 @@ Either way each worker verifies version + checksum of every packet against the v
 call, before touching a parameter. The driver waits at most ``transfer_timeout_s`` and then
 raises :class:`WeightTransferError` naming the workers that did not confirm -- it never hangs. A
 worker that was dead during the broadcast is not an error: every ``generate`` call carries the
-latest (version, checksum, object ref), and a worker holding another version loads and verifies
+latest (version, checksums, object refs), and a worker holding another version loads and verifies
 it before sampling (this is also how a restarted actor, rebuilt at version 0, catches up).
 
 Faults (:meth:`RayRolloutWorkers.generate_detailed`): actors are created with ``max_restarts`` and
