@@ -182,3 +182,18 @@ def test_read_only_views_share_the_fetched_bytes_the_default_copies_them() -> No
     assert copies["a"].data_ptr() != base
     for k, v in sd.items():
         assert torch.equal(views[k], v) and torch.equal(copies[k], v)
+
+
+@pytest.mark.parametrize(("overrides", "why"), [
+    (["system.ray.weight_sync=via_driver"], "system.backend is not ray"),
+    (["system.backend=ray", "system.ray.weight_sync=via_driver"], "learner.strategy=single runs the learner in the driver"),
+])
+def test_weight_sync_is_refused_where_it_cannot_act(overrides: list[str], why: str) -> None:
+    from posttrain.errors import ConfigError
+    from posttrain.loop.validate import load_run_config
+
+    with pytest.raises(ConfigError, match=rf"system.ray.weight_sync='via_driver' cannot take effect: {why}"):
+        load_run_config("grpo", overrides)
+    ranks = ["system.backend=ray", "learner.strategy=ddp", "learner.world_size=2"]
+    assert load_run_config("grpo", [*ranks, "system.ray.weight_sync=via_driver"]).system.ray.weight_sync == "via_driver"
+    assert load_run_config("grpo", ranks).system.ray.weight_sync == "direct"  # the default
