@@ -291,7 +291,7 @@ def _median(xs: list[float]) -> float:
 
 def merge_rounds(rounds: list[list[dict[str, Any]]]) -> list[dict[str, Any]]:
     """One row per mode and process: the first round's row, with ``tokens_per_s``, ``wall_s``, the speed-ups
-    and the model's speed-up replaced by their medians over the rounds (each round's speed-up is against
+    and the model's speed-up and bound replaced by their medians over the rounds (each round's speed-up is against
     the same round's sync run: paired, so a load that drifts between rounds cancels) and the per-round
     values kept in ``<key>_runs``."""
     merged = []
@@ -303,7 +303,9 @@ def merge_rounds(rounds: list[list[dict[str, Any]]]) -> list[dict[str, Any]]:
             row[key] = None if None in runs else _median(runs)
         if first.get("model"):
             runs = [rs[i]["model"]["speedup"] for rs in rounds]
-            row["model"] = {**first["model"], "speedup": _median(runs), "speedup_runs": runs}
+            bounds = [rs[i]["model"]["bound"] for rs in rounds]
+            row["model"] = {**first["model"], "speedup": _median(runs), "speedup_runs": runs,
+                            "bound": _median(bounds), "bound_runs": bounds}
         merged.append(row)
     return merged
 
