@@ -58,6 +58,8 @@ PLACEMENT_ONLY = (
     # DCP shards reshard on load; strategies agree within the documented tolerance). Not precision.
     "learner.strategy", "learner.world_size", "learner.device", "learner.rank_timeout_s",
     "learner.startup_timeout_s", "learner.weight_bucket_mb",
+    # how the weights reach the engines (the same bytes, checksummed, either way)
+    "system.ray.weight_sync",
     # how often the state is saved and how visibly the run goes on
     "checkpoint_every", "logging",
     # when the held-out evaluation runs (it reads the weights, draws from its own seeded generator and

@@ -18,6 +18,7 @@ SHIPPED = sorted(p.stem for p in RECIPES_DIR.glob("*.yaml"))
 
 # (overrides on the all-defaults config, the key the error must name). Each is a key without effect there.
 REFUSED = [
+    (["system.backend=ray", "system.ray.weight_sync=via_driver"], "system.ray.weight_sync"),  # single learner
     (["loss.kl_target=0.01"], "loss.kl_target"),  # no KL estimator
     (["loss.kl_estimator=k3", "loss.kl_target=0.01"], "loss.kl_target"),  # kl_coef=0: beta stays 0
     (["loss.kl_horizon=10"], "loss.kl_horizon"),  # no KL estimator
