@@ -57,7 +57,6 @@ from posttrain.rollout.weight_transfer import (
     PublishedWeights,
     WeightPacket,
     WeightTransferError,
-    buckets_identity,
     pack_state_dict,
 )
 
@@ -72,37 +71,6 @@ WeightBox = list["ObjectRef[WeightPacket]"]
 # What every generate call carries so a worker at another version catches up first:
 # (version, checksum of each packet of the box, box, fetch timeout in seconds).
 WeightSync = tuple[int, tuple[str, ...], WeightBox, float]
-
-
-def load_packets(worker: RolloutWorker, packets: Sequence[WeightPacket], version: int,
-                 checksums: Sequence[str]) -> dict[str, float]:
-    """Verify every packet against the announced ``version`` and its ``checksums[i]``, then swap all
-    of them into ``worker``'s engine at once; ``{"verify_s", "load_s"}``.
-
-    One packet is :meth:`RolloutWorker.load_packet`. Several (the buckets of one version): a
-    :class:`WeightTransferError` naming the worker, the bucket and the version on any mismatch, or on
-    a version older than the engine's, before any parameter is touched; the worker's checksum
-    becomes :func:`~posttrain.rollout.weight_transfer.buckets_identity` of them."""
-    if len(packets) != len(checksums):
-        raise WeightTransferError(f"{worker.name}: {len(packets)} weight packets for {len(checksums)} checksums")
-    if len(packets) == 1:
-        return worker.load_packet(packets[0], version, checksums[0])
-    if version < worker.version:
-        raise WeightTransferError(f"{worker.name}: refusing weights v{version}, engine already holds v{worker.version}")
-    t0 = time.perf_counter()
-    for i, (packet, checksum) in enumerate(zip(packets, checksums, strict=True)):
-        packet.verify(version=version, checksum=checksum, where=f"{worker.name} (weight bucket {i})")
-    t1 = time.perf_counter()
-    tensors: dict[str, torch.Tensor] = {}
-    for packet in packets:  # views on the object store's bytes: every engine's update_weights copies them in
-        tensors.update(packet.tensors(read_only_views=True))
-    try:
-        worker.engine.update_weights(tensors, version)
-    except ValueError as e:
-        raise WeightTransferError(f"{worker.name}: weights v{version} do not fit the engine: {e}") from e
-    worker.checksum = buckets_identity(checksums)
-    worker.loads += 1
-    return {"verify_s": t1 - t0, "load_s": time.perf_counter() - t1}
 
 
 class RolloutActor:
@@ -126,12 +94,12 @@ class RolloutActor:
 
     def load_weights(self, box: WeightBox, version: int, checksums: Sequence[str],
                      timeout_s: float) -> dict[str, float]:
-        """Pull every packet of ``box`` (ObjectRefs to WeightPackets), verify, load (:func:`load_packets`); timings."""
+        """Pull every packet of ``box`` (ObjectRefs to WeightPackets), verify, load (``RolloutWorker.load_packets``); timings."""
         import ray
 
         t0 = time.perf_counter()
         packets: list[WeightPacket] = ray.get(list(box), timeout=timeout_s)
-        out = load_packets(self.worker, packets, version, checksums)
+        out = self.worker.load_packets(packets, version, checksums)
         return {"fetch_s": time.perf_counter() - t0 - out["verify_s"] - out["load_s"], **out}
 
     def generate(self, requests: list[GenerationRequest], finish_target: int | None,
@@ -141,11 +109,7 @@ class RolloutActor:
 
         if sync is not None:
             version, checksums, box, timeout_s = sync
-            w = self.worker
-            if len(box) == 1:  # one packet: the worker's own check (load_packets' identity is its checksum)
-                w.ensure_version(version, checksums[0], lambda: ray.get(box[0], timeout=timeout_s))
-            elif w.version != version or w.checksum not in (None, buckets_identity(checksums)):
-                load_packets(w, ray.get(list(box), timeout=timeout_s), version, checksums)
+            self.worker.ensure_version(version, checksums, lambda: ray.get(list(box), timeout=timeout_s))
         return self.worker.generate(requests, finish_target)
 
     def pause(self) -> None:

@@ -16,12 +16,16 @@ from __future__ import annotations
 import os
 import time
 from collections.abc import Callable, Mapping, Sequence
+from typing import TYPE_CHECKING
 
 from posttrain.rewards.pool import Item, run_one
 from posttrain.rewards.verdict import Verdict, infra_error
 from posttrain.rollout.engine import RolloutEngine
 from posttrain.rollout.types import Completion, GenerationRequest
-from posttrain.rollout.weight_transfer import WeightPacket, WeightTransferError
+from posttrain.rollout.weight_transfer import WeightPacket, WeightTransferError, buckets_identity
+
+if TYPE_CHECKING:
+    import torch
 
 CRASH_EXIT_CODE = 17
 
@@ -61,33 +65,42 @@ class RolloutWorker:
         """The engine's weight version."""
         return int(self.engine.version)
 
-    def load_packet(self, packet: WeightPacket, version: int, checksum: str) -> dict[str, float]:
-        """Verify ``packet`` against the announced ``version`` / ``checksum``, then swap the weights in.
+    def load_packets(self, packets: Sequence[WeightPacket], version: int, checksums: Sequence[str]) -> dict[str, float]:
+        """Verify every packet (one, or the buckets of one version) against the announced ``version`` and its
+        ``checksums[i]``, then swap all of them into the engine at once; ``{"verify_s", "load_s"}``.
 
-        Raises :class:`WeightTransferError` (naming this worker) on any mismatch or on a version
-        older than the engine's. Returns ``{"verify_s", "load_s"}``.
-        """
+        Raises :class:`WeightTransferError` naming this worker (and the bucket, when there are several) on any
+        mismatch or on a version older than the engine's, before any parameter is touched. The worker's
+        checksum becomes :func:`~posttrain.rollout.weight_transfer.buckets_identity` of ``checksums``."""
+        if len(packets) != len(checksums) or not packets:
+            raise WeightTransferError(f"{self.name}: {len(packets)} weight packets for {len(checksums)} checksums")
         if version < self.version:
             raise WeightTransferError(f"{self.name}: refusing weights v{version}, engine already holds v{self.version}")
         t0 = time.perf_counter()
-        packet.verify(version=version, checksum=checksum, where=self.name)
+        for i, (packet, checksum) in enumerate(zip(packets, checksums, strict=True)):
+            packet.verify(version=version, checksum=checksum,
+                          where=self.name if len(packets) == 1 else f"{self.name} (weight bucket {i})")
         t1 = time.perf_counter()
-        tensors = packet.tensors()
+        tensors: dict[str, torch.Tensor] = {}
+        for packet in packets:  # views on the (object store's) bytes: every engine's update_weights copies them in
+            tensors.update(packet.tensors(read_only_views=True))
         try:
             self.engine.update_weights(tensors, version)
         except ValueError as e:
             raise WeightTransferError(f"{self.name}: weights v{version} do not fit the engine: {e}") from e
-        self.checksum = checksum
+        self.checksum = buckets_identity(checksums)
         self.loads += 1
         return {"verify_s": t1 - t0, "load_s": time.perf_counter() - t1}
 
-    def ensure_version(self, version: int | None, checksum: str | None, fetch: Callable[[], WeightPacket]) -> bool:
-        """Load the driver's latest weights when this worker holds another version; True if it loaded."""
-        if version is None or checksum is None:
+    def ensure_version(self, version: int | None, checksums: Sequence[str] | None,
+                       fetch: Callable[[], Sequence[WeightPacket]]) -> bool:
+        """Load the latest weights (``fetch()``: their packets) when this worker holds another version; True if
+        it loaded."""
+        if version is None or not checksums:
             return False
-        if self.version == version and self.checksum in (None, checksum):
+        if self.version == version and self.checksum in (None, buckets_identity(checksums)):
             return False
-        self.load_packet(fetch(), version, checksum)
+        self.load_packets(fetch(), version, checksums)
         return True
 
     def generate(self, requests: Sequence[GenerationRequest], finish_target: int | None = None) -> list[Completion]:
