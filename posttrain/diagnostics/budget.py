@@ -52,18 +52,23 @@ def run_curve(metrics: Sequence[Mapping[str, Any]]) -> Curve:
     return dataclasses.replace(c, total_tokens=tok, total_seconds=sec)
 
 
-def accuracy_at(curve: Curve, budget: float, axis: str = "tokens") -> float | None:
-    """Accuracy of the last evaluation with ``axis`` (``tokens`` or ``seconds``) <= ``budget``.
-
-    ``None`` when the run never spent ``budget`` (it cannot speak for that budget) or has no
-    evaluation within it.
-    """
+def index_at(curve: Curve, budget: float, axis: str = "tokens") -> int | None:
+    """Index (into ``curve.steps`` / ``curve.accuracy``) of the last evaluation with ``axis`` (``tokens`` or
+    ``seconds``) <= ``budget``; ``None`` when the run never spent ``budget`` (it cannot speak for that
+    budget) or has no evaluation within it."""
     xs = curve.tokens if axis == "tokens" else curve.seconds
     total = curve.total_tokens if axis == "tokens" else curve.total_seconds
     if total < budget:
         return None
-    within = [a for x, a in zip(xs, curve.accuracy, strict=True) if x <= budget]
+    within = [i for i, x in enumerate(xs) if x <= budget]
     return within[-1] if within else None
+
+
+def accuracy_at(curve: Curve, budget: float, axis: str = "tokens") -> float | None:
+    """Accuracy of the last evaluation with ``axis`` (``tokens`` or ``seconds``) <= ``budget``
+    (:func:`index_at`); ``None`` where that has none."""
+    i = index_at(curve, budget, axis)
+    return None if i is None else curve.accuracy[i]
 
 
 def t_critical(df: int) -> float:

@@ -17,17 +17,15 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from posttrain.diagnostics.budget import Curve
+from posttrain.diagnostics.budget import Curve, index_at
 
 
 def step_at(curve: Curve, budget: float) -> int | None:
     """Step of the last evaluation with at most ``budget`` generated tokens: the one whose accuracy
     :func:`~posttrain.diagnostics.budget.accuracy_at` returns; ``None`` when the run never spent
     ``budget`` or has no evaluation within it."""
-    if curve.total_tokens < budget:
-        return None
-    within = [s for s, x in zip(curve.steps, curve.tokens, strict=True) if x <= budget]
-    return within[-1] if within else None
+    i = index_at(curve, budget)
+    return None if i is None else curve.steps[i]
 
 
 def metric_by_step(metrics: Sequence[Mapping[str, Any]], key: str) -> dict[int, float]:
