@@ -83,6 +83,8 @@ RULES: tuple[Rule, ...] = (
     # posttrain/loop/builders.py engine_factory: each engine section is read by its engine only.
     Rule(("rollout.vllm",), lambda c: c.rollout.engine != "vllm", "rollout.engine is not vllm"),
     Rule(("rollout.http",), lambda c: c.rollout.engine != "http", "rollout.engine is not http"),
+    # builders.py engine_factory: rollout.server is read only when the built-in engine runs as a server.
+    Rule(("rollout.server",), lambda c: c.rollout.process != "server", "rollout.process is not server"),
     # posttrain/loop/builders.py build_learner_ranks: rank settings exist only when ranks run. The bounds
     # and the bucket size change no arithmetic and are commonly kept in a base recipe whose strategy an
     # override switches: a warning.

@@ -240,7 +240,7 @@ def build_engine(model: torch.nn.Module, tokenizer: PreTrainedTokenizerBase, cfg
     copy of the weights (synced after each update); vllm / http: see :func:`engine_factory`.
     ``workdir``: the run directory (the vLLM engine's model export and server log go under it).
     """
-    if cfg is None or cfg.rollout.engine == "builtin":
+    if cfg is None or (cfg.rollout.engine == "builtin" and cfg.rollout.process == "in_process"):
         from posttrain.rollout.builtin import BuiltinEngine
 
         # The tokenizer travels along in-process (stop strings); the Ray factory stays tokenizer-free.
@@ -279,19 +279,29 @@ def engine_factory(cfg: RunConfig, model: torch.nn.Module, tokenizer: PreTrained
     """A picklable zero-argument factory of the ``cfg.rollout.engine`` engine (the Ray rollout workers
     call it once per process, again after a restart; :func:`build_engine` calls it locally).
 
-    builtin: a copy of ``model``; vllm: ``model`` is exported now to ``workdir/engine_model``
-    (safetensors) and each call starts a vLLM engine on it (a 127.0.0.1 server in
+    builtin: a copy of ``model``, or with ``rollout.process: server`` ``model`` exported now to
+    ``workdir/engine_model`` and a built-in engine server started on it per call
+    (:func:`posttrain.rollout.builtin_server.builtin_server_factory`); vllm: ``model`` is exported
+    now to ``workdir/engine_model`` (safetensors) and each call starts a vLLM engine on it (a 127.0.0.1 server in
     ``rollout.vllm.python``'s environment, or in-process when that is null); http: each call connects
     to ``rollout.http.url`` and loads ``model``'s weights into it as version 0.
     """
     rc = cfg.rollout
     eos, pad = tokenizer.eos_token_id, tokenizer.pad_token_id or 0
     if rc.engine == "builtin":
-        from posttrain.loop.backends import builtin_engine_factory
-
         # Stop strings (env.stop_strings of multi-turn episodes) need the tokenizer on the worker side;
         # otherwise the factory stays tokenizer-free (less to pickle per worker start).
-        extra = {"tokenizer": tokenizer} if cfg.env.name is not None and cfg.env.stop_strings else {}
+        stops = cfg.env.name is not None and bool(cfg.env.stop_strings)
+        if rc.process == "server":
+            from posttrain.rollout.builtin_server import builtin_server_factory
+
+            s = rc.server
+            return builtin_server_factory(model, workdir, eos_token_id=eos, pad_token_id=pad,
+                                          tokenizer=tokenizer if stops else None, threads=s.threads,
+                                          startup_timeout_s=s.startup_timeout_s, timeout_s=s.timeout_s)
+        from posttrain.loop.backends import builtin_engine_factory
+
+        extra = {"tokenizer": tokenizer} if stops else {}
         return builtin_engine_factory(model, eos_token_id=eos, pad_token_id=pad, **extra)
     if rc.engine == "http":
         return _HTTPEngineFactory(rc.http.model_dump(), {k: v.detach().cpu().clone() for k, v in model.state_dict().items()})

@@ -69,6 +69,8 @@ PLACEMENT_ONLY = (
     "guards",
     # bounds that only turn a hang into a loud failure
     "rollout.vllm.startup_timeout_s", "rollout.http.connect_timeout_s", "system.queue_timeout_s",
+    # where the built-in engine runs (same samples within the float tolerance, tests/rollout/test_builtin_server.py)
+    "rollout.process", "rollout.server",
     "system.ray.startup_timeout_s", "system.ray.transfer_timeout_s", "system.ray.learner_timeout_s",
 )
 
