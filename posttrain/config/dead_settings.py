@@ -111,6 +111,11 @@ RULES: tuple[Rule, ...] = (
     # posttrain/rewards/scoring.py overlong shaping: no L_max, no penalty.
     Rule(("reward.overlong_cache_len",), lambda c: c.reward.overlong_max_len is None,
          "reward.overlong_max_len is not set (overlong shaping is off)"),
+    # posttrain/rewards/compose.py: a component without a weight is recorded but never enters the total, so
+    # the penalty would be computed and ignored.
+    Rule(("reward.overlong_max_len", "reward.overlong_cache_len"), lambda c: "overlong" not in c.reward.weights,
+         "reward.weights has no 'overlong' weight, so the penalty never enters the reward "
+         "(add reward.weights.overlong, e.g. {task: 1.0, overlong: 1.0})"),
     # posttrain/loop/builders.py build_task: with env.name the EnvTask replaces the task; the environment
     # scores its episodes itself (no verifier, no extraction, no reward functions, no length shaping).
     Rule(("reward.extract", "reward.functions", "reward.overlong_max_len", "reward.overlong_cache_len"),

@@ -51,6 +51,10 @@ REFUSED = [
     (["sampling.top_k=8", "sampling.temperature=0", "sampling.replay_truncation=false"], "sampling.replay_truncation"),
     (["sampling.temperature=0", "sampling.top_p=0.9"], "sampling.top_p"),  # greedy decoding
     (["reward.overlong_cache_len=2"], "reward.overlong_cache_len"),  # no overlong_max_len
+    # the penalty computed but never weighted: `overlong` recorded, the total unchanged
+    (["reward.overlong_max_len=8", "reward.overlong_cache_len=2"], "reward.overlong_max_len"),
+    (["reward.weights={task: 1.0, format: 0.5}", "reward.overlong_max_len=8", "reward.overlong_cache_len=2"],
+     "reward.overlong_max_len"),
     (["env.max_turns=2"], "env.max_turns"),  # env.name unset
     (["env.kwargs={digits: 2}"], "env.kwargs"),
     (["env.name=calculator_tool", "reward.extract=boxed"], "reward.extract"),  # episodes have no verifier

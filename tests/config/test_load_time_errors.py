@@ -87,8 +87,8 @@ STEP1_FAILURES = {
     # a weighted reward part the task's verdicts do not carry (compose failed at the first scoring)
     "unknown_reward_part": (["reward.weights={task: 1.0, foo: 0.5}"], ["reward.weights.foo", "'format', 'task'"]),
     # DAPO overlong shaping without its cache window (the penalty function refused it at scoring)
-    "overlong_without_cache": (["reward.overlong_max_len=4"], ["reward.overlong_max_len=4",
-                                                               "reward.overlong_cache_len=0"]),
+    "overlong_without_cache": (["reward.weights={task: 1.0, overlong: 1.0}", "reward.overlong_max_len=4"],
+                               ["reward.overlong_max_len=4", "reward.overlong_cache_len=0"]),
     # a plug-in estimator that fails on the inputs the loop gives it (token_rewards is None)
     "plugin_estimator": (["credit.estimator={m}:reads_token_rewards", "credit.kwargs={}"],
                          ["credit.estimator={m}:reads_token_rewards", "NoneType"]),
@@ -158,7 +158,7 @@ def test_a_multi_turn_config_error_fails_at_load_before_the_run_dir_exists(case,
     ["credit.estimator=gae", "credit.kwargs={}", "critic.enabled=true", "credit.kl_in_reward=true", *KL],
     ["credit.estimator=remax", "credit.kwargs={}", *KL],  # KL in the loss: any estimator
     ["credit.estimator=reinforce", "credit.kwargs={}", "sampling.group_size=1"],
-    ["reward.weights={task: 1.0, format: 0.5}", "reward.overlong_max_len=2", "reward.overlong_cache_len=1"],
+    ["reward.weights={task: 1.0, format: 0.5, overlong: 1.0}", "reward.overlong_max_len=2", "reward.overlong_cache_len=1"],
     ["reward.extract=boxed", "sft.steps=2"],
     ["optim.num_minibatches=4"],  # = the rows of a step
 ], ids=["grpo", "reinforce_pp_kl_reward", "reinforce_pp_baseline_kl_reward", "gae_kl_reward", "remax_kl_loss",
