@@ -8,12 +8,9 @@ stub judge server on 127.0.0.1 that scores a response by its length.
 
 from __future__ import annotations
 
-import json
 import re
-import threading
 import types
 from collections.abc import Iterator
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
@@ -28,6 +25,7 @@ from posttrain.models import build_char_tokenizer
 from posttrain.rewards.learned import ComponentScorer, LearnedRewards
 from posttrain.rollout.types import Completion
 from posttrain.trajectory import Role, Status
+from tests._judge_stub import between_r_tags, chat_reply, serve
 
 pytestmark = pytest.mark.timeout(300)
 TOK = build_char_tokenizer()
@@ -113,29 +111,12 @@ def length_judge() -> Iterator[tuple[list[dict], str]]:
     """A stub OpenAI-compatible judge on 127.0.0.1: ``score: <length of the text between <r> and </r>>``."""
     requests: list[dict] = []
 
-    class Handler(BaseHTTPRequestHandler):
-        def log_message(self, *a: object) -> None:
-            pass
+    def reply(path: str, body: dict) -> tuple[int, bytes]:
+        requests.append(body)
+        return chat_reply(f"score: {len(between_r_tags(body))}")
 
-        def do_POST(self) -> None:  # noqa: N802 - http.server's name
-            body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
-            requests.append(body)
-            answer = body["messages"][0]["content"].split("<r>", 1)[1].rsplit("</r>", 1)[0]
-            payload = json.dumps({"choices": [{"message": {"role": "assistant", "content": f"score: {len(answer)}"}}]})
-            self.send_response(200)
-            self.send_header("Content-Type", "application/json")
-            self.send_header("Content-Length", str(len(payload.encode())))
-            self.end_headers()
-            self.wfile.write(payload.encode())
-
-    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    server.daemon_threads = True
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    try:
-        yield requests, f"http://127.0.0.1:{server.server_address[1]}"
-    finally:
-        server.shutdown()
-        server.server_close()
+    with serve(reply) as url:
+        yield requests, url
 
 
 def test_a_multi_turn_run_records_the_judges_component_of_each_episode(length_judge, tmp_path: Path) -> None:
@@ -165,30 +146,8 @@ def test_a_multi_turn_run_records_the_judges_component_of_each_episode(length_ju
 @pytest.fixture
 def digit_judge() -> Iterator[str]:
     """A stub judge on 127.0.0.1: ``score: <digits in the text between <r> and </r>>``."""
-
-    class Handler(BaseHTTPRequestHandler):
-        def log_message(self, *a: object) -> None:
-            pass
-
-        def do_POST(self) -> None:  # noqa: N802 - http.server's name
-            body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
-            answer = body["messages"][0]["content"].split("<r>", 1)[1].rsplit("</r>", 1)[0]
-            payload = json.dumps({"choices": [{"message": {"role": "assistant",
-                                                           "content": f"score: {sum(ch.isdigit() for ch in answer)}"}}]})
-            self.send_response(200)
-            self.send_header("Content-Type", "application/json")
-            self.send_header("Content-Length", str(len(payload.encode())))
-            self.end_headers()
-            self.wfile.write(payload.encode())
-
-    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    server.daemon_threads = True
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    try:
-        yield f"http://127.0.0.1:{server.server_address[1]}"
-    finally:
-        server.shutdown()
-        server.server_close()
+    with serve(lambda path, body: chat_reply(f"score: {sum(ch.isdigit() for ch in between_r_tags(body))}")) as url:
+        yield url
 
 
 def test_rl_on_the_judge_alone_raises_its_score_on_episodes(digit_judge, tmp_path: Path) -> None:

@@ -2,17 +2,16 @@
 
 from __future__ import annotations
 
-import json
 import threading
 import time
 from collections.abc import Iterator
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 from pydantic import ValidationError
 
 from posttrain.config.feedback import JudgeConfig, RewardConfig
 from posttrain.rewards.judge import JudgeReplyError, LLMJudge, endpoint, parse_reply, prompt_text
+from tests._judge_stub import between_r_tags, chat_reply, serve
 
 TEMPLATE = "Q: {prompt}\nA: {response}\nCorrect?"
 
@@ -35,48 +34,23 @@ class Stub:
 def stub() -> Iterator[tuple[Stub, str]]:
     state = Stub()
 
-    class Handler(BaseHTTPRequestHandler):
-        def log_message(self, *a: object) -> None:
-            pass
+    def reply(path: str, body: dict) -> tuple[int, bytes]:
+        with state.lock:
+            state.requests.append({"path": path, **body})
+        kind, _, arg = state.next().partition(":")
+        if kind == "slow":
+            time.sleep(float(arg))
+            kind, arg = "reply", "yes"
+        if kind == "status":
+            return int(arg), b""
+        if kind == "echo":  # yes when the response (after "A: ") is "4"
+            arg = "yes" if "A: 4\n" in body["messages"][0]["content"] else "no"
+        if kind == "score_len":  # "score: <length of the response>"
+            arg = f"score: {len(between_r_tags(body))}"
+        return (200, b"not json at all") if kind == "garbage" else chat_reply(arg)
 
-        def do_POST(self) -> None:  # noqa: N802 - http.server's name
-            body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
-            with state.lock:
-                state.requests.append({"path": self.path, **body})
-            kind, _, arg = state.next().partition(":")
-            if kind == "slow":
-                time.sleep(float(arg))
-                kind, arg = "reply", "yes"
-            if kind == "status":
-                self.send_response(int(arg))
-                self.end_headers()
-                return
-            if kind == "echo":  # yes when the response (after "A: ") is "4"
-                arg = "yes" if "A: 4\n" in body["messages"][0]["content"] else "no"
-            if kind == "score_len":  # "score: <length of the response>"
-                answer = body["messages"][0]["content"].split("<r>", 1)[1].rsplit("</r>", 1)[0]
-                arg = f"score: {len(answer)}"
-            payload = b"not json at all" if kind == "garbage" else json.dumps(
-                {"choices": [{"message": {"role": "assistant", "content": arg}}]}).encode()
-            self.send_response(200)
-            self.send_header("Content-Type", "application/json")
-            self.send_header("Content-Length", str(len(payload)))
-            self.end_headers()
-            self.wfile.write(payload)
-
-    class Server(ThreadingHTTPServer):
-        def handle_error(self, request: object, client_address: object) -> None:
-            pass  # a slow reply written after the client timed out: the broken pipe is the point
-
-    server = Server(("127.0.0.1", 0), Handler)
-    server.daemon_threads = True
-    t = threading.Thread(target=server.serve_forever, daemon=True)
-    t.start()
-    try:
-        yield state, f"http://127.0.0.1:{server.server_address[1]}"
-    finally:
-        server.shutdown()
-        server.server_close()
+    with serve(reply) as url:
+        yield state, url
 
 
 def _judge(url: str, **kw: object) -> LLMJudge:
