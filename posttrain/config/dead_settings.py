@@ -153,14 +153,16 @@ RULES: tuple[Rule, ...] = (
          "trainer=reward_model trains a Bradley-Terry reward model (its own loss) on preference.data"),
     Rule(("preference.pairs_per_group",), lambda c: c.trainer == "preference" and not c.preference.online,
          "preference.online=false: the pairs come from preference.data, not from sampled groups"),
+    # Its Trainer steps AdamW over the bare model (no actor learner): no activation checkpointing.
     Rule(("sampling", "credit", "correction", "loss", "critic", "rollout", "env", "reward", "sft", "system",
           "task.name", "task.kwargs", "guards", "lora", "learner", "optim.ppo_epochs", "optim.num_minibatches",
-          "optim.fuse_old_logprob", "optim.skip_no_signal_rows", "eval.size", "eval.temperature",
-          "eval.sampled_temperature", "eval.max_new_tokens", "eval.reject_drop", "eval.k",
+          "optim.fuse_old_logprob", "optim.skip_no_signal_rows", "optim.gradient_checkpointing", "eval.size",
+          "eval.temperature", "eval.sampled_temperature", "eval.max_new_tokens", "eval.reject_drop", "eval.k",
           "eval.hidden_verifier", "eval.hidden_verifier_kwargs"),
          lambda c: c.trainer == "preference" and not c.preference.online,
          "trainer=preference (offline) updates the policy on preference.data's pairs with the preference loss "
-         "(no sampling, no verifier, no RL update; single process, full fine-tuning)"),
+         "(no sampling, no verifier, no RL update; single process, full fine-tuning, no activation "
+         "checkpointing)"),
     # posttrain/loop/online_preference.py: pairs from the task's sampled groups; the preference loss replaces
     # the RL update (no advantages, no critic), single process, full fine-tuning; the SFT warm-up runs as in RL.
     Rule(("preference.data", "preference.fields", "preference.batch_size", "preference.heldout_fraction",
@@ -175,14 +177,17 @@ RULES: tuple[Rule, ...] = (
     # posttrain/loop/reward_model_training.py: a Bradley-Terry model on preference.data's pairs; no sampling, no
     # verifier, no policy update; one optimizer step per step; held-out pair accuracy every eval.every steps.
     # task.chat_template (the pairs' rendering) and model.* are read.
+    # Its Trainer steps AdamW over the bare model: no activation checkpointing.
     Rule(("sampling", "credit", "correction", "loss", "critic", "rollout", "env", "reward", "sft", "system",
           "task.name", "task.kwargs", "task.system_prompt", "guards", "lora", "learner", "optim.ppo_epochs",
-          "optim.num_minibatches", "optim.fuse_old_logprob", "optim.skip_no_signal_rows", "eval.size",
+          "optim.num_minibatches", "optim.fuse_old_logprob", "optim.skip_no_signal_rows",
+          "optim.gradient_checkpointing", "eval.size",
           "eval.temperature", "eval.sampled_temperature", "eval.max_new_tokens", "eval.reject_drop", "eval.k",
           "eval.hidden_verifier", "eval.hidden_verifier_kwargs"),
          lambda c: c.trainer == "reward_model",
          "trainer=reward_model trains a Bradley-Terry reward model on preference.data's pairs (no sampling, no "
-         "verifier, no policy update; one optimizer step per step; held-out pair accuracy every eval.every steps)"),
+         "verifier, no policy update, no activation checkpointing; one optimizer step per step; held-out pair "
+         "accuracy every eval.every steps)"),
     # posttrain/rewards/judge.py parse_reply: the pattern is read by parse=score only.
     Rule(("reward.judge.score_pattern",), lambda c: c.reward.judge is not None and c.reward.judge.parse != "score",
          "reward.judge.parse is not score (a yes/no reply is read without a pattern)"),

@@ -1,0 +1,49 @@
+"""Silent traps: settings a trainer accepted that did nothing on its path, refused at load now.
+
+Each case loaded cleanly before its fix (the test failed on the old code) and then ran without the
+setting taking effect; now the load fails with one line naming the key and why. The same keys on the
+paths where they act still load (the LIVE cases), so each refusal is tied to the path that ignores it.
+"""
+
+from __future__ import annotations
+
+import logging
+
+import pytest
+
+from posttrain.config import ConfigError
+from posttrain.loop.validate import load_run_config
+
+# (recipe, overrides, what the one error line must name)
+REFUSED = [
+    # The offline preference trainer and the reward-model trainer step a bare optimiser over the model
+    # (posttrain/loop/preference_training.py, reward_model_training.py): no activation checkpointing.
+    ("dpo", ["optim.gradient_checkpointing=true"], ["optim.gradient_checkpointing=True", "cannot take effect"]),
+    ("reward_model", ["optim.gradient_checkpointing=true"], ["optim.gradient_checkpointing=True", "cannot take effect"]),
+]
+
+# The same keys where they act: they load without a warning.
+LIVE = [
+    ("dpo_online", ["optim.gradient_checkpointing=true"]),  # the RL learner's compute settings
+    ("grpo", ["optim.gradient_checkpointing=true"]),
+]
+
+
+def _warnings(caplog: pytest.LogCaptureFixture) -> list[str]:
+    return [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING]
+
+
+@pytest.mark.parametrize("recipe, overrides, names", REFUSED, ids=[f"{r}:{','.join(o)}" for r, o, _ in REFUSED])
+def test_a_setting_its_trainer_ignores_is_refused_at_load(recipe: str, overrides: list[str], names: list[str]) -> None:
+    with pytest.raises(ConfigError) as e:
+        load_run_config(recipe, overrides)
+    msg = str(e.value)
+    assert "\n" not in msg and all(n in msg for n in names), msg
+
+
+@pytest.mark.parametrize("recipe, overrides", LIVE, ids=[f"{r}:{','.join(o)}" for r, o in LIVE])
+def test_the_same_setting_where_it_acts_loads(recipe: str, overrides: list[str],
+                                             caplog: pytest.LogCaptureFixture) -> None:
+    with caplog.at_level(logging.WARNING, logger="posttrain.config"):
+        load_run_config(recipe, overrides)
+    assert _warnings(caplog) == []
