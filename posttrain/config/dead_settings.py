@@ -174,6 +174,13 @@ RULES: tuple[Rule, ...] = (
          lambda c: c.trainer == "preference" and c.preference.online,
          "trainer=preference updates the policy with the preference loss (preference.loss) on single-turn task "
          "groups (no advantages, no critic, no episodes; single process, full fine-tuning)"),
+    # online_preference.py group_pairs: a pair is a correct vs a wrong / invalid response (the task verifier's
+    # status); the reward total enters only ODPO's score_diff. Other components are computed and never used.
+    Rule(("reward.weights", "reward.functions", "reward.model", "reward.judge", "reward.overlong_max_len",
+          "reward.overlong_cache_len"),
+         lambda c: c.trainer == "preference" and c.preference.online and c.preference.loss != "odpo",
+         "trainer=preference (online) pairs a correct with a wrong response by the task verifier's verdict; the "
+         "reward total enters only preference.loss=odpo's score_diff, so this part would be computed and never used"),
     # posttrain/loop/reward_model_training.py: a Bradley-Terry model on preference.data's pairs; no sampling, no
     # verifier, no policy update; one optimizer step per step; held-out pair accuracy every eval.every steps.
     # task.chat_template (the pairs' rendering) and model.* are read.

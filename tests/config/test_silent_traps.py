@@ -14,18 +14,29 @@ import pytest
 from posttrain.config import ConfigError
 from posttrain.loop.validate import load_run_config
 
+JUDGE = "reward.judge={url: 'http://127.0.0.1:9'}"
+OVERLONG = ["reward.weights={task: 1.0, overlong: 1.0}", "reward.overlong_max_len=3", "reward.overlong_cache_len=1"]
+
 # (recipe, overrides, what the one error line must name)
 REFUSED = [
     # The offline preference trainer and the reward-model trainer step a bare optimiser over the model
     # (posttrain/loop/preference_training.py, reward_model_training.py): no activation checkpointing.
     ("dpo", ["optim.gradient_checkpointing=true"], ["optim.gradient_checkpointing=True", "cannot take effect"]),
     ("reward_model", ["optim.gradient_checkpointing=true"], ["optim.gradient_checkpointing=True", "cannot take effect"]),
+    # Online preference pairs are chosen by the task verifier's verdict (correct vs wrong); the reward total
+    # enters only ODPO's score_diff, so a judge / shaping / extra weight was computed and never used.
+    ("dpo_online", [JUDGE], ["reward.judge.url=", "cannot take effect", "preference.loss=odpo"]),
+    ("dpo_online", OVERLONG, ["reward.overlong_max_len=3", "cannot take effect"]),
+    ("dpo_online", ["reward.weights={task: 1.0, format: 0.5}"], ["reward.weights=", "cannot take effect"]),
 ]
 
 # The same keys where they act: they load without a warning.
 LIVE = [
     ("dpo_online", ["optim.gradient_checkpointing=true"]),  # the RL learner's compute settings
     ("grpo", ["optim.gradient_checkpointing=true"]),
+    ("dpo_online", ["preference.loss=odpo", JUDGE]),  # ODPO's score_diff is the pair's reward difference
+    ("dpo_online", ["preference.loss=odpo", *OVERLONG]),
+    ("grpo", [JUDGE]),
 ]
 
 
