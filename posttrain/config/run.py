@@ -98,6 +98,14 @@ class RunConfig(Section):
                 raise ValueError(f"trainer={self.trainer} needs preference.data (a JSONL or Parquet file of pairs)"
                                  + ("" if self.trainer == "reward_model" else " or preference.online=true"))
         check_dead_settings(self)  # a set key that cannot take effect is refused (warnings: load_config)
+        samples = self.trainer == "rl" or (self.trainer == "preference" and self.preference.online)
+        if samples and self.sampling.temperature == 0 and self.sampling.group_size > 1:
+            # Greedy decoding is a point mass: a group is one response repeated, so its group-relative
+            # advantages are all 0 (the run trains nothing) and an online preference group holds no pair.
+            raise ValueError(f"sampling.temperature=0 with sampling.group_size={self.sampling.group_size}: greedy "
+                             "decoding repeats one response per prompt, so a group's samples never differ (zero "
+                             "group-relative advantages, no preference pairs); set sampling.temperature > 0 "
+                             "(or sampling.group_size=1)")
         return self
 
     def axes(self) -> dict[str, str]:

@@ -28,6 +28,10 @@ REFUSED = [
     ("dpo_online", [JUDGE], ["reward.judge.url=", "cannot take effect", "preference.loss=odpo"]),
     ("dpo_online", OVERLONG, ["reward.overlong_max_len=3", "cannot take effect"]),
     ("dpo_online", ["reward.weights={task: 1.0, format: 0.5}"], ["reward.weights=", "cannot take effect"]),
+    # Greedy sampling draws one response group_size times: every group-relative advantage is 0 (nothing
+    # trains: grad_norm 0, every row no-signal) and an online preference group never holds a pair.
+    ("grpo", ["sampling.temperature=0"], ["sampling.temperature=0", "sampling.group_size=8", "greedy"]),
+    ("dpo_online", ["sampling.temperature=0"], ["sampling.temperature=0", "sampling.group_size=8"]),
 ]
 
 # The same keys where they act: they load without a warning.
@@ -37,6 +41,7 @@ LIVE = [
     ("dpo_online", ["preference.loss=odpo", JUDGE]),  # ODPO's score_diff is the pair's reward difference
     ("dpo_online", ["preference.loss=odpo", *OVERLONG]),
     ("grpo", [JUDGE]),
+    ("ppo", ["sampling.temperature=0"]),  # group_size 1 (critic + GAE): one greedy sample, nothing repeated
 ]
 
 
