@@ -52,9 +52,19 @@ def check_estimator_needs(cfg: RunConfig) -> None:
     ``sampling.group_size >= 2``; ``baseline`` (a greedy rollout per prompt, :func:`greedy_baseline`)
     in ``system.mode=sync`` with ``partial_fraction=1`` (the engine is idle between rollout and
     update and holds the behaviour weights); ``step_ids`` with ``env.name`` set (multi-turn episodes
-    record their steps: :func:`step_fields`).
+    record their steps: :func:`step_fields`). Conversely ``critic.enabled`` with a built-in estimator
+    that does not need ``critic`` is refused: it returns no critic targets, so the critic would be
+    evaluated every step and never trained or read (``loss.distill.only`` refuses it in
+    :func:`~posttrain.loop.preflight.check_distill`; a ``module:function`` plug-in may read the values).
     """
     name = cfg.credit.estimator
+    distill_only = cfg.loss.distill is not None and cfg.loss.distill.only  # check_distill names its keys
+    if cfg.critic.enabled and ":" not in name and "critic" not in A.ADVANTAGES.needs(name) and not distill_only:
+        # Only an estimator that reads the values returns the critic's targets: the critic would be evaluated
+        # every step and never trained or read (a plug-in may read them without declaring it: not refused).
+        raise ValueError(f"critic.enabled=true cannot take effect: credit.estimator={name} does not read critic "
+                         "values (the critic would be evaluated every step, never trained nor used); use "
+                         "credit.estimator=gae or drop critic.enabled")
     for need in sorted(A.ADVANTAGES.needs(name)):
         if need == "critic" and not cfg.critic.enabled:
             raise ValueError(f"credit.estimator={name} needs critic.enabled=true (per-token values for GAE)")

@@ -32,6 +32,10 @@ REFUSED = [
     # trains: grad_norm 0, every row no-signal) and an online preference group never holds a pair.
     ("grpo", ["sampling.temperature=0"], ["sampling.temperature=0", "sampling.group_size=8", "greedy"]),
     ("dpo_online", ["sampling.temperature=0"], ["sampling.temperature=0", "sampling.group_size=8"]),
+    # Only an estimator that reads critic values returns the critic's targets (gae): with grpo / rloo the
+    # critic was built, evaluated every step, never trained (no critic/* metric) and never read.
+    (None, ["critic.enabled=true"], ["critic.enabled=true", "credit.estimator=grpo", "gae"]),
+    (None, ["critic.enabled=true", "credit.estimator=rloo"], ["critic.enabled=true", "credit.estimator=rloo"]),
 ]
 
 # The same keys where they act: they load without a warning.
@@ -41,7 +45,8 @@ LIVE = [
     ("dpo_online", ["preference.loss=odpo", JUDGE]),  # ODPO's score_diff is the pair's reward difference
     ("dpo_online", ["preference.loss=odpo", *OVERLONG]),
     ("grpo", [JUDGE]),
-    ("ppo", ["sampling.temperature=0"]),  # group_size 1 (critic + GAE): one greedy sample, nothing repeated
+    ("ppo", ["sampling.temperature=0"]),
+    (None, ["critic.enabled=true", "credit.estimator=gae", "sampling.group_size=1"]),  # group_size 1 (critic + GAE): one greedy sample, nothing repeated
 ]
 
 
@@ -50,7 +55,7 @@ def _warnings(caplog: pytest.LogCaptureFixture) -> list[str]:
 
 
 @pytest.mark.parametrize("recipe, overrides, names", REFUSED, ids=[f"{r}:{','.join(o)}" for r, o, _ in REFUSED])
-def test_a_setting_its_trainer_ignores_is_refused_at_load(recipe: str, overrides: list[str], names: list[str]) -> None:
+def test_a_setting_its_trainer_ignores_is_refused_at_load(recipe: str | None, overrides: list[str], names: list[str]) -> None:
     with pytest.raises(ConfigError) as e:
         load_run_config(recipe, overrides)
     msg = str(e.value)
@@ -58,7 +63,7 @@ def test_a_setting_its_trainer_ignores_is_refused_at_load(recipe: str, overrides
 
 
 @pytest.mark.parametrize("recipe, overrides", LIVE, ids=[f"{r}:{','.join(o)}" for r, o in LIVE])
-def test_the_same_setting_where_it_acts_loads(recipe: str, overrides: list[str],
+def test_the_same_setting_where_it_acts_loads(recipe: str | None, overrides: list[str],
                                              caplog: pytest.LogCaptureFixture) -> None:
     with caplog.at_level(logging.WARNING, logger="posttrain.config"):
         load_run_config(recipe, overrides)
