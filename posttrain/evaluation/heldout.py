@@ -58,14 +58,16 @@ class HeldoutRun:
         """
         from posttrain.envs.task import check_prompts, task_rows
         from posttrain.loop.builders import build_engine, build_renderer, build_task
+        from posttrain.loop.heldout import check_eval_budget
         from posttrain.rewards import VerifierPool
 
         task = build_task(cfg)
         renderer = build_renderer(cfg, tokenizer)
         heldout = list(task.examples("heldout", cfg.eval.size, seed=cfg.seed))
-        check_prompts(task_rows(task) or heldout, tokenizer,
-                      max_context=getattr(getattr(model, "config", None), "max_position_embeddings", None),
+        context = getattr(getattr(model, "config", None), "max_position_embeddings", None)
+        check_prompts(task_rows(task) or heldout, tokenizer, max_context=context,
                       max_new_tokens=cfg.sampling.max_new_tokens, renderer=renderer)
+        check_eval_budget(cfg, heldout, tokenizer, max_context=context, renderer=renderer)
         hidden = None
         if cfg.eval.hidden_verifier is not None:
             from posttrain.rewards.hidden import build_hidden_verifier

@@ -213,6 +213,24 @@ class EvaluatedRun(Protocol):
     def hidden_verifier(self) -> Verifier | None: ...  # eval.hidden_verifier's verifier
 
 
+def check_eval_budget(cfg: RunConfig, examples: Sequence[TaskExample], tokenizer: Any, *, max_context: int | None,
+                      renderer: Renderer) -> None:
+    """Raise ``ValueError`` starting ``eval.max_new_tokens=N:`` when a single-turn held-out prompt of ``examples``
+    does not fit ``max_context`` positions with the held-out token budget ``eval.max_new_tokens``; None when it
+    is unset, at most ``sampling.max_new_tokens`` (the run checks every prompt with that budget already),
+    with ``env.name`` set (an episode caps each turn by ``env.max_tokens`` and the context) or without a
+    known context. Without it the engine would cut each held-out response at the context, silently."""
+    from posttrain.envs.task import check_prompts
+
+    budget = cfg.eval.max_new_tokens
+    if cfg.env.name is not None or budget is None or budget <= cfg.sampling.max_new_tokens or max_context is None:
+        return
+    try:
+        check_prompts(examples, tokenizer, max_context=max_context, max_new_tokens=budget, renderer=renderer)
+    except ValueError as e:
+        raise ValueError(f"eval.max_new_tokens={budget}: {e}") from None
+
+
 def eval_splits(task: object) -> tuple[str, ...]:
     """The held-out sets ``task`` declares in ``task.eval_splits``; :data:`~posttrain.envs.task.DEFAULT_EVAL_SPLITS`
     (``("heldout",)``) when it declares none.

@@ -128,10 +128,12 @@ def _build_rest(cfg: RunConfig, run_dir: Path, tokenizer: PreTrainedTokenizerBas
 
         hidden = build_hidden_verifier(cfg.eval.hidden_verifier, cfg.eval.hidden_verifier_kwargs)
     from posttrain.envs.task import check_prompts, task_rows
+    from posttrain.loop.heldout import check_eval_budget
 
-    check_prompts(task_rows(task) or heldout, tokenizer,
-                  max_context=getattr(getattr(plain_model, "config", None), "max_position_embeddings", None),
+    context = getattr(getattr(plain_model, "config", None), "max_position_embeddings", None)
+    check_prompts(task_rows(task) or heldout, tokenizer, max_context=context,
                   max_new_tokens=cfg.sampling.max_new_tokens, renderer=renderer)
+    check_eval_budget(cfg, heldout, tokenizer, max_context=context, renderer=renderer)  # eval.max_new_tokens
     pool: VerifierPool | None = None
     if remote_verify is None:
         from posttrain.rewards import VerifierPool

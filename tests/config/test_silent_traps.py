@@ -68,3 +68,35 @@ def test_the_same_setting_where_it_acts_loads(recipe: str | None, overrides: lis
     with caplog.at_level(logging.WARNING, logger="posttrain.config"):
         load_run_config(recipe, overrides)
     assert _warnings(caplog) == []
+
+
+# ------------------------------------------------------------------ the held-out token budget
+# Every training prompt was checked to fit the model's context with sampling.max_new_tokens, but a larger
+# eval.max_new_tokens was not: the engine then cut each held-out response at the context, silently.
+TINY = ["model.path=builtin:micro", "task.name=chain_sum", "task.kwargs={terms: 2}", "sampling.prompts_per_step=2",
+        "sampling.group_size=2", "sampling.max_new_tokens=2", "eval.size=4", "eval.every=100", "steps=1"]
+
+
+def test_an_eval_budget_beyond_the_context_fails_at_load_before_the_run_dir(tmp_path, capsys) -> None:
+    from posttrain.cli import main
+    from tests._cli_errors import one_error_line
+
+    run_dir = tmp_path / "run"
+    recipe = tmp_path / "t.yaml"
+    recipe.write_text("name: t\n")
+    assert main(["train", str(recipe), *TINY, "eval.max_new_tokens=100000", f"run_dir={run_dir}", "--no-progress"]) == 2
+    line = one_error_line(capsys)
+    assert "eval.max_new_tokens=100000" in line and "context" in line, line
+    assert not run_dir.exists()
+
+
+def test_posttrain_eval_refuses_a_budget_beyond_the_context_as_the_run_does() -> None:
+    from posttrain.evaluation.heldout import HeldoutRun
+    from posttrain.loop.builders import build_model
+
+    cfg = load_run_config(None, [*TINY, "eval.max_new_tokens=100000"])
+    tok, model = build_model(cfg)
+    with pytest.raises(ValueError, match=r"eval.max_new_tokens=100000: .*context"):
+        HeldoutRun.from_config(cfg, model, tok)
+    ok = load_run_config(None, [*TINY, "eval.max_new_tokens=8"])  # room left: builds as before
+    HeldoutRun.from_config(ok, model, tok).close()
