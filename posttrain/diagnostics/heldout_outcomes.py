@@ -4,7 +4,9 @@ One JSON line per evaluated set and step: ``{"step", "set", "accuracy", "prompt_
 "correct"}``. ``set`` is the metric prefix of that evaluation (``heldout`` greedy,
 ``heldout_sampled``, ``heldout_unseen``, ``heldout_unseen_sampled``, ``heldout_notool`` ...: the
 ``<set>/accuracy`` row of ``metrics.jsonl`` is its accuracy); ``valid[i]`` / ``correct[i]`` are problem
-``prompt_ids[i]``'s judged samples (infra errors left out) and its correct ones. Lines are appended and
+``prompt_ids[i]``'s judged samples (infra errors left out) and its correct ones, one entry per distinct
+problem (a held-out set that repeats a problem sums its repeats: :meth:`SetOutcomes.per_problem`; a file
+written before that is merged when read). Lines are appended and
 flushed one by one, so a crash loses at most the line being written; a resumed run that redoes a step
 appends that step again and the reader keeps the last line per ``(set, step)``. From these the report
 computes bootstrap intervals (:mod:`posttrain.diagnostics.intervals`) after the run.
@@ -40,6 +42,21 @@ class SetOutcomes:
         n = sum(self.valid)
         return sum(self.correct) / n if n else float("nan")
 
+    def per_problem(self) -> SetOutcomes:
+        """One entry per distinct prompt id (first-seen order), its repeats' ``valid`` and ``correct`` summed.
+
+        A task with fewer distinct held-out problems than ``eval.size`` repeats some (``sample_unique``; a
+        file task cycles its rows): a problem is one unit of the bootstrap however often it was evaluated,
+        as ``posttrain compare`` pools it. :attr:`accuracy` is unchanged."""
+        if len(set(self.prompt_ids)) == len(self.prompt_ids):
+            return self
+        sums: dict[str, list[int]] = {}
+        for pid, v, c in zip(self.prompt_ids, self.valid, self.correct, strict=True):
+            acc = sums.setdefault(pid, [0, 0])
+            acc[0] += v
+            acc[1] += c
+        return SetOutcomes(tuple(sums), tuple(v for v, _ in sums.values()), tuple(c for _, c in sums.values()))
+
 
 def append_outcomes(run_dir: Path, step: int, sets: Mapping[str, SetOutcomes]) -> Path:
     """Append one line per set of ``sets`` (``{set name: outcomes}``) for ``step``; returns the file's path."""
@@ -68,7 +85,7 @@ def read_outcomes(run_dir: Path) -> dict[str, dict[int, SetOutcomes]]:
         try:
             row = json.loads(line)
             o = SetOutcomes(tuple(str(p) for p in row["prompt_ids"]), tuple(int(v) for v in row["valid"]),
-                            tuple(int(c) for c in row["correct"]))
+                            tuple(int(c) for c in row["correct"])).per_problem()  # a file written with repeats
             out.setdefault(str(row["set"]), {})[int(row["step"])] = o
         except (ValueError, KeyError, TypeError):
             continue

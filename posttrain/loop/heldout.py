@@ -321,9 +321,10 @@ class HeldoutEvaluation:
 
 
 def outcomes_of(res: EvalResult, examples: Sequence[TaskExample]) -> SetOutcomes:
-    """Per-problem (judged, correct) samples of ``res``, an evaluation of ``examples`` (same order)."""
+    """Per-problem (judged, correct) samples of ``res``, an evaluation of ``examples`` (same order): one
+    entry per distinct problem, a repeated one's samples summed (:meth:`SetOutcomes.per_problem`)."""
     return SetOutcomes(tuple(ex.prompt_id for ex in examples), tuple(v for v, _ in res.per_prompt),
-                       tuple(c for _, c in res.per_prompt))
+                       tuple(c for _, c in res.per_prompt)).per_problem()
 
 
 def _split_evaluation(run: EvaluatedRun, split: str) -> tuple[EvalResult, dict[str, float], dict[str, SetOutcomes]]:
