@@ -121,11 +121,14 @@ def evaluate(
     k: int = 1,
     renderer: Renderer | None = None,
     hidden_verifier: Verifier | None = None,
+    top_k: int = 0,
+    top_p: float = 1.0,
 ) -> EvalResult:
     """Evaluate the engine's current weights on ``examples`` (``TaskExample`` objects).
 
     ``samples`` responses are drawn per prompt (``SamplingParams.n``; > 1 only makes sense with
-    ``temperature > 0``) and ``k <= samples`` is the k of :meth:`EvalResult.passk_metrics`;
+    ``temperature > 0``), with the sampler's truncation ``top_k`` / ``top_p`` (0 / 1.0: none),
+    and ``k <= samples`` is the k of :meth:`EvalResult.passk_metrics`;
     accuracy, reward and length are then means over all responses.
     ``verify_batch`` is the run's guarded verification (``VerifierPool.verify_batch`` or reward
     workers); None verifies in-process through a ``VerifierPool(workers=0)`` (default time limit).
@@ -145,7 +148,7 @@ def evaluate(
     if verify_batch is None:
         verify_batch = VerifierPool(workers=0).verify_batch
     played = play_once(engine, examples, SamplingParams(temperature=temperature, max_new_tokens=max_new_tokens,
-                                                        n=samples, seed=seed),
+                                                        n=samples, seed=seed, top_k=top_k, top_p=top_p),
                        request_ids=[f"eval{i}-{ex.prompt_id}" for i, ex in enumerate(examples)],
                        renderer=renderer if renderer is not None else PromptRenderer(tokenizer),
                        verifier=task.verifier, tokenizer=tokenizer, verify_batch=verify_batch)
@@ -290,7 +293,9 @@ def evaluate_run(run: EvaluatedRun, temperature: float | None = None, samples: i
     start and sample (:func:`evaluate_episodes`) under the run's ``env``
     settings, ``env_overrides`` (e.g. ``{"use_tools": False}``) building the environments.
     ``temperature`` defaults to ``eval.temperature``; ``samples`` > 1 draws that many responses per
-    prompt for pass@``min(eval.k, samples)``.
+    prompt for pass@``min(eval.k, samples)``. A sampled evaluation (``temperature`` > 0) draws from the
+    run's sampler, its ``sampling.top_k`` / ``top_p`` truncation included, on both paths (the turn sampler
+    of an episode carries them too); greedy decoding ignores them.
     """
     cfg = run.cfg
     e = cfg.eval
@@ -305,10 +310,12 @@ def evaluate_run(run: EvaluatedRun, temperature: float | None = None, samples: i
         return res
     if env_overrides:
         raise ValueError(f"evaluate_run: env_overrides {env_overrides} need a multi-turn run (env.name)")
+    sampled = temp > 0  # the sampler's truncation; greedy decoding takes the argmax either way
     return evaluate(run.engine, run.tokenizer, run.task, exs,
                     max_new_tokens=e.max_new_tokens or cfg.sampling.max_new_tokens, temperature=temp, seed=cfg.seed,
                     verify_batch=run.verify_batch, samples=samples, k=min(e.k, samples),
-                    renderer=run.renderer, hidden_verifier=run.hidden_verifier)
+                    renderer=run.renderer, hidden_verifier=run.hidden_verifier,
+                    top_k=cfg.sampling.top_k if sampled else 0, top_p=cfg.sampling.top_p if sampled else 1.0)
 
 
 @dataclasses.dataclass(frozen=True)

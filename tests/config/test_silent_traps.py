@@ -100,3 +100,46 @@ def test_posttrain_eval_refuses_a_budget_beyond_the_context_as_the_run_does() ->
         HeldoutRun.from_config(cfg, model, tok)
     ok = load_run_config(None, [*TINY, "eval.max_new_tokens=8"])  # room left: builds as before
     HeldoutRun.from_config(ok, model, tok).close()
+
+
+# ------------------------------------------------------------------ the sampled held-out evaluation's sampler
+class _Recording:
+    """An engine that records every request's sampling parameters and lets the built-in engine answer."""
+
+    def __init__(self, engine) -> None:
+        self.engine, self.params = engine, []
+
+    def generate(self, requests, *, finish_target=None):
+        self.params += [r.params for r in requests]
+        return self.engine.generate(requests, finish_target=finish_target)
+
+    def __getattr__(self, name):
+        return getattr(self.engine, name)
+
+
+@pytest.mark.parametrize("episodes", [False, True], ids=["single_turn", "episodes"])
+def test_a_sampled_evaluation_draws_from_the_runs_truncated_sampler_on_every_path(episodes: bool) -> None:
+    # Episodes were evaluated with sampling.top_k / top_p (the turn sampler), single-turn prompts without
+    # them (the full softmax at eval.sampled_temperature): one config, two samplers, by path.
+    import dataclasses
+
+    from posttrain.evaluation.heldout import HeldoutRun
+    from posttrain.loop.builders import build_model
+    from posttrain.loop.heldout import evaluate_run
+
+    base = (["env.name=calculator_tool", "env.kwargs={digits: 2}", "env.tool_prompt=none", "env.max_tokens=240",
+             "env.max_turns=1", "model.path=builtin:micro", "eval.size=2", "sampling.max_new_tokens=2"] if episodes
+            else [*TINY, "eval.size=2"])
+    cfg = load_run_config(None, [*base, "sampling.top_k=5", "sampling.top_p=0.9", "eval.sampled_temperature=0.8"])
+    tok, model = build_model(cfg)
+    hr = HeldoutRun.from_config(cfg, model, tok)
+    rec = _Recording(hr.engine)
+    try:
+        evaluate_run(dataclasses.replace(hr, engine=rec), cfg.eval.sampled_temperature)
+        greedy = len(rec.params)
+        evaluate_run(dataclasses.replace(hr, engine=rec))  # eval.temperature=0: greedy, truncation moot
+    finally:
+        hr.close()
+    sampled = rec.params[:greedy]
+    assert sampled and all((p.temperature, p.top_k, p.top_p) == (0.8, 5, 0.9) for p in sampled), sampled[0]
+    assert all(p.temperature == 0.0 for p in rec.params[greedy:])
