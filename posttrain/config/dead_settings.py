@@ -174,6 +174,12 @@ RULES: tuple[Rule, ...] = (
          lambda c: c.trainer == "preference" and c.preference.online,
          "trainer=preference updates the policy with the preference loss (preference.loss) on single-turn task "
          "groups (no advantages, no critic, no episodes; single process, full fine-tuning)"),
+    # posttrain/loop/guards.py breaches: these read logkappa_abs_max, entropy and adv/zero_group_frac, which the
+    # policy learner's RL update and step_metrics log; an online preference step logs none of them.
+    Rule(("guards.max_abs_log_kappa", "guards.min_entropy", "guards.max_zero_adv_fraction"),
+         lambda c: c.trainer == "preference" and c.preference.online,
+         "trainer=preference (online) logs no behaviour-vs-learner log-prob check, entropy or advantages for "
+         "this guard to read (guards.min_response_length, max_truncation_rate, max_infra_error_fraction act)"),
     # online_preference.py group_pairs: a pair is a correct vs a wrong / invalid response (the task verifier's
     # status); the reward total enters only ODPO's score_diff. Other components are computed and never used.
     Rule(("reward.weights", "reward.functions", "reward.model", "reward.judge", "reward.overlong_max_len",

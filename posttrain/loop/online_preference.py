@@ -33,7 +33,7 @@ from posttrain.loop.guards import check_guards
 from posttrain.loop.preference_batch import EncodedPair, pair_logprobs
 from posttrain.loop.preference_loss import check_loss_kwargs, uses_reference
 from posttrain.loop.preference_step import PairBatch, PairBatchLoss, PreferenceRunResult
-from posttrain.loop.step_metrics import status_counts
+from posttrain.loop.step_metrics import length_metrics, status_counts
 from posttrain.loop.training_loop import consumption_metrics, eval_due
 from posttrain.trajectory import Status, Trajectory
 
@@ -104,8 +104,10 @@ def _reference(run: Run, fresh: bool) -> torch.nn.Module | None:
 
 
 def _reward_metrics(trajs: Sequence[Trajectory]) -> dict[str, float]:
+    """``reward/mean``, ``status/*`` and the lengths the guards read (``length/*``, ``finish/truncated_rate``)."""
     totals = [float(t.reward.total) for t in trajs if t.reward.total is not None]
-    return {"reward/mean": float(np.mean(totals)) if totals else float("nan")} | status_counts(trajs)
+    lengths = length_metrics(trajs) if trajs else {}
+    return {"reward/mean": float(np.mean(totals)) if totals else float("nan")} | status_counts(trajs) | lengths
 
 
 def train_online_preference(cfg: RunConfig, progress: Progress | None = None) -> PreferenceRunResult:

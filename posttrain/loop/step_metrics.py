@@ -44,6 +44,16 @@ def status_counts(all_trajs: Sequence[Trajectory]) -> dict[str, float]:
     return {f"status/{s.value}": float(counts.get(s.value, 0)) for s in Status}
 
 
+def length_metrics(all_trajs: Sequence[Trajectory]) -> dict[str, float]:
+    """``length/mean|p50|p95|max`` (generated tokens per trajectory) and ``finish/truncated_rate`` (the
+    fraction that ended at the length limit) over ``all_trajs`` (every trajectory of the step, at least one):
+    what ``guards.min_response_length`` and ``guards.max_truncation_rate`` read, in every trainer that samples."""
+    lengths = torch.tensor([t.num_actions for t in all_trajs], dtype=torch.float64)
+    return {"length/mean": float(lengths.mean()), "length/p50": _pct(lengths, 0.5), "length/p95": _pct(lengths, 0.95),
+            "length/max": float(lengths.max()),
+            "finish/truncated_rate": sum(t.finish is Finish.TRUNCATED for t in all_trajs) / len(all_trajs)}
+
+
 def step_metrics(batch: TrajectoryBatch, all_trajs: Sequence[Trajectory], targets: Targets, *,
                  learner_version: int | None = None) -> dict[str, float]:
     """Data metrics of one step (see the module docstring for each key); ``learner_version``: the
@@ -60,10 +70,7 @@ def step_metrics(batch: TrajectoryBatch, all_trajs: Sequence[Trajectory], target
     m.update({f"reward/{k}": sum(v) / len(v) for k, v in comps.items()})
     m["train/accuracy"] = sum(t.status is Status.CORRECT for t in usable) / len(usable)
     m.update(status_counts(all_trajs))
-    lengths = torch.tensor([t.num_actions for t in all_trajs], dtype=torch.float64)
-    m.update({"length/mean": float(lengths.mean()), "length/p50": _pct(lengths, 0.5),
-              "length/p95": _pct(lengths, 0.95), "length/max": float(lengths.max())})
-    m["finish/truncated_rate"] = sum(t.finish is Finish.TRUNCATED for t in all_trajs) / len(all_trajs)
+    m.update(length_metrics(all_trajs))
     mask = batch.action_mask > 0
     adv_abs = (targets.advantages.abs() * mask).sum(dim=1)
     groups: dict[str, list[int]] = {}

@@ -36,6 +36,11 @@ REFUSED = [
     # critic was built, evaluated every step, never trained (no critic/* metric) and never read.
     (None, ["critic.enabled=true"], ["critic.enabled=true", "credit.estimator=grpo", "gae"]),
     (None, ["critic.enabled=true", "credit.estimator=rloo"], ["critic.enabled=true", "credit.estimator=rloo"]),
+    # Online preference steps have no advantages, no behaviour-vs-learner log-prob check and no entropy: the
+    # guards on them read metrics that step never logs, so they never fired.
+    ("dpo_online", ["guards.min_entropy=0.5"], ["guards.min_entropy=0.5", "cannot take effect"]),
+    ("dpo_online", ["guards.max_abs_log_kappa=0.5"], ["guards.max_abs_log_kappa=0.5", "cannot take effect"]),
+    ("dpo_online", ["guards.max_zero_adv_fraction=0.5"], ["guards.max_zero_adv_fraction=0.5", "cannot take effect"]),
 ]
 
 # The same keys where they act: they load without a warning.
@@ -46,7 +51,9 @@ LIVE = [
     ("dpo_online", ["preference.loss=odpo", *OVERLONG]),
     ("grpo", [JUDGE]),
     ("ppo", ["sampling.temperature=0"]),
-    (None, ["critic.enabled=true", "credit.estimator=gae", "sampling.group_size=1"]),  # group_size 1 (critic + GAE): one greedy sample, nothing repeated
+    (None, ["critic.enabled=true", "credit.estimator=gae", "sampling.group_size=1"]),
+    ("dpo_online", ["guards.min_response_length=2", "guards.max_truncation_rate=0.5"]),  # lengths are logged
+    ("grpo", ["guards.min_entropy=0.5", "guards.max_zero_adv_fraction=0.5"]),  # group_size 1 (critic + GAE): one greedy sample, nothing repeated
 ]
 
 
@@ -143,3 +150,19 @@ def test_a_sampled_evaluation_draws_from_the_runs_truncated_sampler_on_every_pat
     sampled = rec.params[:greedy]
     assert sampled and all((p.temperature, p.top_k, p.top_p) == (0.8, 5, 0.9) for p in sampled), sampled[0]
     assert all(p.temperature == 0.0 for p in rec.params[greedy:])
+
+
+def test_an_online_preference_step_logs_the_lengths_its_guards_read(tmp_path) -> None:
+    # guards.min_response_length / max_truncation_rate read length/mean and finish/truncated_rate, which the
+    # online preference step did not log: a collapse or a blow-up of the sampled responses went unseen.
+    import json
+
+    from posttrain.cli import main
+
+    run_dir = tmp_path / "online"
+    assert main(["train", "dpo_online", "model.path=builtin:micro", "sft.steps=0", "steps=1", "eval.size=4",
+                 "sampling.prompts_per_step=2", "sampling.group_size=2", "guards.min_response_length=1000",
+                 f"run_dir={run_dir}", "--no-progress"]) == 0
+    (row,) = [r for r in map(json.loads, (run_dir / "metrics.jsonl").read_text().splitlines()) if r["step"] == 1]
+    assert 1 <= row["length/mean"] <= 4 and 0 <= row["finish/truncated_rate"] <= 1  # max_new_tokens=4
+    assert "response-length collapse" in row["guards"]
