@@ -71,6 +71,10 @@ RULES: tuple[Rule, ...] = (
          "in system.mode=sync without partial rollout every sample is consumed at the version that sampled it"),
     # posttrain/loop/run.py: Ray actors are built only with system.backend=ray.
     Rule(("system.ray",), lambda c: c.system.backend != "ray", "system.backend is not ray"),
+    # posttrain/loop/run.py Run.release_engine -> rollout/engine.py engine_sleep: the Ray rollout workers' pool
+    # has no sleep() hook, so the run logged that the engine keeps its memory and went on.
+    Rule(("system.engine_sleep",), lambda c: c.system.backend == "ray",
+         "the Ray rollout workers (system.backend=ray) have no sleep hook: their engines keep their memory"),
     # posttrain/loop/backends/ray_learner.py: with system.backend=ray the learner ranks (learner.strategy
     # ddp / fsdp2) are Ray actors placed with these keys, and publish their weight buckets (weight_sync);
     # the embedded learner is no actor, its weights are always packed by the driver.

@@ -41,6 +41,8 @@ REFUSED = [
     ("dpo_online", ["guards.min_entropy=0.5"], ["guards.min_entropy=0.5", "cannot take effect"]),
     ("dpo_online", ["guards.max_abs_log_kappa=0.5"], ["guards.max_abs_log_kappa=0.5", "cannot take effect"]),
     ("dpo_online", ["guards.max_zero_adv_fraction=0.5"], ["guards.max_zero_adv_fraction=0.5", "cannot take effect"]),
+    # The Ray rollout workers have no sleep hook: every update logged "keeps its memory" and went on.
+    (None, ["system.backend=ray", "system.engine_sleep=true"], ["system.engine_sleep=True", "cannot take effect"]),
 ]
 
 # The same keys where they act: they load without a warning.
@@ -53,7 +55,9 @@ LIVE = [
     ("ppo", ["sampling.temperature=0"]),
     (None, ["critic.enabled=true", "credit.estimator=gae", "sampling.group_size=1"]),
     ("dpo_online", ["guards.min_response_length=2", "guards.max_truncation_rate=0.5"]),  # lengths are logged
-    ("grpo", ["guards.min_entropy=0.5", "guards.max_zero_adv_fraction=0.5"]),  # group_size 1 (critic + GAE): one greedy sample, nothing repeated
+    ("grpo", ["guards.min_entropy=0.5", "guards.max_zero_adv_fraction=0.5"]),
+    (None, ["system.engine_sleep=true"]),  # the built-in engine frees its weights during each update
+    (None, ["system.engine_sleep=true", "rollout.process=server"]),  # over HTTP, the server engine's hook  # group_size 1 (critic + GAE): one greedy sample, nothing repeated
 ]
 
 
