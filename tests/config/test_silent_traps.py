@@ -43,6 +43,16 @@ REFUSED = [
     ("dpo_online", ["guards.max_zero_adv_fraction=0.5"], ["guards.max_zero_adv_fraction=0.5", "cannot take effect"]),
     # The Ray rollout workers have no sleep hook: every update logged "keeps its memory" and went on.
     (None, ["system.backend=ray", "system.engine_sleep=true"], ["system.engine_sleep=True", "cannot take effect"]),
+    # Episodes score themselves (learned rewards are scored in the driver): the Ray reward actors were
+    # started and never called; without reward actors their settings had nothing to set.
+    (None, ["system.backend=ray", "env.name=calculator_tool", "system.ray.num_reward_workers=2"],
+     ["system.ray.num_reward_workers=2", "env.name"]),
+    (None, ["system.backend=ray", "env.name=calculator_tool", "system.ray.verify_retries=3"],
+     ["system.ray.verify_retries=3", "env.name"]),
+    (None, ["system.backend=ray", "system.ray.num_reward_workers=0", "system.ray.verify_timeout_s=5"],
+     ["system.ray.verify_timeout_s=5", "num_reward_workers=0"]),
+    (None, ["system.backend=ray", "system.ray.num_reward_workers=0", "system.ray.cpus_per_reward_worker=1"],
+     ["system.ray.cpus_per_reward_worker=1", "num_reward_workers=0"]),
 ]
 
 # The same keys where they act: they load without a warning.
@@ -56,6 +66,8 @@ LIVE = [
     (None, ["critic.enabled=true", "credit.estimator=gae", "sampling.group_size=1"]),
     ("dpo_online", ["guards.min_response_length=2", "guards.max_truncation_rate=0.5"]),  # lengths are logged
     ("grpo", ["guards.min_entropy=0.5", "guards.max_zero_adv_fraction=0.5"]),
+    (None, ["system.backend=ray", "system.ray.num_reward_workers=2", "system.ray.verify_retries=3",
+            "system.ray.verify_timeout_s=5", "system.ray.cpus_per_reward_worker=1"]),  # single-turn: they verify
     (None, ["system.engine_sleep=true"]),  # the built-in engine frees its weights during each update
     (None, ["system.engine_sleep=true", "rollout.process=server"]),  # over HTTP, the server engine's hook  # group_size 1 (critic + GAE): one greedy sample, nothing repeated
 ]
