@@ -102,6 +102,19 @@ def build_env_task(name: str, kwargs: Mapping[str, Any] | None = None, heldout_f
     return EnvTask(name, factory, dict(kwargs or {}), heldout_fraction)
 
 
+def check_tool_switch(name: str, kwargs: Mapping[str, Any] | None) -> None:
+    """Refuse (``ValueError``, one line naming ``env.eval_without_tools``) an environment ``env.name`` whose
+    factory does not build with ``use_tools=False`` on top of ``env.kwargs`` (which must build alone): the
+    no-tool held-out evaluation would fail at the run's first evaluation, after its directory is written."""
+    task = build_env_task(name, kwargs)
+    task.make_env()  # env.kwargs alone (their own error)
+    try:
+        task.make_env(use_tools=False)
+    except ValueError:
+        raise ValueError(f"env.eval_without_tools=true: env {name!r} has no use_tools switch (its factory takes no "
+                         "use_tools keyword), so there is no tool-free evaluation") from None
+
+
 def check_env_reward_weights(name: str, kwargs: Mapping[str, Any] | None, weights: Mapping[str, float]) -> None:
     """Refuse (``ValueError``, one line naming the key) a ``reward.weights`` key that the environment
     ``env.name`` does not declare among its ``reward_components`` (the load-time check a single-turn

@@ -133,7 +133,8 @@ def test_a_step1_config_error_fails_at_load_before_the_run_dir_exists(case, plug
 # step-0 evaluation, after config.yaml was written).
 EPISODE_FAILURES = {
     "env_max_tokens_without_room": (["env.max_tokens=8"], ["env.max_tokens=8", "no room for a turn"]),
-    "sft_without_demonstrations": (["env.name=calculator_tags", "env.kwargs={}", "sft.steps=2"],
+    "sft_without_demonstrations": (["env.name=calculator_tags", "env.kwargs={}", "sft.steps=2",
+                                    "env.eval_without_tools=false"],  # calculator_tags has no use_tools switch
                                    ["env.name=calculator_tags", "no demonstration"]),
 }
 
@@ -174,7 +175,8 @@ def test_every_shipped_recipe_passes_the_preflight(recipe):
 
 @pytest.mark.parametrize("overrides", [
     ["credit.estimator=gigpo", "credit.kwargs={}"],  # GiGPO's step records: built in the fake batch
-    ["env.name=calculator_tags", "env.kwargs={}", "sft.steps=0", "env.max_tokens=64"],
+    # tool_calc's no-tool evaluation off: calculator_tags has no use_tools switch (refused at load)
+    ["env.name=calculator_tags", "env.kwargs={}", "sft.steps=0", "env.max_tokens=64", "env.eval_without_tools=false"],
 ], ids=["gigpo", "tags_no_sft"])
 def test_multi_turn_recipes_pass_the_preflight(overrides):
     assert preflight(load_run_config("tool_calc", overrides)) is None

@@ -53,6 +53,10 @@ REFUSED = [
      ["system.ray.verify_timeout_s=5", "num_reward_workers=0"]),
     (None, ["system.backend=ray", "system.ray.num_reward_workers=0", "system.ray.cpus_per_reward_worker=1"],
      ["system.ray.cpus_per_reward_worker=1", "num_reward_workers=0"]),
+    # An environment without a use_tools switch: the run wrote config.yaml and metrics.jsonl, then its step-0
+    # evaluation failed blaming env.kwargs.
+    (None, ["env.name=calculator_tags", "env.eval_without_tools=true"],
+     ["env.eval_without_tools=true", "calculator_tags", "use_tools"]),
 ]
 
 # The same keys where they act: they load without a warning.
@@ -68,6 +72,7 @@ LIVE = [
     ("grpo", ["guards.min_entropy=0.5", "guards.max_zero_adv_fraction=0.5"]),
     (None, ["system.backend=ray", "system.ray.num_reward_workers=2", "system.ray.verify_retries=3",
             "system.ray.verify_timeout_s=5", "system.ray.cpus_per_reward_worker=1"]),  # single-turn: they verify
+    (None, ["env.name=calculator_tool", "env.eval_without_tools=true"]),  # it has the switch
     (None, ["system.engine_sleep=true"]),  # the built-in engine frees its weights during each update
     (None, ["system.engine_sleep=true", "rollout.process=server"]),  # over HTTP, the server engine's hook  # group_size 1 (critic + GAE): one greedy sample, nothing repeated
 ]
