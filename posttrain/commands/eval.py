@@ -15,7 +15,10 @@ checkpoint then holds the restored promoted weights). Every held-out set the tas
 gives each evaluation's bootstrap 95% interval of accuracy over its problems.
 
 A bare Hugging Face model directory (no run around it) needs ``--task`` or ``--env``; the flags'
-defaults apply (raw-text prompts, 16 new tokens, 200 prompts, greedy, seed 0).
+defaults apply (raw-text prompts, 16 new tokens, 200 prompts, greedy, seed 0). So does a checkpoint of an
+offline preference run (``trainer: preference``; it measured held-out pair accuracy, on no task): without
+``--task`` / ``--env`` it is one error line saying so. A reward model's checkpoint (``trainer: reward_model``)
+scores and does not generate: one error line pointing to its pair accuracy and ``reward.model.path``.
 """
 
 from __future__ import annotations
@@ -85,6 +88,8 @@ def run(args: argparse.Namespace) -> int:
         if not isinstance(kwargs, dict):
             raise ValueError(f"--task-kwargs must be a JSON object, got {args.task_kwargs!r}")
     cfg_path = run_config_path(path)
+    if cfg_path is not None and _evaluated_pairs(cfg_path, args, model_dir):
+        cfg_path = None  # an offline preference run's policy on the flags' task: as a model directory
     if cfg_path is not None:
         cfg, overridden = _as_the_run(cfg_path, args, kwargs, model_dir)
         print(_as_the_run_line(cfg_path, cfg, overridden, args.no_tools), file=sys.stderr)
@@ -166,6 +171,32 @@ def _check_judged(cfg: RunConfig, metrics: dict[str, Any], path: Path) -> None:
     if n and bad == n:
         raise NothingJudgedError(f"nothing could be judged: all {n} held-out verifications of {path} failed "
                                  "(infra_error / env_failure: no verdict), so the figures above are not accuracies")
+
+
+def _evaluated_pairs(cfg_path: Path, args: argparse.Namespace, model_dir: Path) -> bool:
+    """True when ``cfg_path`` is an offline preference run (it measured held-out pair accuracy, no task) and
+    ``--task`` / ``--env`` name what to evaluate its policy on (one note line on stderr); ``ValueError`` when
+    they do not, or when the run trained a reward model (it scores, it does not generate); False otherwise."""
+    from posttrain.loop.run_dir import read_config_yaml
+
+    data = read_config_yaml(cfg_path) or {}
+    trainer = data.get("trainer", "rl")
+    pref = data.get("preference")
+    online = isinstance(pref, dict) and bool(pref.get("online"))
+    run = cfg_path.parent
+    if trainer == "reward_model":
+        raise ValueError(f"{model_dir}: a reward model (trainer=reward_model, {cfg_path}) scores responses, it does "
+                         f"not generate; its held-out pair accuracy is in {run / 'metrics.jsonl'}; use it in RL with "
+                         f"reward.model.path={run / 'reward_model'}")
+    if trainer != "preference" or online:
+        return False
+    if args.task is None and args.env is None:
+        raise ValueError(f"{cfg_path}: trainer=preference (offline) measured held-out pair accuracy on "
+                         f"preference.data ({run / 'metrics.jsonl'}), on no task; give --task NAME or --env NAME "
+                         "to evaluate its policy on held-out prompts")
+    print(f"{cfg_path}: a trainer=preference (offline) run (held-out pair accuracy, no task): evaluating its "
+          "policy as a model directory with the flags", file=sys.stderr)
+    return True
 
 
 def run_config_path(checkpoint: Path) -> Path | None:
