@@ -241,8 +241,11 @@ class PolicyLearner:
         return torch.autocast(device_type=self.device.type, dtype=self.autocast_dtype)
 
     @contextlib.contextmanager
-    def _grad_mode(self) -> Iterator[None]:
-        """Train mode around the gradient forward when checkpointing (dropout-free, checked)."""
+    def grad_mode(self) -> Iterator[None]:
+        """Train mode around a gradient forward (and its backward) when checkpointing: transformers'
+        activation checkpointing acts only in train mode, exact because the model has no dropout (checked
+        at construction). A no-op without ``compute.gradient_checkpointing``. Any loss on :attr:`model`
+        that trains through :attr:`trainer` (the online preference step too) runs under it."""
         if not self.gradient_checkpointing:
             yield
             return
@@ -468,7 +471,7 @@ class PolicyLearner:
             mask = mb["loss_mask"]
             # A no-signal micro-batch: the same forward, metrics and records, without a graph or backward.
             no_grad = contextlib.nullcontext() if needs_grad else torch.no_grad()
-            with self._autocast(), self._grad_mode(), no_grad:
+            with self._autocast(), self.grad_mode(), no_grad:
                 lp, ent = forward_logprobs(
                     self.model,
                     mb["input_ids"],
@@ -515,7 +518,7 @@ class PolicyLearner:
                     total = total - self.entropy_coef * ent_term
                     acc.entropy_loss += float(ent_term.detach())
             if needs_grad:
-                with self._grad_mode():  # checkpointed layers recompute in the same mode
+                with self.grad_mode():  # checkpointed layers recompute in the same mode
                     total.backward()
             # Diagnostics (no grad): token sums over the loss mask.
             with torch.no_grad():
@@ -579,12 +582,12 @@ class PolicyLearner:
         """A forward/backward whose loss is 0 * (log-probs): no gradient, but every collective a
         sharded model runs inside its passes (FSDP2's all-gather / reduce-scatter) runs here too."""
         mb = microbatches(t, rows, self.microbatch_tokens)[0]
-        with self._autocast(), self._grad_mode():
+        with self._autocast(), self.grad_mode():
             lp, _ = forward_logprobs(self.model, mb["input_ids"], mb["attention_mask"], temperature=self.temperature,
                                      with_entropy=False, entropy_grad=False,
                                      entropy_chunk_size=self.entropy_chunk_size)
         zero = (lp * 0.0).sum()
-        with self._grad_mode():
+        with self.grad_mode():
             torch.autograd.backward(zero)
 
     def compute_gradients(

@@ -40,6 +40,7 @@ from posttrain.trajectory import Status, Trajectory
 if TYPE_CHECKING:
     from rich.progress import Progress
 
+    from posttrain.learner.actor import PolicyLearner
     from posttrain.loop.run import Run
 
 REJECTED = (Status.WRONG, Status.INVALID)
@@ -103,6 +104,12 @@ def _reference(run: Run, fresh: bool) -> torch.nn.Module | None:
     return model.eval().requires_grad_(False)
 
 
+def online_pair_loss(learner: PolicyLearner, batch: PairBatch, cfg: RunConfig, pad_id: int) -> PairBatchLoss:
+    """The loss of one online step's pairs on the policy learner's model, under the learner's grad mode (train
+    mode when ``optim.gradient_checkpointing``: transformers checkpoints activations only in train mode)."""
+    return PairBatchLoss(learner.model, batch, cfg, pad_id, grad_mode=learner.grad_mode)
+
+
 def _reward_metrics(trajs: Sequence[Trajectory]) -> dict[str, float]:
     """``reward/mean``, ``status/*`` and the lengths the guards read (``length/*``, ``finish/truncated_rate``)."""
     totals = [float(t.reward.total) for t in trajs if t.reward.total is not None]
@@ -148,7 +155,7 @@ def train_online_preference(cfg: RunConfig, progress: Progress | None = None) ->
                 t0 = time.perf_counter()
                 refs = (None, None) if ref is None else pair_logprobs(
                     ref, pairs, pad_id=run.pad_token_id, microbatch_tokens=cfg.optim.microbatch_tokens)
-                loss = PairBatchLoss(learner.model, PairBatch(pairs, *refs), cfg, run.pad_token_id)
+                loss = online_pair_loss(learner, PairBatch(pairs, *refs), cfg, run.pad_token_id)
                 tally = learner.trainer.train(len(pairs), loss)
                 learner.version += 1  # the weights changed: the engine's next samples carry the new version
                 metrics.update(loss.metrics)

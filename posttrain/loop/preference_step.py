@@ -10,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 import time
 from collections.abc import Callable, Sequence
+from contextlib import AbstractContextManager, nullcontext
 from typing import TYPE_CHECKING, Protocol
 
 import torch
@@ -126,10 +127,13 @@ class PairBatch:
 class PairBatchLoss:
     """The :class:`~posttrain.learner.trainer.MinibatchLoss` of one step's pairs: the mean over pairs of the
     preference loss (KTO: over its ``2B`` responses), accumulated over micro-batches of pairs. ``metrics``
-    holds the loss and the mean of each diagnostic after :meth:`backward`."""
+    holds the loss and the mean of each diagnostic after :meth:`backward`. ``grad_mode`` wraps each
+    micro-batch's forward and backward (the policy learner's :meth:`~posttrain.learner.actor.PolicyLearner.grad_mode`
+    online, so its activation checkpointing acts; offline none)."""
 
-    def __init__(self, model: torch.nn.Module, batch: PairBatch, cfg: RunConfig, pad_id: int) -> None:
-        self.model, self.batch, self.pad_id = model, batch, pad_id
+    def __init__(self, model: torch.nn.Module, batch: PairBatch, cfg: RunConfig, pad_id: int,
+                 grad_mode: Callable[[], AbstractContextManager[object]] = nullcontext) -> None:
+        self.model, self.batch, self.pad_id, self.grad_mode = model, batch, pad_id, grad_mode
         self.loss, self.kwargs = cfg.preference.loss, cfg.preference.kwargs
         self.microbatch_tokens = cfg.optim.microbatch_tokens
         self.metrics: dict[str, float] = {}
@@ -153,9 +157,10 @@ class PairBatchLoss:
                 z0 = kto_reference_point(self._policy(rows))
         sums: dict[str, float] = {}
         for chunk in pair_chunks([self.batch.pairs[i] for i in rows], self.microbatch_tokens):
-            lp = self._policy([rows[i] for i in chunk])
-            loss, diag = preference_loss(self.loss, self.kwargs, lp, kl_ref_point=z0)
-            (loss.sum() / normaliser).backward()  # type: ignore[no-untyped-call]
+            with self.grad_mode():  # the policy learner's: train mode when it checkpoints activations
+                lp = self._policy([rows[i] for i in chunk])
+                loss, diag = preference_loss(self.loss, self.kwargs, lp, kl_ref_point=z0)
+                (loss.sum() / normaliser).backward()  # type: ignore[no-untyped-call]
             for k, v in {"loss": loss.detach(), **diag}.items():
                 sums[k] = sums.get(k, 0.0) + float(v.sum())
         self.metrics = {k: v / normaliser for k, v in sums.items()}
