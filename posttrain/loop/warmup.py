@@ -74,7 +74,7 @@ def sft_warmup(run: Run, progress: Progress | None = None) -> None:
             progress.update(bar, advance=1, description=f"SFT warm-up loss {loss:.3f}")
 
     losses = run_sft(run.learner.model, batches, steps=cfg.sft.steps, lr=cfg.sft.lr,
-                     pad_token_id=run.pad_token_id, on_step=on_step)
+                     pad_token_id=run.pad_token_id, on_step=on_step, microbatch_tokens=cfg.optim.microbatch_tokens)
     run.learner.model.eval()
     (run.dir / "sft_losses.json").write_text(json.dumps(losses))
     if run.ref_model is not None:
