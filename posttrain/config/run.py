@@ -89,10 +89,10 @@ class RunConfig(Section):
             raise ValueError(f"learner.strategy={self.learner.strategy} does not support LoRA (lora.rank > 0); "
                              "use learner.strategy=single")
         if self.lora.rank > 0 and self.lora.dropout > 0 and self.optim.gradient_checkpointing:
-            # posttrain/learner/actor.py: the backward recomputes each layer; a dropout draws another mask there
-            raise ValueError(f"lora.dropout={self.lora.dropout} with optim.gradient_checkpointing=true: the backward "
-                             "recomputes the layers with another dropout mask (pi_theta would differ from pi_old); "
-                             "set lora.dropout=0 or optim.gradient_checkpointing=false")
+            # posttrain/learner/actor.py: checkpointing acts in train mode only, where dropout is active
+            raise ValueError(f"lora.dropout={self.lora.dropout} with optim.gradient_checkpointing=true: checkpointing "
+                             "runs the gradient forward in train mode, where the adapters' dropout is active (pi_theta "
+                             "would differ from pi_old); set lora.dropout=0 or optim.gradient_checkpointing=false")
         if self.learner.precision == "bf16" and self.model.dtype != "float32":
             raise ValueError(f"learner.precision=bf16 keeps float32 master weights: needs model.dtype=float32, "
                              f"got {self.model.dtype}")
