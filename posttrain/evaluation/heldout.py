@@ -56,18 +56,14 @@ class HeldoutRun:
         Uses the in-process built-in engine (``rollout.engine`` is not started here). Raises the run's
         own one-line errors: a task or kwargs that do not build, a prompt that does not fit the context.
         """
-        from posttrain.envs.task import check_prompts, task_rows
         from posttrain.loop.builders import build_engine, build_renderer, build_task
-        from posttrain.loop.heldout import check_eval_budget
+        from posttrain.loop.parts import check_run_prompts
         from posttrain.rewards import VerifierPool
 
         task = build_task(cfg)
         renderer = build_renderer(cfg, tokenizer)
         heldout = list(task.examples("heldout", cfg.eval.size, seed=cfg.seed))
-        context = getattr(getattr(model, "config", None), "max_position_embeddings", None)
-        check_prompts(task_rows(task) or heldout, tokenizer, max_context=context,
-                      max_new_tokens=cfg.sampling.max_new_tokens, renderer=renderer)
-        check_eval_budget(cfg, heldout, tokenizer, max_context=context, renderer=renderer)
+        check_run_prompts(cfg, task, heldout, tokenizer, model, renderer)  # the run's own prompt checks
         hidden = None
         if cfg.eval.hidden_verifier is not None:
             from posttrain.rewards.hidden import build_hidden_verifier

@@ -68,9 +68,20 @@ def env_seed(example: TaskExample) -> int:
     return int(seed)
 
 
+def engine_context(cfg: RunConfig | None, model: object) -> int | None:
+    """Positions a prompt and its response may fill: ``model``'s ``max_position_embeddings``, capped by
+    ``rollout.vllm.max_model_len`` with ``rollout.engine=vllm`` (vLLM stops a sample there without an
+    error, and refuses a longer prompt); None when neither is known."""
+    ctx: int | None = getattr(getattr(model, "config", None), "max_position_embeddings", None)
+    cap = cfg.rollout.vllm.max_model_len if cfg is not None and cfg.rollout.engine == "vllm" else None
+    if cap is None:
+        return ctx
+    return cap if ctx is None else min(ctx, cap)
+
+
 def context_limit(run: object) -> int | None:
-    """The model's context (``max_position_embeddings``) or None when unknown."""
-    return getattr(getattr(getattr(run, "plain_model", None), "config", None), "max_position_embeddings", None)
+    """The run's context for its engine (:func:`engine_context` of ``run.cfg`` and ``run.plain_model``)."""
+    return engine_context(getattr(run, "cfg", None), getattr(run, "plain_model", None))
 
 
 def generate_turns(engine: RolloutEngine, requests: Sequence[GenerationRequest]

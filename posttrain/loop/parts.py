@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -65,6 +66,30 @@ class Parts:
     hidden_verifier: Verifier | None
     verify_batch: VerifyBatch
     pool: VerifierPool | None
+
+
+def check_run_prompts(cfg: RunConfig, task: Task, heldout: Sequence[TaskExample], tokenizer: PreTrainedTokenizerBase,
+                      model: torch.nn.Module, renderer: PromptRenderer) -> None:
+    """Every prompt of a file task (else the held-out prompts) encodes and fits the engine's context with
+    ``sampling.max_new_tokens``, and each held-out prompt with a larger ``eval.max_new_tokens``
+    (:func:`~posttrain.loop.heldout.check_eval_budget`); the context is
+    :func:`~posttrain.loop.episode_rollout.engine_context` (``rollout.vllm.max_model_len`` with vLLM, which
+    would cut the responses there silently). ``ValueError`` naming the file and row (and
+    ``rollout.vllm.max_model_len=N:`` when that cap is what does not fit)."""
+    from posttrain.envs.task import check_prompts, task_rows
+    from posttrain.loop.episode_rollout import engine_context
+    from posttrain.loop.heldout import check_eval_budget
+
+    context = engine_context(cfg, model)
+    capped = context is not None and context != engine_context(None, model)
+    try:
+        check_prompts(task_rows(task) or heldout, tokenizer, max_context=context,
+                      max_new_tokens=cfg.sampling.max_new_tokens, renderer=renderer)
+        check_eval_budget(cfg, heldout, tokenizer, max_context=context, renderer=renderer)  # eval.max_new_tokens
+    except ValueError as e:
+        if capped:
+            raise ValueError(f"rollout.vllm.max_model_len={context}: {e}") from None
+        raise
 
 
 def build_critic(cfg: RunConfig, plain_model: torch.nn.Module) -> CriticLearner:
@@ -127,13 +152,7 @@ def _build_rest(cfg: RunConfig, run_dir: Path, tokenizer: PreTrainedTokenizerBas
         from posttrain.rewards.hidden import build_hidden_verifier
 
         hidden = build_hidden_verifier(cfg.eval.hidden_verifier, cfg.eval.hidden_verifier_kwargs)
-    from posttrain.envs.task import check_prompts, task_rows
-    from posttrain.loop.heldout import check_eval_budget
-
-    context = getattr(getattr(plain_model, "config", None), "max_position_embeddings", None)
-    check_prompts(task_rows(task) or heldout, tokenizer, max_context=context,
-                  max_new_tokens=cfg.sampling.max_new_tokens, renderer=renderer)
-    check_eval_budget(cfg, heldout, tokenizer, max_context=context, renderer=renderer)  # eval.max_new_tokens
+    check_run_prompts(cfg, task, heldout, tokenizer, plain_model, renderer)
     pool: VerifierPool | None = None
     if remote_verify is None:
         from posttrain.rewards import VerifierPool
@@ -167,4 +186,4 @@ def _ray_backend(cfg: RunConfig, plain_model: torch.nn.Module, tokenizer: PreTra
     return backend, (reward.verify_batch if reward is not None else None)
 
 
-__all__ = ["Parts", "build_critic", "build_parts"]
+__all__ = ["Parts", "build_critic", "build_parts", "check_run_prompts"]
