@@ -278,6 +278,16 @@ def split_examples(run: EvaluatedRun, split: str) -> list[TaskExample]:
     return hit[1]
 
 
+def verifier_only(verify_batch: VerifyBatch | None) -> VerifyBatch | None:
+    """The run's guarded verification without its learned-reward scorers (``reward.model`` / ``reward.judge``:
+    :class:`~posttrain.rewards.learned.LearnedRewards`): held-out accuracy is the task verifier's, so a
+    held-out response is not scored (nothing reports the score) and a scorer's outage cannot turn its verdict
+    into ``infra_error``; the episodes' held-out evaluation and ``posttrain eval`` verify the same way."""
+    from posttrain.rewards.learned import LearnedRewards
+
+    return verify_batch.inner if isinstance(verify_batch, LearnedRewards) else verify_batch
+
+
 def evaluate_run(run: EvaluatedRun, temperature: float | None = None, samples: int = 1,
                  env_overrides: dict[str, JSONScalar] | None = None,
                  examples: Sequence[TaskExample] | None = None) -> EvalResult:
@@ -288,7 +298,8 @@ def evaluate_run(run: EvaluatedRun, temperature: float | None = None, samples: i
     ``hidden_verifier``, ``plain_model``). ``examples`` default to ``run.heldout`` (another held-out set:
     :func:`split_examples`). Single-turn (``env.name`` unset): :func:`evaluate` on
     them rendered by ``run.renderer`` (task.chat_template / task.system_prompt), judged by
-    ``run.task``'s verifier (reward.extract applied by ``build_task``), ``eval.max_new_tokens`` tokens
+    ``run.task``'s verifier alone (reward.extract applied by ``build_task``; no learned-reward scorer:
+    :func:`verifier_only`), ``eval.max_new_tokens`` tokens
     (default ``sampling.max_new_tokens``), seed ``cfg.seed``. Multi-turn: one whole episode per held-out
     start and sample (:func:`evaluate_episodes`) under the run's ``env``
     settings, ``env_overrides`` (e.g. ``{"use_tools": False}``) building the environments.
@@ -313,7 +324,7 @@ def evaluate_run(run: EvaluatedRun, temperature: float | None = None, samples: i
     sampled = temp > 0  # the sampler's truncation; greedy decoding takes the argmax either way
     return evaluate(run.engine, run.tokenizer, run.task, exs,
                     max_new_tokens=e.max_new_tokens or cfg.sampling.max_new_tokens, temperature=temp, seed=cfg.seed,
-                    verify_batch=run.verify_batch, samples=samples, k=min(e.k, samples),
+                    verify_batch=verifier_only(run.verify_batch), samples=samples, k=min(e.k, samples),
                     renderer=run.renderer, hidden_verifier=run.hidden_verifier,
                     top_k=cfg.sampling.top_k if sampled else 0, top_p=cfg.sampling.top_p if sampled else 1.0)
 

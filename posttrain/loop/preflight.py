@@ -21,6 +21,8 @@ batch:
 - on-policy **distillation** (``loss.distill``): the teacher exists and its tokenizer equals the
   student's (:func:`check_distill`), and ``loss.distill.only`` meets no key it leaves without effect;
 
+- an LLM judge (``reward.judge``) answers one request (:func:`check_judge`);
+
 - for multi-turn recipes (``env.name``; their reward parts are checked against the environment's
   declaration at config load) one **episode** is started with the run's tokenizer, so an
   ``env.max_tokens`` without room for a turn, or an SFT warm-up without demonstrations, fails now.
@@ -64,6 +66,24 @@ def preflight(cfg: RunConfig) -> None:
     check_batch(cfg)
     check_distill(cfg)
     check_targets(cfg)
+    check_judge(cfg)
+
+
+def check_judge(cfg: RunConfig) -> None:
+    """``reward.judge``: one request to the judge (no retry, ``reward.judge.timeout_s``) must get an HTTP
+    answer; else :class:`~posttrain.config.ConfigError` naming ``reward.judge.url`` (a run would write its
+    directory and judge every sample ``infra_error``). What the judge answers is not checked here."""
+    j = cfg.reward.judge
+    if j is None:
+        return
+    from posttrain.rewards.judge import LLMJudge
+
+    judge = LLMJudge(j.url, model=j.model, prompt_template=j.prompt_template, parse=j.parse,
+                     score_pattern=j.score_pattern, timeout_s=j.timeout_s, retries=0, max_tokens=j.max_tokens)
+    why = judge.unreachable()
+    if why is not None:
+        raise ConfigError(f"reward.judge.url={j.url}: no judge answers there ({why}); start the judge server "
+                          "first (an OpenAI-compatible /v1/chat/completions on this machine)")
 
 
 def check_distill(cfg: RunConfig) -> None:
@@ -324,4 +344,5 @@ def check_targets(cfg: RunConfig) -> None:
                           f"{_GROUPS} groups x {cfg.sampling.group_size}")
 
 
-__all__ = ["check_batch", "check_distill", "check_episodes", "check_scoring", "check_targets", "fake_batch", "preflight"]
+__all__ = ["check_batch", "check_distill", "check_episodes", "check_judge", "check_scoring", "check_targets", "fake_batch",
+           "preflight"]

@@ -128,6 +128,20 @@ class LLMJudge:
                 why = f"{type(reason).__name__}: {reason}"
         return f"LLM judge {self.url}: {why} (after {self.retries + 1} attempt(s))"[:300]
 
+    def unreachable(self) -> str | None:
+        """Why no judge answers at :attr:`url` (one request, no retry: refused, timed out, an HTTP error), or
+        None when it answered, whatever it said (a reply it cannot parse is a row's failure, not a dead judge)."""
+        try:
+            self._call(self.template.format(prompt="1 + 1", response="2"))
+        except JudgeReplyError:
+            return None
+        except urllib.error.HTTPError as e:
+            return f"HTTP {e.code} {e.reason}"
+        except (urllib.error.URLError, OSError, http.client.HTTPException) as e:
+            reason = getattr(e, "reason", e)
+            return f"{type(reason).__name__}: {reason}"
+        return None
+
     def score_rows(self, prompts: Sequence[str | Sequence[Mapping[str, str]]],
                    responses: Sequence[str]) -> list[float | str]:
         """:meth:`ask` of every row, ``concurrency`` at a time, in order."""
