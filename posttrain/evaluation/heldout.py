@@ -31,8 +31,9 @@ class HeldoutRun:
     (``posttrain eval`` of a checkpoint): what :func:`evaluate_run` / :func:`heldout_metrics` need.
 
     Built by :meth:`from_config` with the run's own builders (task with ``reward.extract`` and
-    ``reward.functions``, renderer, held-out split of ``eval.size`` at ``seed``, guarded verifier pool of
-    ``reward.*``, ``eval.hidden_verifier``), so nothing of the run's evaluation is re-implemented here.
+    ``reward.functions``, renderer, held-out split of ``eval.size`` at ``seed``, guarded verifier pool under
+    the run's limits: ``reward.*``, or ``system.ray.verify_timeout_s`` / ``verify_retries`` when Ray reward
+    actors verified, ``eval.hidden_verifier``), so nothing of the run's evaluation is re-implemented here.
     The task's further held-out sets (``eval_splits``) are fetched by the evaluation itself
     (:func:`~posttrain.loop.heldout.split_examples`: the same size and seed), as in the run.
     Call :meth:`close` when done (the verifier pool).
@@ -69,7 +70,11 @@ class HeldoutRun:
             from posttrain.rewards.hidden import build_hidden_verifier
 
             hidden = build_hidden_verifier(cfg.eval.hidden_verifier, cfg.eval.hidden_verifier_kwargs)
-        pool = VerifierPool(workers=cfg.reward.workers, timeout_s=cfg.reward.timeout_s, retries=cfg.reward.retries)
+        ray = cfg.system.ray
+        if cfg.system.backend == "ray" and ray.num_reward_workers > 0:  # the run's Ray reward actors' limits
+            pool = VerifierPool(workers=0, timeout_s=ray.verify_timeout_s, retries=ray.verify_retries)
+        else:
+            pool = VerifierPool(workers=cfg.reward.workers, timeout_s=cfg.reward.timeout_s, retries=cfg.reward.retries)
         return cls(cfg=cfg, engine=build_engine(model, tokenizer), tokenizer=tokenizer, task=task, heldout=heldout,
                    renderer=renderer, verify_batch=pool.verify_batch, hidden_verifier=hidden, plain_model=model,
                    _pool=pool)
