@@ -96,8 +96,12 @@ class OptimConfig(Section):
     lr: float = Field(default=1e-3, ge=0.0)
     weight_decay: float = Field(default=0.0, ge=0.0)
     betas: tuple[float, float] = (0.9, 0.999)
-    warmup_steps: int = Field(default=0, ge=0)
-    schedule: Literal["constant", "linear", "cosine"] = "constant"
+    warmup_steps: int = Field(default=0, ge=0, description="learning-rate warm-up in optimizer steps, not RL steps: an "
+                              "RL step takes ppo_epochs x num_minibatches of them (offline preference and reward-model "
+                              "trainers: one per step)")
+    schedule: Literal["constant", "linear", "cosine"] = Field(
+        default="constant", description="learning-rate decay after the warm-up, over steps x ppo_epochs x "
+        "num_minibatches optimizer steps (posttrain/learner/schedule.py)")
     max_grad_norm: float | None = Field(default=1.0, gt=0)
     microbatch_tokens: int = Field(default=4096, ge=1, description="token budget per micro-batch (rows x padded length)")
     gradient_checkpointing: bool = Field(
