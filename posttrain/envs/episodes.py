@@ -115,6 +115,14 @@ def check_tool_switch(name: str, kwargs: Mapping[str, Any] | None) -> None:
                          "use_tools keyword), so there is no tool-free evaluation") from None
 
 
+def check_tool_prompt(name: str, kwargs: Mapping[str, Any] | None, tool_prompt: str) -> None:
+    """Refuse (``ValueError``, one line naming ``env.tool_prompt``) a tool prompt for an environment ``env.name``
+    without tools (no ``tools`` to render: the setting would be ignored, ``posttrain/envs/multiturn.py``)."""
+    if not getattr(build_env_task(name, kwargs).make_env(), "tools", None):
+        raise ValueError(f"env.tool_prompt={tool_prompt} cannot take effect: env {name!r} has no tools (no tool "
+                         "schemas to render); drop env.tool_prompt")
+
+
 def check_env_reward_weights(name: str, kwargs: Mapping[str, Any] | None, weights: Mapping[str, float]) -> None:
     """Refuse (``ValueError``, one line naming the key) a ``reward.weights`` key that the environment
     ``env.name`` does not declare among its ``reward_components`` (the load-time check a single-turn

@@ -32,7 +32,7 @@ import torch
 
 import posttrain.algos as A
 from posttrain.config import RunConfig, log_warnings, parse_config, read_recipe
-from posttrain.envs.episodes import ENVS, check_env_reward_weights, check_tool_switch
+from posttrain.envs.episodes import ENVS, check_env_reward_weights, check_tool_prompt, check_tool_switch
 from posttrain.errors import ConfigError
 from posttrain.loop.algo_kwargs import check_algo_kwargs
 from posttrain.loop.targets import check_estimator_needs
@@ -173,4 +173,6 @@ def _check_registries(cfg: RunConfig) -> None:
                                  {k: w for k, w in cfg.reward.weights.items() if k not in learned})  # like single-turn components
         if cfg.env.eval_without_tools:
             check_tool_switch(cfg.env.name, cfg.env.kwargs)  # else the step-0 evaluation fails
+        if cfg.env.tool_prompt != "auto":  # set: it renders the environment's tools
+            check_tool_prompt(cfg.env.name, cfg.env.kwargs, cfg.env.tool_prompt)
     check_algo_kwargs(cfg)

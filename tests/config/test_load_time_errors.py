@@ -134,7 +134,8 @@ def test_a_step1_config_error_fails_at_load_before_the_run_dir_exists(case, plug
 EPISODE_FAILURES = {
     "env_max_tokens_without_room": (["env.max_tokens=8"], ["env.max_tokens=8", "no room for a turn"]),
     "sft_without_demonstrations": (["env.name=calculator_tags", "env.kwargs={}", "sft.steps=2",
-                                    "env.eval_without_tools=false"],  # calculator_tags has no use_tools switch
+                                    # calculator_tags has no use_tools switch and no tools for tool_calc's prompt
+                                    "env.eval_without_tools=false", "env.tool_prompt=auto"],
                                    ["env.name=calculator_tags", "no demonstration"]),
 }
 
@@ -175,8 +176,9 @@ def test_every_shipped_recipe_passes_the_preflight(recipe):
 
 @pytest.mark.parametrize("overrides", [
     ["credit.estimator=gigpo", "credit.kwargs={}"],  # GiGPO's step records: built in the fake batch
-    # tool_calc's no-tool evaluation off: calculator_tags has no use_tools switch (refused at load)
-    ["env.name=calculator_tags", "env.kwargs={}", "sft.steps=0", "env.max_tokens=64", "env.eval_without_tools=false"],
+    # tool_calc's no-tool evaluation and tool prompt off: calculator_tags has neither switch nor tools
+    ["env.name=calculator_tags", "env.kwargs={}", "sft.steps=0", "env.max_tokens=64", "env.eval_without_tools=false",
+     "env.tool_prompt=auto"],
 ], ids=["gigpo", "tags_no_sft"])
 def test_multi_turn_recipes_pass_the_preflight(overrides):
     assert preflight(load_run_config("tool_calc", overrides)) is None

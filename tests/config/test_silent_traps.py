@@ -57,6 +57,8 @@ REFUSED = [
     # evaluation failed blaming env.kwargs.
     (None, ["env.name=calculator_tags", "env.eval_without_tools=true"],
      ["env.eval_without_tools=true", "calculator_tags", "use_tools"]),
+    # The tool prompt renders an environment's tool schemas: an environment without tools has none to render.
+    (None, ["env.name=calculator_tags", "env.tool_prompt=preamble"], ["env.tool_prompt=preamble", "calculator_tags"]),
     # Adapter dropout breaks checkpointing's recompute (pi_theta != pi_old): it passed --print-recipe and failed
     # while the learner was built, naming peft's module paths instead of the keys.
     (None, ["lora.rank=4", "lora.dropout=0.1", "optim.gradient_checkpointing=true"],
@@ -77,6 +79,7 @@ LIVE = [
     (None, ["system.backend=ray", "system.ray.num_reward_workers=2", "system.ray.verify_retries=3",
             "system.ray.verify_timeout_s=5", "system.ray.cpus_per_reward_worker=1"]),  # single-turn: they verify
     (None, ["env.name=calculator_tool", "env.eval_without_tools=true"]),  # it has the switch
+    (None, ["env.name=calculator_tool", "env.tool_prompt=preamble"]),  # it has tools
     (None, ["lora.rank=4", "lora.dropout=0.1"]),  # dropout without checkpointing
     (None, ["lora.rank=4", "optim.gradient_checkpointing=true"]),
     (None, ["system.engine_sleep=true"]),  # the built-in engine frees its weights during each update
