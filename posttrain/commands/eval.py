@@ -8,7 +8,10 @@ through the run's own code (:func:`~posttrain.loop.heldout.heldout_metrics` over
 (``eval.max_new_tokens``, default ``sampling.max_new_tokens``), ``eval.size`` / ``seed`` (the same
 held-out split), ``eval.temperature`` / ``sampled_temperature`` / ``samples`` / ``k``, the
 environment's ``env.*`` settings and ``reward.weights``. One line on stderr says so; the flags
-given override their keys and the line names them. The greedy figures then equal the run's
+given override their keys and the line names them. The ``config.yaml`` is read as recorded
+(:func:`~posttrain.loop.validate.validate_recorded_config`): a setting refused for new runs since the run
+was written is one warning line, and the training machine's GPU, vLLM environment and trackers are not
+required here. The greedy figures then equal the run's
 ``heldout/*`` record at that step (``metrics.jsonl``) unless that step's revision was rejected (the
 checkpoint then holds the restored promoted weights). Every held-out set the task declares
 (``eval_splits``, e.g. ``heldout_unseen``) is evaluated and printed the same way, and ``intervals_95``
@@ -213,7 +216,7 @@ def _as_the_run(cfg_path: Path, args: argparse.Namespace, kwargs: dict[str, Any]
                 model_dir: Path) -> tuple[RunConfig, list[str]]:
     """The run's config with the given flags applied: ``(RunConfig, ["--flag (key a -> b)", ...])``."""
     from posttrain.loop.run_dir import read_config_yaml
-    from posttrain.loop.validate import validate_config
+    from posttrain.loop.validate import validate_recorded_config
 
     data = read_config_yaml(cfg_path)
     if data is None:
@@ -271,8 +274,9 @@ def _as_the_run(cfg_path: Path, args: argparse.Namespace, kwargs: dict[str, Any]
     # renderer's char-preset rule reads the same answer off the saved tokenizer).
     if not str(data["model"].get("path", "builtin:")).startswith("builtin:"):
         data["model"]["path"] = str(model_dir)
-    data["resume"] = False  # nothing of the run is written by an evaluation
-    return validate_config(data, f"{cfg_path} (posttrain eval)"), overridden
+    data["resume"] = data["resume_force"] = False  # nothing of the run is written by an evaluation
+    # Read as recorded: a setting refused for new runs since the run was written is one warning line.
+    return validate_recorded_config(data, f"{cfg_path} (posttrain eval)"), overridden
 
 
 def _bare(args: argparse.Namespace, kwargs: dict[str, Any] | None, model_dir: Path) -> RunConfig:

@@ -30,6 +30,7 @@ from posttrain.config.loading import (
     load_config,
     log_warnings,
     parse_config,
+    parse_recorded_config,
     read_recipe,
     resolve_recipe_path,
 )
@@ -46,5 +47,6 @@ __all__ = [
     "GuardsConfig", "HTTPSettings", "LearnerConfig", "LoggingConfig", "LoraConfig", "LossConfig", "ModelConfig",
     "OptimConfig", "RayBackendConfig", "RewardConfig", "RewardFunctionConfig", "RolloutConfig", "RunConfig",
     "SFTConfig", "SamplingConfig", "SystemConfig", "TaskConfig", "VLLMSettings", "apply_overrides", "dump_config",
-    "load_config", "log_warnings", "parse_config", "read_recipe", "resolve_recipe_path",
+    "load_config", "log_warnings", "parse_config", "parse_recorded_config", "read_recipe",
+    "resolve_recipe_path",
 ]

@@ -15,7 +15,7 @@ import yaml
 from pydantic import ValidationError
 
 from posttrain.config.dead_settings import check_dead_settings
-from posttrain.config.run import RunConfig
+from posttrain.config.run import RECORDED, RunConfig, check_new_run
 from posttrain.errors import ConfigError
 
 RECIPES_DIR = Path(__file__).parent.parent / "recipes"
@@ -117,6 +117,26 @@ def parse_config(data: dict[str, Any], source: str) -> RunConfig:
         return RunConfig.model_validate(data)
     except ValidationError as e:
         raise ConfigError(_format_validation(e, source)) from None
+
+
+def parse_recorded_config(data: dict[str, Any], source: str) -> RunConfig:
+    """``RunConfig`` of a run's saved ``config.yaml`` (``data``), read as the run recorded it.
+
+    Types, bounds and unknown keys are checked as by :func:`parse_config` (a :class:`ConfigError` line per
+    bad key, prefixed by ``source``). The refusals of a new run (:func:`~posttrain.config.run.check_new_run`:
+    combinations, dead settings) are not applied: reading a recorded run is not starting one, and a run
+    written before a refusal existed must stay readable. When one would refuse, one warning line says so,
+    naming the key. Starting or resuming a run loads its recipe with :func:`parse_config`, refusals included.
+    """
+    try:
+        cfg = RunConfig.model_validate(data, context=RECORDED)
+    except ValidationError as e:
+        raise ConfigError(_format_validation(e, source)) from None
+    try:
+        check_new_run(cfg)
+    except ValueError as e:
+        _log.warning("%s: read as recorded, although a new run would now be refused: %s", source, e)
+    return cfg
 
 
 def log_warnings(cfg: RunConfig, source: str) -> None:

@@ -2,14 +2,17 @@
 system) plus model, optimiser, learner, rollout engine, evaluation and run controls.
 
 Its validator refuses combinations of keys that cannot run and keys that cannot take effect
-(:mod:`posttrain.config.dead_settings`), from the config alone.
+(:mod:`posttrain.config.dead_settings`), from the config alone (:func:`check_new_run`). A run's saved
+``config.yaml`` is read without them (validation context :data:`RECORDED`,
+:func:`posttrain.config.loading.parse_recorded_config`): they protect a run about to start, and a run
+recorded before a refusal existed stays readable by the commands that only read it.
 """
 
 from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import Field, model_validator
+from pydantic import Field, ValidationInfo, model_validator
 
 from posttrain.config.algorithm import (
     CorrectionConfig,
@@ -71,46 +74,9 @@ class RunConfig(Section):
     logging: LoggingConfig = Field(default_factory=LoggingConfig)
 
     @model_validator(mode="after")
-    def _check_combinations(self) -> RunConfig:
-        # Combinations of keys that cannot run, read from the config alone. What needs the registries, user
-        # modules, a dry run of an algorithm or this machine is posttrain.loop.validate.validate_run's.
-        if self.env.name is not None and self.sampling.dynamic_sampling:
-            raise ValueError(f"env.name={self.env.name}: multi-turn episodes need sampling.dynamic_sampling=false")
-        if self.sampling.dynamic_sampling and (self.system.mode != "sync" or self.system.partial_fraction < 1.0):
-            raise ValueError("sampling.dynamic_sampling is supported with system.mode=sync and partial_fraction=1 only")
-        if self.system.max_queue is not None and self.system.max_queue < self.sampling.group_size:
-            raise ValueError(f"system.max_queue={self.system.max_queue} cannot hold one group of "
-                             f"sampling.group_size={self.sampling.group_size} samples")
-        if self.rollout.engine == "vllm" and self.rollout.vllm.dtype == "auto" and self.model.dtype == "float64":
-            raise ValueError("rollout.vllm.dtype: vLLM has no float64; set model.dtype=float32 or rollout.vllm.dtype")
-        if self.loss.kl_coef > 0 and self.loss.kl_estimator is None:
-            raise ValueError("loss.kl_coef > 0 needs loss.kl_estimator (k1, k2 or k3)")
-        if self.learner.strategy != "single" and self.lora.rank > 0:
-            raise ValueError(f"learner.strategy={self.learner.strategy} does not support LoRA (lora.rank > 0); "
-                             "use learner.strategy=single")
-        if self.lora.rank > 0 and self.lora.dropout > 0 and self.optim.gradient_checkpointing:
-            # posttrain/learner/actor.py: checkpointing acts in train mode only, where dropout is active
-            raise ValueError(f"lora.dropout={self.lora.dropout} with optim.gradient_checkpointing=true: checkpointing "
-                             "runs the gradient forward in train mode, where the adapters' dropout is active (pi_theta "
-                             "would differ from pi_old); set lora.dropout=0 or optim.gradient_checkpointing=false")
-        if self.learner.precision == "bf16" and self.model.dtype != "float32":
-            raise ValueError(f"learner.precision=bf16 keeps float32 master weights: needs model.dtype=float32, "
-                             f"got {self.model.dtype}")
-        if self.correction.name is None and self.correction.kwargs:
-            raise ValueError(f"correction.kwargs {self.correction.kwargs} given but correction.name is not set")
-        if self.trainer == "reward_model" or (self.trainer == "preference" and not self.preference.online):
-            if self.preference.data is None:
-                raise ValueError(f"trainer={self.trainer} needs preference.data (a JSONL or Parquet file of pairs)"
-                                 + ("" if self.trainer == "reward_model" else " or preference.online=true"))
-        check_dead_settings(self)  # a set key that cannot take effect is refused (warnings: load_config)
-        samples = self.trainer == "rl" or (self.trainer == "preference" and self.preference.online)
-        if samples and self.sampling.temperature == 0 and self.sampling.group_size > 1:
-            # Greedy decoding is a point mass: a group is one response repeated, so its group-relative
-            # advantages are all 0 (the run trains nothing) and an online preference group holds no pair.
-            raise ValueError(f"sampling.temperature=0 with sampling.group_size={self.sampling.group_size}: greedy "
-                             "decoding repeats one response per prompt, so a group's samples never differ (zero "
-                             "group-relative advantages, no preference pairs); set sampling.temperature > 0 "
-                             "(or sampling.group_size=1)")
+    def _check_combinations(self, info: ValidationInfo) -> RunConfig:
+        if not (info.context or {}).get("recorded"):  # a saved config.yaml is read as recorded
+            check_new_run(self)
         return self
 
     def axes(self) -> dict[str, str]:
@@ -140,3 +106,52 @@ class RunConfig(Section):
             + (f", partial rollout lambda={self.system.partial_fraction}" if self.system.partial_fraction < 1 else "")
             + (f", max_version_span {self.system.max_version_span}" if self.system.max_version_span is not None else ""),
         }
+
+
+RECORDED = {"recorded": True}
+"""Validation context of a run's saved ``config.yaml``: ``RunConfig.model_validate(data, context=RECORDED)``
+checks types, bounds and unknown keys, not :func:`check_new_run`."""
+
+
+def check_new_run(cfg: RunConfig) -> None:
+    """Raise ``ValueError`` (one line) when ``cfg`` combines keys that cannot run, or sets a key that cannot
+    take effect (:func:`~posttrain.config.dead_settings.check_dead_settings`), read from the config alone;
+    return None otherwise. What needs the registries, user modules, a dry run of an algorithm or this
+    machine is :func:`posttrain.loop.validate.validate_run`'s."""
+    if cfg.env.name is not None and cfg.sampling.dynamic_sampling:
+        raise ValueError(f"env.name={cfg.env.name}: multi-turn episodes need sampling.dynamic_sampling=false")
+    if cfg.sampling.dynamic_sampling and (cfg.system.mode != "sync" or cfg.system.partial_fraction < 1.0):
+        raise ValueError("sampling.dynamic_sampling is supported with system.mode=sync and partial_fraction=1 only")
+    if cfg.system.max_queue is not None and cfg.system.max_queue < cfg.sampling.group_size:
+        raise ValueError(f"system.max_queue={cfg.system.max_queue} cannot hold one group of "
+                         f"sampling.group_size={cfg.sampling.group_size} samples")
+    if cfg.rollout.engine == "vllm" and cfg.rollout.vllm.dtype == "auto" and cfg.model.dtype == "float64":
+        raise ValueError("rollout.vllm.dtype: vLLM has no float64; set model.dtype=float32 or rollout.vllm.dtype")
+    if cfg.loss.kl_coef > 0 and cfg.loss.kl_estimator is None:
+        raise ValueError("loss.kl_coef > 0 needs loss.kl_estimator (k1, k2 or k3)")
+    if cfg.learner.strategy != "single" and cfg.lora.rank > 0:
+        raise ValueError(f"learner.strategy={cfg.learner.strategy} does not support LoRA (lora.rank > 0); "
+                         "use learner.strategy=single")
+    if cfg.lora.rank > 0 and cfg.lora.dropout > 0 and cfg.optim.gradient_checkpointing:
+        # posttrain/learner/actor.py: checkpointing acts in train mode only, where dropout is active
+        raise ValueError(f"lora.dropout={cfg.lora.dropout} with optim.gradient_checkpointing=true: checkpointing "
+                         "runs the gradient forward in train mode, where the adapters' dropout is active (pi_theta "
+                         "would differ from pi_old); set lora.dropout=0 or optim.gradient_checkpointing=false")
+    if cfg.learner.precision == "bf16" and cfg.model.dtype != "float32":
+        raise ValueError(f"learner.precision=bf16 keeps float32 master weights: needs model.dtype=float32, "
+                         f"got {cfg.model.dtype}")
+    if cfg.correction.name is None and cfg.correction.kwargs:
+        raise ValueError(f"correction.kwargs {cfg.correction.kwargs} given but correction.name is not set")
+    if cfg.trainer == "reward_model" or (cfg.trainer == "preference" and not cfg.preference.online):
+        if cfg.preference.data is None:
+            raise ValueError(f"trainer={cfg.trainer} needs preference.data (a JSONL or Parquet file of pairs)"
+                             + ("" if cfg.trainer == "reward_model" else " or preference.online=true"))
+    check_dead_settings(cfg)  # a set key that cannot take effect is refused (warnings: load_config)
+    samples = cfg.trainer == "rl" or (cfg.trainer == "preference" and cfg.preference.online)
+    if samples and cfg.sampling.temperature == 0 and cfg.sampling.group_size > 1:
+        # Greedy decoding is a point mass: a group is one response repeated, so its group-relative
+        # advantages are all 0 (the run trains nothing) and an online preference group holds no pair.
+        raise ValueError(f"sampling.temperature=0 with sampling.group_size={cfg.sampling.group_size}: greedy "
+                         "decoding repeats one response per prompt, so a group's samples never differ (zero "
+                         "group-relative advantages, no preference pairs); set sampling.temperature > 0 "
+                         "(or sampling.group_size=1)")

@@ -17,7 +17,10 @@ and this machine:
 
 Every failure is one :class:`~posttrain.errors.ConfigError` line, worded and prefixed as the
 config's own errors (``<source>: <key>: <why>``). :func:`load_run_config` is the loader of the
-commands: parse, validate, warn.
+commands: parse, validate, warn. :func:`validate_recorded_config` reads a run's saved ``config.yaml`` for
+the commands that only read a run (``posttrain eval``): none of a new run's refusals, and of this
+machine's checks only what reading the run builds here (model, reward functions, hidden verifier,
+environment), not the training machine's (GPU, vLLM environment, trackers) nor the algorithms.
 """
 
 from __future__ import annotations
@@ -31,7 +34,7 @@ from pathlib import Path
 import torch
 
 import posttrain.algos as A
-from posttrain.config import RunConfig, log_warnings, parse_config, read_recipe
+from posttrain.config import RunConfig, log_warnings, parse_config, parse_recorded_config, read_recipe
 from posttrain.envs.episodes import ENVS, check_env_reward_weights, check_tool_prompt, check_tool_switch
 from posttrain.errors import ConfigError
 from posttrain.loop.algo_kwargs import check_algo_kwargs
@@ -65,15 +68,27 @@ def validate_config(data: dict[str, object], source: str) -> RunConfig:
     return cfg
 
 
-def validate_run(cfg: RunConfig, source: str = "config") -> None:
+def validate_recorded_config(data: dict[str, object], source: str) -> RunConfig:
+    """A run's saved ``config.yaml`` (``data``, as edited by the reading command) read as recorded
+    (:func:`posttrain.config.parse_recorded_config`: a refusal of a new run is one warning line) and
+    checked for what reading the run builds on this machine (:func:`validate_run` with ``recorded=True``)."""
+    cfg = parse_recorded_config(data, source)
+    validate_run(cfg, source, recorded=True)
+    return cfg
+
+
+def validate_run(cfg: RunConfig, source: str = "config", *, recorded: bool = False) -> None:
     """Raise :class:`~posttrain.errors.ConfigError` (``<source>: <key>: <why>``, one line) when ``cfg``
     names what does not exist or cannot run here; return None when every check passes.
 
     First the sections (every failing one reported, joined by ``; `` as the config's own field
-    errors are), then the whole-run checks, first failure only.
+    errors are), then the whole-run checks, first failure only. ``recorded``: ``cfg`` is a run's saved
+    config read to evaluate it, so only what that builds is checked (model, reward functions, hidden
+    verifier, the environment's name); the training machine's GPU, vLLM environment and trackers and the
+    algorithms are not (they may be absent here, and the evaluation uses none of them).
     """
     errors = []
-    for loc, check in _section_checks(cfg):
+    for loc, check in _section_checks(cfg, recorded):
         try:
             check()
         except ValueError as e:
@@ -81,16 +96,22 @@ def validate_run(cfg: RunConfig, source: str = "config") -> None:
     if errors:
         raise ConfigError("; ".join(errors))
     try:
-        _check_registries(cfg)
+        if recorded:
+            _check_env_name(cfg)
+        else:
+            _check_registries(cfg)
     except ValueError as e:
         raise ConfigError(f"{source}: {e}") from None
 
 
-def _section_checks(cfg: RunConfig) -> list[tuple[str, Callable[[], None]]]:
-    """``(key the error is reported under, check)`` in the order of the recipe's sections."""
+def _section_checks(cfg: RunConfig, recorded: bool) -> list[tuple[str, Callable[[], None]]]:
+    """``(key the error is reported under, check)`` in the order of the recipe's sections (``recorded``:
+    those of what reading a saved run builds)."""
     checks: list[tuple[str, Callable[[], None]]] = [("model.path", lambda: _check_model_path(cfg.model.path))]
     for i, f in enumerate(cfg.reward.functions):
         checks.append((f"reward.functions.{i}", functools.partial(_check_reward_function, f.path)))
+    if recorded:
+        return [*checks, ("eval", lambda: _check_hidden_verifier(cfg))]
     checks += [("learner", lambda: _check_learner_device(cfg)), ("rollout", lambda: _check_vllm_env(cfg)),
                ("eval", lambda: _check_hidden_verifier(cfg)), ("logging", lambda: _check_trackers(cfg))]
     return checks
@@ -164,10 +185,8 @@ def _check_registries(cfg: RunConfig) -> None:
         if name is not None:
             reg.resolve(name, key=key)  # a registered name, or 'module:function' imported and registered now
     check_estimator_needs(cfg)  # what the estimator declared it needs (critic, groups, baseline, step ids)
+    _check_env_name(cfg)
     if cfg.env.name is not None:
-        if ":" not in cfg.env.name and cfg.env.name not in ENVS:
-            raise ValueError(f"env.name: unknown env {cfg.env.name!r}; valid: {', '.join(sorted(ENVS))}, "
-                             "or 'package.module:factory'")
         learned = cfg.reward.learned_components()  # added by the episode player (loop/episode_rollout.py)
         check_env_reward_weights(cfg.env.name, cfg.env.kwargs,
                                  {k: w for k, w in cfg.reward.weights.items() if k not in learned})  # like single-turn components
@@ -176,3 +195,9 @@ def _check_registries(cfg: RunConfig) -> None:
         if cfg.env.tool_prompt != "auto":  # set: it renders the environment's tools
             check_tool_prompt(cfg.env.name, cfg.env.kwargs, cfg.env.tool_prompt)
     check_algo_kwargs(cfg)
+
+
+def _check_env_name(cfg: RunConfig) -> None:
+    if cfg.env.name is not None and ":" not in cfg.env.name and cfg.env.name not in ENVS:
+        raise ValueError(f"env.name: unknown env {cfg.env.name!r}; valid: {', '.join(sorted(ENVS))}, "
+                         "or 'package.module:factory'")
