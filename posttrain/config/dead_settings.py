@@ -41,6 +41,11 @@ def _not_builtin_tiny(c: RunConfig) -> bool:
 
 
 RULES: tuple[Rule, ...] = (
+    # posttrain/loop/run.py open_run / preference_training.py: resume_force is read by check_resumable, which
+    # runs for resume=true only (a fresh run never compares the recipe with a config.yaml).
+    Rule(("resume_force",), lambda c: not c.resume,
+         "resume is not true: resume_force only lets a resume=true go on with a recipe that differs from the "
+         "run's config.yaml (set resume=true, or drop resume_force)"),
     # posttrain/loop/builders.py build_kl_coef: the adaptive controller scales loss.kl_coef; with no
     # estimator there is no KL to measure, with coef 0 it multiplies 0.
     Rule(("loss.kl_target", "loss.kl_horizon"), lambda c: c.loss.kl_estimator is None,

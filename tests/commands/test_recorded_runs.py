@@ -39,9 +39,10 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
     return run, old
 
 
-def _edit(run: Path, where: Path, **sections: dict[str, object]) -> Path:
+def _edit(run: Path, where: Path, top: dict[str, object], **sections: dict[str, object]) -> Path:
     shutil.copytree(run, where)
     cfg = yaml.safe_load((where / "config.yaml").read_text())
+    cfg.update(top)
     for sec, keys in sections.items():
         cfg[sec].update(keys)
     (where / "config.yaml").write_text(yaml.safe_dump(cfg, sort_keys=False))
@@ -63,13 +64,17 @@ def test_eval_reads_a_run_recorded_before_a_refusal_with_one_warning(runs, capsy
     assert json.loads(same[same.index("{"):])["heldout/accuracy"] == res["heldout/accuracy"]
 
 
-def test_eval_of_a_gpu_run_does_not_need_the_gpu(runs, tmp_path, capsys) -> None:
-    """learner.device=cuda was checked against the training machine; evaluating runs on CPU here."""
+def test_eval_of_a_gpu_run_resumed_with_force_needs_neither_the_gpu_nor_a_warning(runs, tmp_path, capsys,
+                                                                                    caplog) -> None:
+    """learner.device=cuda was checked against the training machine (evaluating runs on CPU here); a forced
+    resume records resume and resume_force, and an evaluation resumes nothing (no resume_force warning)."""
     run, _ = runs
-    gpu = _edit(run, tmp_path / "gpu", learner={"device": "cuda", "strategy": "ddp"})
+    gpu = _edit(run, tmp_path / "gpu", {"resume": True, "resume_force": True},
+                learner={"device": "cuda", "strategy": "ddp"})
     assert main(["eval", str(gpu / "checkpoints" / "step_000002"), "--n", "2"]) == 0
     out = capsys.readouterr().out
     assert json.loads(out[out.index("{"):])["n"] == 2
+    assert not [r for r in caplog.records if "read as recorded" in r.getMessage()]
 
 
 def test_report_compare_and_view_read_the_old_run(runs, tmp_path, capsys) -> None:

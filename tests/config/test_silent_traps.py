@@ -63,6 +63,8 @@ REFUSED = [
     # while the learner was built, naming peft's module paths instead of the keys.
     (None, ["lora.rank=4", "lora.dropout=0.1", "optim.gradient_checkpointing=true"],
      ["lora.dropout=0.1", "optim.gradient_checkpointing=true"]),
+    # resume_force is read only by a resume=true (the recipe against config.yaml): alone it did nothing.
+    (None, ["resume_force=true"], ["resume_force=True", "resume is not true"]),
 ]
 
 # The same keys where they act: they load without a warning.
