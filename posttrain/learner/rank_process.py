@@ -23,6 +23,7 @@ import torch.distributed as dist
 from posttrain.learner.actor import PolicyLearner
 from posttrain.learner.distributed import DropRankShare, ProcessGroupSync, ShardedSync, init_process_group
 from posttrain.learner.grad_sync import GradientSync
+from posttrain.learner.schedule import load_schedule_state
 from posttrain.rollout.weight_transfer import WeightPacket, pack_state_dict
 
 
@@ -200,7 +201,7 @@ def _restore_rest(learner: PolicyLearner, state: Mapping[str, Any],
     which changes the bias correction of the first real step."""
     for live, saved in zip(learner.optimizer.param_groups, param_groups or [], strict=param_groups is not None):
         live.update({k: v for k, v in saved.items() if k != "params"})
-    learner.scheduler.load_state_dict(state["scheduler"])
+    load_schedule_state(learner.scheduler, state["scheduler"])
     learner.generator.set_state(state["generator"])
     learner.version = int(state["version"])
     learner.optimizer_steps = int(state["optimizer_steps"])

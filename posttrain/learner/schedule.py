@@ -8,7 +8,7 @@ scheduler step per optimizer step.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 
 import torch
 
@@ -78,3 +78,24 @@ def build_scheduler(
     """A ``LambdaLR`` over :func:`lr_multiplier`; call ``.step()`` after each optimizer step."""
     f = lr_multiplier(schedule, warmup_steps=warmup_steps, total_steps=total_steps, min_lr_ratio=min_lr_ratio)
     return torch.optim.lr_scheduler.LambdaLR(optimizer, f)
+
+
+def load_schedule_state(scheduler: torch.optim.lr_scheduler.LambdaLR, state: Mapping[str, object]) -> None:
+    """``scheduler.load_state_dict(state)`` (its step count), then the rate of the restored step from the
+    schedule this scheduler was built with, not the one saved with the optimizer.
+
+    Contract: call after the optimizer's ``load_state_dict``. Each group's ``lr`` becomes ``base * f(step)``
+    with this scheduler's own base rates and :func:`lr_multiplier` ``f``; with the recipe the checkpoint
+    was written by this is the saved rate again, bit for bit (``LambdaLR.step`` computes the same product).
+    A resume forced through a changed ``steps`` (the horizon) or ``optim.lr`` thus follows the new schedule
+    from its first resumed step; without this the first step took the saved rate and a changed ``optim.lr``
+    never took effect (the base rates were the saved ones).
+    """
+    bases = list(scheduler.base_lrs)  # the recipe's rates (the optimizer was built with them)
+    scheduler.load_state_dict(dict(state))
+    scheduler.base_lrs = bases
+    step = scheduler.last_epoch
+    for group, base, f in zip(scheduler.optimizer.param_groups, bases, scheduler.lr_lambdas, strict=True):
+        group["initial_lr"] = base
+        group["lr"] = base * f(step)
+    scheduler._last_lr = [float(g["lr"]) for g in scheduler.optimizer.param_groups]  # what get_last_lr() reports

@@ -185,11 +185,18 @@ def check_resumable(cfg: RunConfig, run_dir: Path) -> str | None:
 
     Raises ``RunDirError`` (a ``UserError``) when there is no complete checkpoint, or when the resolved
     config differs from the run's ``config.yaml`` outside :data:`~posttrain.loop.run_dir.RESUME_MAY_CHANGE`
-    and ``resume_force`` is off (the message lists ``key: old -> new``). Returns a one-line summary
-    of the differences a forced resume accepts, else None.
+    and ``resume_force`` is off (the message lists ``key: old -> new``), and so does another ``steps`` with
+    a decaying learning-rate schedule (:func:`~posttrain.loop.run_dir.schedule_horizon_change`). Returns a
+    one-line summary of the differences a forced resume accepts, else None.
     """
     from posttrain.learner.checkpoint import complete_checkpoints
-    from posttrain.loop.run_dir import RunDirError, placement_changes, read_config_yaml, recipe_diff
+    from posttrain.loop.run_dir import (
+        RunDirError,
+        placement_changes,
+        read_config_yaml,
+        recipe_diff,
+        schedule_horizon_change,
+    )
 
     if not complete_checkpoints(run_dir / "checkpoints"):
         raise RunDirError(f"resume=true but {run_dir / 'checkpoints'} holds no complete checkpoint; "
@@ -203,6 +210,14 @@ def check_resumable(cfg: RunConfig, run_dir: Path) -> str | None:
     if diff and not cfg.resume_force:
         raise RunDirError(f"resume=true with a recipe that differs from {run_dir / 'config.yaml'}: "
                           f"{'; '.join(diff)} (set resume_force=true to resume anyway)")
+    horizon = schedule_horizon_change(old, new)
+    if horizon is not None:
+        if not cfg.resume_force:
+            raise RunDirError(f"resume=true with {horizon} ({run_dir / 'config.yaml'}): the learning rate decays over "
+                              "steps, so the resumed steps would follow another curve than the steps already taken "
+                              "(its rate changes at the resumed step); keep steps as recorded, or set "
+                              "resume_force=true to decay over the new steps from there")
+        diff.append(f"{horizon} (the learning rate decays over the new steps from the resumed step)")
     moved = placement_changes(old, new)  # change no arithmetic: resumed as is, config.yaml gets the new values
     if moved:
         log.warning("resume: placement-only keys changed (%s); config.yaml records the new values", "; ".join(moved))

@@ -259,6 +259,23 @@ def placement_changes(old: Mapping[str, object], new: Mapping[str, object]) -> l
     return _changes(old, new, lambda k: _matches(k, PLACEMENT_ONLY))
 
 
+def schedule_horizon_change(old: Mapping[str, object], new: Mapping[str, object]) -> str | None:
+    """``"steps: A -> B with optim.schedule=S"`` when a resume changes ``steps`` under a decaying learning-rate
+    schedule (``linear`` / ``cosine``, in ``old`` or ``new``), else None.
+
+    The schedule's horizon is ``steps`` (x ``ppo_epochs`` x ``num_minibatches`` optimizer steps, see
+    posttrain/learner/schedule.py), rebuilt from the recipe on resume: another ``steps`` re-stretches the
+    curve, so the learning rate from the resumed step on is not the one the steps already taken followed
+    (after a finished linear run it jumps from its floor back up). ``old`` / ``new`` as :func:`recipe_diff`'s.
+    """
+    a, b = old.get("steps"), new.get("steps")
+    schedules = {str(o.get("schedule")) for o in (old.get("optim"), new.get("optim")) if isinstance(o, Mapping)}
+    decaying = sorted(schedules - {"constant", "None"})
+    if a == b or not decaying:
+        return None
+    return f"steps: {a!r} -> {b!r} with optim.schedule={'/'.join(decaying)}"
+
+
 def read_config_yaml(path: Path) -> dict[str, Any] | None:
     """The mapping in a run's ``config.yaml``, or None when it is missing or unreadable."""
     try:
