@@ -8,10 +8,15 @@ base model's own parameter names.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Sequence
 from typing import Any
 
 import torch
+
+# Module types peft puts adapters on (transformers' GPT-2 style Conv1D by class name: no import here).
+_ADAPTABLE = (torch.nn.Linear, torch.nn.Embedding, torch.nn.Conv1d, torch.nn.Conv2d)
+_SHOWN_NAMES = 12  # module names an error lists before "..."
 
 
 def _peft() -> Any:
@@ -44,6 +49,7 @@ def wrap_lora(
     """
     if rank < 1:
         raise ValueError(f"lora rank must be >= 1, got {rank}")
+    check_target_modules(model, target_modules)
     peft = _peft()
     cfg = peft.LoraConfig(
         r=rank,
@@ -55,6 +61,37 @@ def wrap_lora(
     )
     wrapped: torch.nn.Module = peft.get_peft_model(model, cfg)
     return wrapped
+
+
+def check_target_modules(model: torch.nn.Module, target_modules: Sequence[str] | str | None) -> None:
+    """Raise ``ValueError`` naming ``lora.target_modules``, the entry and the model's adaptable module names
+    when an entry matches no module of ``model``; return None otherwise (``None`` and ``"all-linear"`` are
+    peft's choice).
+
+    Matching is peft's (``peft.tuners.tuners_utils.check_target_module_exists``): a list entry ``t``
+    matches a module whose full dotted name is ``t`` or ends with ``.t``; a string is a regular
+    expression that must match a full name. peft itself refuses only a list of which *no* entry
+    matches, in its own wording, and adapts the rest of a list silently: a misspelt entry trained
+    fewer adapters than asked.
+    """
+    if target_modules is None or target_modules == "all-linear":
+        return
+    names = [n for n, _ in model.named_modules() if n]
+    if isinstance(target_modules, str):
+        try:
+            missing = [] if any(re.fullmatch(target_modules, n) for n in names) else [target_modules]
+        except re.error as e:
+            raise ValueError(f"lora.target_modules={target_modules!r} is not a regular expression ({e})") from None
+    else:
+        missing = [t for t in target_modules if not any(n == t or n.endswith(f".{t}") for n in names)]
+    if not missing:
+        return
+    leaves = sorted({n.rsplit(".", 1)[-1] for n, m in model.named_modules()
+                     if n and (isinstance(m, _ADAPTABLE) or type(m).__name__ == "Conv1D")})
+    shown = ", ".join(leaves[:_SHOWN_NAMES]) + (", ..." if len(leaves) > _SHOWN_NAMES else "")
+    raise ValueError(f"lora.target_modules={target_modules!r}: {', '.join(map(repr, missing))} matches no module "
+                     f"of {type(model).__name__} (a list entry names a module or the end of its dotted name, a "
+                     f"string is a regular expression over full names); adaptable modules: {shown}, or 'all-linear'")
 
 
 @torch.no_grad()
