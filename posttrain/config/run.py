@@ -79,6 +79,14 @@ class RunConfig(Section):
             check_new_run(self)
         return self
 
+    def ray_reward_actors(self) -> int:
+        """Ray reward actors the run starts: ``system.ray.num_reward_workers`` with ``system.backend=ray`` for
+        single-turn samples; 0 with another backend, or with ``env.name`` (episodes score themselves and their
+        learned rewards are scored in the driver: nothing would call an actor)."""
+        if self.system.backend != "ray" or self.env.name is not None:
+            return 0
+        return self.system.ray.num_reward_workers
+
     def axes(self) -> dict[str, str]:
         """The recipe's full composition along the six axes (for ``--print-recipe``)."""
         corr = self.correction.name or "none"

@@ -71,7 +71,7 @@ class HeldoutRun:
 
             hidden = build_hidden_verifier(cfg.eval.hidden_verifier, cfg.eval.hidden_verifier_kwargs)
         ray = cfg.system.ray
-        if cfg.system.backend == "ray" and ray.num_reward_workers > 0:  # the run's Ray reward actors' limits
+        if cfg.ray_reward_actors() > 0:  # the run's Ray reward actors' limits
             pool = VerifierPool(workers=0, timeout_s=ray.verify_timeout_s, retries=ray.verify_retries)
         else:
             pool = VerifierPool(workers=cfg.reward.workers, timeout_s=cfg.reward.timeout_s, retries=cfg.reward.retries)

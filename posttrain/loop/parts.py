@@ -175,15 +175,17 @@ def _ray_backend(cfg: RunConfig, plain_model: torch.nn.Module, tokenizer: PreTra
     """Rollout (and reward) workers as Ray actors behind the same calls the loop already makes.
 
     The actors get a copy of the actor model; the engine becomes the worker pool (a ``RolloutEngine``
-    whose ``generate_detailed`` reports failed requests as infra errors) and, with reward workers,
-    verification their ``verify_batch`` (None: the driver verifies). See docs/distributed.md."""
+    whose ``generate_detailed`` reports failed requests as infra errors) and, with reward workers
+    (:meth:`~posttrain.config.RunConfig.ray_reward_actors`: none for episodes), verification their
+    ``verify_batch`` (None: the driver verifies). See docs/distributed.md."""
     from posttrain.loop.backends import build_ray_backend
     from posttrain.loop.builders import engine_factory
 
     factory = engine_factory(cfg, plain_model, tokenizer, run_dir)  # rollout.engine
-    backend = build_ray_backend(factory, cfg.system.ray)
-    reward = backend.reward if cfg.system.ray.num_reward_workers > 0 else None
-    return backend, (reward.verify_batch if reward is not None else None)
+    # No reward actor where nothing calls one (episodes score themselves): not started, nothing reserved.
+    ray = cfg.system.ray.model_copy(update={"num_reward_workers": cfg.ray_reward_actors()})
+    backend = build_ray_backend(factory, ray)
+    return backend, (backend.reward.verify_batch if backend.reward is not None else None)
 
 
 __all__ = ["Parts", "build_critic", "build_parts", "check_run_prompts"]
