@@ -23,7 +23,7 @@ import torch.distributed as dist
 from posttrain.learner.actor import PolicyLearner
 from posttrain.learner.distributed import DropRankShare, ProcessGroupSync, ShardedSync, init_process_group
 from posttrain.learner.grad_sync import GradientSync
-from posttrain.learner.schedule import load_schedule_state
+from posttrain.learner.schedule import load_schedule_state, recipe_hyperparameters
 from posttrain.rollout.weight_transfer import WeightPacket, pack_state_dict
 
 
@@ -188,9 +188,11 @@ def _load_learner_state(learner: PolicyLearner, state: Mapping[str, Any], fsdp: 
     from torch.distributed.checkpoint.state_dict import StateDictOptions, set_optimizer_state_dict
 
     osd = id_to_fqn_optimizer_state(state["optimizer"], _trainable_names(learner.model))
-    if osd["state"]:
-        set_optimizer_state_dict(learner.model, learner.optimizer, osd, options=StateDictOptions(full_state_dict=True))
-    _restore_rest(learner, state, None if osd["state"] else osd["param_groups"])
+    with recipe_hyperparameters(learner.optimizer):  # a forced resume's changed optim.* takes effect
+        if osd["state"]:
+            set_optimizer_state_dict(learner.model, learner.optimizer, osd,
+                                     options=StateDictOptions(full_state_dict=True))
+        _restore_rest(learner, state, None if osd["state"] else osd["param_groups"])
 
 
 def _restore_rest(learner: PolicyLearner, state: Mapping[str, Any],
@@ -220,8 +222,9 @@ def _sharded_core(learner: PolicyLearner) -> dict[str, Any]:
 def _load_sharded_state(learner: PolicyLearner, directory: str, state: Mapping[str, Any]) -> None:
     from posttrain.learner.sharded_checkpoint import load_sharded
 
-    load_sharded(learner.model, learner.optimizer, directory, with_optimizer=bool(state["optimizer_in_shards"]))
-    _restore_rest(learner, state, None if state["optimizer_in_shards"] else state["param_groups"])
+    with recipe_hyperparameters(learner.optimizer):  # a forced resume's changed optim.* takes effect
+        load_sharded(learner.model, learner.optimizer, directory, with_optimizer=bool(state["optimizer_in_shards"]))
+        _restore_rest(learner, state, None if state["optimizer_in_shards"] else state["param_groups"])
 
 
 def _load_weights(learner: PolicyLearner, sd: Mapping[str, torch.Tensor], fsdp: bool) -> None:

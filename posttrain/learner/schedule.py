@@ -8,7 +8,8 @@ scheduler step per optimizer step.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from contextlib import contextmanager
 
 import torch
 
@@ -99,3 +100,16 @@ def load_schedule_state(scheduler: torch.optim.lr_scheduler.LambdaLR, state: Map
         group["initial_lr"] = base
         group["lr"] = base * f(step)
     scheduler._last_lr = [float(g["lr"]) for g in scheduler.optimizer.param_groups]  # what get_last_lr() reports
+
+
+@contextmanager
+def recipe_hyperparameters(optimizer: torch.optim.Optimizer) -> Iterator[None]:
+    """Around loading ``optimizer``'s saved state: afterwards its groups hold the hyper-parameters it was
+    built with (``betas``, ``eps``, ``weight_decay``, ...: the recipe's), not the saved ones; the rate is
+    :func:`load_schedule_state`'s. ``load_state_dict`` restores the saved groups' hyper-parameters, so a
+    resume forced through a changed ``optim.weight_decay`` or ``optim.betas`` kept the old ones silently
+    (with the recipe the checkpoint was written by they are equal)."""
+    built = [{k: v for k, v in g.items() if k not in ("params", "lr", "initial_lr")} for g in optimizer.param_groups]
+    yield
+    for group, hp in zip(optimizer.param_groups, built, strict=True):
+        group.update(hp)

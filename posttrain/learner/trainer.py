@@ -29,7 +29,12 @@ import torch
 
 from posttrain.learner.microbatch import minibatch_rows
 from posttrain.learner.optim_step import OptimizerStepper, StepTally
-from posttrain.learner.schedule import build_optimizer, build_scheduler, load_schedule_state
+from posttrain.learner.schedule import (
+    build_optimizer,
+    build_scheduler,
+    load_schedule_state,
+    recipe_hyperparameters,
+)
 from posttrain.learner.settings import BatchingSettings, OptimizerSettings
 
 #: The keys of :meth:`Trainer.state_dict` (a learner may add its own beside them).
@@ -137,7 +142,8 @@ class Trainer:
         missing = set(TRAINER_STATE_KEYS).union(also_needs) - set(state)
         if missing:
             raise ValueError(f"{owner} state is missing {sorted(missing)}")
-        self.optimizer.load_state_dict(state["optimizer"])  # type: ignore[arg-type]
+        with recipe_hyperparameters(self.optimizer):  # a forced resume's changed optim.* takes effect
+            self.optimizer.load_state_dict(state["optimizer"])  # type: ignore[arg-type]
         load_schedule_state(self.scheduler, state["scheduler"])  # type: ignore[arg-type]
         generator_state = state["generator"]
         assert isinstance(generator_state, torch.Tensor)
