@@ -79,13 +79,11 @@ RULES: tuple[Rule, ...] = (
     # posttrain/loop/parts.py: the Ray reward actors verify single-turn samples (training and held-out); episodes
     # score themselves and their learned rewards are scored in the driver (episode_rollout.py emit), so no actor
     # is started (RunConfig.ray_reward_actors). ray_reward.py: the verify_* keys and the actors' CPUs exist only
-    # with actors. cpus_per_reward_worker with env.name warns only (tests/distributed/test_loop_ray.py's episode
-    # run shares its Ray overrides with the single-turn runs).
-    Rule(("system.ray.num_reward_workers", "system.ray.verify_timeout_s", "system.ray.verify_retries"),
+    # with actors.
+    Rule(("system.ray.num_reward_workers", "system.ray.verify_timeout_s", "system.ray.verify_retries",
+          "system.ray.cpus_per_reward_worker"),
          lambda c: c.env.name is not None,
          "env.name is set: the environment scores its own episodes (no Ray reward actor is started)"),
-    Rule(("system.ray.cpus_per_reward_worker",), lambda c: c.env.name is not None,
-         "env.name is set: the environment scores its own episodes (no Ray reward actor is started)", "warn"),
     Rule(("system.ray.verify_timeout_s", "system.ray.verify_retries", "system.ray.cpus_per_reward_worker"),
          lambda c: c.system.ray.num_reward_workers == 0,
          "system.ray.num_reward_workers=0 starts no reward actor (the driver verifies with reward.*)"),

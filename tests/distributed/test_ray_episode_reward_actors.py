@@ -6,12 +6,12 @@ metrics: ``placement/reward/*``)."""
 from __future__ import annotations
 
 import json
-import logging
 import sys
 from pathlib import Path
 
 import pytest
 
+from posttrain.errors import ConfigError
 from posttrain.loop.training_loop import train
 from posttrain.loop.validate import load_run_config
 
@@ -45,8 +45,6 @@ def test_episodes_on_ray_start_no_reward_actor(ray_env, tmp_path: Path) -> None:
     assert _placement(tmp_path / "single")["placement/reward/nodes"] == 1.0
 
 
-def test_a_reward_actor_cpu_setting_with_episodes_warns_that_no_actor_starts(caplog) -> None:
-    with caplog.at_level(logging.WARNING, logger="posttrain.config"):
-        cfg = load_run_config(None, [*EPISODES, *RAY, "system.ray.cpus_per_reward_worker=0.5"])
-    assert cfg.ray_reward_actors() == 0
-    assert "system.ray.cpus_per_reward_worker=0.5 cannot take effect" in caplog.text and "no Ray reward actor" in caplog.text
+def test_a_reward_actor_cpu_setting_with_episodes_is_refused_since_no_actor_starts() -> None:
+    with pytest.raises(ConfigError, match=r"system\.ray\.cpus_per_reward_worker=0\.5.*no Ray reward actor"):
+        load_run_config(None, [*EPISODES, *RAY, "system.ray.cpus_per_reward_worker=0.5"])
