@@ -55,8 +55,10 @@ DEFAULT_STEPS = 20
 REALISTIC_RECIPE = "smollm2_word_problems"
 REALISTIC_OVERRIDES = ["sampling.prompts_per_step=4", "sampling.group_size=8", "sampling.max_new_tokens=128",
                        "eval.size=48", "sft.steps=0",
-                       # the one-pattern phrasings the figures in docs/benchmarks.md were measured on
-                       "task.kwargs.phrasings=classic"]
+                       # the one-pattern phrasings and the plain last-number reward (no overlong penalty) the
+                       # figures in docs/benchmarks.md were measured on
+                       "task.kwargs.phrasings=classic", "reward.weights={task: 1.0}", "reward.overlong_max_len=null",
+                       "reward.overlong_cache_len=0"]
 REALISTIC_STEPS = 5
 # Both sides take one constant-LR step per batch: the demo recipe's LR warm-up is switched off here
 # (HF's constant_with_warmup starts at 0, posttrain's at 1/warmup, so a warm-up could not be matched).
@@ -286,6 +288,7 @@ def run_trl(cfg: Any, sft_dir: Path, work: Path, steps: int) -> dict[str, Any]:
         from trl import GRPOConfig, GRPOTrainer  # type: ignore[attr-defined]
     except ImportError as e:
         raise ImportError("posttrain bench vs-trl needs TRL: pip install 'posttrain[bench]'") from e
+    from posttrain.algos.shaping import dapo_overlong_penalty
     from posttrain.loop.builders import build_task
     from posttrain.rewards import compose
 
@@ -308,13 +311,18 @@ def run_trl(cfg: Any, sft_dir: Path, work: Path, steps: int) -> dict[str, Any]:
 
     def task_reward(prompts: list[str], completions: list[str], completion_ids: list[list[int]],
                          example_index: list[int], **_: Any) -> list[float | None]:
-        """The task's verifier (with ``reward.extract``), composed with the recipe's reward weights (as
-        posttrain scores)."""
+        """The task's verifier (with ``reward.extract``) and, when the recipe sets it, DAPO's overlong penalty of
+        the completion's length, composed with the recipe's reward weights (as posttrain scores)."""
         gen_tokens.append(sum(len(c) for c in completion_ids))
+        lengths = torch.tensor([len(c) for c in completion_ids], dtype=torch.float64)
+        overlong = (dapo_overlong_penalty(lengths, cfg.reward.overlong_max_len, cfg.reward.overlong_cache_len).tolist()
+                    if cfg.reward.overlong_max_len is not None else None)
         out: list[float | None] = []
-        for text, i in zip(completions, example_index, strict=True):
-            v = task.verifier.verify(text, examples[i].reference)
-            out.append(float(compose(dict(v.components), weights).total or 0.0))
+        for j, (text, i) in enumerate(zip(completions, example_index, strict=True)):
+            components = dict(task.verifier.verify(text, examples[i].reference).components)
+            if overlong is not None:
+                components["overlong"] = float(overlong[j])
+            out.append(float(compose(components, weights).total or 0.0))
         return out
 
     step_s: list[float] = []
