@@ -3,7 +3,9 @@
 For each recipe (its model, loss and optimiser) and each micro-batch size in ``--tokens``, one policy
 update runs on a synthetic rollout batch of ``tokens / (prompt + new tokens)`` rows, all in one
 micro-batch (``optim.microbatch_tokens = tokens``), pi_old fused from the update's forward, one
-optimiser step. Two paths: ``full`` runs the model's own forward to ``[tokens x vocab]`` logits
+optimiser step; ``--batch-tokens`` makes the update hold that many tokens, split into micro-batches of
+``--tokens`` (step time at equal work across micro-batch sizes), ``--updates`` times several updates per
+child (``steady_update_s``: the median after the first). Two paths: ``full`` runs the model's own forward to ``[tokens x vocab]`` logits
 (:class:`posttrain.learner.logprobs.FullLogits`, the path before the chunked head), ``chunked`` the
 backbone plus :mod:`posttrain.learner.chunked_head` (Wijmans et al. 2024, arXiv:2411.09009); ``+ckpt``
 (only when asked) adds activation checkpointing of the decoder layers
@@ -20,6 +22,7 @@ import dataclasses
 import json
 import os
 import resource
+import statistics
 import subprocess
 import sys
 import threading
@@ -43,6 +46,9 @@ class Measurement(TypedDict, total=False):
     rss_before_update_bytes: int
     peak_rss_bytes: int
     update_s: float
+    batch_tokens: int
+    update_s_runs: list[float]
+    steady_update_s: float
     over_limit: bool
     rss_limit_bytes: int
 
@@ -60,6 +66,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--rss-limit-gb", type=float, default=None,
                         help="a child stops itself past this RSS (default: 80%% of the memory available now)")
     parser.add_argument("--threads", type=int, default=None, help="torch threads per child (default: torch's)")
+    parser.add_argument("--batch-tokens", type=int, default=None,
+                        help="tokens per update, split into micro-batches of --tokens (default: one micro-batch); "
+                             "compares step time at equal work across micro-batch sizes")
+    parser.add_argument("--updates", type=int, default=1,
+                        help="updates per child (default 1); with more, steady_update_s is the median of all "
+                             "but the first")
     parser.add_argument("--one", default=None, help=argparse.SUPPRESS)  # RECIPE:TOKENS:PATH, in a child process
 
 
@@ -107,14 +119,16 @@ def _measure(args: argparse.Namespace) -> Measurement:
     if args.threads:
         torch.set_num_threads(args.threads)
     row = args.prompt_tokens + args.new_tokens
-    rows = max(1, tokens // row)
-    # one optimiser step on one micro-batch of the whole batch; full fine-tuning (FullLogits is no peft model)
-    cfg = load_run_config(recipe, [f"optim.microbatch_tokens={rows * row}", "optim.num_minibatches=1",
+    micro_rows = max(1, tokens // row)
+    rows = max(micro_rows, (args.batch_tokens or tokens) // row)
+    # one optimiser step per update over micro-batches of micro_rows rows; full fine-tuning (FullLogits is
+    # no peft model)
+    cfg = load_run_config(recipe, [f"optim.microbatch_tokens={micro_rows * row}", "optim.num_minibatches=1",
                                    "optim.ppo_epochs=1", "lora.rank=0"])
     tok, model = build_model(cfg)
     vocab = int(model.get_input_embeddings().weight.shape[0])  # type: ignore[operator]
-    report: Measurement = {"recipe": recipe, "model": cfg.model.path, "path": path, "tokens": rows * row,
-                           "rows": rows, "vocab": vocab}
+    report: Measurement = {"recipe": recipe, "model": cfg.model.path, "path": path, "tokens": micro_rows * row,
+                           "rows": rows, "batch_tokens": rows * row, "vocab": vocab}
     _watch_rss(int(args.rss_limit_gb * 1024**3), report)
     s = policy_settings(cfg)
     head, _, ckpt = path.partition("+")
@@ -130,9 +144,14 @@ def _measure(args: argparse.Namespace) -> Measurement:
     batch = collate(trajs, pad_token_id=int(tok.pad_token_id or 0))
     adv = torch.randn(rows, generator=g, dtype=torch.float64)
     report["rss_before_update_bytes"] = _rss_bytes()
-    t0 = time.perf_counter()
-    learner.update(batch, adv, fuse_old=bool(learner.can_fuse_old_logprob()))
-    report["update_s"] = time.perf_counter() - t0
+    runs: list[float] = []
+    for _ in range(max(1, args.updates)):
+        t0 = time.perf_counter()
+        learner.update(batch, adv, fuse_old=bool(learner.can_fuse_old_logprob()))
+        runs.append(time.perf_counter() - t0)
+    report["update_s"], report["update_s_runs"] = runs[0], runs
+    if len(runs) > 1:
+        report["steady_update_s"] = statistics.median(runs[1:])
     report["peak_rss_bytes"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
     report["over_limit"] = False
     return report
@@ -141,7 +160,9 @@ def _measure(args: argparse.Namespace) -> Measurement:
 def _child(args: argparse.Namespace, recipe: str, tokens: int, path: str) -> Measurement:
     cmd = [sys.executable, "-m", "posttrain.cli", "bench", "memory", "--one", f"{recipe}:{tokens}:{path}",
            "--prompt-tokens", str(args.prompt_tokens), "--new-tokens", str(args.new_tokens),
-           "--rss-limit-gb", str(args.rss_limit_gb)]
+           "--rss-limit-gb", str(args.rss_limit_gb), "--updates", str(args.updates)]
+    if args.batch_tokens:
+        cmd += ["--batch-tokens", str(args.batch_tokens)]
     if args.threads:
         cmd += ["--threads", str(args.threads)]
     p = subprocess.run(cmd, capture_output=True, text=True, env=os.environ.copy())
@@ -169,12 +190,16 @@ def run(args: argparse.Namespace) -> int:
     tokens = [int(t) for t in _csv(args.tokens, "tokens")]
     paths = _csv(args.paths, "paths")
     bad = [p for p in paths if p not in PATHS]
-    if bad or min(tokens) < 1 or args.prompt_tokens < 1 or args.new_tokens < 1 or not args.rss_limit_gb > 0:
+    if (bad or min(tokens) < 1 or args.prompt_tokens < 1 or args.new_tokens < 1 or not args.rss_limit_gb > 0
+            or args.updates < 1 or (args.batch_tokens is not None and args.batch_tokens < max(tokens))):
         raise ValueError(f"bench memory: need --paths from {', '.join(PATHS)} (got {bad or paths}), --tokens, "
-                         f"--prompt-tokens, --new-tokens >= 1 and --rss-limit-gb > 0")
+                         f"--prompt-tokens, --new-tokens, --updates >= 1, --batch-tokens >= every --tokens "
+                         f"and --rss-limit-gb > 0")
     gib = 1024**3
+    load_before = os.getloadavg()[0]
     results: list[Measurement] = []
-    print(f"{'recipe':<24} {'tokens':>6} {'path':<12} {'before update GiB':>17} {'peak RSS GiB':>13}", flush=True)
+    print(f"{'recipe':<24} {'tokens':>6} {'path':<12} {'before update GiB':>17} {'peak RSS GiB':>13} "
+          f"{'update s':>9}", flush=True)
     for recipe in _csv(args.recipes, "recipes"):
         for n in tokens:
             for path in paths:
@@ -182,12 +207,15 @@ def run(args: argparse.Namespace) -> int:
                 results.append(m)
                 peak = f"> {args.rss_limit_gb:.2f}" if m["over_limit"] else f"{m['peak_rss_bytes'] / gib:.2f}"
                 before = m.get("rss_before_update_bytes")
+                secs = m.get("steady_update_s", m.get("update_s", float("nan")))
                 print(f"{recipe:<24} {m['tokens']:>6} {path:<12} "
-                      f"{(before / gib if before else float('nan')):>17.2f} {peak:>13}", flush=True)
+                      f"{(before / gib if before else float('nan')):>17.2f} {peak:>13} {secs:>9.2f}", flush=True)
     load = os.getloadavg()[0]
     print(f"(load average {load:.1f}; each row a fresh process; limit {args.rss_limit_gb:.2f} GiB)")
     if args.json_path:
-        Path(args.json_path).write_text(json.dumps({"loadavg_1m": load, "rss_limit_gb": args.rss_limit_gb,
+        Path(args.json_path).write_text(json.dumps({"loadavg_1m": load, "loadavg_1m_before": load_before,
+                                                    "rss_limit_gb": args.rss_limit_gb,
+                                                    "batch_tokens": args.batch_tokens, "updates": args.updates,
                                                     "prompt_tokens": args.prompt_tokens,
                                                     "new_tokens": args.new_tokens, "results": results}, indent=2))
     return 0

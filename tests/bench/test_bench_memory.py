@@ -32,3 +32,23 @@ def test_bench_memory_child_over_its_limit_stops_and_is_reported(tmp_path, capsy
 def test_bench_memory_rejects_bad_arguments(capsys):
     assert main(["bench", "memory", "--paths", "fast"]) != 0
     assert "--paths from full, chunked, full+ckpt, chunked+ckpt" in capsys.readouterr().err
+
+
+def test_bench_memory_batch_tokens_splits_one_update_into_micro_batches(tmp_path):
+    """--batch-tokens 80 at --tokens 40 (rows of 10 tokens): 8 rows per update in micro-batches of 4; --updates 3
+    times three updates and reports the median of the last two as the steady time."""
+    out = tmp_path / "memory.json"
+    assert main(["bench", "memory", "--json", str(out), "--recipes", "grpo", "--tokens", "40", "--paths", "chunked",
+                 "--prompt-tokens", "6", "--new-tokens", "4", "--threads", "1", "--rss-limit-gb", "64",
+                 "--batch-tokens", "80", "--updates", "3"]) == 0
+    res = json.loads(out.read_text())
+    (m,) = res["results"]
+    assert (m["tokens"], m["rows"], m["batch_tokens"]) == (40, 8, 80)
+    assert len(m["update_s_runs"]) == 3 and m["update_s"] == m["update_s_runs"][0]
+    assert sorted(m["update_s_runs"][1:])[0] <= m["steady_update_s"] <= sorted(m["update_s_runs"][1:])[1]
+    assert res["batch_tokens"] == 80 and res["updates"] == 3
+
+
+def test_bench_memory_refuses_a_batch_smaller_than_its_micro_batch(capsys):
+    assert main(["bench", "memory", "--recipes", "grpo", "--tokens", "40", "--batch-tokens", "20"]) != 0
+    assert "--batch-tokens >= every --tokens" in capsys.readouterr().err
