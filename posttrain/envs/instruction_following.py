@@ -210,10 +210,14 @@ class InstructionFollowingTask:
     """Prompts of 1..``max_constraints`` constraints (``min_constraints`` at least), uniform count.
 
     ``families`` restricts the constraint families (default: all of :data:`FAMILIES`).
+    ``train_max_constraints`` caps the count of the ``train`` split alone (a curriculum: a policy that
+    meets one or two constraints gets a signal from more of its groups), leaving both held-out splits
+    exactly as without it; ``None`` = ``max_constraints``.
     """
 
     min_constraints: int = 1
     max_constraints: int = 3
+    train_max_constraints: int | None = None
     families: tuple[str, ...] | list[str] = tuple(FAMILIES)
     heldout_fraction: float = 0.2
     combo_heldout_fraction: float = 0.25
@@ -236,13 +240,24 @@ class InstructionFollowingTask:
         if not 1 <= self.min_constraints <= self.max_constraints <= 3:
             raise ValueError(f"instruction_following: need 1 <= min_constraints <= max_constraints <= 3, got "
                              f"{self.min_constraints}, {self.max_constraints}")
+        if self.train_max_constraints is not None and not (
+                self.min_constraints <= self.train_max_constraints <= self.max_constraints):
+            raise ValueError(f"instruction_following: need min_constraints <= train_max_constraints <= "
+                             f"max_constraints, got {self.min_constraints} <= {self.train_max_constraints} <= "
+                             f"{self.max_constraints}")
         for name, f in (("heldout_fraction", self.heldout_fraction),
                         ("combo_heldout_fraction", self.combo_heldout_fraction)):
             if not 0.0 < f < 1.0:
                 raise ValueError(f"instruction_following: {name} must be in (0, 1), got {f}")
 
-    def _families(self, rng: random.Random) -> list[str]:
-        k = rng.randint(self.min_constraints, self.max_constraints)
+    def _max_count(self, split: str) -> int:
+        """The most constraints a prompt of ``split`` carries."""
+        if split == "train" and self.train_max_constraints is not None:
+            return self.train_max_constraints
+        return self.max_constraints
+
+    def _families(self, rng: random.Random, max_count: int) -> list[str]:
+        k = rng.randint(self.min_constraints, max_count)
         chosen: list[str] = []
         while len(chosen) < k:
             options = [f for f in self.families if compatible([*chosen, f])]
@@ -254,7 +269,7 @@ class InstructionFollowingTask:
     def _draw(self, rng: random.Random, split: str) -> tuple[str, TaskExample] | None:
         """One proposal: ``(problem key, example)``, or None when it belongs to no part of ``split``."""
         unseen = split == "heldout_unseen"
-        fams = self._families(rng)
+        fams = self._families(rng, self._max_count(split))
         if len(fams) < self.min_constraints:  # the allowed families cannot hold that many together
             return None
         combo = combo_key(fams)
@@ -292,8 +307,10 @@ class InstructionFollowingTask:
             raise ValueError(f"unknown split {split!r}; valid: train, {', '.join(self.eval_splits)}")
         if n < 0:
             raise ValueError(f"n must be >= 0, got {n}")
-        rng = random.Random(f"{self.name}|{self.min_constraints}:{self.max_constraints}:{','.join(self.families)}"
-                            f"|{split}|{seed}")
+        counts = f"{self.min_constraints}:{self.max_constraints}"
+        if self._max_count(split) != self.max_constraints:  # only the train split's stream moves with the cap
+            counts += f":train{self._max_count(split)}"
+        rng = random.Random(f"{self.name}|{counts}:{','.join(self.families)}|{split}|{seed}")
         out: list[TaskExample] = []
         seen: set[str] = set()
         tries = 0
@@ -313,5 +330,5 @@ class InstructionFollowingTask:
 @TASKS.register("instruction_following")
 def instruction_following(**kwargs: object) -> InstructionFollowingTask:
     """Factory of :class:`InstructionFollowingTask` (kwargs: ``min_constraints``, ``max_constraints``,
-    ``families``, ``heldout_fraction``, ``combo_heldout_fraction``, ``eval_splits``)."""
+    ``train_max_constraints``, ``families``, ``heldout_fraction``, ``combo_heldout_fraction``, ``eval_splits``)."""
     return InstructionFollowingTask(**kwargs)  # type: ignore[arg-type]

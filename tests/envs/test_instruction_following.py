@@ -134,3 +134,24 @@ def test_bad_arguments() -> None:
     with pytest.raises(ValueError, match="only 0 distinct prompts"):  # no combination of 2 in the unseen split
         TASKS["instruction_following"](families=["all_lowercase", "all_capitals"], min_constraints=2).examples(
             "heldout_unseen", 1, seed=0)
+
+
+def test_train_max_constraints_caps_the_train_split_alone() -> None:
+    base = TASKS["instruction_following"]()
+    capped = TASKS["instruction_following"](train_max_constraints=1)
+    train = capped.examples("train", 200, seed=3)
+    assert {ex.meta["n_constraints"] for ex in train} == {1}
+    assert {ex.meta["n_constraints"] for ex in base.examples("train", 200, seed=3)} == {1, 2, 3}
+    # the held-out splits are the very prompts they are without the cap: runs stay comparable
+    for split in ("heldout", "heldout_unseen"):
+        assert [ex.prompt_id for ex in capped.examples(split, 50, seed=0)] == [
+            ex.prompt_id for ex in base.examples(split, 50, seed=0)]
+    # the cap's train prompts are still training prompts: no held-out topic and no held-out combination
+    held = inf.heldout_topics()
+    for ex in train:
+        assert ex.meta["topic"] not in held
+        assert split_of(f"instruction_following|combo|{ex.meta['combo']}", capped.combo_heldout_fraction) == "train"
+    with pytest.raises(ValueError, match="train_max_constraints"):
+        TASKS["instruction_following"](train_max_constraints=3, max_constraints=2)
+    with pytest.raises(ValueError, match="train_max_constraints"):
+        TASKS["instruction_following"](train_max_constraints=1, min_constraints=2)
