@@ -29,12 +29,15 @@ import json
 import math
 import time
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 import numpy as np
 
 from posttrain.trajectory import Finish, Reward, Role, Status, Trajectory
 from posttrain.trajectory.record import StepRecord
+
+if TYPE_CHECKING:
+    from posttrain.models.tokenizer_protocol import Tokenizer
 
 GenerateFn = Callable[[list[int]], tuple[Sequence[int], Sequence[float], Sequence[int] | int, str]]
 """``generate_fn(context_ids) -> (token_ids, logprobs, versions, finish_reason)`` for one policy
@@ -87,7 +90,7 @@ class TurnRenderer:
     mentions ``tools``, else preamble; ``"none"`` = not shown (a model taught the format by SFT).
     """
 
-    def __init__(self, tokenizer: Any, use_chat_template: bool = True, system: str | None = None,
+    def __init__(self, tokenizer: Tokenizer, use_chat_template: bool = True, system: str | None = None,
                  tools: Sequence[Mapping[str, Any]] | None = None, tool_prompt: str = "auto") -> None:
         if tool_prompt not in ("auto", "template", "preamble", "none"):
             raise ValueError(f"tool_prompt must be auto, template, preamble or none, got {tool_prompt!r}")
@@ -165,7 +168,7 @@ class EpisodeState:
     sum of the step's ``reward_parts``.
     """
 
-    def __init__(self, env: Environment, tokenizer: Any, *, seed: int, traj_id: str, group_id: str,
+    def __init__(self, env: Environment, tokenizer: Tokenizer, *, seed: int, traj_id: str, group_id: str,
                  prompt_id: str | None = None, max_turns: int = 4, max_tokens: int = 512,
                  max_wall_s: float | None = None, weights: Mapping[str, float] | None = None,
                  use_chat_template: bool = True, system: str | None = None, tool_prompt: str = "auto",
@@ -391,7 +394,7 @@ def tool_preamble(tools: Sequence[Mapping[str, Any]]) -> str:
 def run_episode(
     env: Environment,
     generate_fn: GenerateFn,
-    tokenizer: Any,
+    tokenizer: Tokenizer,
     *,
     seed: int,
     traj_id: str,

@@ -27,7 +27,10 @@ import hashlib
 import json
 import threading
 from collections.abc import Mapping, Sequence
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
+
+if TYPE_CHECKING:
+    from posttrain.models.tokenizer_protocol import Tokenizer
 
 ChatSetting = bool | Literal["auto"]
 
@@ -69,7 +72,7 @@ def check_messages(messages: Any, where: str) -> tuple[dict[str, str], ...]:
     return tuple(out)
 
 
-def template_fingerprint(tokenizer: Any) -> str:
+def template_fingerprint(tokenizer: Tokenizer) -> str:
     """``sha256:<hex>`` of the tokenizer's chat template string, or ``"none"`` when it has none."""
     tpl = getattr(tokenizer, "chat_template", None)
     if isinstance(tpl, Mapping):  # named templates: hash them all, in a stable order
@@ -79,7 +82,7 @@ def template_fingerprint(tokenizer: Any) -> str:
     return "sha256:" + hashlib.sha256(str(tpl).encode()).hexdigest()
 
 
-def resolve_chat(setting: ChatSetting, tokenizer: Any, *, char_preset: bool) -> bool:
+def resolve_chat(setting: ChatSetting, tokenizer: Tokenizer, *, char_preset: bool) -> bool:
     """Whether prompts go through the chat template (``task.chat_template``).
 
     ``True``: yes (``ValueError`` when the tokenizer has no chat template); ``False``: raw text;
@@ -102,7 +105,7 @@ class PromptRenderer:
     a system message (chat) or first line (raw) put before every example's own messages.
     """
 
-    def __init__(self, tokenizer: Any, *, chat: bool = False, system_prompt: str | None = None) -> None:
+    def __init__(self, tokenizer: Tokenizer, *, chat: bool = False, system_prompt: str | None = None) -> None:
         if chat and not getattr(tokenizer, "chat_template", None):
             raise ValueError("chat rendering needs a tokenizer with a chat template")
         self.tokenizer = tokenizer

@@ -14,11 +14,14 @@ import dataclasses
 import hashlib
 import random
 from collections.abc import Callable, Iterable, Mapping
-from typing import Any, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 from posttrain.algos.registry import Registry
 from posttrain.rewards.verifier import Verifier, build_verifier
 from posttrain.trajectory.record import JSONScalar
+
+if TYPE_CHECKING:
+    from posttrain.models.tokenizer_protocol import Tokenizer
 
 TASKS = Registry("task")
 """name -> factory(**kwargs) returning a :class:`Task`."""
@@ -180,7 +183,7 @@ tokenized at all: a 50 MB row would exhaust memory in the tokenizer)."""
 
 
 def check_prompts(
-    examples: Iterable[TaskExample], tokenizer: Any, *, max_context: int | None, max_new_tokens: int = 0,
+    examples: Iterable[TaskExample], tokenizer: Tokenizer, *, max_context: int | None, max_new_tokens: int = 0,
     chars_per_token: int = MAX_CHARS_PER_TOKEN, renderer: Any = None,
 ) -> None:
     """Raise ``ValueError`` naming the row (``ex.source``, else the prompt id) of the first example
@@ -223,7 +226,7 @@ def check_prompts(
                              f"model's context of {max_context} tokens")
 
 
-def _unknown_chars(text: str, tokenizer: Any) -> str:
+def _unknown_chars(text: str, tokenizer: Tokenizer) -> str:
     """The characters of ``text`` that encode to the unknown token, e.g. ``"'é' (U+00E9)"``."""
     bad = [c for c in dict.fromkeys(text) if tokenizer.unk_token_id in tokenizer(c).input_ids]
     return ", ".join(f"{c!r} (U+{ord(c):04X})" for c in bad[:5]) or "some characters"

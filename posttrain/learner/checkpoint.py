@@ -37,13 +37,16 @@ import re
 import shutil
 from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
 import safetensors.torch
 import torch
 
 from posttrain.learner.lora import is_peft_model
+
+if TYPE_CHECKING:
+    from posttrain.models.tokenizer_protocol import Tokenizer
 
 FORMAT_VERSION = 1
 CHECKPOINTS_SUBDIR = "checkpoints"
@@ -53,10 +56,6 @@ _TMP = re.compile(r"^\.(step_\d+)\.(tmp|old)-(\d+)$")
 
 class _Saveable(Protocol):
     def save(self, directory: str | Path) -> None: ...
-
-
-class _Tokenizer(Protocol):
-    def save_pretrained(self, save_directory: str) -> Any: ...
 
 
 @dataclasses.dataclass(frozen=True)
@@ -207,7 +206,7 @@ def save_checkpoint(
     *,
     step: int,
     actor: torch.nn.Module,
-    tokenizer: _Tokenizer | None = None,
+    tokenizer: Tokenizer | None = None,
     critic: _Saveable | None = None,
     learner_state: Mapping[str, Any] | Callable[[Path], Mapping[str, Any]],
     extra: Mapping[str, Any] | None = None,

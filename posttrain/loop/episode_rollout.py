@@ -53,6 +53,7 @@ from posttrain.trajectory.record import JSONScalar
 if TYPE_CHECKING:
     from posttrain.envs.task import TaskExample
     from posttrain.loop.rollout_stage import RolloutStage
+    from posttrain.models.tokenizer_protocol import Tokenizer
 
 
 def turn_seed(*parts: object) -> int:
@@ -258,7 +259,7 @@ class EpisodeRollout:
         return out, {**episode_metrics([t for g in out for t in g]), "time/reward_s": time.perf_counter() - t0}
 
 
-def episode_response(episode: EpisodeState, tokenizer: Any) -> str:
+def episode_response(episode: EpisodeState, tokenizer: Tokenizer) -> str:
     """The episode after its prompt as text: its policy turns and the observations between them, decoded
     as the policy saw them (special tokens such as chat role markers left out)."""
     start = next((i for i, r in enumerate(episode.roles) if r is not Role.PROMPT), len(episode.roles))

@@ -22,13 +22,13 @@ import math
 from collections import Counter, OrderedDict
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Protocol
 
 from posttrain.diagnostics.heldout_outcomes import SetOutcomes, append_outcomes
 from posttrain.loop.episode_rollout import EpisodeRollout, context_limit, run_episodes, turn_seed
 from posttrain.loop.heldout_breakdown import constraint_rates, has_tools, tool_calls_per_episode
 from posttrain.loop.single_turn import Renderer, Sampler, play_once
-from posttrain.rewards.scoring import Decoder, HasVerifier, VerifyBatch
+from posttrain.rewards.scoring import HasVerifier, VerifyBatch
 from posttrain.rewards.verifier import Verifier
 from posttrain.trajectory import Status
 from posttrain.trajectory.record import JSONScalar
@@ -36,6 +36,7 @@ from posttrain.trajectory.record import JSONScalar
 if TYPE_CHECKING:
     from posttrain.config import RunConfig
     from posttrain.envs.task import Task, TaskExample
+    from posttrain.models.tokenizer_protocol import Tokenizer
     from posttrain.rollout.engine import RolloutEngine
 
 
@@ -109,7 +110,7 @@ class EvalResult:
 
 def evaluate(
     engine: Sampler,
-    tokenizer: Decoder,
+    tokenizer: Tokenizer,
     task: HasVerifier,
     examples: Sequence[TaskExample],
     *,
@@ -198,7 +199,7 @@ class EvaluatedRun(Protocol):
     def engine(self) -> RolloutEngine: ...
 
     @property
-    def tokenizer(self) -> Any: ...  # a Hugging Face or posttrain char tokenizer (untyped library class)
+    def tokenizer(self) -> Tokenizer: ...  # a Hugging Face or posttrain char tokenizer
 
     @property
     def task(self) -> Task: ...
@@ -216,7 +217,7 @@ class EvaluatedRun(Protocol):
     def hidden_verifier(self) -> Verifier | None: ...  # eval.hidden_verifier's verifier
 
 
-def check_eval_budget(cfg: RunConfig, examples: Sequence[TaskExample], tokenizer: Any, *, max_context: int | None,
+def check_eval_budget(cfg: RunConfig, examples: Sequence[TaskExample], tokenizer: Tokenizer, *, max_context: int | None,
                       renderer: Renderer) -> None:
     """Raise ``ValueError`` starting ``eval.max_new_tokens=N:`` when a single-turn held-out prompt of ``examples``
     does not fit ``max_context`` positions with the held-out token budget ``eval.max_new_tokens``; None when it

@@ -58,9 +58,9 @@ from posttrain.rewards.reward_model import RENDER_FILE, pair_rewards, render_pai
 
 if TYPE_CHECKING:
     from rich.progress import Progress
-    from transformers import PreTrainedTokenizerBase
 
     from posttrain.envs.preference_data import PreferencePair
+    from posttrain.models.tokenizer_protocol import Tokenizer
 
 log = logging.getLogger("posttrain")
 
@@ -118,7 +118,7 @@ def build_reward_model(cfg: RunConfig) -> tuple[Any, torch.nn.Module]:
     return tok, model
 
 
-def render_pairs(pairs: Sequence[PreferencePair], tokenizer: PreTrainedTokenizerBase, *, use_chat_template: bool,
+def render_pairs(pairs: Sequence[PreferencePair], tokenizer: Tokenizer, *, use_chat_template: bool,
                  max_length: int) -> list[TextPair]:
     """Each pair's chosen and rejected texts (:func:`~posttrain.rewards.reward_model.render_pair`);
     :class:`~posttrain.errors.UserError` naming the pair's file and row when a text exceeds ``max_length``
@@ -138,7 +138,7 @@ class PairwiseLoss:
     """The :class:`~posttrain.learner.trainer.MinibatchLoss` of one step's pairs: the mean Bradley-Terry loss,
     accumulated over micro-batches; ``metrics``: ``loss``, ``pair_accuracy``, ``margin`` after :meth:`backward`."""
 
-    def __init__(self, model: torch.nn.Module, tokenizer: Any, pairs: Sequence[TextPair], *, max_length: int,
+    def __init__(self, model: torch.nn.Module, tokenizer: Tokenizer, pairs: Sequence[TextPair], *, max_length: int,
                  microbatch_tokens: int) -> None:
         self.model, self.tokenizer, self.pairs = model, tokenizer, list(pairs)
         self.max_length, self.microbatch_tokens = max_length, microbatch_tokens
@@ -164,7 +164,7 @@ class PairwiseLoss:
         self.metrics = {k: v / normaliser for k, v in sums.items()}
 
 
-def rewards_of(model: torch.nn.Module, tokenizer: Any, pairs: Sequence[TextPair],
+def rewards_of(model: torch.nn.Module, tokenizer: Tokenizer, pairs: Sequence[TextPair],
                max_length: int) -> tuple[torch.Tensor, torch.Tensor]:
     """``(r(chosen) [B], r(rejected) [B])`` of ``pairs`` in one padded forward of their ``2B`` texts."""
     r = pair_rewards(model, tokenizer, [p.chosen for p in pairs] + [p.rejected for p in pairs], max_length=max_length)
@@ -172,7 +172,7 @@ def rewards_of(model: torch.nn.Module, tokenizer: Any, pairs: Sequence[TextPair]
 
 
 @torch.no_grad()
-def evaluate_pairs(model: torch.nn.Module, tokenizer: Any, pairs: Sequence[TextPair], *, max_length: int,
+def evaluate_pairs(model: torch.nn.Module, tokenizer: Tokenizer, pairs: Sequence[TextPair], *, max_length: int,
                    microbatch_tokens: int) -> dict[str, float]:
     """``heldout/pair_accuracy`` (``r(chosen) > r(rejected)``), ``heldout/margin`` and ``heldout/loss`` (means)."""
     chosen: list[torch.Tensor] = []
@@ -186,7 +186,7 @@ def evaluate_pairs(model: torch.nn.Module, tokenizer: Any, pairs: Sequence[TextP
             "heldout/loss": float(bradley_terry_loss(c, r).mean())}
 
 
-def save_reward_model(run_dir: Path, model: torch.nn.Module, tokenizer: Any, *, use_chat_template: bool,
+def save_reward_model(run_dir: Path, model: torch.nn.Module, tokenizer: Tokenizer, *, use_chat_template: bool,
                       max_length: int) -> Path:
     """Write ``<run_dir>/reward_model/`` (weights, tokenizer, :data:`RENDER_FILE`) through a temporary sibling
     renamed into place (a crash leaves the previous one or none); returns it."""

@@ -9,13 +9,16 @@ sampling included), over the player of the run's kind: single-turn samples
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from posttrain.config import RunConfig
 from posttrain.loop.rollout import Rollout, RolloutSource
-from posttrain.rewards.scoring import Decoder, HasVerifier, ScoringSpec
+from posttrain.rewards.scoring import HasVerifier, ScoringSpec
 from posttrain.rollout.engine import RolloutEngine
 from posttrain.rollout.sampling import SamplingParams
+
+if TYPE_CHECKING:
+    from posttrain.models.tokenizer_protocol import Tokenizer
 
 
 class RolloutRun(RolloutSource, Protocol):
@@ -30,7 +33,7 @@ class RolloutRun(RolloutSource, Protocol):
     def task(self) -> HasVerifier: ...  # an environment task (make_env) with env.name set
 
     @property
-    def tokenizer(self) -> Decoder: ...
+    def tokenizer(self) -> Tokenizer: ...
 
 
 @dataclasses.dataclass

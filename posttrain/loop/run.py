@@ -23,7 +23,7 @@ import shutil
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import torch
 
@@ -46,6 +46,7 @@ if TYPE_CHECKING:
     from posttrain.envs.task import TaskExample
     from posttrain.loop.heldout import EvalResult
     from posttrain.loop.run_dir import RunDirLock
+    from posttrain.models.tokenizer_protocol import Tokenizer
 
 log = logging.getLogger("posttrain")
 
@@ -70,9 +71,7 @@ class Run:
         self.dir.mkdir(parents=True, exist_ok=True)
         self._lock = lock  # a RunDirLock held by open_run; released by close()
         self.parts = parts = build_parts(cfg, self.dir)  # the composition root (loop/parts.py)
-        # A Hugging Face tokenizer; scoring reads it through its own narrower Decoder protocol, whose decode
-        # returns str where transformers' is annotated str | list[str]: held untyped here, as before.
-        self.tokenizer: Any = parts.tokenizer
+        self.tokenizer: Tokenizer = parts.tokenizer  # a Hugging Face tokenizer (scoring reads it as a Decoder)
         self.renderer, self.task, self.heldout = parts.renderer, parts.task, parts.heldout
         self.pad_token_id = int(self.tokenizer.pad_token_id or 0)
         self.learner, self.plain_model, self.critic, self.ref_model = (parts.learner, parts.plain_model, parts.critic,

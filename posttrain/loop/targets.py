@@ -24,7 +24,8 @@ if TYPE_CHECKING:
     from posttrain.config import RunConfig
     from posttrain.envs.task import TaskExample
     from posttrain.loop.single_turn import Renderer, Sampler
-    from posttrain.rewards.scoring import Decoder, HasVerifier, ScoringSpec, VerifyBatch
+    from posttrain.models.tokenizer_protocol import Tokenizer
+    from posttrain.rewards.scoring import HasVerifier, ScoringSpec, VerifyBatch
 
 TOKEN_LEVEL_ESTIMATORS = frozenset({"gae", "reinforce_pp", "reinforce_pp_baseline"})
 
@@ -84,7 +85,7 @@ def greedy_baseline(
     examples: Mapping[str, TaskExample],
     *,
     engine: Sampler,
-    tokenizer: Decoder,
+    tokenizer: Tokenizer,
     task: HasVerifier,
     spec: ScoringSpec,
     max_new_tokens: int,
@@ -141,7 +142,7 @@ class BaselineRun(Protocol):
     def engine(self) -> Sampler: ...
 
     @property
-    def tokenizer(self) -> Decoder: ...
+    def tokenizer(self) -> Tokenizer: ...
 
     @property
     def task(self) -> HasVerifier: ...

@@ -25,9 +25,12 @@ import os
 import shutil
 import tempfile
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerBase
 
 CACHE_ENV = "POSTTRAIN_CACHE"
 """Environment variable naming the cache root (default ``~/.cache/posttrain``)."""
@@ -137,7 +140,7 @@ def _require_gguf(src: GGUFSource) -> None:
             f"install it with: {_install_hint(src)}", name="gguf")
 
 
-def _set_pad(tokenizer: Any, model: Any = None) -> None:
+def _set_pad(tokenizer: PreTrainedTokenizerBase, model: Any = None) -> None:
     """Pad with ``<|endoftext|>`` (distinct from eos ``<|im_end|>``); mirror it into the model config."""
     if PAD_TOKEN in tokenizer.get_vocab():
         tokenizer.pad_token = PAD_TOKEN

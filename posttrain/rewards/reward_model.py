@@ -17,11 +17,14 @@ import math
 import threading
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 from posttrain.errors import UserError
+
+if TYPE_CHECKING:
+    from posttrain.models.tokenizer_protocol import Tokenizer
 
 RENDER_FILE = "posttrain_reward_model.json"
 """Written beside a trained reward model's weights: ``{"use_chat_template": bool, "max_length": int}``."""
@@ -30,7 +33,7 @@ PromptLike = str | Sequence[Mapping[str, str]]
 """A prompt text, or a chat (``{role, content}`` messages ending with the user turn)."""
 
 
-def render_pair(tokenizer: Any, prompt: PromptLike, response: str, *, use_chat_template: bool) -> str:
+def render_pair(tokenizer: Tokenizer, prompt: PromptLike, response: str, *, use_chat_template: bool) -> str:
     """The text a reward model reads for ``response`` to ``prompt``.
 
     With ``use_chat_template`` (and a tokenizer that has one): the chat template of the prompt's messages
@@ -44,7 +47,7 @@ def render_pair(tokenizer: Any, prompt: PromptLike, response: str, *, use_chat_t
     return text + response
 
 
-def pair_rewards(model: Any, tokenizer: Any, texts: Sequence[str], *, max_length: int, label: int = 0) -> torch.Tensor:
+def pair_rewards(model: Any, tokenizer: Tokenizer, texts: Sequence[str], *, max_length: int, label: int = 0) -> torch.Tensor:
     """``r(text)`` = ``logits[:, label]`` of each rendered text (``[len(texts)]``, the model's dtype), in one
     padded forward, truncated at ``max_length`` tokens; gradients flow when the caller allows them (training)."""
     enc = tokenizer(list(texts), return_tensors="pt", padding=True, truncation=True, max_length=max_length)
@@ -61,7 +64,7 @@ class RewardModelScorer:
     state is not thread-safe.
     """
 
-    def __init__(self, model: Any, tokenizer: Any, *, batch_size: int = 16, max_length: int = 1024,
+    def __init__(self, model: Any, tokenizer: Tokenizer, *, batch_size: int = 16, max_length: int = 1024,
                  label: int = 0, component: str = "rm", use_chat_template: bool = False) -> None:
         if batch_size < 1:
             raise ValueError(f"RewardModelScorer: batch_size must be >= 1, got {batch_size}")

@@ -40,9 +40,11 @@ class PromptedVerifyBatch(Protocol):
 
 
 class Decoder(Protocol):
-    """The tokenizer as scoring uses it: ids -> text."""
+    """The tokenizer as scoring uses it: ids -> text. The part of
+    :class:`~posttrain.models.tokenizer_protocol.Tokenizer` scoring calls, with its types (transformers'
+    ``decode`` takes a list and is annotated ``str | list[str]``; scoring takes ``str(...)``)."""
 
-    def decode(self, ids: Sequence[int], skip_special_tokens: bool = ...) -> str:
+    def decode(self, ids: list[int], skip_special_tokens: bool = ...) -> str | list[str]:
         """Text of ``ids``."""
         ...
 

@@ -15,13 +15,16 @@ import dataclasses
 import re
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 from posttrain.errors import UserError
 from posttrain.learner.checkpoint import checkpoint_path, latest_checkpoint, load_checkpoint, save_checkpoint
 from posttrain.serve.tinker_models import LoraSpec
+
+if TYPE_CHECKING:
+    from posttrain.models.tokenizer_protocol import Tokenizer
 
 KINDS = ("weights", "sampler_weights")
 _NAME = re.compile(r"^[A-Za-z0-9_.:-]+$")
@@ -63,7 +66,7 @@ class Saved:
     optimizer: dict[str, Any] | None
 
 
-def write(path: TinkerPath, state_dir: Path, *, step: int, actor: torch.nn.Module, tokenizer: object | None,
+def write(path: TinkerPath, state_dir: Path, *, step: int, actor: torch.nn.Module, tokenizer: Tokenizer | None,
           saved: Saved) -> Path:
     """Write ``saved`` (and the merged ``actor``) as a posttrain checkpoint; returns its directory."""
     run_dir = path.directory(state_dir)
@@ -75,7 +78,7 @@ def write(path: TinkerPath, state_dir: Path, *, step: int, actor: torch.nn.Modul
     if saved.optimizer is not None:
         learner_state["optimizer"] = saved.optimizer
     save_checkpoint(checkpoint_path(run_dir, step), step=step, actor=actor,
-                    tokenizer=tokenizer if hasattr(tokenizer, "save_pretrained") else None,
+                    tokenizer=tokenizer,
                     learner_state=learner_state,
                     extra={"tinker": {"path": path.uri, "base_model": saved.base_model, "lora": dataclasses.asdict(saved.lora)}})
     return run_dir

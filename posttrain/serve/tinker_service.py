@@ -18,7 +18,7 @@ import uuid
 from collections import OrderedDict
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -28,6 +28,9 @@ from posttrain.serve.futures import JSON, PROTOBUF, FutureTable, Job, JobQueue, 
 from posttrain.serve.sampling import SampleCall, Sampler, sample_call
 from posttrain.serve.tinker_models import AdamStep, LoraSpec, ModelHub
 from posttrain.serve.wire import decode_forward_backward, encode_forward_backward, encode_sample
+
+if TYPE_CHECKING:
+    from posttrain.models.tokenizer_protocol import Tokenizer
 
 Reply = tuple[int, bytes, str]
 Snapshot = tuple[LoraSpec, Mapping[str, torch.Tensor]]
@@ -70,7 +73,7 @@ class _Sampler:
 class TinkerService:
     """State of one server: the model hub, the sampler, futures, sessions and snapshots."""
 
-    def __init__(self, base_model: str, model: torch.nn.Module, tokenizer: object | None, state_dir: Path,
+    def __init__(self, base_model: str, model: torch.nn.Module, tokenizer: Tokenizer | None, state_dir: Path,
                  *, snapshot_capacity: int = 16) -> None:
         self.base_model = base_model
         self.tokenizer = tokenizer
