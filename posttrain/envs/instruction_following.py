@@ -50,6 +50,59 @@ TOPICS = (
 )
 """48 topics; the 12 with the smallest hashes are held out."""
 
+TOPIC_WORDS: Mapping[str, tuple[str, ...]] = {
+    "the water cycle": ("water", "cycle", "rain", "evaporation", "clouds"),
+    "a rainy day in a city": ("rain", "rainy", "city", "streets", "umbrella", "umbrellas"),
+    "how bees make honey": ("bee", "bees", "honey", "nectar", "hive"),
+    "the moon": ("moon", "lunar"),
+    "a walk in the forest": ("forest", "forests", "walk", "trees", "woods"),
+    "how trains work": ("train", "trains", "railway", "rails", "locomotive"),
+    "the ocean": ("ocean", "oceans", "sea", "seas", "waves"),
+    "a birthday party": ("birthday", "party", "cake", "celebration"),
+    "why we sleep": ("sleep", "sleeping", "rest", "dreams", "tired"),
+    "volcanoes": ("volcano", "volcanoes", "lava", "magma", "eruption"),
+    "a trip to the market": ("market", "markets", "trip", "shopping", "stalls"),
+    "how plants grow": ("plant", "plants", "grow", "grows", "growth", "seeds", "roots"),
+    "the history of bread": ("bread", "breads", "baking", "wheat", "flour", "history"),
+    "winter mornings": ("winter", "morning", "mornings", "snow", "cold", "frost"),
+    "a lost cat": ("cat", "cats", "lost", "kitten"),
+    "how rainbows form": ("rainbow", "rainbows", "colors", "light"),
+    "a football match": ("football", "soccer", "match", "game", "goal", "team"),
+    "the life of a tree": ("tree", "trees", "leaves", "roots", "branches"),
+    "learning to ride a bike": ("bike", "bicycle", "ride", "riding", "pedal", "pedals"),
+    "the night sky": ("night", "sky", "stars", "moon"),
+    "a busy kitchen": ("kitchen", "cooking", "chef", "chefs", "cook", "cooks"),
+    "how a bridge is built": ("bridge", "bridges", "built", "building", "construction"),
+    "the desert": ("desert", "deserts", "sand", "dunes", "cactus"),
+    "a summer festival": ("summer", "festival", "festivals", "music"),
+    "why leaves change color": ("leaf", "leaves", "color", "colors", "autumn", "fall"),
+    "a small village": ("village", "villages", "villagers", "town"),
+    "how computers store data": ("computer", "computers", "data", "memory", "storage", "disk"),
+    "the first day of school": ("school", "first", "class", "teacher", "students"),
+    "a mountain hike": ("mountain", "mountains", "hike", "hiking", "trail", "summit"),
+    "the wind": ("wind", "winds", "breeze", "air"),
+    "a library": ("library", "libraries", "books", "book", "reading"),
+    "how fish breathe": ("fish", "gills", "breathe", "oxygen", "water"),
+    "an old lighthouse": ("lighthouse", "lighthouses", "light", "keeper", "ships"),
+    "making tea": ("tea", "teas", "kettle", "cup", "brew"),
+    "a thunderstorm": ("thunderstorm", "thunderstorms", "thunder", "lightning", "storm", "rain"),
+    "how birds migrate": ("bird", "birds", "migrate", "migration", "fly", "flight"),
+    "a farm in spring": ("farm", "farms", "farmer", "spring", "animals", "crops"),
+    "the importance of friendship": ("friend", "friends", "friendship", "friendships"),
+    "a museum visit": ("museum", "museums", "exhibit", "exhibits", "art", "visit"),
+    "how snow forms": ("snow", "snowflake", "snowflakes", "ice", "cold"),
+    "a quiet beach": ("beach", "beaches", "sand", "waves", "sea", "shore"),
+    "the sun": ("sun", "solar", "sunlight", "star"),
+    "a city park": ("park", "parks", "city", "trees", "grass"),
+    "how a letter is delivered": ("letter", "letters", "mail", "post", "delivered", "delivery", "postman"),
+    "a street musician": ("musician", "musicians", "music", "street", "song", "songs", "guitar"),
+    "the life of an ant": ("ant", "ants", "colony", "anthill"),
+    "a garden at night": ("garden", "gardens", "night", "flowers", "moon"),
+    "how clocks keep time": ("clock", "clocks", "time", "hands", "gears", "pendulum"),
+}
+"""Topic -> words an on-topic answer uses (the topic's own nouns with their inflections, and a few
+it cannot be written without); ``on_topic`` requires one of them."""
+
 REQUESTS = ("Write about {topic}.", "Tell me about {topic}.", "Describe {topic}.",
             "Write a short text about {topic}.", "Say something about {topic}.")
 """Request wordings; the one with the smallest hash is held out."""
@@ -213,11 +266,17 @@ class InstructionFollowingTask:
     ``train_max_constraints`` caps the count of the ``train`` split alone (a curriculum: a policy that
     meets one or two constraints gets a signal from more of its groups), leaving both held-out splits
     exactly as without it; ``None`` = ``max_constraints``.
+    ``on_topic`` adds to every prompt's reference (every split) the implicit constraint of its request,
+    ``{"family": "mentions_any", "words": TOPIC_WORDS[topic]}``: the answer must mention the topic.
+    IFEval checks only the explicit constraints, so an off-topic one-liner ("Sabotage.") meets "no
+    commas" and "at most 40 words"; a policy trained on that verdict learns to say nothing. The
+    prompts (texts, ids, splits) are the same with and without it; only the references differ.
     """
 
     min_constraints: int = 1
     max_constraints: int = 3
     train_max_constraints: int | None = None
+    on_topic: bool = False
     families: tuple[str, ...] | list[str] = tuple(FAMILIES)
     heldout_fraction: float = 0.2
     combo_heldout_fraction: float = 0.25
@@ -291,7 +350,8 @@ class InstructionFollowingTask:
         order = list(range(len(fams)))
         rng.shuffle(order)
         text = " ".join([REQUESTS[req].format(topic=topic), *(_render(fams[i], specs[i], ids[i]) for i in order)])
-        reference = json.dumps(specs, sort_keys=True)
+        implicit = [{"family": "mentions_any", "words": list(TOPIC_WORDS[topic])}] if self.on_topic else []
+        reference = json.dumps(specs + implicit, sort_keys=True)
         digest = hashlib.sha256(key.encode()).hexdigest()[:8]
         parts = "+".join(f"{fams[i]}.w{ids[i]}" for i in order)
         ex = TaskExample(
@@ -330,5 +390,5 @@ class InstructionFollowingTask:
 @TASKS.register("instruction_following")
 def instruction_following(**kwargs: object) -> InstructionFollowingTask:
     """Factory of :class:`InstructionFollowingTask` (kwargs: ``min_constraints``, ``max_constraints``,
-    ``train_max_constraints``, ``families``, ``heldout_fraction``, ``combo_heldout_fraction``, ``eval_splits``)."""
+    ``train_max_constraints``, ``on_topic``, ``families``, ``heldout_fraction``, ``combo_heldout_fraction``, ``eval_splits``)."""
     return InstructionFollowingTask(**kwargs)  # type: ignore[arg-type]

@@ -109,6 +109,13 @@ def include_keywords(text: str, keywords: Sequence[str]) -> bool:
     return all(_contains_word(text, k) >= 1 for k in keywords)
 
 
+def mentions_any(text: str, words: Sequence[str]) -> bool:
+    """At least one of ``words`` (whole words, any case): the implicit "write about the topic" of a
+    request, which IFEval leaves unchecked (an off-topic one-liner meets "no commas" as well as an
+    answer does)."""
+    return any(_contains_word(text, w) for w in words)
+
+
 def keyword_frequency(text: str, keyword: str, n: int) -> bool:
     """``keyword`` at least ``n`` times (whole words, any case)."""
     return _contains_word(text, keyword) >= n
@@ -190,7 +197,8 @@ CHECKERS: Mapping[str, Callable[..., bool]] = {
     f.__name__: f
     for f in (words_at_most, words_at_least, words_between, sentences_at_most, paragraph_count, all_lowercase,
               all_capitals, include_keywords, keyword_frequency, forbidden_words, start_with, end_with,
-              bullet_list, numbered_list, json_keys, quoted, no_commas, title, placeholders, postscript)
+              bullet_list, numbered_list, json_keys, quoted, no_commas, title, placeholders, postscript,
+              mentions_any)
 }
 """Family name -> checker ``(text, **params) -> bool``."""
 
@@ -200,7 +208,7 @@ _PARAMS: Mapping[str, Mapping[str, type]] = {
     "include_keywords": {"keywords": list}, "keyword_frequency": {"keyword": str, "n": int},
     "forbidden_words": {"forbidden": list}, "start_with": {"phrase": str}, "end_with": {"phrase": str},
     "bullet_list": {"n": int}, "numbered_list": {"n": int}, "json_keys": {"keys": list}, "quoted": {},
-    "no_commas": {}, "title": {}, "placeholders": {"n": int}, "postscript": {},
+    "no_commas": {}, "title": {}, "placeholders": {"n": int}, "postscript": {}, "mentions_any": {"words": list},
 }
 
 

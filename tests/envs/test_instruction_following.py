@@ -155,3 +155,26 @@ def test_train_max_constraints_caps_the_train_split_alone() -> None:
         TASKS["instruction_following"](train_max_constraints=3, max_constraints=2)
     with pytest.raises(ValueError, match="train_max_constraints"):
         TASKS["instruction_following"](train_max_constraints=1, min_constraints=2)
+
+
+def test_on_topic_adds_the_request_as_a_constraint_and_keeps_the_prompts() -> None:
+    assert set(inf.TOPIC_WORDS) == set(inf.TOPICS)
+    for topic, words in inf.TOPIC_WORDS.items():  # the topic names its own subject
+        assert CHECKERS["mentions_any"](topic, words), topic
+    base = TASKS["instruction_following"]()
+    strict = TASKS["instruction_following"](on_topic=True)
+    for split in ("train", "heldout", "heldout_unseen"):
+        plain, topical = base.examples(split, 30, seed=1), strict.examples(split, 30, seed=1)
+        assert [(e.prompt_id, e.prompt) for e in plain] == [(e.prompt_id, e.prompt) for e in topical]
+        for e, t in zip(plain, topical, strict=True):
+            specs = json.loads(t.reference)
+            assert specs[:-1] == json.loads(e.reference)
+            assert specs[-1] == {"family": "mentions_any", "words": list(inf.TOPIC_WORDS[e.meta["topic"]])}
+    # the verifier hole it closes: an off-topic one-liner meets the explicit constraints only
+    ref = json.dumps([{"family": "no_commas"}])
+    topical_ref = json.dumps([{"family": "no_commas"},
+                              {"family": "mentions_any", "words": list(inf.TOPIC_WORDS["a summer festival"])}])
+    assert base.verifier.verify("Sabotage.", ref).status is Status.CORRECT
+    off = base.verifier.verify("Sabotage.", topical_ref)
+    assert off.status is Status.WRONG and off.components["ifc/mentions_any"] == 0.0
+    assert base.verifier.verify("The summer festival had music all night.", topical_ref).status is Status.CORRECT

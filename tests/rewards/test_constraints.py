@@ -68,6 +68,15 @@ def test_keywords_whole_words_any_case() -> None:
     assert c.include_keywords("a  quiet\nmorning", ["quiet morning"])
 
 
+def test_mentions_any_one_of_the_words() -> None:
+    assert c.mentions_any("Bees fly from flower to flower.", ["bee", "bees", "honey"])
+    assert c.mentions_any("It is sweet HONEY.", ["bees", "honey"])
+    assert not c.mentions_any("Sabotage.", ["festival", "summer"])
+    assert not c.mentions_any("beehives hum", ["bee", "bees"])  # whole words only
+    assert c.check_spec({"family": "mentions_any", "words": ["moon"]}) is None
+    assert "non-empty list" in str(c.check_spec({"family": "mentions_any", "words": []}))
+
+
 def test_forbidden_words() -> None:
     assert c.forbidden_words("It is quite nice.", ["very", "really"])
     assert not c.forbidden_words("It is VERY nice.", ["very"])
