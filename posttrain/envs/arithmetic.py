@@ -11,6 +11,7 @@ import dataclasses
 import random
 
 from posttrain.envs.task import TASKS, TaskExample, sample_split
+from posttrain.envs.typed_kwargs import build_with_typed_kwargs
 from posttrain.rewards.basic import IntegerVerifier
 from posttrain.rewards.verifier import Verifier
 
@@ -62,4 +63,4 @@ class ArithmeticTask:
 @TASKS.register("arithmetic")
 def arithmetic(**kwargs: object) -> ArithmeticTask:
     """Factory of :class:`ArithmeticTask` (kwargs: ``digits``, ``ops``, ``difficulty``...)."""
-    return ArithmeticTask(**kwargs)  # type: ignore[arg-type]
+    return build_with_typed_kwargs(ArithmeticTask, kwargs)

@@ -10,6 +10,7 @@ import dataclasses
 import random
 
 from posttrain.envs.task import TASKS, TaskExample, sample_split
+from posttrain.envs.typed_kwargs import build_with_typed_kwargs
 from posttrain.rewards.basic import IntegerVerifier
 from posttrain.rewards.verifier import Verifier
 
@@ -50,4 +51,4 @@ class ChainSumTask:
 @TASKS.register("chain_sum")
 def chain_sum(**kwargs: object) -> ChainSumTask:
     """Factory of :class:`ChainSumTask` (kwargs: ``terms`` or ``difficulty``, ``heldout_fraction``)."""
-    return ChainSumTask(**kwargs)  # type: ignore[arg-type]
+    return build_with_typed_kwargs(ChainSumTask, kwargs)

@@ -11,6 +11,7 @@ import dataclasses
 import random
 
 from posttrain.envs.task import TASKS, TaskExample, sample_split
+from posttrain.envs.typed_kwargs import build_with_typed_kwargs
 from posttrain.rewards.countdown import CountdownVerifier
 from posttrain.rewards.verifier import Verifier
 
@@ -67,4 +68,4 @@ class CountdownTask:
 @TASKS.register("countdown")
 def countdown(**kwargs: object) -> CountdownTask:
     """Factory of :class:`CountdownTask` (kwargs: ``difficulty``, ``max_number``, ``max_target``)."""
-    return CountdownTask(**kwargs)  # type: ignore[arg-type]
+    return build_with_typed_kwargs(CountdownTask, kwargs)

@@ -33,6 +33,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from posttrain.envs.task import TASKS, TaskExample, split_of
+from posttrain.envs.typed_kwargs import build_with_typed_kwargs
 from posttrain.rewards.instructions import InstructionsVerifier
 from posttrain.rewards.verifier import Verifier
 
@@ -391,4 +392,4 @@ class InstructionFollowingTask:
 def instruction_following(**kwargs: object) -> InstructionFollowingTask:
     """Factory of :class:`InstructionFollowingTask` (kwargs: ``min_constraints``, ``max_constraints``,
     ``train_max_constraints``, ``on_topic``, ``families``, ``heldout_fraction``, ``combo_heldout_fraction``, ``eval_splits``)."""
-    return InstructionFollowingTask(**kwargs)  # type: ignore[arg-type]
+    return build_with_typed_kwargs(InstructionFollowingTask, kwargs)

@@ -15,6 +15,7 @@ import random
 import string
 
 from posttrain.envs.task import TASKS, TaskExample, sample_split
+from posttrain.envs.typed_kwargs import build_with_typed_kwargs
 from posttrain.rewards.basic import ExactVerifier
 from posttrain.rewards.verifier import Verifier
 
@@ -75,4 +76,4 @@ class LetterRunTask:
 @TASKS.register("letter_run")
 def letter_run(**kwargs: object) -> LetterRunTask:
     """Factory of :class:`LetterRunTask` (kwargs: ``max_len`` or ``difficulty``, ``alpha``, ``heldout_fraction``)."""
-    return LetterRunTask(**kwargs)  # type: ignore[arg-type]
+    return build_with_typed_kwargs(LetterRunTask, kwargs)

@@ -11,6 +11,7 @@ import dataclasses
 import random
 
 from posttrain.envs.task import TASKS, TaskExample, sample_split
+from posttrain.envs.typed_kwargs import build_with_typed_kwargs
 from posttrain.rewards.basic import IntegerVerifier
 from posttrain.rewards.verifier import Verifier
 
@@ -53,4 +54,4 @@ class LinearTask:
 @TASKS.register("linear")
 def linear(**kwargs: object) -> LinearTask:
     """Factory of :class:`LinearTask` (kwargs: ``difficulty``)."""
-    return LinearTask(**kwargs)  # type: ignore[arg-type]
+    return build_with_typed_kwargs(LinearTask, kwargs)

@@ -25,6 +25,7 @@ import random
 from typing import Literal
 
 from posttrain.envs.task import TASKS, TaskExample, check_split, sample_split, sample_unique, split_of
+from posttrain.envs.typed_kwargs import build_with_typed_kwargs
 from posttrain.envs.word_problem_families import Family
 from posttrain.envs.word_problem_phrasings import answer, families_of, render
 from posttrain.rewards.basic import IntegerVerifier
@@ -160,4 +161,4 @@ class WordProblemsTask:
 def word_problems(**kwargs: object) -> WordProblemsTask:
     """Factory of :class:`WordProblemsTask` (kwargs: ``ops``, ``max_operand`` or ``difficulty``, ``heldout_fraction``,
     ``phrasings``, ``distractor_rate``, ``family_heldout_fraction``)."""
-    return WordProblemsTask(**kwargs)  # type: ignore[arg-type]
+    return build_with_typed_kwargs(WordProblemsTask, kwargs)

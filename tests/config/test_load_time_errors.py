@@ -99,6 +99,9 @@ STEP1_FAILURES = {
     "minibatches_over_rows": (["optim.num_minibatches=5"], ["optim.num_minibatches=5", "at most 4 rows"]),
     # an unknown task (failed while building the run, after the run directory was created)
     "unknown_task": (["task.name=no_such_task"], ["task.name", "unknown task 'no_such_task'"]),
+    # a task kwarg of the wrong type (passed straight to the task's dataclass: a string where an int
+    # belongs failed at the first draw; a bool given as "no" was truthy and switched the option on)
+    "task_kwarg_wrong_type": (["task.kwargs={terms: two}"], ["task.kwargs.terms='two'", "ChainSumTask.terms (int)"]),
 }
 
 
