@@ -63,4 +63,4 @@ class ArithmeticTask:
 @TASKS.register("arithmetic")
 def arithmetic(**kwargs: object) -> ArithmeticTask:
     """Factory of :class:`ArithmeticTask` (kwargs: ``digits``, ``ops``, ``difficulty``...)."""
-    return build_with_typed_kwargs(ArithmeticTask, kwargs)
+    return build_with_typed_kwargs(ArithmeticTask, kwargs, what="task 'arithmetic'")

@@ -51,4 +51,4 @@ class ChainSumTask:
 @TASKS.register("chain_sum")
 def chain_sum(**kwargs: object) -> ChainSumTask:
     """Factory of :class:`ChainSumTask` (kwargs: ``terms`` or ``difficulty``, ``heldout_fraction``)."""
-    return build_with_typed_kwargs(ChainSumTask, kwargs)
+    return build_with_typed_kwargs(ChainSumTask, kwargs, what="task 'chain_sum'")

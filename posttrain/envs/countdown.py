@@ -68,4 +68,4 @@ class CountdownTask:
 @TASKS.register("countdown")
 def countdown(**kwargs: object) -> CountdownTask:
     """Factory of :class:`CountdownTask` (kwargs: ``difficulty``, ``max_number``, ``max_target``)."""
-    return build_with_typed_kwargs(CountdownTask, kwargs)
+    return build_with_typed_kwargs(CountdownTask, kwargs, what="task 'countdown'")

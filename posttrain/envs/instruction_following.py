@@ -392,4 +392,4 @@ class InstructionFollowingTask:
 def instruction_following(**kwargs: object) -> InstructionFollowingTask:
     """Factory of :class:`InstructionFollowingTask` (kwargs: ``min_constraints``, ``max_constraints``,
     ``train_max_constraints``, ``on_topic``, ``families``, ``heldout_fraction``, ``combo_heldout_fraction``, ``eval_splits``)."""
-    return build_with_typed_kwargs(InstructionFollowingTask, kwargs)
+    return build_with_typed_kwargs(InstructionFollowingTask, kwargs, what="task 'instruction_following'")

@@ -76,4 +76,4 @@ class LetterRunTask:
 @TASKS.register("letter_run")
 def letter_run(**kwargs: object) -> LetterRunTask:
     """Factory of :class:`LetterRunTask` (kwargs: ``max_len`` or ``difficulty``, ``alpha``, ``heldout_fraction``)."""
-    return build_with_typed_kwargs(LetterRunTask, kwargs)
+    return build_with_typed_kwargs(LetterRunTask, kwargs, what="task 'letter_run'")

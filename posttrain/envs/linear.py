@@ -54,4 +54,4 @@ class LinearTask:
 @TASKS.register("linear")
 def linear(**kwargs: object) -> LinearTask:
     """Factory of :class:`LinearTask` (kwargs: ``difficulty``)."""
-    return build_with_typed_kwargs(LinearTask, kwargs)
+    return build_with_typed_kwargs(LinearTask, kwargs, what="task 'linear'")

@@ -1,68 +1,50 @@
-"""A task's keyword arguments checked against its dataclass fields before the task is built.
+"""A task's or environment's keyword arguments checked against its signature before it is built.
 
-``task.kwargs`` arrive from YAML or the command line as plain values. Passed straight to a dataclass, a
-wrong type goes through unchecked: ``on_topic: "no"`` is a non-empty string, so truthy, and switches
-the option *on*; ``train_max_constraints: 2.5`` slips past every ``<=`` check. :func:`build_with_typed_kwargs`
-validates each given keyword against its field's annotation with pydantic (lax mode, as the run
-config's own models: ``"no"`` -> ``False``, ``"3"`` -> ``3``, ``2.5`` for an ``int`` refused) and builds
-the task from the validated values, so a wrong value is refused at load, naming its key.
+``task.kwargs`` and ``env.kwargs`` arrive from YAML or the command line as plain values. Passed straight
+to a dataclass or factory, a wrong type went through unchecked: ``on_topic: "no"`` is a non-empty
+string, so truthy, and switched the option *on*; ``train_max_constraints: 2.5`` slipped past every
+``<=`` check; ``digits: 2.5`` failed deep inside the calculator environment's first draw.
+:func:`build_with_typed_kwargs` validates them with the same typed model the algorithm registries use
+for ``loss.kwargs`` and ``credit.kwargs`` (:func:`posttrain.algos.hyperparameters.kwargs_model`: the
+signature is the schema, scalars strict, unknown keys refused with the valid ones listed) and builds
+from the validated values.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import functools
-import typing
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
+from typing import TypeVar
 
-from pydantic import TypeAdapter, ValidationError
-from pydantic.errors import PydanticSchemaGenerationError
+from pydantic import BaseModel
 
-T = typing.TypeVar("T")
+from posttrain.algos.hyperparameters import kwargs_model, validated_kwargs
+
+T = TypeVar("T")
 
 
 @functools.cache
-def _adapters(cls: type) -> dict[str, TypeAdapter[object]]:
-    """One pydantic adapter per init field of dataclass ``cls`` whose annotation pydantic can check
-    (fields holding objects such as a verifier have none and pass unchecked)."""
-    hints = typing.get_type_hints(cls)
-    out: dict[str, TypeAdapter[object]] = {}
-    for field in dataclasses.fields(cls):
-        if not field.init:
-            continue
-        try:
-            out[field.name] = TypeAdapter(hints[field.name])
-        except PydanticSchemaGenerationError:
-            continue
-    return out
+def _model(factory: Callable[..., object]) -> type[BaseModel]:
+    """The typed model of ``factory``'s keywords (a dataclass: its ``__init__``), built once."""
+    return kwargs_model(factory, title=f"{getattr(factory, '__name__', 'factory')}_kwargs", data_args=0)
 
 
-def build_with_typed_kwargs(cls: type[T], kwargs: Mapping[str, object]) -> T:
-    """``cls(**kwargs)`` with each keyword first validated against ``cls``'s field annotation.
+def build_with_typed_kwargs(factory: Callable[..., T], kwargs: Mapping[str, object], *, key: str = "task.kwargs",
+                            what: str | None = None) -> T:
+    """``factory(**kwargs)`` with ``kwargs`` validated against ``factory``'s signature first.
 
-    Contract: a keyword naming no field reaches ``cls`` unchanged (its ``TypeError`` names it); a value
-    that does not fit its field's type raises ``ValueError`` naming ``task.kwargs.<key>``, the value and
-    the expected type; otherwise the task is built from the validated (lax-coerced) values.
+    Contract: a value that does not fit its parameter's annotation, or a key the factory does not take
+    (unless it takes ``**kwargs``), raises ``ValueError``, one line naming ``<key>.<name>``, the value
+    and the expected type; otherwise ``factory`` is called with the validated values (a YAML list for
+    a ``tuple[str, ...]`` becomes a tuple, an ``int`` for a ``float`` a float). ``what`` names the
+    factory in the message (default: ``task 'ClassName'``).
     """
-    if not (isinstance(cls, type) and dataclasses.is_dataclass(cls)):
-        raise TypeError(f"build_with_typed_kwargs needs a dataclass, got {cls!r}")
-    adapters = _adapters(cls)
-    typed: dict[str, object] = {}
-    for key, value in kwargs.items():
-        adapter = adapters.get(key)
-        if adapter is None:
-            typed[key] = value
-            continue
-        try:
-            typed[key] = adapter.validate_python(value)
-        except ValidationError as e:
-            expected = typing.get_type_hints(cls)[key]
-            reason = e.errors()[0]["msg"]
-            raise ValueError(f"task.kwargs.{key}={value!r} does not fit {cls.__name__}.{key} "
-                             f"({_type_name(expected)}): {reason}") from None
-    return cls(**typed)
+    return factory(**validated_factory_kwargs(factory, kwargs, key=key, what=what))
 
 
-def _type_name(tp: object) -> str:
-    """``int | None`` rather than ``typing.Optional[int]``; classes by their bare name."""
-    return tp.__name__ if isinstance(tp, type) else str(tp).replace("typing.", "")
+def validated_factory_kwargs(factory: Callable[..., object], kwargs: Mapping[str, object], *,
+                             key: str = "task.kwargs", what: str | None = None) -> dict[str, object]:
+    """``kwargs`` validated against ``factory``'s signature (:func:`build_with_typed_kwargs`'s contract,
+    without the call): the keys given, with their typed values."""
+    label = what or f"task {getattr(factory, '__name__', factory)!r}"
+    return validated_kwargs(_model(factory), kwargs, key=key, what=label)

@@ -161,4 +161,4 @@ class WordProblemsTask:
 def word_problems(**kwargs: object) -> WordProblemsTask:
     """Factory of :class:`WordProblemsTask` (kwargs: ``ops``, ``max_operand`` or ``difficulty``, ``heldout_fraction``,
     ``phrasings``, ``distractor_rate``, ``family_heldout_fraction``)."""
-    return build_with_typed_kwargs(WordProblemsTask, kwargs)
+    return build_with_typed_kwargs(WordProblemsTask, kwargs, what="task 'word_problems'")

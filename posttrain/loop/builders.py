@@ -199,6 +199,7 @@ def build_task(cfg: RunConfig) -> Any:
 
     A task kept by :func:`keep_task` for the same task config is returned (once) instead of a new one."""
     from posttrain.envs import TASKS
+    from posttrain.envs.typed_kwargs import validated_factory_kwargs
 
     if cfg.env.name is not None:
         from posttrain.envs.episodes import build_env_task
@@ -210,8 +211,10 @@ def build_task(cfg: RunConfig) -> Any:
 
     name = cfg.task.name
     factory = load_callable(name) if ":" in name else TASKS[name]
+    # typed against the factory's signature (a plug-in's too); the built-in factories check their fields
+    kwargs = validated_factory_kwargs(factory, cfg.task.kwargs, key="task.kwargs", what=f"task {name!r}")
     try:
-        task = factory(**cfg.task.kwargs)
+        task = factory(**kwargs)
     except TypeError as e:  # a wrong keyword for this task's factory is a config error
         raise ValueError(f"task.kwargs {cfg.task.kwargs} do not fit task {name!r}: {e}") from None
     if cfg.reward.extract != "none":  # reward.extract: the verifier judges the answer read from the response

@@ -20,7 +20,7 @@ def test_help_lists_commands(capsys):
         (["train", "grpo", "optim.lrr=1"], "optim.lrr: unknown key"),
         (["train", "grpo", "sampling.temperature=-1"], "sampling.temperature"),
         (["train", "grpo", "task.name=arithmetic", "task.kwargs={terms: 3}", "run_dir={tmp}"],
-         "do not fit task 'arithmetic'"),
+         "task.kwargs.terms: unknown keyword of task 'arithmetic'"),
         (["inspect", "ledger", "/nonexistent/run"], "no ledger steps"),
     ],
 )

@@ -101,7 +101,8 @@ STEP1_FAILURES = {
     "unknown_task": (["task.name=no_such_task"], ["task.name", "unknown task 'no_such_task'"]),
     # a task kwarg of the wrong type (passed straight to the task's dataclass: a string where an int
     # belongs failed at the first draw; a bool given as "no" was truthy and switched the option on)
-    "task_kwarg_wrong_type": (["task.kwargs={terms: two}"], ["task.kwargs.terms='two'", "ChainSumTask.terms (int)"]),
+    "task_kwarg_wrong_type": (["task.kwargs={terms: two}"],
+                              ["task.kwargs.terms: Input should be a valid integer", "got 'two'", "takes terms: int"]),
 }
 
 
@@ -140,6 +141,9 @@ EPISODE_FAILURES = {
                                     # calculator_tags has no use_tools switch and no tools for tool_calc's prompt
                                     "env.eval_without_tools=false", "env.tool_prompt=auto"],
                                    ["env.name=calculator_tags", "no demonstration"]),
+    # an env kwarg of the wrong type (a quoted "no" was truthy: the tools stayed on)
+    "env_kwarg_wrong_type": (['env.kwargs={digits: 3, use_tools: "no"}'],
+                             ["env.kwargs.use_tools: Input should be a valid boolean", "got 'no'"]),
 }
 
 

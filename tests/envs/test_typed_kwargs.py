@@ -1,4 +1,9 @@
-"""Task kwargs are validated against the task's dataclass fields before the task is built."""
+"""Task and environment kwargs are validated against the factory's signature before anything is built.
+
+The checks are the registries' own (``posttrain.algos.hyperparameters``: scalars strict, unknown keys
+refused with the valid ones listed), so ``task.kwargs`` and ``env.kwargs`` obey the rules of
+``loss.kwargs``.
+"""
 
 from __future__ import annotations
 
@@ -8,38 +13,46 @@ import typing
 import pytest
 
 from posttrain.envs import TASKS
+from posttrain.envs.episodes import build_env_task
 from posttrain.envs.typed_kwargs import build_with_typed_kwargs
 
-# The factories that build their dataclass from the kwargs as given (FileTask's read files; reasoning_gym
-# forwards to its library).
+# The built-in factories that build their dataclass from the kwargs as given (FileTask reads files;
+# reasoning_gym forwards to its library).
 DATACLASS_TASKS = ["arithmetic", "chain_sum", "countdown", "instruction_following", "letter_run", "linear",
                    "word_problems"]
 
 
-def test_a_bool_given_as_text_means_what_it_says():
+def test_a_bool_given_as_text_is_refused():
     """``on_topic: "no"`` used to reach the dataclass as a non-empty (truthy) string: the option was on."""
-    assert TASKS["instruction_following"](on_topic="no").on_topic is False
-    assert TASKS["instruction_following"](on_topic="true").on_topic is True
-    with pytest.raises(ValueError, match=r"task\.kwargs\.on_topic='maybe'.*InstructionFollowingTask\.on_topic \(bool\)"):
-        TASKS["instruction_following"](on_topic="maybe")
+    with pytest.raises(ValueError, match=r"^task\.kwargs\.on_topic: Input should be a valid boolean, got 'no' "
+                                         r"\(task 'instruction_following' takes on_topic: bool\)$"):
+        TASKS["instruction_following"](on_topic="no")
+    assert TASKS["instruction_following"](on_topic=False).on_topic is False
 
 
 def test_a_fractional_int_is_refused_naming_key_and_type():
-    """``train_max_constraints: 2.5`` passed every ``<=`` check and capped nothing an int would."""
-    with pytest.raises(ValueError, match=r"task\.kwargs\.train_max_constraints=2\.5 .*\(int \| None\).*fractional"):
+    """``train_max_constraints: 2.5`` passed every ``<=`` check."""
+    with pytest.raises(ValueError, match=r"task\.kwargs\.train_max_constraints: .*got 2\.5 .*int \| None"):
         TASKS["instruction_following"](train_max_constraints=2.5)
 
 
-def test_values_are_coerced_as_the_run_config_coerces_them():
-    task = TASKS["instruction_following"](max_constraints="2", families=["no_commas", "title"])
-    assert task.max_constraints == 2 and task.families == ("no_commas", "title")
-    with pytest.raises(ValueError, match=r"task\.kwargs\.phrasings='famlies'.*'classic' or 'families'"):
+def test_text_for_a_number_and_a_misspelt_literal_are_refused():
+    with pytest.raises(ValueError, match=r"task\.kwargs\.max_constraints: .*got '2' \(text, not a number"):
+        TASKS["instruction_following"](max_constraints="2")
+    with pytest.raises(ValueError, match=r"task\.kwargs\.phrasings: Input should be 'classic' or 'families', "
+                                         r"got 'famlies'"):
         TASKS["word_problems"](phrasings="famlies")
 
 
-def test_an_unknown_key_still_reaches_the_dataclass():
-    with pytest.raises(TypeError, match="unexpected keyword argument 'bogus'"):
+def test_an_unknown_key_is_refused_with_the_valid_ones():
+    with pytest.raises(ValueError, match=r"task\.kwargs\.bogus: unknown keyword of task 'chain_sum' "
+                                         r"\(valid: terms, heldout_fraction, difficulty, verifier, name\)"):
         TASKS["chain_sum"](bogus=1)
+
+
+def test_containers_and_ints_for_floats_are_converted():
+    task = TASKS["word_problems"](ops=["add", "sub"], distractor_rate=0)
+    assert task.ops == ("add", "sub") and isinstance(task.distractor_rate, float)
 
 
 def test_the_task_built_is_the_one_the_plain_constructor_builds():
@@ -54,19 +67,37 @@ def test_the_task_built_is_the_one_the_plain_constructor_builds():
 
 
 @pytest.mark.parametrize("name", DATACLASS_TASKS)
-def test_every_checkable_field_of_every_task_refuses_a_dict(name):
-    """A property over the registry: for each task and each of its typed fields, a mapping (no field's type
-    is one) is refused with the field named; fields holding objects (the verifier) are not checked."""
+def test_every_checkable_field_of_every_task_refuses_a_mapping(name):
+    """A property over the registry: for each task and each of its typed fields, a mapping (no field's
+    type is one) is refused with the field named."""
     cls = typing.get_type_hints(TASKS[name])["return"]
     hints = typing.get_type_hints(cls)
     checked = [f.name for f in dataclasses.fields(cls)
                if f.init and f.name != "verifier" and "Mapping" not in str(hints[f.name])]
     assert checked, name
     for key in checked:
-        with pytest.raises(ValueError, match=rf"task\.kwargs\.{key}="):
+        with pytest.raises(ValueError, match=rf"^task\.kwargs\.{key}: "):
             TASKS[name](**{key: {"not": "a value"}})
 
 
-def test_it_needs_a_dataclass():
-    with pytest.raises(TypeError, match="needs a dataclass"):
-        build_with_typed_kwargs(dict, {})  # type: ignore[type-var]
+def test_environment_kwargs_are_checked_too():
+    """``digits: 2.5`` used to fail inside the calculator's first draw; ``use_tools: "no"`` was truthy."""
+    with pytest.raises(ValueError, match=r"env\.kwargs\.use_tools: Input should be a valid boolean, got 'no' "
+                                         r"\(env 'calculator_tool' takes use_tools: bool\)"):
+        build_env_task("calculator_tool", {"use_tools": "no"})
+    with pytest.raises(ValueError, match=r"env\.kwargs\.digits: .*got 2\.5"):
+        build_env_task("calculator_tool", {"digits": 2.5})
+    with pytest.raises(ValueError, match=r"env\.kwargs\.bogus: unknown keyword of env 'python_tags'"):
+        build_env_task("python_tags", {"bogus": 1})
+    # well-typed kwargs reach the environment as given (they also tag its problem draw)
+    assert dict(build_env_task("calculator_tool", {"digits": 3, "demo_direct_fraction": 0.5}).kwargs) == {
+        "digits": 3, "demo_direct_fraction": 0.5}
+
+
+def test_it_calls_any_factory_with_the_validated_values():
+    def factory(n: int, scale: float = 1.0) -> tuple[int, float]:
+        return n, scale
+
+    assert build_with_typed_kwargs(factory, {"n": 2, "scale": 3}) == (2, 3.0)
+    with pytest.raises(ValueError, match=r"task\.kwargs: task 'factory' needs n"):
+        build_with_typed_kwargs(factory, {})
