@@ -16,6 +16,7 @@ checkers, accepts any value.
 
 from __future__ import annotations
 
+import functools
 import inspect
 import sys
 import types
@@ -68,6 +69,31 @@ def validated_kwargs(model: type[BaseModel], kwargs: Mapping[str, object], *, ke
         raise ValueError(_message(model, e, key=key, what=what)) from None
     extra = m.model_extra or {}
     return {k: extra[k] if k in extra else getattr(m, k) for k in kwargs}
+
+
+@functools.cache
+def _factory_model(factory: Callable[..., object]) -> type[BaseModel]:
+    """The typed model of ``factory``'s keywords (a class: its ``__init__``'s), built once per factory."""
+    return kwargs_model(factory, title=f"{getattr(factory, '__name__', 'factory')}_kwargs", data_args=0)
+
+
+def validated_factory_kwargs(factory: Callable[..., object], kwargs: Mapping[str, object], *, key: str,
+                             what: str) -> dict[str, object]:
+    """``kwargs`` of a factory whose every parameter is configurable (a task, an environment, a
+    verifier; no data arguments) validated against its signature: :func:`validated_kwargs` over
+    :func:`kwargs_model` ``(factory, data_args=0)``, the model cached per factory. A ``factory`` without
+    a signature to read (not callable, a builtin without one) gets ``kwargs`` back unchanged: calling it
+    gives the error."""
+    try:
+        hash(factory)
+        cached = True
+    except TypeError:  # a callable instance without __hash__: built each time
+        cached = False
+    try:
+        model = _factory_model(factory) if cached else _factory_model.__wrapped__(factory)
+    except (TypeError, ValueError):  # inspect.signature: not callable, or no signature to read
+        return dict(kwargs)
+    return validated_kwargs(model, kwargs, key=key, what=what)
 
 
 def _message(model: type[BaseModel], e: ValidationError, *, key: str, what: str) -> str:

@@ -198,8 +198,8 @@ def build_task(cfg: RunConfig) -> Any:
     set, the environment's :class:`~posttrain.envs.episodes.EnvTask` (multi-turn episodes).
 
     A task kept by :func:`keep_task` for the same task config is returned (once) instead of a new one."""
+    from posttrain.algos.hyperparameters import validated_factory_kwargs
     from posttrain.envs import TASKS
-    from posttrain.envs.typed_kwargs import validated_factory_kwargs
 
     if cfg.env.name is not None:
         from posttrain.envs.episodes import build_env_task

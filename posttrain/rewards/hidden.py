@@ -27,6 +27,7 @@ def build_hidden_verifier(spec: str, kwargs: Mapping[str, Any] | None = None) ->
     ``eval.hidden_verifier`` / ``eval.hidden_verifier_kwargs``) for an unknown name, a bad path,
     arguments the constructor refuses, or an object without ``name``, ``version`` and ``verify``.
     """
+    from posttrain.algos.hyperparameters import validated_factory_kwargs
     from posttrain.algos.registry import import_dotted
 
     kw = dict(kwargs or {})
@@ -41,6 +42,7 @@ def build_hidden_verifier(spec: str, kwargs: Mapping[str, Any] | None = None) ->
             raise ValueError(f"{KEY}: unknown verifier {spec!r}; registered: {', '.join(sorted(VERIFIERS))} "
                              "(or give module.path:factory)")
         factory, where = VERIFIERS[spec], f"{KEY}={spec!r}"
+    kw = validated_factory_kwargs(factory, kw, key=f"{KEY}_kwargs", what=where)
     try:
         verifier = factory(**kw)
     except Exception as e:  # noqa: BLE001 - whatever the constructor refuses is a config error

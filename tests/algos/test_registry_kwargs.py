@@ -170,3 +170,22 @@ def test_a_plugin_taking_star_args_is_typed_by_its_keyword_only_parameters(plugi
     assert _fields(reg, name) == {"cap": (float, 2.0)}
     with pytest.raises(ValueError, match=r"^correction\.kwargs\.cop: unknown keyword .* \(valid: cap\)$"):
         reg.validate_kwargs(name, {"cop": 1}, key="correction.kwargs")
+def test_factory_kwargs_are_validated_against_the_whole_signature():
+    """validated_factory_kwargs: every parameter is configurable (no data arguments), cached per factory;
+    an unhashable callable is still checked; what has no signature is handed back for its call to refuse."""
+    from posttrain.algos.hyperparameters import validated_factory_kwargs
+
+    def make(n: int, scale: float = 1.0) -> None: ...
+
+    assert validated_factory_kwargs(make, {"n": 2, "scale": 3}, key="k", what="f") == {"n": 2, "scale": 3.0}
+    with pytest.raises(ValueError, match=r"^k\.n: Input should be a valid integer, got '2' \(text"):
+        validated_factory_kwargs(make, {"n": "2"}, key="k", what="f")
+
+    class Unhashable:
+        __hash__ = None  # type: ignore[assignment]
+
+        def __call__(self, flag: bool) -> None: ...
+
+    with pytest.raises(ValueError, match=r"^k\.flag: Input should be a valid boolean, got 'no'"):
+        validated_factory_kwargs(Unhashable(), {"flag": "no"}, key="k", what="f")
+    assert validated_factory_kwargs("/", {"x": 1}, key="k", what="f") == {"x": 1}  # type: ignore[arg-type]

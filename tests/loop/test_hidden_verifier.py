@@ -106,7 +106,11 @@ def test_heldout_metrics_by_hand():
 
 @pytest.mark.parametrize("override, match", [
     (["eval.hidden_verifier=nope"], "eval.hidden_verifier: unknown verifier 'nope'"),
-    (["eval.hidden_verifier=exact", "eval.hidden_verifier_kwargs={bogus: 1}"], "eval.hidden_verifier_kwargs:"),
+    (["eval.hidden_verifier=exact", "eval.hidden_verifier_kwargs={bogus: 1}"],
+     r"eval.hidden_verifier_kwargs.bogus: unknown keyword of eval.hidden_verifier='exact' \(valid: "),
+    # a wrong type is refused by the constructor's signature, not passed on (text for the int float_rounding)
+    (["eval.hidden_verifier=math", "eval.hidden_verifier_kwargs={float_rounding: '6'}"],
+     r"eval.hidden_verifier_kwargs.float_rounding: Input should be a valid integer, got '6' \(text"),
     (["eval.hidden_verifier=os:nope"], "eval.hidden_verifier: module 'os' has no attribute"),
     (["eval.hidden_verifier=os.path:sep"], "eval.hidden_verifier"),
     (["eval.hidden_verifier_kwargs={casefold: true}"], "eval.hidden_verifier is not"),
