@@ -1,7 +1,8 @@
 """Plot held-out accuracy per evaluated step of several runs (one line per run and held-out set) and
-their training reward per step, from each run's ``metrics.jsonl``: the seed figures of docs/models.md.
+one training metric per step (default ``reward/mean``), from each run's ``metrics.jsonl``: the seed
+figures of docs/models.md.
 
-    python scripts/plot_seed_curves.py OUT.png RUN_DIR [RUN_DIR ...] [--label seed1 ...]
+    python scripts/plot_seed_curves.py OUT.png RUN_DIR [RUN_DIR ...] [--label seed1 ...] [--train-metric length/mean]
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ def main() -> None:
     ap.add_argument("out", type=Path)
     ap.add_argument("runs", type=Path, nargs="+")
     ap.add_argument("--label", nargs="*", default=None, help="one label per run (default: the directory name)")
+    ap.add_argument("--train-metric", default="reward/mean", help="the training metric of the right panel")
     args = ap.parse_args()
     labels = args.label or [r.name for r in args.runs]
     if len(labels) != len(args.runs):
@@ -41,11 +43,11 @@ def main() -> None:
             pts = [(r["step"], r[f"{prefix}/accuracy"]) for r in rows if f"{prefix}/accuracy" in r]
             if pts:
                 acc.plot(*zip(*pts, strict=True), style, marker="o", color=color, label=f"{label} {name}")
-        steps = [(r["step"], r["reward/mean"]) for r in rows if "reward/mean" in r]
+        steps = [(r["step"], r[args.train_metric]) for r in rows if args.train_metric in r]
         if steps:
             rew.plot(*zip(*steps, strict=True), color=color, label=label)
     acc.set(xlabel="step", ylabel="greedy accuracy", title="held-out accuracy")
-    rew.set(xlabel="step", ylabel="reward mean (kept groups)", title="training reward")
+    rew.set(xlabel="step", ylabel=args.train_metric, title=f"training {args.train_metric}")
     acc.legend(fontsize=7)
     rew.legend(fontsize=7)
     fig.tight_layout()
