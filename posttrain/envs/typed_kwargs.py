@@ -20,15 +20,14 @@ from posttrain.algos.hyperparameters import validated_factory_kwargs
 T = TypeVar("T")
 
 
-def build_with_typed_kwargs(factory: Callable[..., T], kwargs: Mapping[str, object], *, key: str = "task.kwargs",
-                            what: str | None = None) -> T:
+def build_with_typed_kwargs(factory: Callable[..., T], kwargs: Mapping[str, object], *, what: str,
+                            key: str = "task.kwargs") -> T:
     """``factory(**kwargs)`` with ``kwargs`` validated against ``factory``'s signature first.
 
     Contract: a value that does not fit its parameter's annotation, or a key the factory does not take
     (unless it takes ``**kwargs``), raises ``ValueError``, one line naming ``<key>.<name>``, the value
     and the expected type; otherwise ``factory`` is called with the validated values (a YAML list for
     a ``tuple[str, ...]`` becomes a tuple, an ``int`` for a ``float`` a float). ``what`` names the
-    factory in the message (default: ``task '<its name>'``).
+    factory in the message (``task 'chain_sum'``).
     """
-    label = what or f"task {getattr(factory, '__name__', factory)!r}"
-    return factory(**validated_factory_kwargs(factory, kwargs, key=key, what=label))
+    return factory(**validated_factory_kwargs(factory, kwargs, key=key, what=what))

@@ -98,6 +98,6 @@ def test_it_calls_any_factory_with_the_validated_values():
     def factory(n: int, scale: float = 1.0) -> tuple[int, float]:
         return n, scale
 
-    assert build_with_typed_kwargs(factory, {"n": 2, "scale": 3}) == (2, 3.0)
+    assert build_with_typed_kwargs(factory, {"n": 2, "scale": 3}, what="task 'factory'") == (2, 3.0)
     with pytest.raises(ValueError, match=r"task\.kwargs: task 'factory' needs n"):
-        build_with_typed_kwargs(factory, {})
+        build_with_typed_kwargs(factory, {}, what="task 'factory'")
