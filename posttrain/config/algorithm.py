@@ -86,6 +86,10 @@ class LossConfig(Section):
                             "Ziegler et al. 2019's code): each step beta *= 1 + min(n/kl_horizon, 1) * "
                             "clip(kl/kl_target - 1, -0.2, 0.2), n = prompts_per_step * group_size")
     entropy_coef: float = Field(default=0.0)
+    mask_truncated: bool = Field(
+        default=False, description="DAPO's overlong filtering (Yu et al. 2025, sec. 3.4): rows that ended truncated "
+        "(cut at sampling.max_new_tokens, or an episode ended by a limit) get no policy-loss token; their rewards "
+        "still enter their groups' advantages. Counted as truncated_rows_masked (docs/algorithms.md)")
     distill: DistillConfig | None = Field(default=None, description="on-policy distillation from a frozen teacher "
                                           "(None = off)")
 

@@ -47,6 +47,7 @@ from posttrain.learner.settings import (
 )
 from posttrain.learner.trainer import Trainer, TrainTally
 from posttrain.trajectory.collate import TrajectoryBatch
+from posttrain.trajectory.enums import Finish
 
 _AUTOCAST = {
     "bfloat16": torch.bfloat16,
@@ -168,6 +169,7 @@ class PolicyLearner:
         self.entropy_chunk_size = cs.entropy_chunk_size
         self.compute_entropy = ls.compute_entropy
         self.skip_no_signal_rows = bool(ls.skip_no_signal_rows)
+        self.mask_truncated = bool(ls.mask_truncated)
         self._zero_at_zero_adv: bool | None = None  # probed lazily (no_signal_rows_skippable)
 
         if s.lora.rank > 0:
@@ -388,6 +390,13 @@ class PolicyLearner:
                 (keep * action_mask).sum() / action_mask.sum().clamp(min=1)
             )
         t["loss_mask"] = action_mask * keep
+        if self.mask_truncated:
+            # DAPO's overlong filtering (Yu et al. 2025, arXiv:2503.14476, sec. 3.4): a row cut before its end
+            # gets no loss token; its reward already entered its group's advantages. Every row still counts in
+            # the reduction's B (reductions contract), like a row the correction drops whole.
+            cut = torch.tensor([tr.finish is Finish.TRUNCATED for tr in batch.trajectories], device=dev)
+            t["loss_mask"] = t["loss_mask"] * (~cut).to(dt)[:, None]
+            info["truncated_rows_masked"] = float(cut.sum())
         t["action_mask"] = action_mask  # where log-probs are recorded (ledger), a superset of the loss mask
         t["correction_weight"] = weights
         if t["old_logprob"] is not None:

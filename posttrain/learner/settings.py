@@ -71,7 +71,8 @@ class PolicyLossSettings:
     ``POLICY_LOSSES``, ``reduction`` in ``REDUCTIONS``, ``kl_estimator`` in ``KL_ESTIMATORS`` or ``None``,
     ``correction`` in ``CORRECTIONS`` or ``None``), the entropy bonus ``entropy_coef``, whether the token
     entropy is reported when it is not trained (``compute_entropy``), and whether rows without signal skip
-    the backward (``skip_no_signal_rows``, see :meth:`PolicyLearner.no_signal_rows_skippable`)."""
+    the backward (``skip_no_signal_rows``, see :meth:`PolicyLearner.no_signal_rows_skippable`), and whether
+    truncated rows are masked out of the loss (``mask_truncated``: DAPO's overlong filtering)."""
 
     policy_loss: str = "ppo_clip"
     policy_loss_kwargs: RegistryKwargs = dataclasses.field(default_factory=dict)
@@ -83,6 +84,7 @@ class PolicyLossSettings:
     correction_kwargs: RegistryKwargs = dataclasses.field(default_factory=dict)
     compute_entropy: bool = True
     skip_no_signal_rows: bool = True
+    mask_truncated: bool = False
 
 
 @dataclasses.dataclass(frozen=True)
@@ -173,6 +175,7 @@ class FlatPolicyArgs(FlatOptimizerArgs, total=False):
     correction_kwargs: RegistryKwargs | None
     compute_entropy: bool
     skip_no_signal_rows: bool
+    mask_truncated: bool
     temperature: float
     top_k: int
     top_p: float

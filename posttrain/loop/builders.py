@@ -413,6 +413,7 @@ def policy_settings(cfg: RunConfig, *, autocast_dtype: str | None = None) -> Pol
             kl_estimator=None if cfg.credit.kl_in_reward else cfg.loss.kl_estimator,
             entropy_coef=cfg.loss.entropy_coef, correction=cfg.correction.name,
             correction_kwargs=cfg.correction.kwargs, skip_no_signal_rows=o.skip_no_signal_rows,
+            mask_truncated=cfg.loss.mask_truncated,
         ),
         sampler=_sampler_replay(cfg),
         compute=ComputeSettings(autocast_dtype=autocast_dtype, gradient_checkpointing=cfg.optim.gradient_checkpointing),
