@@ -389,14 +389,15 @@ class PolicyLearner:
             info["correction/kept_token_frac"] = float(
                 (keep * action_mask).sum() / action_mask.sum().clamp(min=1)
             )
-        t["loss_mask"] = action_mask * keep
+        loss_mask = action_mask * keep
         if self.mask_truncated:
             # DAPO's overlong filtering (Yu et al. 2025, arXiv:2503.14476, sec. 3.4): a row cut before its end
             # gets no loss token; its reward already entered its group's advantages. Every row still counts in
             # the reduction's B (reductions contract), like a row the correction drops whole.
             cut = torch.tensor([tr.finish is Finish.TRUNCATED for tr in batch.trajectories], device=dev)
-            t["loss_mask"] = t["loss_mask"] * (~cut).to(dt)[:, None]
+            loss_mask = loss_mask * (~cut).to(dt)[:, None]
             info["truncated_rows_masked"] = float(cut.sum())
+        t["loss_mask"] = loss_mask
         t["action_mask"] = action_mask  # where log-probs are recorded (ledger), a superset of the loss mask
         t["correction_weight"] = weights
         if t["old_logprob"] is not None:
