@@ -89,7 +89,7 @@ class LossConfig(Section):
     mask_truncated: bool = Field(
         default=False, description="DAPO's overlong filtering (Yu et al. 2025, sec. 3.4): rows that ended truncated "
         "(cut at sampling.max_new_tokens, or an episode ended by a limit) get no policy-loss token; their rewards "
-        "still enter their groups' advantages. Counted as truncated_rows_masked (docs/algorithms.md)")
+        "still enter their groups' advantages. Counted as truncated_rows_masked (docs/learner.md)")
     distill: DistillConfig | None = Field(default=None, description="on-policy distillation from a frozen teacher "
                                           "(None = off)")
 
