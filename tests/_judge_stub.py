@@ -1,6 +1,8 @@
 """One stub OpenAI-compatible chat server on 127.0.0.1 for the judge tests: ``serve(reply)`` starts it,
 ``reply(path, body)`` decides each POST's answer (an HTTP status and a body), and the server stops when the
-``with`` block ends. ``chat_reply(text)`` is a 200 answer whose assistant message is ``text``."""
+``with`` block ends. ``chat_reply(text)`` is a 200 answer whose assistant message is ``text``.
+``serve(reply, trickle_s=0.3)`` sends each whole answer (status line, headers, body) one byte every
+``trickle_s`` seconds, a server that is up but slow (a trickle still under way stops with the server)."""
 
 from __future__ import annotations
 
@@ -24,8 +26,10 @@ def between_r_tags(body: dict) -> str:
 
 
 @contextmanager
-def serve(reply: Reply) -> Iterator[str]:
-    """Serve ``reply`` on 127.0.0.1 (a free port) and yield the base URL; a status without a body is sent bare."""
+def serve(reply: Reply, *, trickle_s: float = 0.0) -> Iterator[str]:
+    """Serve ``reply`` on 127.0.0.1 (a free port) and yield the base URL; a status without a body is sent bare.
+    ``trickle_s`` > 0: the answer is written one byte every ``trickle_s`` seconds, until the block ends."""
+    stop = threading.Event()
 
     class Handler(BaseHTTPRequestHandler):
         def log_message(self, *a: object) -> None:
@@ -34,6 +38,14 @@ def serve(reply: Reply) -> Iterator[str]:
         def do_POST(self) -> None:  # noqa: N802 - http.server's name
             body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
             status, payload = reply(self.path, body)
+            if trickle_s > 0:
+                head = f"HTTP/1.0 {status} OK\r\nContent-Type: application/json\r\n"
+                raw = f"{head}Content-Length: {len(payload)}\r\n\r\n".encode() + payload
+                for i in range(len(raw)):  # bounded: len(raw) bytes, and nothing more once the server stops
+                    if stop.wait(trickle_s):
+                        return
+                    self.wfile.write(raw[i:i + 1])
+                return
             self.send_response(status)
             if payload:
                 self.send_header("Content-Type", "application/json")
@@ -52,5 +64,6 @@ def serve(reply: Reply) -> Iterator[str]:
     try:
         yield f"http://127.0.0.1:{server.server_address[1]}"
     finally:
+        stop.set()
         server.shutdown()
         server.server_close()

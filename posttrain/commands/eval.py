@@ -21,7 +21,9 @@ A bare Hugging Face model directory (no run around it) needs ``--task`` or ``--e
 defaults apply (raw-text prompts, 16 new tokens, 200 prompts, greedy, seed 0). So does a checkpoint of an
 offline preference run (``trainer: preference``; it measured held-out pair accuracy, on no task): without
 ``--task`` / ``--env`` it is one error line saying so. A reward model's checkpoint (``trainer: reward_model``)
-scores and does not generate: one error line pointing to its pair accuracy and ``reward.model.path``.
+scores and does not generate: one error line pointing to its pair accuracy and ``reward.model.path``; so is a
+reward-model directory outside a run's checkpoints (``RUN/reward_model``, or a third-party
+``*ForSequenceClassification`` directory), whatever ``--task`` / ``--env`` say.
 """
 
 from __future__ import annotations
@@ -100,6 +102,7 @@ def run(args: argparse.Namespace) -> int:
         if note:
             print(note, file=sys.stderr)
     else:
+        _refuse_reward_model(model_dir)
         cfg, overridden = _bare(args, kwargs, model_dir), []
     if args.no_tools and cfg.env.name is None:
         raise ValueError("--no-tools is an --env option (single-turn tasks have no tools)")
@@ -200,6 +203,23 @@ def _evaluated_pairs(cfg_path: Path, args: argparse.Namespace, model_dir: Path) 
     print(f"{cfg_path}: a trainer=preference (offline) run (held-out pair accuracy, no task): evaluating its "
           "policy as a model directory with the flags", file=sys.stderr)
     return True
+
+
+def _refuse_reward_model(model_dir: Path) -> None:
+    """``ValueError`` (one line) when the model directory outside a run's checkpoints is a reward model
+    (:func:`~posttrain.rewards.reward_model.reward_model_evidence`, e.g. ``RUN/reward_model``): it scores
+    responses and does not generate (loaded as a causal LM it would answer with an untrained LM head)."""
+    from posttrain.rewards.reward_model import reward_model_evidence
+
+    why = reward_model_evidence(model_dir)
+    if why is None:
+        return
+    run = model_dir.parent
+    where = (f"its held-out pair accuracy is in {run / 'metrics.jsonl'} (`posttrain report {run}`: "
+             "pair_accuracy.json); " if (run / "config.yaml").is_file() else "")
+    raise ValueError(f"{model_dir}: a reward model ({why}) scores responses, it does not generate, so it has no "
+                     f"accuracy on a task; {where}use it in RL with reward.model.path={model_dir} (`posttrain report "
+                     "RUN_DIR` of that run gives its agreement with the verifier)")
 
 
 def run_config_path(checkpoint: Path) -> Path | None:

@@ -2,8 +2,11 @@
 
 One rule, applied everywhere (issue 22): a key counts as *set* when the recipe or an override gave
 it (pydantic's ``model_fields_set``, recursively through the sections) **and** its value differs
-from the field's default. Defaults never trigger, so a saved ``config.yaml`` (which lists every key)
-loads like the recipe that wrote it. Each such key that the resolved config leaves without effect
+from the field's default, **or** it was typed as a ``key=value`` override on the command line (issue 38:
+``posttrain train dpo task.name=arithmetic`` names the default task, and offline DPO never reads it).
+Defaults written in a recipe file never trigger, so a saved ``config.yaml`` (which lists every key)
+loads like the recipe that wrote it. A key no recipe or override wrote (a validator derived it, like
+``system.max_staleness=1`` from ``system.mode=async``) is named only when no written key is refused. Each such key that the resolved config leaves without effect
 is refused at load with one line naming the key and why (``severity="error"``), or, where refusing
 would break a shipped recipe or a common override pattern (``posttrain train demo sft.steps=0``),
 a one-line warning at load (``severity="warn"``). The choice per key lives in :data:`RULES`, the
@@ -15,7 +18,7 @@ Each rule was checked against the code that consumes its key (noted next to it).
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Literal
 
 from pydantic import BaseModel
@@ -221,6 +224,17 @@ RULES: tuple[Rule, ...] = (
          "trainer=reward_model trains a Bradley-Terry reward model on preference.data's pairs (no sampling, no "
          "verifier, no policy update, no activation checkpointing; one optimizer step per step; held-out pair "
          "accuracy every eval.every steps)"),
+    # posttrain/loop/targets.py: with loss.distill.only the teacher's per-token reverse KL is the whole advantage;
+    # no estimator runs (credit.*), the critic would train on returns nothing reads, dynamic sampling filters by
+    # the verifiable reward, and the reward's weighted total (weights, reward functions, learned rewards, the
+    # overlong penalty) is only logged: the task's verdict alone measures the run (as in online preference).
+    Rule(("credit.estimator", "credit.kwargs", "credit.kl_in_reward", "critic.enabled", "sampling.dynamic_sampling",
+          "reward.weights", "reward.functions", "reward.model", "reward.judge", "reward.overlong_max_len",
+          "reward.overlong_cache_len"),
+         lambda c: c.loss.distill is not None and c.loss.distill.only,
+         "loss.distill.only=true: the teacher's per-token reverse KL is the whole advantage (no estimator, no "
+         "returns; the verifiable reward only measures, as the task's verdict); unset it or set "
+         "loss.distill.only=false"),
     # posttrain/rewards/judge.py parse_reply: the pattern is read by parse=score only.
     Rule(("reward.judge.score_pattern",), lambda c: c.reward.judge is not None and c.reward.judge.parse != "score",
          "reward.judge.parse is not score (a yes/no reply is read without a pattern)"),
@@ -233,15 +247,45 @@ RULES: tuple[Rule, ...] = (
 """The table: every key that can be without effect, when, why, and whether it is refused or warned."""
 
 
+@dataclasses.dataclass(frozen=True)
+class GivenKeys:
+    """What the user wrote, as dotted keys: ``typed`` on the command line (``key=value`` overrides),
+    ``written`` every key and section path of the recipe with its overrides (``None``: not known, e.g. a
+    config built in code; then every set key counts as written)."""
+
+    typed: frozenset[str] = frozenset()
+    written: frozenset[str] | None = None
+
+    @classmethod
+    def of(cls, data: Mapping[str, Any], overrides: Sequence[str] = ()) -> GivenKeys:
+        """The keys of a recipe mapping ``data`` (overrides applied) and of the ``overrides`` typed."""
+        written: set[str] = set()
+
+        def walk(node: Mapping[str, Any], prefix: str) -> None:
+            for k, v in node.items():
+                written.add(prefix + str(k))
+                if isinstance(v, Mapping):
+                    walk(v, f"{prefix}{k}.")
+
+        walk(data, "")
+        return cls(frozenset(o.partition("=")[0].strip() for o in overrides), frozenset(written))
+
+    def typed_at(self, key: str) -> bool:
+        """Whether ``key`` (a leaf of the config) or a key inside it was typed on the command line."""
+        return any(t == key or t.startswith(key + ".") for t in self.typed)
+
+
 def _default(field: Any) -> Any:
     if field.default_factory is not None:
         return field.default_factory()
     return field.default
 
 
-def set_keys(model: BaseModel, prefix: str = "") -> Iterator[tuple[str, Any]]:
-    """``(dotted key, value)`` of every leaf key the user set to a non-default value (sections
-    recursively through ``model_fields_set``; dicts and lists are leaves)."""
+def set_keys(model: BaseModel, prefix: str = "", given: GivenKeys | None = None) -> Iterator[tuple[str, Any]]:
+    """``(dotted key, value)`` of every leaf key the user set to a non-default value, or typed on the command
+    line whatever its value (``given.typed``; sections recursively through ``model_fields_set``; dicts and
+    lists are leaves)."""
+    given = given or GivenKeys()
     fields = type(model).model_fields
     for name in sorted(model.model_fields_set):
         if name not in fields:
@@ -249,20 +293,26 @@ def set_keys(model: BaseModel, prefix: str = "") -> Iterator[tuple[str, Any]]:
         value = getattr(model, name)
         key = f"{prefix}{name}"
         if isinstance(value, BaseModel):
-            yield from set_keys(value, key + ".")
-        elif value != _default(fields[name]):
+            yield from set_keys(value, key + ".", given)
+        elif value != _default(fields[name]) or given.typed_at(key):
             yield key, value
 
 
-def dead_settings(cfg: RunConfig) -> list[tuple[str, Any, str, str]]:
+def dead_settings(cfg: RunConfig, given: GivenKeys | None = None) -> list[tuple[str, Any, str, str]]:
     """``(key, value, why, severity)`` for each set key of ``cfg`` that a rule of :data:`RULES` finds
-    without effect (a key's first matching rule; in key order)."""
+    without effect (a key's first matching rule; in key order). Keys ``given`` says nobody wrote (derived by
+    a validator) are left out when a written key is found: the user is told about what they wrote."""
+    given = given or GivenKeys()
     out: list[tuple[str, Any, str, str]] = []
-    for key, value in set_keys(cfg):
+    for key, value in set_keys(cfg, given=given):
         for rule in RULES:
             if any(key == k or key.startswith(k + ".") for k in rule.keys) and rule.dead(cfg):
                 out.append((key, value, rule.why, rule.severity))
                 break
+    if given.written is not None:
+        written = [f for f in out if f[0] in given.written]
+        if written:
+            out = written
     return out
 
 
@@ -271,10 +321,11 @@ def describe(key: str, value: Any, why: str) -> str:
     return f"{key}={value!r} cannot take effect: {why}"
 
 
-def check_dead_settings(cfg: RunConfig) -> list[str]:
+def check_dead_settings(cfg: RunConfig, given: GivenKeys | None = None) -> list[str]:
     """Raise ``ValueError`` (one line per refused key, joined by ``; ``) when a set key cannot take
-    effect and its rule refuses it; return the warning lines of the keys whose rule only warns."""
-    found = dead_settings(cfg)
+    effect and its rule refuses it; return the warning lines of the keys whose rule only warns
+    (``given``: what the user wrote, :func:`dead_settings`)."""
+    found = dead_settings(cfg, given)
     errors = [describe(k, v, w) for k, v, w, sev in found if sev == "error"]
     if errors:
         raise ValueError("; ".join(errors))

@@ -122,7 +122,9 @@ class JudgeConfig(Section):
         "score_pattern (its first group) as a number")
     score_pattern: str = Field(default=r"(-?\d+(?:\.\d+)?)", description="regex of the score (parse=score): the "
                                "first match's group 1 (or the whole match) is the component")
-    timeout_s: float = Field(default=30.0, gt=0, le=600, description="time limit of one HTTP call")
+    timeout_s: float = Field(default=30.0, gt=0, le=600, description="one deadline per HTTP attempt for the "
+                             "connect, send and whole reply; a row takes at most (retries + 1) x timeout_s + "
+                             "0.1 s x (2^retries - 1) of backoff")
     retries: int = Field(default=2, ge=0, le=10, description="retries of a call that failed, timed out or was "
                          "unparseable; then infra_error")
     concurrency: int = Field(default=4, ge=1, le=64, description="calls in flight at once")

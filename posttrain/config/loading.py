@@ -8,13 +8,14 @@ Unknown keys and wrong types are errors that name the key.
 from __future__ import annotations
 
 import logging
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 import yaml
 from pydantic import ValidationError
 
-from posttrain.config.dead_settings import check_dead_settings
+from posttrain.config.dead_settings import GivenKeys, check_dead_settings
 from posttrain.config.run import RECORDED, RunConfig, check_new_run
 from posttrain.errors import ConfigError
 
@@ -109,12 +110,14 @@ def read_recipe(recipe: str | None = None, overrides: list[str] | None = None) -
     return apply_overrides(data, list(overrides or [])), source
 
 
-def parse_config(data: dict[str, Any], source: str) -> RunConfig:
+def parse_config(data: dict[str, Any], source: str, overrides: Sequence[str] = ()) -> RunConfig:
     """``RunConfig`` of a nested mapping, checked from the config alone (types, bounds, combinations,
-    dead settings); a :class:`ConfigError` of one line per bad key, each prefixed by ``source`` (a
-    file, or e.g. the command line that built ``data``). Runs nothing and imports nothing of the run."""
+    dead settings: ``overrides`` are the ``key=value`` items typed on the command line, already applied to
+    ``data``; a typed key that cannot take effect is refused even at its default value); a
+    :class:`ConfigError` of one line per bad key, each prefixed by ``source`` (a file, or e.g. the command
+    line that built ``data``). Runs nothing and imports nothing of the run."""
     try:
-        return RunConfig.model_validate(data)
+        return RunConfig.model_validate(data, context={"given": GivenKeys.of(data, overrides)})
     except ValidationError as e:
         raise ConfigError(_format_validation(e, source)) from None
 
@@ -139,10 +142,11 @@ def parse_recorded_config(data: dict[str, Any], source: str) -> RunConfig:
     return cfg
 
 
-def log_warnings(cfg: RunConfig, source: str) -> None:
+def log_warnings(cfg: RunConfig, source: str, given: GivenKeys | None = None) -> None:
     """Log the load-time warnings of a valid ``cfg``: the keys whose dead-settings rule warns instead of
-    refusing (:data:`posttrain.config.dead_settings.RULES`), and ``optim.lr=0`` with steps to run."""
-    for line in check_dead_settings(cfg):
+    refusing (:data:`posttrain.config.dead_settings.RULES`; ``given``: what the user wrote and typed), and
+    ``optim.lr=0`` with steps to run."""
+    for line in check_dead_settings(cfg, given):
         _log.warning("%s: %s", source, line)
     if cfg.optim.lr == 0 and cfg.steps > 0:
         # Legitimate for determinism checks (weights never change), a silent no-op run otherwise.
@@ -155,8 +159,8 @@ def load_config(recipe: str | None = None, overrides: list[str] | None = None) -
     the registries, user modules or this machine are the loop's
     (:func:`posttrain.loop.validate.load_run_config`, which the commands use)."""
     data, source = read_recipe(recipe, overrides)
-    cfg = parse_config(data, source)
-    log_warnings(cfg, source)
+    cfg = parse_config(data, source, overrides or ())
+    log_warnings(cfg, source, GivenKeys.of(data, overrides or ()))
     return cfg
 
 

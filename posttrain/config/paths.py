@@ -22,3 +22,10 @@ def resolve_shipped_path(path: str | Path) -> Path:
         return p
     shipped = INSTALL_ROOT / p
     return shipped if shipped.exists() else p
+
+
+def resolve_model_dir(path: str | Path) -> Path:
+    """A model directory as ``posttrain eval`` takes it: a run's checkpoint ``RUN/checkpoints/step_N`` stands
+    for its ``actor/`` (the policy's Hugging Face directory); any other path is :func:`resolve_shipped_path`'s."""
+    p = resolve_shipped_path(path)
+    return p / "actor" if (p / "actor" / "config.json").is_file() else p

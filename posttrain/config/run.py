@@ -22,7 +22,7 @@ from posttrain.config.algorithm import (
     SamplingConfig,
     SFTConfig,
 )
-from posttrain.config.dead_settings import check_dead_settings
+from posttrain.config.dead_settings import GivenKeys, check_dead_settings
 from posttrain.config.feedback import EnvConfig, RewardConfig, TaskConfig
 from posttrain.config.learner import LearnerConfig
 from posttrain.config.model import CriticConfig, LoraConfig, ModelConfig
@@ -75,8 +75,9 @@ class RunConfig(Section):
 
     @model_validator(mode="after")
     def _check_combinations(self, info: ValidationInfo) -> RunConfig:
-        if not (info.context or {}).get("recorded"):  # a saved config.yaml is read as recorded
-            check_new_run(self)
+        context = info.context or {}
+        if not context.get("recorded"):  # a saved config.yaml is read as recorded
+            check_new_run(self, context.get("given"))
         return self
 
     def ray_reward_actors(self) -> int:
@@ -121,9 +122,10 @@ RECORDED = {"recorded": True}
 checks types, bounds and unknown keys, not :func:`check_new_run`."""
 
 
-def check_new_run(cfg: RunConfig) -> None:
+def check_new_run(cfg: RunConfig, given: GivenKeys | None = None) -> None:
     """Raise ``ValueError`` (one line) when ``cfg`` combines keys that cannot run, or sets a key that cannot
-    take effect (:func:`~posttrain.config.dead_settings.check_dead_settings`), read from the config alone;
+    take effect (:func:`~posttrain.config.dead_settings.check_dead_settings`; ``given``: the keys the user
+    wrote and typed, from the validation context ``{"given": GivenKeys}``), read from the config alone;
     return None otherwise. What needs the registries, user modules, a dry run of an algorithm or this
     machine is :func:`posttrain.loop.validate.validate_run`'s."""
     if cfg.env.name is not None and cfg.sampling.dynamic_sampling:
@@ -154,7 +156,7 @@ def check_new_run(cfg: RunConfig) -> None:
         if cfg.preference.data is None:
             raise ValueError(f"trainer={cfg.trainer} needs preference.data (a JSONL or Parquet file of pairs)"
                              + ("" if cfg.trainer == "reward_model" else " or preference.online=true"))
-    check_dead_settings(cfg)  # a set key that cannot take effect is refused (warnings: load_config)
+    check_dead_settings(cfg, given)  # a set key that cannot take effect is refused (warnings: load_config)
     samples = cfg.trainer == "rl" or (cfg.trainer == "preference" and cfg.preference.online)
     if samples and cfg.sampling.temperature == 0 and cfg.sampling.group_size > 1:
         # Greedy decoding is a point mass: a group is one response repeated, so its group-relative

@@ -20,7 +20,11 @@ The roles (:data:`~posttrain.config.preference.FIELD_ROLES`):
   (ODPO's offset, :func:`posttrain.algos.preference.odpo`).
 
 Every row is validated on load; a missing or malformed field is a :class:`~posttrain.errors.UserError`
-naming the file, the row (0-based) and the column.
+naming the file, the row (0-based) and the column. Two rules compare texts with their whitespace
+normalised (runs of whitespace as one space, none at either end; :func:`normalize_whitespace`): a
+``chosen`` equal to its ``rejected`` is refused (a pair must differ in more than whitespace), and so is a
+pair (prompt, chosen, rejected) that an earlier row already holds, whatever their ids (it would train
+with double weight), naming both rows.
 
 Held-out pairs: :func:`split_pairs` splits by a hash of the prompt
 (:func:`~posttrain.envs.task.split_of`), so all pairs of one prompt fall on one side, the same in
@@ -30,6 +34,7 @@ every run, whatever the row order.
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import json
 import math
 from collections.abc import Mapping, Sequence
@@ -65,6 +70,19 @@ class PreferencePair:
     def prompt_key(self) -> str:
         """The prompt as one string (a chat as its JSON): what the held-out split hashes."""
         return self.prompt if isinstance(self.prompt, str) else json.dumps(list(self.prompt), sort_keys=True)
+
+
+def normalize_whitespace(text: str) -> str:
+    """``text`` with each run of whitespace as one space and none at either end: what the pair checks compare."""
+    return " ".join(text.split())
+
+
+def _pair_key(prompt: str | tuple[dict[str, str], ...], chosen: str, rejected: str) -> bytes:
+    """A digest of the pair with its whitespace normalised (a chat prompt's string fields each)."""
+    norm_prompt: Any = (normalize_whitespace(prompt) if isinstance(prompt, str) else
+                        [{k: normalize_whitespace(v) if isinstance(v, str) else v for k, v in m.items()} for m in prompt])
+    text = json.dumps([norm_prompt, normalize_whitespace(chosen), normalize_whitespace(rejected)], sort_keys=True)
+    return hashlib.blake2b(text.encode("utf-8"), digest_size=16).digest()
 
 
 def _check_fields(fields: Mapping[str, str] | None) -> dict[str, str]:
@@ -137,7 +155,8 @@ def load_preference_pairs(path: str | Path, fields: Mapping[str, str] | None = N
 
     ``fields`` maps the roles of :data:`FIELD_ROLES` to column names (module docstring). Pair ids
     are ``"<file stem>/<id or row>"``. A missing file, an unknown suffix, an unknown field role, a
-    missing or malformed field, a duplicate id, identical chosen and rejected responses, or a file
+    missing or malformed field, a duplicate id, chosen and rejected responses equal up to whitespace, a
+    pair (prompt, chosen, rejected) an earlier row holds (whitespace aside; both rows named), or a file
     without rows is a :class:`~posttrain.errors.UserError` naming the file (and the row and column).
     """
     p = resolve_shipped_path(path)
@@ -149,6 +168,7 @@ def load_preference_pairs(path: str | Path, fields: Mapping[str, str] | None = N
         raise UserError(f"{p}: unknown preference file suffix {p.suffix!r}; valid: .jsonl, .parquet")
     out: list[PreferencePair] = []
     seen: dict[str, int] = {}
+    seen_pairs: dict[bytes, int] = {}
     try:
         for i, rec in readers[p.suffix](p):
             where = f"{p}: row {i}"
@@ -162,7 +182,16 @@ def load_preference_pairs(path: str | Path, fields: Mapping[str, str] | None = N
             if chosen == rejected:
                 raise UserError(f"{where}: fields {cols['chosen']!r} and {cols['rejected']!r} hold the same response "
                                 "(a pair must differ)")
+            if normalize_whitespace(chosen) == normalize_whitespace(rejected):
+                raise UserError(f"{where}: fields {cols['chosen']!r} and {cols['rejected']!r} differ only in whitespace "
+                                f"({chosen!r:.40} vs {rejected!r:.40}): the same response (a pair must differ)")
             prompt = _prompt(rec, cols, where, (c_prefix, r_prefix))
+            key = _pair_key(prompt, chosen, rejected)
+            if key in seen_pairs:
+                raise UserError(f"{p}: rows {seen_pairs[key]} and {i}: the same pair (prompt, {cols['chosen']!r}, "
+                                f"{cols['rejected']!r}; whitespace aside) twice, which would train on it with double "
+                                "weight; keep one")
+            seen_pairs[key] = i
             pid = str(i)
             if "id" in cols:
                 raw_id = get_dotted(rec, cols["id"])

@@ -140,15 +140,15 @@ def check_same_tokenizer(student: PreTrainedTokenizerBase, teacher: PreTrainedTo
 
 
 def build_teacher(cfg: RunConfig, student_tokenizer: PreTrainedTokenizerBase) -> torch.nn.Module | None:
-    """The frozen distillation teacher of ``loss.distill`` (None without it): ``loss.distill.teacher``
-    loaded like ``model.path`` (same dtype; a builtin tiny preset from ``model.init_seed``), in eval mode
+    """The frozen distillation teacher of ``loss.distill`` (None without it): ``loss.distill.teacher`` (a run's
+    checkpoint ``step_N`` stands for its ``actor/``) loaded like ``model.path`` (same dtype; a builtin tiny preset from ``model.init_seed``), in eval mode
     without gradients, after :func:`check_same_tokenizer` against ``student_tokenizer``."""
     d = cfg.loss.distill
     if d is None:
         return None
-    from posttrain.config.paths import resolve_shipped_path
+    from posttrain.config.paths import resolve_model_dir
 
-    path = d.teacher if d.teacher.startswith("builtin:") else str(resolve_shipped_path(d.teacher))
+    path = d.teacher if d.teacher.startswith("builtin:") else str(resolve_model_dir(d.teacher))
     tok, teacher = load_model(path, cfg.model.dtype, init_seed=cfg.model.init_seed)
     check_same_tokenizer(student_tokenizer, tok, student_path=cfg.model.path, teacher_path=d.teacher)
     return teacher.eval().requires_grad_(False)

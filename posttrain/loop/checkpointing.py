@@ -4,7 +4,8 @@ A checkpoint (written atomically by :func:`posttrain.learner.checkpoint.save_che
 actor, tokenizer and critic weights, the learner state (``learner``: optimizer, scheduler, KL
 controller, or the learner ranks' shards; ``ref_model``; ``promoted``: the promoted snapshot;
 ``critic``), the RNG states and ``extra``: ``run_state`` (:class:`RunState`), ``engine_version`` and
-``has_ref``. :func:`resume` restores the newest checkpoint that loads (an unreadable one falls back
+``has_ref``, and with ``loss.distill`` ``teacher`` (its path and weights fingerprint, which a resume
+checks: :func:`check_teacher`). :func:`resume` restores the newest checkpoint that loads (an unreadable one falls back
 to the previous with a warning), moves ledger steps written after it to ``ledger/discarded/`` and
 drops the later ``metrics.jsonl`` lines, so the run continues without gaps or duplicates.
 :func:`check_resumable` refuses, before anything is built, a ``resume=true`` that would start afresh
@@ -20,6 +21,7 @@ from typing import TYPE_CHECKING
 
 from posttrain.config import RunConfig
 from posttrain.loop.promotion import Decision
+from posttrain.loop.run_dir import RunDirError
 
 if TYPE_CHECKING:
     from posttrain.learner.checkpoint import CheckpointState
@@ -66,6 +68,8 @@ def write_checkpoint(run: Run) -> Path:
     extra: dict[str, object] = {"run_state": dataclasses.asdict(run.state), "engine_version": run.engine.version}
     if run.ref_model is not None:
         extra["has_ref"] = True
+    if run.teacher_fingerprint is not None and run.cfg.loss.distill is not None:
+        extra["teacher"] = {"path": run.cfg.loss.distill.teacher, "fingerprint": run.teacher_fingerprint}
 
     def learner_state(directory: Path) -> LearnerState:
         return run_learner_state(run, directory)
@@ -112,6 +116,8 @@ def resume(run: Run) -> bool:
     for path in reversed(paths):
         try:
             restore(run, path)
+        except TeacherChangedError:
+            raise
         except Exception as e:  # noqa: BLE001 - any unreadable checkpoint: fall back to the previous one
             why = f"{type(e).__name__}: {e}".splitlines()[0][:300]
             first_err = first_err or f"{path}: {why}"
@@ -134,6 +140,7 @@ def restore(run: Run, path: Path) -> None:
     from posttrain.learner.checkpoint import load_checkpoint, restore_actor, restore_rng
 
     ck = load_checkpoint(path)
+    check_teacher(run, ck, path)
     restore_actor(run.learner.model, ck)
     _restore_learners(run, path, ck)
     snapshot = ck.learner_state.get("promoted")
@@ -151,6 +158,30 @@ def restore(run: Run, path: Path) -> None:
     if moved:
         log.warning("resume: moved %d ledger files written after step %d to ledger/discarded/",
                     len(moved), run.state.step)
+
+
+class TeacherChangedError(RunDirError):
+    """A resume whose distillation teacher is not the one the checkpoint was trained against."""
+
+
+def check_teacher(run: Run, ck: CheckpointState, path: Path) -> None:
+    """Refuse to resume a distillation run (``loss.distill``) from checkpoint ``ck`` at ``path`` when the teacher
+    loaded now (:func:`~posttrain.learner.fingerprint.weights_fingerprint` of its weights) is not the one the
+    checkpoint recorded: the reverse KL would change meaning mid-run. :class:`TeacherChangedError` (one line,
+    naming ``loss.distill.teacher``) unless ``resume_force=true``, which goes on with one warning. A checkpoint
+    written before teachers were recorded, or a run without a teacher, is not checked."""
+    was = ck.extra.get("teacher")
+    now = run.teacher_fingerprint
+    if not isinstance(was, dict) or now is None or was.get("fingerprint") == now:
+        return
+    d = run.cfg.loss.distill
+    teacher = d.teacher if d is not None else "?"
+    what = (f"loss.distill.teacher={teacher}: its weights (fingerprint {now[:12]}) are not the teacher checkpoint "
+            f"{path.name} was trained against ({was.get('path')}, fingerprint {str(was.get('fingerprint'))[:12]})")
+    if not run.cfg.resume_force:
+        raise TeacherChangedError(f"resume=true with another distillation teacher: {what}; resume with that teacher, "
+                                  "or set resume_force=true to go on with this one")
+    log.warning("resume (resume_force): %s; training goes on against the new teacher", what)
 
 
 def _restore_learners(run: Run, path: Path, ck: CheckpointState) -> None:
@@ -224,5 +255,5 @@ def check_resumable(cfg: RunConfig, run_dir: Path) -> str | None:
     return "; ".join(diff) if diff else None
 
 
-__all__ = ["LearnerState", "RunState", "check_resumable", "restore", "resume", "run_learner_state",
+__all__ = ["LearnerState", "RunState", "TeacherChangedError", "check_resumable", "check_teacher", "restore", "resume", "run_learner_state",
            "run_state_of", "write_checkpoint"]

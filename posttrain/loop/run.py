@@ -29,6 +29,7 @@ import torch
 
 from posttrain.algos.kl import AdaptiveKLController
 from posttrain.config import RunConfig, dump_config
+from posttrain.learner.fingerprint import weights_fingerprint
 from posttrain.learner.protocol import KLCoefficient
 from posttrain.loop import checkpointing
 from posttrain.loop.checkpointing import RunState, check_resumable
@@ -77,6 +78,8 @@ class Run:
         self.learner, self.plain_model, self.critic, self.ref_model = (parts.learner, parts.plain_model, parts.critic,
                                                                        parts.ref_model)
         self.teacher_model = parts.teacher_model  # loss.distill's frozen teacher, else None
+        # which teacher: recorded in each checkpoint, compared on resume (checkpointing.check_teacher)
+        self.teacher_fingerprint = None if parts.teacher_model is None else weights_fingerprint(parts.teacher_model)
         self.engine, self.backend = parts.engine, parts.backend
         self.verify_batch, self._pool, self.hidden_verifier = parts.verify_batch, parts.pool, parts.hidden_verifier
         self.step_examples: dict[str, TaskExample] = {}  # prompt_id -> TaskExample drawn this step (see next_prompts)

@@ -35,6 +35,7 @@ import torch
 
 import posttrain.algos as A
 from posttrain.config import RunConfig, log_warnings, parse_config, parse_recorded_config, read_recipe
+from posttrain.config.dead_settings import GivenKeys
 from posttrain.envs.episodes import ENVS, check_env_reward_weights, check_tool_prompt, check_tool_switch
 from posttrain.errors import ConfigError
 from posttrain.loop.algo_kwargs import check_algo_kwargs
@@ -54,9 +55,9 @@ def load_run_config(recipe: str | None = None, overrides: list[str] | None = Non
     (:func:`posttrain.config.parse_config`), validated against the house and this machine
     (:func:`validate_run`), its warnings logged. Raises :class:`~posttrain.errors.ConfigError`."""
     data, source = read_recipe(recipe, overrides)
-    cfg = parse_config(data, source)
+    cfg = parse_config(data, source, overrides or ())
     validate_run(cfg, source)
-    log_warnings(cfg, source)
+    log_warnings(cfg, source, GivenKeys.of(data, overrides or ()))
     return cfg
 
 
@@ -114,6 +115,9 @@ def _section_checks(cfg: RunConfig, recorded: bool) -> list[tuple[str, Callable[
         return [*checks, ("eval", lambda: _check_hidden_verifier(cfg))]
     checks += [("learner", lambda: _check_learner_device(cfg)), ("rollout", lambda: _check_vllm_env(cfg)),
                ("eval", lambda: _check_hidden_verifier(cfg)), ("logging", lambda: _check_trackers(cfg))]
+    if cfg.system.backend == "ray":  # bundles a local cluster can never hold: refused now, not after startup_timeout_s
+        ranks = cfg.learner.world_size if cfg.learner.strategy != "single" else 0
+        checks.append(("system.ray", lambda: cfg.system.ray.check_local_cpus(cfg.ray_reward_actors(), ranks)))
     return checks
 
 

@@ -18,6 +18,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from posttrain.config.feedback import RewardConfig
+from posttrain.errors import ConfigError, UserError
 from posttrain.rewards.pool import Item
 from posttrain.rewards.reward_model import PromptLike
 from posttrain.rewards.scoring import VerifyBatch
@@ -87,10 +88,27 @@ class LearnedRewards:
         return verdicts
 
 
+def check_reward_model(reward: RewardConfig) -> None:
+    """``reward.model``: its path must be a reward-model directory, read from its files alone
+    (:func:`~posttrain.rewards.reward_model.check_reward_model_dir`: posttrain's marker file or a
+    ``*ForSequenceClassification`` config; a causal-LM policy checkpoint is refused); else a one-line
+    :class:`~posttrain.errors.ConfigError` naming ``reward.model.path``. For the preflight, before the run
+    directory is written (the weights' score head is checked when the run loads the model)."""
+    if reward.model is None:
+        return
+    from posttrain.rewards.reward_model import check_reward_model_dir
+
+    try:
+        check_reward_model_dir(reward.model.path)
+    except UserError as e:
+        raise ConfigError(str(e)) from None
+
+
 def build_learned_rewards(reward: RewardConfig, inner: VerifyBatch) -> VerifyBatch:
     """``inner`` wrapped in :class:`LearnedRewards` for ``reward.model`` / ``reward.judge``; ``inner`` itself
-    when neither is set. The reward model is loaded here (on CUDA when available); a missing directory is a
-    :class:`~posttrain.errors.UserError` naming it."""
+    when neither is set. The reward model is loaded here (on CUDA when available); a directory that is not a
+    reward model (missing, a causal-LM policy, weights without a trained score head) is a
+    :class:`~posttrain.errors.UserError` naming it (:meth:`RewardModelScorer.from_pretrained`)."""
     scorers: list[ComponentScorer] = []
     if reward.model is not None:
         import torch

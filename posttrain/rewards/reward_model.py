@@ -8,6 +8,13 @@ the form the model was trained on; a trained directory records it in :data:`REND
 :class:`RewardModelScorer` scores in batches of ``batch_size`` with padding; :meth:`score_rows`
 turns a failed batch into failures naming it (never a score of zero);
 :mod:`posttrain.rewards.learned` makes it a component of each verdict.
+
+What counts as a reward model (:func:`reward_model_evidence`, :func:`check_reward_model_dir`): a
+directory posttrain trained (its :data:`RENDER_FILE`), or a Hugging Face directory whose ``config.json``
+``architectures`` name a ``*ForSequenceClassification`` class (a third-party reward model: rendered as
+plain text, ``max_length`` 1024) whose weights hold every parameter of that class, the score head
+included. A causal-LM policy (``*ForCausalLM``, e.g. a checkpoint's ``actor/``) is refused: loaded as a
+sequence classifier it would score with a freshly initialised head.
 """
 
 from __future__ import annotations
@@ -31,6 +38,50 @@ RENDER_FILE = "posttrain_reward_model.json"
 
 PromptLike = str | Sequence[Mapping[str, str]]
 """A prompt text, or a chat (``{role, content}`` messages ending with the user turn)."""
+
+_CAUSAL_LM = ("ForCausalLM", "LMHeadModel", "ForConditionalGeneration")
+"""``architectures`` suffixes of a generating model (a policy), not a scorer."""
+
+
+def _architectures(d: Path) -> list[str]:
+    """``config.json``'s ``architectures`` of ``d`` (empty when absent or unreadable)."""
+    try:
+        data = json.loads((d / "config.json").read_text())
+    except (OSError, ValueError):
+        return []
+    arch = data.get("architectures") if isinstance(data, dict) else None
+    return [a for a in arch if isinstance(a, str)] if isinstance(arch, list) else []
+
+
+def reward_model_evidence(d: Path) -> str | None:
+    """Why directory ``d`` holds a reward model, as a phrase: its :data:`RENDER_FILE` (trained by posttrain) or
+    a ``config.json`` ``architectures`` entry ending in ``ForSequenceClassification``; None when neither."""
+    if (d / RENDER_FILE).is_file():
+        return f"{RENDER_FILE}: trained by posttrain (trainer=reward_model)"
+    seq = [a for a in _architectures(d) if a.endswith("ForSequenceClassification")]
+    return f"config.json architectures {seq}" if seq else None
+
+
+def check_reward_model_dir(path: str | Path, key: str = "reward.model.path") -> Path:
+    """``Path(path)`` when it is a reward-model directory (module docstring), read from its files alone
+    (nothing loaded). Else a one-line :class:`~posttrain.errors.UserError` naming ``key`` and what the
+    directory is: missing (no ``config.json``), a causal-LM policy checkpoint, or another model. The
+    weights' score head is checked when the model is loaded (:meth:`RewardModelScorer.from_pretrained`)."""
+    d = Path(path)
+    train = "train one with trainer=reward_model (`posttrain train reward_model`, it writes <run_dir>/reward_model)"
+    if not (d / "config.json").is_file():
+        inner = d / "reward_model"
+        hint = f"; did you mean {inner} (that run's reward model)?" if reward_model_evidence(inner) else ""
+        raise UserError(f"{key} {d}: no such model directory (no config.json); {train}{hint}")
+    if reward_model_evidence(d) is not None:
+        return d
+    arch = _architectures(d)
+    if any(a.endswith(_CAUSAL_LM) for a in arch):
+        raise UserError(f"{key} {d}: a causal LM policy checkpoint (config.json architectures {arch}), not a reward "
+                        f"model (no score head: a fresh random one would score every response); {train}, or give "
+                        "a Hugging Face *ForSequenceClassification directory")
+    raise UserError(f"{key} {d}: not a reward model (no {RENDER_FILE}, and config.json architectures "
+                    f"{arch or 'absent'} name no *ForSequenceClassification class); {train}")
 
 
 def render_pair(tokenizer: Tokenizer, prompt: PromptLike, response: str, *, use_chat_template: bool) -> str:
@@ -80,19 +131,23 @@ class RewardModelScorer:
         """Load a local model directory with ``AutoModelForSequenceClassification`` and its tokenizer.
 
         The rendering and length of a posttrain-trained directory (:data:`RENDER_FILE`) are used unless
-        ``kwargs`` give them. A missing directory is a :class:`~posttrain.errors.UserError` naming it.
+        ``kwargs`` give them. A directory that is not a reward model (:func:`check_reward_model_dir`: missing,
+        a causal-LM policy, ...) or whose weights lack a parameter of the model (a head that loading would
+        initialise afresh) is a :class:`~posttrain.errors.UserError` naming ``reward.model.path``.
         """
         from transformers import AutoModelForSequenceClassification
 
         from posttrain.models.tokenizer import load_pretrained_tokenizer
 
-        d = Path(path)
-        if not (d / "config.json").is_file():
-            raise UserError(f"reward.model.path {d}: no such model directory (no config.json); train one with "
-                            "`posttrain train reward_model` (it writes <run_dir>/reward_model)")
+        d = check_reward_model_dir(path)
         render = json.loads((d / RENDER_FILE).read_text()) if (d / RENDER_FILE).is_file() else {}
         opts = {k: render[k] for k in ("use_chat_template", "max_length") if k in render}
-        model = AutoModelForSequenceClassification.from_pretrained(str(d))
+        model, info = AutoModelForSequenceClassification.from_pretrained(str(d), output_loading_info=True)
+        fresh = sorted({*info.get("missing_keys", ()), *(k[0] if isinstance(k, tuple) else k
+                                                         for k in info.get("mismatched_keys", ()))})
+        if fresh:
+            raise UserError(f"reward.model.path {d}: its weights lack {fresh[:4]} (loading would initialise them "
+                            f"afresh, e.g. an untrained score head), so it is not a trained reward model")
         return cls(model, load_pretrained_tokenizer(d), **{**opts, **kwargs})
 
     def _render(self, prompt: PromptLike, response: str) -> str:

@@ -80,7 +80,7 @@ WARNED = [
 LIVE = [
     # learner ranks on Ray are placed with the learner keys (posttrain/loop/backends/ray_learner.py)
     ["system.backend=ray", "learner.strategy=fsdp2", "learner.world_size=2", "system.ray.cpus_per_learner=1",
-     "system.ray.learner_resources={learner_node: 1}"],
+     "system.ray.learner_resources={learner_node: 1}", "system.ray.local_num_cpus=4"],  # 3.25 CPUs reserved
     ["loss.kl_estimator=k3", "loss.kl_coef=0.05", "loss.kl_target=0.01", "loss.kl_horizon=10"],
     ["credit.kl_in_reward=true", "loss.kl_estimator=k1", "loss.kl_coef=0.05"],
     ["system.mode=async", "system.max_queue=16", "system.interrupt_on_update=false", "system.queue_timeout_s=30"],
@@ -102,7 +102,7 @@ LIVE = [
     ["sft.steps=5", "sft.lr=0.01", "sft.examples=100"],
     ["optim.fuse_old_logprob=false"],
     ["model.init_seed=3"],
-    ["critic.lr=0.001", "lora.alpha=null"],  # values equal to the defaults never trigger
+    ["critic.lr=0.001", "critic.enabled=true", "credit.estimator=gae", "lora.rank=8", "lora.alpha=null"],  # defaults, acting
 ]
 
 
@@ -168,3 +168,45 @@ def test_env_reward_weights_of_declared_parts_load() -> None:
 def test_env_kwargs_that_do_not_fit_are_refused_at_load() -> None:
     with pytest.raises(ConfigError, match="env.kwargs"):
         load_run_config(None, ["env.name=calculator_tool", "env.kwargs={digitz: 2}"])
+
+
+# Issue 38 items 5 and 7: a key typed on the command line is what the user asked for, whatever its value.
+TYPED_AT_DEFAULT = [
+    ("dpo", ["task.name=arithmetic"], "task.name"),  # offline DPO reads preference.data's pairs, not a task
+    ("dpo", ["preference.pairs_per_group=one"], "preference.pairs_per_group"),  # no sampled groups
+    ("reward_model", ["task.kwargs={}"], "task.kwargs"),
+    ("reward_model", ["preference.pairs_per_group=one"], "preference.pairs_per_group"),
+    (None, ["critic.lr=0.001"], "critic.lr"),  # no critic is built
+]
+
+
+@pytest.mark.parametrize("recipe, overrides, key", TYPED_AT_DEFAULT,
+                         ids=[f"{r}:{k}" for r, _, k in TYPED_AT_DEFAULT])
+def test_a_typed_key_without_effect_is_refused_at_its_default_value(recipe: str | None, overrides: list[str],
+                                                                     key: str) -> None:
+    with pytest.raises(ConfigError, match=rf": {key}=.* cannot take effect: "):
+        load_run_config(recipe, overrides)
+
+
+def test_a_default_written_in_a_recipe_file_still_loads_silently(tmp_path, caplog: pytest.LogCaptureFixture) -> None:
+    """A saved config.yaml lists every key at its value: only what is typed on the command line counts at its
+    default (so a recorded run, or a recipe written from one, loads like the recipe that wrote it)."""
+    recipe = tmp_path / "r.yaml"
+    recipe.write_text("critic: {lr: 0.001}\nlora: {alpha: null}\n")
+    with caplog.at_level(logging.WARNING, logger="posttrain.config"):
+        load_run_config(str(recipe), [])
+    assert _warnings(caplog) == []
+
+
+def test_a_key_a_validator_derived_is_not_named_instead_of_the_typed_one() -> None:
+    """``system.mode=async`` on offline DPO: the validator derives ``system.max_staleness=1``; the error names the
+    key the user typed, once (it named the derived key first and repeated the reason)."""
+    with pytest.raises(ConfigError) as e:
+        load_run_config("dpo", ["system.mode=async"])
+    msg = str(e.value)
+    assert "system.mode='async' cannot take effect: trainer=preference (offline)" in msg, msg
+    assert "max_staleness" not in msg and msg.count("cannot take effect") == 1, msg
+    # Written by the user, the bound is named too.
+    with pytest.raises(ConfigError) as e:
+        load_run_config("dpo", ["system.mode=async", "system.max_staleness=2"])
+    assert "system.max_staleness=2 cannot take effect" in str(e.value)

@@ -38,9 +38,27 @@ def test_with_a_teacher_it_resolves_to_the_showcase_recipe_but_for_the_signal(ca
     rl = flatten(yaml.safe_load(dump_config(load_run_config("smollm2_word_problems", []))))
     differ = {k for k in set(distill) | set(rl) if distill.get(k, "<absent>") != rl.get(k, "<absent>")}
     # credit.kwargs: loss.distill.only refuses it (the estimator does not run); with only=false grpo's default
-    # norm_std=true is the RL recipe's.
+    # norm_std=true is the RL recipe's. The RL recipe's overlong penalty: only=true refuses it (issue 38), the
+    # verdict alone measures.
     assert differ == {"name", "credit.kwargs", "credit.kwargs.norm_std", "loss.distill", "loss.distill.teacher",
-                      "loss.distill.coef", "loss.distill.only"}, differ
+                      "loss.distill.coef", "loss.distill.only", "reward.weights.overlong", "reward.overlong_max_len",
+                      "reward.overlong_cache_len"}, differ
+
+
+SHAPING = ["reward.weights={task: 1.0, overlong: 1.0}", "reward.overlong_max_len=96", "reward.overlong_cache_len=32"]
+
+
+def test_distill_alone_refuses_the_reward_shaping_it_never_reads(capsys: pytest.CaptureFixture[str]) -> None:
+    """Issue 38 item 3: with loss.distill.only the reward's weighted total is only logged, so the RL recipe's
+    shaping is refused naming the key (as online preference refuses it); with only=false it is the RL signal."""
+    assert main(["train", RECIPE, "--print-recipe", TEACHER, *SHAPING]) == 2
+    line = one_error_line(capsys)
+    assert "reward.overlong_cache_len=32 cannot take effect: loss.distill.only=true" in line, line
+    for key in ("reward.judge={url: 'http://127.0.0.1:9/v1'}", "credit.estimator=rloo", "critic.enabled=true"):
+        assert main(["train", RECIPE, "--print-recipe", TEACHER, key]) == 2
+        assert f"{key.split('=')[0]}" in one_error_line(capsys)
+    cfg = load_run_config(RECIPE, [TEACHER, "loss.distill.only=false", *SHAPING])
+    assert cfg.reward.weights == {"task": 1.0, "overlong": 1.0} and cfg.reward.overlong_max_len == 96
 
 
 def test_added_to_the_verifiable_reward_is_one_override() -> None:
