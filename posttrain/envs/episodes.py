@@ -17,7 +17,7 @@ from typing import Any
 
 from posttrain.algos.registry import Registry
 from posttrain.envs.multiturn import Environment, declared_components
-from posttrain.envs.task import TaskExample, sample_split
+from posttrain.envs.task import TaskExample, sample_split, split_of
 from posttrain.envs.tool_calling import calculator_tool_env, python_tool_env
 from posttrain.envs.tools import CalculatorEnv, PythonToolEnv
 
@@ -81,17 +81,47 @@ class EnvTask:
             raise ValueError(f"env.kwargs {dict(self.kwargs)} do not fit env {self.env_name!r}: {e}") from None
 
     def examples(self, split: str, n: int, seed: int) -> list[TaskExample]:
-        """``n`` episode starts of ``split``; same arguments -> same list."""
+        """``n`` episode starts of ``split``; same arguments -> same list.
+
+        An episode is held out iff ``split_of(f"{name}|{first observation}", heldout_fraction)`` (a hash of
+        the environment's name and its first observation). When none of the first observations drawn falls
+        in ``split``, raises ``ValueError`` (one line naming ``env.name``, the environment's name and
+        ``env.heldout_fraction``, and what to change)."""
+        firsts: set[str] = set()
+        resets = 0
 
         def draw(rng: Any) -> tuple[str, TaskExample]:
+            nonlocal resets
             s = rng.randrange(2**31)
+            resets += 1
             try:
                 obs = self.make_env().reset(s)
             except Exception as e:  # noqa: BLE001 - the episode itself will end as env_failure
                 obs = f"{self.name} seed {s} (reset failed: {type(e).__name__})"
-            return obs, TaskExample(prompt_id=f"{self.name}/{s}", prompt=obs, reference=None, meta={"env_seed": s})
+            firsts.add(obs)
+            return obs, TaskExample(prompt_id=f"{self.name}/{s}", prompt=obs, reference=None,
+                                    meta={"env_seed": s})
 
-        return sample_split(self.name, split, n, seed, draw, self.heldout_fraction, rng_tag=repr(sorted(self.kwargs.items())))
+        try:
+            return sample_split(self.name, split, n, seed, draw, self.heldout_fraction,
+                                rng_tag=repr(sorted(self.kwargs.items())))
+        except ValueError:
+            if firsts and all(split_of(f"{self.name}|{o}", self.heldout_fraction) != split for o in firsts):
+                raise ValueError(self._empty_split(split, len(firsts), resets)) from None
+            raise
+
+    def _empty_split(self, split: str, distinct: int, resets: int) -> str:
+        """The one-line refusal of a split that none of ``distinct`` first observations falls in."""
+        if split == "train":
+            found, todo = "all", "lower env.heldout_fraction"
+        else:
+            found, todo = "none", ("raise env.heldout_fraction, or make the environment's first observations "
+                                   "more varied (its name is hashed with them)")
+        return (f"env.name={self.env_name}: environment {self.name!r} has no episode of split {split!r}: "
+                f"{found} of the {distinct} distinct first observations of {resets} resets are held out at "
+                f"env.heldout_fraction={self.heldout_fraction} (an episode is held out iff "
+                f"sha256('{self.name}|' + its first observation)[:8] mod 10^6 < env.heldout_fraction * "
+                f"10^6); {todo}")
 
 
 def build_env_task(name: str, kwargs: Mapping[str, Any] | None = None, heldout_fraction: float = 0.2) -> EnvTask:

@@ -31,6 +31,7 @@ from typing import Any, Protocol
 from pydantic import BaseModel
 
 from posttrain.envs.multiturn import StepResult
+from posttrain.errors import ConfigError
 
 _BASE_OBS_FIELDS = ("done", "reward", "metadata")
 
@@ -91,11 +92,23 @@ class OpenEnvAdapter:
         self.name = name or type(env).__name__
 
     def render(self, obs: BaseModel) -> str:
-        """The observation as the text the policy reads (see the module docstring)."""
+        """The observation as the text the policy reads (see the module docstring).
+
+        Raises :class:`~posttrain.errors.ConfigError` (one line naming ``env.kwargs.observation_field`` or
+        ``env.kwargs.env``, the environment and the fields the observation has) for a setting that only a real
+        observation can refute: an ``observation_field`` it does not have, or an observation that is not a
+        pydantic model. Preflight resets one environment to find these before the run directory is written."""
+        env_cls = type(self.env)
+        where = f"OpenEnv environment {self.name!r} ({env_cls.__module__}:{env_cls.__qualname__})"
+        if not callable(getattr(obs, "model_dump", None)):
+            raise ConfigError(f"env.kwargs.env: {where} returned a {type(obs).__name__}, not a pydantic "
+                              "Observation (not an OpenEnv Environment)")
         data = obs.model_dump()
         if self.observation_field is not None:
             if self.observation_field not in data:
-                raise ValueError(f"openenv: {type(obs).__name__} has no field {self.observation_field!r}")
+                raise ConfigError(f"env.kwargs.observation_field={self.observation_field!r}: the observation "
+                                  f"of {where}, a {type(obs).__name__}, has no such field; its fields: "
+                                  f"{', '.join(sorted(data))}")
             return str(data[self.observation_field])
         texts = _text_fields(type(obs), _BASE_OBS_FIELDS)
         if len(texts) == 1:

@@ -18,14 +18,21 @@ batch:
   baseline and multi-turn step records exactly as the loop passes them, on 2 groups of
   ``sampling.group_size`` fake rows; the advantages (and returns) must come back ``[B, T]`` and finite.
 
-- on-policy **distillation** (``loss.distill``): the teacher exists and its tokenizer equals the
-  student's (:func:`check_distill`), and ``loss.distill.only`` meets no key it leaves without effect;
+- on-policy **distillation** (``loss.distill``): the teacher exists (a run's checkpoint ``step_N`` stands
+  for its ``actor/``) and its tokenizer equals the student's (:func:`check_distill`); the keys
+  ``loss.distill.only`` leaves without effect are refused at load (config/dead_settings.py);
 
 - an LLM judge (``reward.judge``) answers one request (:func:`check_judge`);
 
+- a learned reward (``reward.model.path``) is a reward model, not a policy checkpoint, by its marker file
+  or its architecture's head, read from its files only
+  (:func:`~posttrain.rewards.learned.check_reward_model`);
+
 - for multi-turn recipes (``env.name``; their reward parts are checked against the environment's
   declaration at config load) one **episode** is started with the run's tokenizer, so an
-  ``env.max_tokens`` without room for a turn, or an SFT warm-up without demonstrations, fails now.
+  ``env.max_tokens`` without room for a turn, or an SFT warm-up without demonstrations, fails now One environment
+  is reset for the first training episode, so a setting its first observation refutes (an OpenEnv
+  ``env.kwargs.observation_field`` the observation lacks) fails now, not as every episode's env_failure.
 
 Each failure is a :class:`~posttrain.config.ConfigError`: one line naming the key(s). The task built
 here is handed to the run (:func:`posttrain.loop.builders.keep_task`), so a file or Hugging Face
@@ -67,12 +74,19 @@ def preflight(cfg: RunConfig) -> None:
     check_distill(cfg)
     check_targets(cfg)
     check_judge(cfg)
+    from posttrain.rewards.learned import check_reward_model
+
+    check_reward_model(cfg.reward)
 
 
 def check_judge(cfg: RunConfig) -> None:
-    """``reward.judge``: one request to the judge (no retry, ``reward.judge.timeout_s``) must get an HTTP
-    answer; else :class:`~posttrain.config.ConfigError` naming ``reward.judge.url`` (a run would write its
-    directory and judge every sample ``infra_error``). What the judge answers is not checked here."""
+    """``reward.judge``: one request to the judge (no retry, one deadline of ``reward.judge.timeout_s`` for
+    the connect and the whole reply) must get a 2xx reply in time; else a one-line
+    :class:`~posttrain.config.ConfigError` naming ``reward.judge.url`` (a run would write its directory and
+    judge every sample ``infra_error``): refused / unknown host / cut / an HTTP error status is "no judge
+    answers there ... start the judge server first"; a server that accepted the connection but whose whole
+    reply did not arrive within the deadline is "too slow", naming ``reward.judge.timeout_s`` to raise
+    (refused too: each of the run's calls has that same deadline). What the judge answers is not checked."""
     j = cfg.reward.judge
     if j is None:
         return
@@ -80,47 +94,48 @@ def check_judge(cfg: RunConfig) -> None:
 
     judge = LLMJudge(j.url, model=j.model, prompt_template=j.prompt_template, parse=j.parse,
                      score_pattern=j.score_pattern, timeout_s=j.timeout_s, retries=0, max_tokens=j.max_tokens)
-    why = judge.unreachable()
-    if why is not None:
+    kind, why = judge.probe()
+    if kind == "slow":
+        raise ConfigError(f"reward.judge.url={j.url}: the judge accepted the connection but sent no complete reply "
+                          f"within reward.judge.timeout_s={j.timeout_s:g}; refused, since every call of the run has "
+                          "that deadline and its rows would all be infra_error: raise reward.judge.timeout_s or "
+                          "make the judge faster")
+    if kind != "answers":
         raise ConfigError(f"reward.judge.url={j.url}: no judge answers there ({why}); start the judge server "
                           "first (an OpenAI-compatible /v1/chat/completions on this machine)")
 
 
 def check_distill(cfg: RunConfig) -> None:
-    """``loss.distill``: the teacher is ``builtin:NAME`` or an existing model directory whose tokenizer
-    equals the student's (:func:`~posttrain.loop.builders.check_same_tokenizer`: vocabulary size, eos
-    id, a probe text's ids; skipped for a model whose tokenizer cannot be had without loading it, e.g. a
-    SmolLM2 not yet converted: the run checks it when it loads the teacher). With ``loss.distill.only``
-    the estimator never runs, so ``credit.estimator`` / ``credit.kwargs`` / ``credit.kl_in_reward``,
-    ``critic.enabled`` (it trains on the estimator's returns) and ``sampling.dynamic_sampling`` (it
-    filters groups by their verifiable reward, which the update does not use) are refused.
-    Raises :class:`~posttrain.config.ConfigError` naming the key(s)."""
+    """``loss.distill``: the teacher is ``builtin:NAME`` or an existing model directory (a run's checkpoint
+    ``RUN/checkpoints/step_N`` stands for its ``actor/``, as for ``posttrain eval``) whose tokenizer equals
+    the student's (:func:`~posttrain.loop.builders.check_same_tokenizer`: vocabulary size, eos id, a probe
+    text's ids; skipped for a model whose tokenizer cannot be had without loading it, e.g. a SmolLM2 not yet
+    converted: the run checks it when it loads the teacher). The keys ``loss.distill.only`` leaves without
+    effect are refused at load (:data:`posttrain.config.dead_settings.RULES`).
+    Raises :class:`~posttrain.config.ConfigError` naming the key."""
     d = cfg.loss.distill
     if d is None:
         return
-    if d.only:
-        dead = [k for k, on in (("credit.estimator", cfg.credit.estimator != "grpo"), ("credit.kwargs", bool(cfg.credit.kwargs)),
-                                ("credit.kl_in_reward", cfg.credit.kl_in_reward), ("critic.enabled", cfg.critic.enabled),
-                                ("sampling.dynamic_sampling", cfg.sampling.dynamic_sampling)) if on]
-        if dead:
-            raise ConfigError(f"{dead[0]} cannot take effect with loss.distill.only=true: the reverse KL to the teacher "
-                              "is the whole advantage (no estimator, no returns, the verifiable reward only "
-                              "measured); unset it or set loss.distill.only=false")
     from pathlib import Path
 
-    from posttrain.config.paths import resolve_shipped_path
+    from posttrain.config.paths import resolve_model_dir
     from posttrain.loop.builders import check_same_tokenizer, load_tokenizer
 
-    teacher_path = d.teacher if d.teacher.startswith("builtin:") else str(resolve_shipped_path(d.teacher))
+    teacher_path = d.teacher if d.teacher.startswith("builtin:") else str(resolve_model_dir(d.teacher))
     if not d.teacher.startswith("builtin:") and not Path(teacher_path).is_dir():
-        raise ConfigError(f"loss.distill.teacher={d.teacher}: no such directory (give a checkpoint's actor/ "
-                          "directory, a Hugging Face model directory or builtin:NAME)")
+        raise ConfigError(f"loss.distill.teacher={d.teacher}: no such directory (give a run's checkpoint "
+                          "RUN/checkpoints/step_N, its actor/ directory, a Hugging Face model directory or "
+                          "builtin:NAME)")
+    if not d.teacher.startswith("builtin:") and not (Path(teacher_path) / "config.json").is_file():
+        raise ConfigError(f"loss.distill.teacher={d.teacher}: no config.json there (not a model directory: give a "
+                          "run's checkpoint RUN/checkpoints/step_N, its actor/ directory or a Hugging Face model "
+                          "directory)")
     try:
         student, teacher = load_tokenizer(cfg.model.path), load_tokenizer(teacher_path)
     except (OSError, ValueError) as e:
         if isinstance(e, ConfigError):
             raise
-        raise ConfigError(f"loss.distill.teacher={d.teacher}: cannot read its tokenizer: {_first_line(e)}") from None
+        raise ConfigError(f"loss.distill.teacher={d.teacher}: cannot read its tokenizer: {_one_line(e)}") from None
     if student is not None and teacher is not None:
         check_same_tokenizer(student, teacher, student_path=cfg.model.path, teacher_path=d.teacher)
 
@@ -150,6 +165,13 @@ def _build_task(cfg: RunConfig) -> Task:
             raise
         raise ConfigError(f"task {cfg.task.name!r}: {_first_line(e)}") from None
     return task
+
+
+def _one_line(e: BaseException, limit: int = 400) -> str:
+    """The whole message of ``e`` on one line (a library's multi-line error is not cut mid-sentence), at most
+    ``limit`` characters."""
+    text = " ".join(str(e).split()) or type(e).__name__
+    return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
 def _first_line(e: BaseException) -> str:
@@ -242,22 +264,30 @@ def check_episodes(cfg: RunConfig) -> None:
     starts it (``env.*`` settings, chat template, tool prompt) with the run's tokenizer, so an
     ``env.max_tokens`` that leaves no room for a first turn fails now; with ``sft.steps > 0`` the
     environment's demonstration is played through it (:func:`~posttrain.loop.episode_rollout.sft_pairs`).
-    Skipped for a model whose tokenizer cannot be had without loading it (``builtin:smollm2-*``).
-    Raises :class:`~posttrain.config.ConfigError` naming the key."""
+    Before that, for any model, the first training episode's environment is reset once and its first
+    observation rendered (:func:`_check_first_observation`): a setting that only a real observation can
+    refute (the OpenEnv adapter's ``env.kwargs.observation_field``) is refused now, not met as every
+    episode's env_failure at step 1. The tokenizer part is skipped for a model whose tokenizer cannot be
+    had without loading it (``builtin:smollm2-*``). Raises :class:`~posttrain.config.ConfigError` naming
+    the key."""
     import types
 
     from posttrain.loop.builders import build_task
     from posttrain.loop.episode_rollout import EpisodeRollout, sft_pairs
 
-    tc = _tokenizer_and_context(cfg)
-    if tc is None:
-        return
-    tok, ctx = tc
     try:
         task = build_task(cfg)
         ex = task.examples("train", 1, seed=cfg.seed)[0]
     except Exception as e:  # noqa: BLE001 - the environment cannot hand out an episode: say so before the run
-        raise ConfigError(f"env.name={cfg.env.name}: cannot start an episode: {_first_line(e)}") from None
+        line = _first_line(e)
+        if not line.startswith(f"env.name={cfg.env.name}:"):  # (an EnvTask refusal names it already)
+            line = f"env.name={cfg.env.name}: cannot start an episode: {line}"
+        raise ConfigError(line) from None
+    _check_first_observation(cfg, task, ex)
+    tc = _tokenizer_and_context(cfg)
+    if tc is None:
+        return
+    tok, ctx = tc
     run = types.SimpleNamespace(task=task, tokenizer=tok, state=None,
                                 plain_model=types.SimpleNamespace(config=types.SimpleNamespace(
                                     max_position_embeddings=ctx)))
@@ -268,6 +298,23 @@ def check_episodes(cfg: RunConfig) -> None:
             sft_pairs(rollout, [ex])
     except ValueError as e:
         raise ConfigError(_first_line(e)) from None
+
+
+def _check_first_observation(cfg: RunConfig, task: Any, ex: Any) -> None:
+    """Reset a fresh environment of ``task`` with the seed of episode ``ex``, as the rollout does; a
+    :class:`~posttrain.config.ConfigError` it raises (a setting refuted by the real observation) is
+    refused naming ``env.name``. Other reset failures are left to the run, which counts them as
+    env_failure."""
+    from posttrain.loop.episode_rollout import env_seed
+
+    seed = env_seed(ex)
+    try:
+        task.make_env().reset(seed)
+    except ConfigError as e:
+        raise ConfigError(f"env.name={cfg.env.name}: the first observation (reset(seed={seed})) refutes a "
+                          f"setting: {_first_line(e)}") from None
+    except Exception:  # noqa: BLE001 - not a config error: the run records it as the episode's env_failure
+        pass
 
 
 def fake_batch(cfg: RunConfig) -> TrajectoryBatch:
