@@ -14,6 +14,8 @@ from collections.abc import Sequence
 
 from posttrain.errors import UserError
 
+EXIT_INTERRUPTED = 130  # the shell's code for SIGINT (128 + 2)
+
 # name -> module that implements it (each has register(subparsers)).
 COMMANDS: dict[str, str] = {
     "train": "posttrain.commands.train",
@@ -42,12 +44,20 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Entry point of the console script."""
+    """Entry point of the console script; returns the exit code (0, 1 for a bug, 2 for a user error, 130
+    after Ctrl-C). ``posttrain train`` records SIGINT in a flag while it runs (posttrain/loop/interrupt.py)
+    and restores the previous handler before it returns."""
     argv = list(sys.argv[1:] if argv is None else argv)
     # --traceback (anywhere on the line) shows the full traceback instead of the one-line error.
     show_tb = "--traceback" in argv
     argv = [a for a in argv if a != "--traceback"]
-    parser = build_parser()
+    try:  # the imports of every command take a second or two: Ctrl-C then is one line too
+        parser = build_parser()
+    except KeyboardInterrupt:
+        if show_tb:
+            raise
+        print("posttrain: interrupted (nothing was written)", file=sys.stderr)
+        return _interrupted_exit()
     args, unknown = parser.parse_known_args(argv)
     # key=value overrides may follow flags (`train grpo --no-progress steps=3`): argparse leaves
     # those as unknown; anything else unknown is an error.
@@ -60,7 +70,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.print_help()
         return 0
     try:
-        return int(args.func(args) or 0)
+        code = int(args.func(args) or 0)
+        return _interrupted_exit() if code == EXIT_INTERRUPTED else code
     except (UserError, FileNotFoundError, ValueError, KeyError, UnicodeError) as e:
         if show_tb:
             raise
@@ -71,7 +82,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         if show_tb:
             raise
         print(f"posttrain {args.command}: interrupted", file=sys.stderr)
-        return 130
+        return _interrupted_exit()
     except Exception as e:  # noqa: BLE001  (SystemExit / KeyboardInterrupt are not Exceptions: not caught here)
         # Not a known user error: still one line (a bug report needs --traceback), exit 1.
         if show_tb:
@@ -79,6 +90,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"posttrain {args.command}: error: {type(e).__name__}: {one_line(e)} "
               "(run again with --traceback for details)", file=sys.stderr)
         return 1
+
+
+def _interrupted_exit() -> int:
+    """130, the exit code after Ctrl-C, once CPython has forgotten the interrupt we handled (else a
+    ``python -m posttrain.cli`` process could still end by SIGINT, status -2: posttrain/loop/interrupt.py)."""
+    from posttrain.loop.interrupt import forget_handled_interrupt
+
+    forget_handled_interrupt()
+    return EXIT_INTERRUPTED
 
 
 def one_line(msg: object) -> str:

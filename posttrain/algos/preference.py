@@ -11,6 +11,14 @@ the reference arguments, and take the response lengths to form average log-probs
 Notation: ``h = (pi_c - ref_c) - (pi_r - ref_r)``, the difference of the implicit rewards'
 log-ratios; ``sigma`` the logistic function. Losses are per pair ``[B]``; the caller averages.
 Diagnostics are detached ``[B]`` tensors.
+
+Ties in ``reward_accuracy``: two computations of the same sequence log-prob in other batch shapes
+(the reference's, computed once, and the policy's in a step's micro-batches) agree only to rounding
+(:mod:`posttrain.diagnostics.tolerance`), so a policy equal to its reference gives margins of
++-1e-8, not 0. Every paired loss takes ``margin_rtol`` (supplied by the caller, not a hyperparameter:
+the relative rounding tolerance of one sequence log-prob, ``[B]`` or a float, default 0 = exact): a
+pair is a win only when its margin exceeds :func:`margin_tie`, ``margin_rtol`` times the summed
+magnitudes of the log-probs the margin is a difference of; within it the pair is a tie (0, as a loss).
 """
 
 from __future__ import annotations
@@ -48,13 +56,23 @@ def _log_ratio_margin(pc: Tensor, pr: Tensor, rc: Tensor, rr: Tensor) -> tuple[T
     return c - r, c, r
 
 
-def _reward_diag(chosen: Tensor, rejected: Tensor) -> Diagnostics:
+def margin_tie(margin_rtol: Tensor | float, *logps: Tensor) -> Tensor:
+    """``margin_rtol * sum_i |logps_i|`` ``[B]`` (detached): how far from 0 a difference of the ``logps``
+    (sequence log-probs, or their length-normalised values) can land by rounding alone when each is
+    known to relative ``margin_rtol`` (the bound on ``|sum_i +-(x_i + e_i)| - |sum_i +-x_i|`` for
+    ``|e_i| <= rtol |x_i|``)."""
+    total = torch.stack([t.detach().abs() for t in logps]).sum(dim=0)
+    return total * torch.as_tensor(margin_rtol, dtype=total.dtype, device=total.device)
+
+
+def _reward_diag(chosen: Tensor, rejected: Tensor, tie: Tensor | float = 0.0) -> Diagnostics:
+    """Rewards, margin and accuracy (margin > ``tie``: a margin within rounding of 0 is no win)."""
     c, r = chosen.detach(), rejected.detach()
     return {
         "chosen_reward": c,
         "rejected_reward": r,
         "reward_margin": c - r,
-        "reward_accuracy": (c > r).to(c.dtype),
+        "reward_accuracy": (c - r > tie).to(c.dtype),
     }
 
 
@@ -67,6 +85,7 @@ def dpo(
     *,
     beta: float = 0.1,
     label_smoothing: float = 0.0,
+    margin_rtol: Tensor | float = 0.0,
 ) -> tuple[Tensor, Diagnostics]:
     """DPO (Rafailov et al. 2023, arXiv:2305.18290, eq. 7), with conservative label smoothing.
 
@@ -74,7 +93,8 @@ def dpo(
     label_smoothing = 0`` this is DPO; ``eps > 0`` assumes each label is flipped with probability
     eps (conservative DPO, Mitchell 2023 note "A note on DPO with noisy preferences"). eps must
     be in [0, 0.5). Diagnostics: ``chosen_reward = beta (pi_c - ref_c)``, ``rejected_reward``,
-    ``reward_margin``, ``reward_accuracy``.
+    ``reward_margin``, ``reward_accuracy`` (``beta h > |beta| margin_tie(margin_rtol, pi_c, ref_c, pi_r,
+    ref_r)``: a margin within rounding of 0 is a tie, module docstring).
     """
     _check_1d("dpo", pc=policy_chosen_logp, pr=policy_rejected_logp, rc=ref_chosen_logp, rr=ref_rejected_logp)
     if not 0.0 <= label_smoothing < 0.5:
@@ -83,7 +103,8 @@ def dpo(
     h, c, r = _log_ratio_margin(policy_chosen_logp, policy_rejected_logp, rc, rr)
     logits = beta * h
     loss = -(1.0 - label_smoothing) * F.logsigmoid(logits) - label_smoothing * F.logsigmoid(-logits)
-    return loss, _reward_diag(beta * c, beta * r)
+    tie = abs(beta) * margin_tie(margin_rtol, policy_chosen_logp, rc, policy_rejected_logp, rr)
+    return loss, _reward_diag(beta * c, beta * r, tie)
 
 
 @PREFERENCE_LOSSES.register("ipo")
@@ -94,20 +115,23 @@ def ipo(
     ref_rejected_logp: Tensor | None,
     *,
     tau: float = 0.1,
+    margin_rtol: Tensor | float = 0.0,
 ) -> tuple[Tensor, Diagnostics]:
     """IPO (Azar et al. 2023, "A General Theoretical Paradigm to Understand Learning from Human
     Preferences", arXiv:2310.12036, the empirical IPO loss): ``loss = (h - 1 / (2 tau))^2``.
 
     The identity Psi makes the regression target a finite margin 1/(2 tau) instead of DPO's
     unbounded push. ``h`` uses summed sequence log-probs as in the paper (some libraries use
-    length-averaged ones instead). Diagnostics: log-ratio rewards (no beta), margin, accuracy.
+    length-averaged ones instead). Diagnostics: log-ratio rewards (no beta), margin, accuracy (``h >
+    margin_tie(margin_rtol, pi_c, ref_c, pi_r, ref_r)``).
     """
     _check_1d("ipo", pc=policy_chosen_logp, pr=policy_rejected_logp, rc=ref_chosen_logp, rr=ref_rejected_logp)
     if not tau > 0.0:
         raise ValueError(f"preference loss 'ipo': tau must be > 0, got {tau}")
     rc, rr = _need_ref("ipo", ref_chosen_logp, ref_rejected_logp)
     h, c, r = _log_ratio_margin(policy_chosen_logp, policy_rejected_logp, rc, rr)
-    return (h - 1.0 / (2.0 * tau)) ** 2, _reward_diag(c, r)
+    tie = margin_tie(margin_rtol, policy_chosen_logp, rc, policy_rejected_logp, rr)
+    return (h - 1.0 / (2.0 * tau)) ** 2, _reward_diag(c, r, tie)
 
 
 def _lengths(name: str, field: str, lengths: Tensor, like: Tensor) -> Tensor:
@@ -131,6 +155,7 @@ def simpo(
     rejected_lengths: Tensor,
     beta: float = 2.0,
     gamma: float = 0.5,
+    margin_rtol: Tensor | float = 0.0,
 ) -> tuple[Tensor, Diagnostics]:
     """SimPO (Meng, Xia, Chen 2024, arXiv:2405.14734); no reference model.
 
@@ -138,14 +163,16 @@ def simpo(
     the length-normalised (average per-token) log-prob, and gamma is a target reward margin.
     ``chosen_lengths`` / ``rejected_lengths`` are ``[B]`` response token counts (> 0). Reference
     arguments are ignored. Defaults beta = 2.0, gamma = 0.5 are this project's choice within the
-    paper's reported ranges. Diagnostics: the two rewards, margin, accuracy.
+    paper's reported ranges. Diagnostics: the two rewards, margin, accuracy (the reward margin >
+    ``|beta| margin_tie(margin_rtol, pi_c / |y_c|, pi_r / |y_r|)``; gamma is not part of it).
     """
     _check_1d("simpo", pc=policy_chosen_logp, pr=policy_rejected_logp)
     lc = _lengths("simpo", "chosen_lengths", chosen_lengths, policy_chosen_logp)
     lr = _lengths("simpo", "rejected_lengths", rejected_lengths, policy_rejected_logp)
     c = beta * policy_chosen_logp / lc
     r = beta * policy_rejected_logp / lr
-    return -F.logsigmoid(c - r - gamma), _reward_diag(c, r)
+    tie = abs(beta) * margin_tie(margin_rtol, policy_chosen_logp / lc, policy_rejected_logp / lr)
+    return -F.logsigmoid(c - r - gamma), _reward_diag(c, r, tie)
 
 
 _AVG_LOGP_MAX = -1e-6
@@ -168,6 +195,7 @@ def orpo(
     chosen_lengths: Tensor,
     rejected_lengths: Tensor,
     lam: float = 0.1,
+    margin_rtol: Tensor | float = 0.0,
 ) -> tuple[Tensor, Diagnostics]:
     """ORPO (Hong, Lee, Thorne 2024, arXiv:2403.07691); no reference model.
 
@@ -178,7 +206,9 @@ def orpo(
     ``log odds = a - log(1 - exp(a))`` with ``a`` the average log-prob, computed with a stable
     log1mexp; ``a`` is clamped to <= -1e-6 so a response of probability 1 stays finite. (The paper's
     odds-ratio form is used, not a plain log-likelihood ratio.)
-    Diagnostics: ``nll`` (L_SFT), ``or_loss`` (L_OR), ``log_odds_ratio``, ``reward_accuracy``.
+    Diagnostics: ``nll`` (L_SFT), ``or_loss`` (L_OR), ``log_odds_ratio``, ``reward_accuracy`` (log odds
+    ratio > 0, and ``pi_c / |y_c| - pi_r / |y_r| > margin_tie(margin_rtol, pi_c / |y_c|, pi_r / |y_r|)``:
+    the log odds are increasing in the average log-prob, so a tie of those is a tie of the odds).
     """
     _check_1d("orpo", pc=policy_chosen_logp, pr=policy_rejected_logp)
     lc = _lengths("orpo", "chosen_lengths", chosen_lengths, policy_chosen_logp)
@@ -188,11 +218,13 @@ def orpo(
     log_odds = (a_c - _log1mexp(a_c)) - (a_r - _log1mexp(a_r))
     or_loss = -F.logsigmoid(log_odds)
     nll = -policy_chosen_logp / lc
+    avg_c, avg_r = policy_chosen_logp / lc, policy_rejected_logp / lr
+    win = (log_odds > 0) & (avg_c - avg_r > margin_tie(margin_rtol, avg_c, avg_r))
     diag = {
         "nll": nll.detach(),
         "or_loss": or_loss.detach(),
         "log_odds_ratio": log_odds.detach(),
-        "reward_accuracy": (log_odds > 0).to(nll.dtype).detach(),
+        "reward_accuracy": win.to(nll.dtype).detach(),
     }
     return nll + lam * or_loss, diag
 
@@ -247,6 +279,7 @@ def odpo(
     beta: float = 0.1,
     alpha: float = 1.0,
     offset_transform: str = "identity",
+    margin_rtol: Tensor | float = 0.0,
 ) -> tuple[Tensor, Diagnostics]:
     """ODPO, DPO with an offset (Amini, Vieira, Cotterell 2024, arXiv:2402.10571).
 
@@ -254,7 +287,7 @@ def odpo(
     ``[B]`` = score(x, y_c) - score(x, y_r) >= 0 (a reward model or annotator's scores) and f is
     monotone increasing: ``offset_transform="identity"`` (f(d) = d) or ``"log"`` (f(d) = log d,
     needs d > 0; the paper ablates the scaling function). Delta = 0 recovers DPO.
-    Diagnostics as :func:`dpo` plus ``offset``.
+    Diagnostics as :func:`dpo` (accuracy with its tie) plus ``offset``.
     """
     _check_1d(
         "odpo",
@@ -281,6 +314,7 @@ def odpo(
         )
     offset = (alpha * f).detach().to(policy_chosen_logp.dtype)
     h, c, r = _log_ratio_margin(policy_chosen_logp, policy_rejected_logp, rc, rr)
-    diag = _reward_diag(beta * c, beta * r)
+    diag = _reward_diag(beta * c, beta * r,
+                        abs(beta) * margin_tie(margin_rtol, policy_chosen_logp, rc, policy_rejected_logp, rr))
     diag["offset"] = offset
     return -F.logsigmoid(beta * h - offset), diag

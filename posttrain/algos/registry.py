@@ -159,4 +159,5 @@ REDUCTIONS = Registry("loss reduction", supplied=("num_sequences", "num_tokens")
 # The learner passes the versions to a correction itself (posttrain/learner/actor.py).
 CORRECTIONS = Registry("behavior correction", data_args=3, supplied=("behavior_version", "current_version"))
 PREFERENCE_LOSSES = Registry("preference loss", data_args=4,
-                             supplied=("chosen_lengths", "rejected_lengths", "score_diff"))
+                             supplied=("chosen_lengths", "rejected_lengths", "score_diff",
+                                       "margin_rtol"))

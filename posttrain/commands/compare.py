@@ -77,8 +77,31 @@ def train_seed(recipe: str, run_dir: Path, seed: int, overrides: list[str]) -> N
         raise ValueError(f"{run_dir}: training {recipe} seed {seed} failed (see its output above)")
 
 
+def _is_recipe(item: str) -> bool:
+    """Whether ``item`` names a recipe ``posttrain train`` can read: a YAML file or a shipped name."""
+    from posttrain.config.loading import resolve_recipe_path
+    from posttrain.errors import ConfigError
+
+    try:
+        resolve_recipe_path(item)
+    except ConfigError:
+        return False
+    return True
+
+
+def check_items(items: list[str]) -> None:
+    """``ValueError``, one line naming every argument that is neither a run directory (``config.yaml``), a
+    directory of ``seed*/`` runs, nor a recipe (a YAML path or a shipped name), before anything is trained."""
+    bad = [item for item in items if not Path(item).is_dir() and not _is_recipe(item)]
+    if bad:
+        raise ValueError(f"{', '.join(bad)}: no such run directory or recipe (each argument is a run directory "
+                         "holding config.yaml, a directory of seed*/ runs, a recipe YAML file, or a shipped recipe "
+                         "name that `posttrain train --help` lists)")
+
+
 def resolve(items: list[str], seeds: int, out: Path, overrides: list[str]) -> dict[str, list[Path]]:
-    """label -> run directories, training what is missing."""
+    """label -> run directories, training what is missing (after :func:`check_items` accepted every item)."""
+    check_items(items)
     groups: dict[str, list[Path]] = {}
     for item in items:
         p = Path(item)

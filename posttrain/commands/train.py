@@ -9,10 +9,12 @@ parts (task, verifier, reward weights, advantages with the recipe's KL placement
 the first step would meet is one line at load. The trainers on a pairs file load and check it
 instead (:func:`check_before_run`).
 
-Interrupting a run (Ctrl-C) leaves its last complete checkpoint intact, prints one line saying
-how to resume, and exits with code 130. A full disk or an unwritable file in the run directory is
-one error line naming the path (exit code 2); the checkpoint being written is discarded, not
-left half-written.
+Interrupting a run (Ctrl-C, SIGINT) leaves its last complete checkpoint intact, prints one line saying
+how to resume (or that nothing was written), and exits with code 130, also when the ``KeyboardInterrupt``
+was swallowed on the way (a finalizer's): the interrupt is a flag (:mod:`posttrain.loop.interrupt`) that
+the step loops check between steps and the command checks at the end. A full disk or an unwritable file
+in the run directory is one error line naming the path (exit code 2); the checkpoint being written is
+discarded, not left half-written.
 """
 
 from __future__ import annotations
@@ -89,16 +91,25 @@ def resume_command(args: argparse.Namespace) -> str:
     return shlex.join(["posttrain", "train", args.recipe, *keep, "resume=true"])
 
 
-def _where_to_go_on(cfg: RunConfig, args: argparse.Namespace) -> str:
-    """``the last checkpoint X is intact; continue with: <resume command>`` (or how to start over)."""
+def _where_to_go_on(cfg: RunConfig | None, args: argparse.Namespace) -> str:
+    """``the last checkpoint X is intact; continue with: <resume command>``, or how to start over: with what
+    an earlier try left in the run directory (moved to ``failed_<time>/`` by the next fresh run), or, when
+    none of the run's files is there (the config never loaded, or the directory was never written), saying
+    that nothing was written."""
     from posttrain.learner.checkpoint import latest_checkpoint
     from posttrain.loop.run import run_dir_of
+    from posttrain.loop.run_dir import holds_run_files
 
-    ck = latest_checkpoint(run_dir_of(cfg) / "checkpoints")
+    keep = [o for o in args.overrides if not o.startswith("resume=")]
+    again = shlex.join(["posttrain", "train", args.recipe, *keep])
+    run_dir = None if cfg is None else run_dir_of(cfg)
+    if run_dir is None or not holds_run_files(run_dir):
+        where = "" if run_dir is None else f" to {run_dir}"
+        return f"nothing was written{where}; start again with: {again}"
+    ck = latest_checkpoint(run_dir / "checkpoints")
     if ck is None:
-        keep = [o for o in args.overrides if not o.startswith("resume=")]
-        return (f"no checkpoint was written yet; start again with: {shlex.join(['posttrain', 'train', args.recipe, *keep])}"
-                f" (this run's files are then kept in {run_dir_of(cfg)}/failed_<time>/)")
+        return (f"no checkpoint was written yet; start again with: {again}"
+                f" (this run's files are then kept in {run_dir}/failed_<time>/)")
     return f"the last checkpoint {ck} is intact; continue with: {resume_command(args)}"
 
 
@@ -154,8 +165,31 @@ def train_other(cfg: RunConfig, progress: Progress | None) -> TrainerResult:
 
 
 def run(args: argparse.Namespace) -> int:
-    """Train; returns the exit code (0, or 130 after Ctrl-C). Storage errors become ``UserError``."""
-    cfg = load_run_config(args.recipe, args.overrides)
+    """Train; returns the exit code (0, or 130 after Ctrl-C). Storage errors become ``UserError``.
+
+    Contract: SIGINT is recorded in a flag for the whole command
+    (:func:`~posttrain.loop.interrupt.interrupt_flag`, the previous handler restored on return): whatever way
+    the run then ends (a ``KeyboardInterrupt``, one a finalizer swallowed, an error after it, or the last
+    step), the command prints one line saying what is kept and how to go on, and returns 130.
+    """
+    from posttrain.loop.interrupt import interrupt_flag, interrupted
+
+    cfg: RunConfig | None = None
+    with interrupt_flag():
+        try:
+            cfg = load_run_config(args.recipe, args.overrides)
+            return _run(cfg, args)
+        except BaseException as e:
+            if not (isinstance(e, KeyboardInterrupt) or interrupted()):
+                raise
+            print(f"posttrain train: interrupted; {_where_to_go_on(cfg, args)}", file=sys.stderr)
+            return EXIT_INTERRUPTED
+
+
+def _run(cfg: RunConfig, args: argparse.Namespace) -> int:
+    """:func:`run` once the config is loaded: the checks, the trainer and its closing lines."""
+    from posttrain.loop.interrupt import raise_if_interrupted
+
     check_before_run(cfg)  # what would fail at step 1 for a config reason fails now, before the run dir exists
     if args.print_recipe:
         print_recipe(cfg)
@@ -168,17 +202,17 @@ def run(args: argparse.Namespace) -> int:
         with progress_bars(enabled=cfg.logging.progress and not args.no_progress) as progress:
             if cfg.trainer != "rl":
                 result = train_other(cfg, progress)
+                raise_if_interrupted()  # an interrupt swallowed after the last step: not "done"
                 for line in result.summary_lines():
                     print(line)
+                raise_if_interrupted()
                 return 0
             from posttrain.loop.training_loop import train
 
             st = train(cfg, progress=progress)
-    except KeyboardInterrupt:
-        # train() closed the run (lock released); the checkpoints on disk are complete ones.
-        print(f"posttrain train: interrupted; {_where_to_go_on(cfg, args)}", file=sys.stderr)
-        return EXIT_INTERRUPTED
+            raise_if_interrupted()
     except OSError as e:
+        # train() closed the run (lock released); the checkpoints on disk are complete ones.
         if e.errno not in _STORAGE_ERRNOS:
             raise
         where = e.filename or "the run directory"
@@ -188,4 +222,5 @@ def run(args: argparse.Namespace) -> int:
     print_rise(cfg)
     if st.stopped:
         print(f"stopped early: {st.stopped}")
+    raise_if_interrupted()
     return 0

@@ -8,6 +8,7 @@ labelled nodes) and placement groups, never in host names.
 
 from __future__ import annotations
 
+import os
 from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
@@ -31,7 +32,8 @@ class RayBackendConfig(BaseModel):
     cpus_per_rollout_worker: float = Field(default=0.5, gt=0, description="logical CPUs reserved per rollout worker")
     cpus_per_reward_worker: float = Field(default=0.25, gt=0, description="logical CPUs reserved per reward worker")
     cpus_per_learner: float = Field(
-        default=0.5, gt=0, description="logical CPUs reserved per learner rank actor (learner.strategy ddp / fsdp2)"
+        default=0.25, gt=0, description="logical CPUs reserved per learner rank actor (learner.strategy ddp / fsdp2); "
+        "the defaults' 2 x 0.5 + 0.25 + 2 x 0.25 = 1.75 fit a 2-core machine with learner.world_size=2"
     )
     gpus_per_rollout_worker: float = Field(default=0.0, ge=0)
     gpus_per_learner: float = Field(default=0.0, ge=0, description="GPUs per learner rank actor (1 for a CUDA learner)")
@@ -66,7 +68,8 @@ class RayBackendConfig(BaseModel):
         description="object_store (CPU, tested). A NCCL broadcast is the GPU path; see docs/distributed.md",
     )
     local_num_cpus: int | None = Field(
-        default=None, ge=1, description="CPUs of a locally started cluster (None: Ray's default, all cores)"
+        default=None, ge=1, description="logical CPUs of a locally started cluster (None: the CPUs Ray detects, "
+        "all cores or the container's quota); may exceed the cores, oversubscribing them"
     )
 
     @model_validator(mode="after")
@@ -74,3 +77,46 @@ class RayBackendConfig(BaseModel):
         if self.address is not None and self.local_num_cpus is not None:
             raise ValueError("local_num_cpus only applies to a locally started cluster (address: null)")
         return self
+
+    def cpu_demand(self, reward_workers: int, learner_ranks: int) -> float:
+        """Logical CPUs the run's bundles reserve: ``num_rollout_workers x cpus_per_rollout_worker +
+        reward_workers x cpus_per_reward_worker + learner_ranks x cpus_per_learner`` (the driver and the
+        factory holder actor reserve none). ``reward_workers``: the reward actors the run starts
+        (``RunConfig.ray_reward_actors``); ``learner_ranks``: ``learner.world_size`` with ddp / fsdp2, else 0."""
+        return (self.num_rollout_workers * self.cpus_per_rollout_worker + reward_workers * self.cpus_per_reward_worker
+                + learner_ranks * self.cpus_per_learner)
+
+    def check_local_cpus(self, reward_workers: int, learner_ranks: int, detected: float | None = None) -> None:
+        """For a locally started cluster (``address: null``), ``ValueError`` (one line naming the keys) when
+        :meth:`cpu_demand` exceeds its logical CPUs: ``local_num_cpus``, else ``detected`` (default
+        :func:`ray_detected_cpus`). Placement would otherwise wait ``startup_timeout_s`` for bundles that a
+        cluster of fixed size can never hold. A joined cluster (``address`` set) is not checked: it may grow."""
+        if self.address is not None:
+            return
+        cpus = float(self.local_num_cpus) if self.local_num_cpus is not None else (
+            ray_detected_cpus() if detected is None else detected)
+        need = self.cpu_demand(reward_workers, learner_ranks)
+        if need <= cpus + 1e-9:
+            return
+        terms = [f"system.ray.num_rollout_workers={self.num_rollout_workers} x "
+                 f"system.ray.cpus_per_rollout_worker={self.cpus_per_rollout_worker:g}"]
+        if reward_workers:
+            terms.append(f"{reward_workers} reward actor(s) x system.ray.cpus_per_reward_worker="
+                         f"{self.cpus_per_reward_worker:g}")
+        if learner_ranks:
+            terms.append(f"learner.world_size={learner_ranks} x system.ray.cpus_per_learner={self.cpus_per_learner:g}")
+        have = (f"system.ray.local_num_cpus={self.local_num_cpus}" if self.local_num_cpus is not None
+                else f"the {cpus:g} CPUs Ray detects here (system.ray.local_num_cpus unset)")
+        raise ValueError(f"the Ray bundles reserve {need:g} logical CPUs ({' + '.join(terms)}) but the local cluster "
+                         f"has {have}; lower those keys, or set system.ray.local_num_cpus to at least {need:g} "
+                         "(logical CPUs: it may exceed the cores)")
+
+
+def ray_detected_cpus() -> float:
+    """The CPUs a locally started Ray cluster gets without ``num_cpus``: Ray's own detection
+    (``os.cpu_count()``, or a container's CPU quota) when Ray is installed, else ``os.cpu_count()``."""
+    try:
+        from ray._private.utils import get_num_cpus
+    except ImportError:
+        return float(os.cpu_count() or 1)
+    return float(get_num_cpus(override_docker_cpu_warning=True))

@@ -30,6 +30,7 @@ import torch
 from posttrain.config import RunConfig
 from posttrain.errors import UserError
 from posttrain.loop.guards import check_guards
+from posttrain.loop.interrupt import raise_if_interrupted
 from posttrain.loop.preference_batch import EncodedPair, pair_logprobs
 from posttrain.loop.preference_loss import check_loss_kwargs, uses_reference
 from posttrain.loop.preference_step import PairBatch, PairBatchLoss, PreferenceRunResult
@@ -118,7 +119,11 @@ def _reward_metrics(trajs: Sequence[Trajectory]) -> dict[str, float]:
 
 
 def train_online_preference(cfg: RunConfig, progress: Progress | None = None) -> PreferenceRunResult:
-    """Run ``cfg.steps`` online preference steps (module docstring); returns what the run did."""
+    """Run ``cfg.steps`` online preference steps (module docstring); returns what the run did.
+
+    An interrupt (``KeyboardInterrupt``, or one :func:`~posttrain.loop.interrupt.interrupt_flag` recorded and
+    a finalizer swallowed: raised before the next step) propagates after the producer and the run are closed;
+    the checkpoints already written are untouched."""
     from posttrain.learner.actor import PolicyLearner
     from posttrain.loop.producer import build_producer
     from posttrain.loop.run import open_run
@@ -144,6 +149,7 @@ def train_online_preference(cfg: RunConfig, progress: Progress | None = None) ->
         raise
     try:
         while st.step < cfg.steps:
+            raise_if_interrupted()  # a Ctrl-C a finalizer swallowed stops the run here, between steps
             step, t_step = st.step + 1, time.perf_counter()
             produced = producer.next_batch(step)
             trajs = produced.trajectories

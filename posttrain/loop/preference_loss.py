@@ -8,7 +8,8 @@ reference, KTO is unpaired. :func:`preference_loss` feeds each what it needs fro
 reference point ``z0`` given by the caller.
 
 :func:`implicit_margin` is the held-out criterion: the implicit-reward margin of each pair, > 0 when the
-policy ranks the chosen response above the rejected one.
+policy ranks the chosen response above the rejected one; :func:`pair_wins` counts a pair only when its margin
+exceeds the rounding of its computation (:func:`margin_tolerance`), as the losses' ``reward_accuracy`` does.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ import torch
 from torch import Tensor
 
 from posttrain.algos import PREFERENCE_LOSSES
+from posttrain.algos.preference import margin_tie
 
 REFERENCE_FREE = frozenset({"simpo", "orpo"})
 """Losses that read no reference model (their implicit reward is the length-normalised log-prob)."""
@@ -31,7 +33,8 @@ class PairLogprobs:
 
     ``policy_*`` carry gradients when computed with grad; ``ref_*`` are the frozen reference's (None
     for a reference-free loss); ``*_lengths`` are response token counts; ``score_diff`` is
-    score(chosen) - score(rejected) (ODPO only, else None)."""
+    score(chosen) - score(rejected) (ODPO only, else None); ``rtol`` is each pair's relative rounding
+    tolerance of one sequence log-prob (the losses' ``margin_rtol``; None: exact, no tie band)."""
 
     policy_chosen: Tensor
     policy_rejected: Tensor
@@ -40,6 +43,7 @@ class PairLogprobs:
     chosen_lengths: Tensor
     rejected_lengths: Tensor
     score_diff: Tensor | None = None
+    rtol: Tensor | None = None
 
 
 def uses_reference(loss: str) -> bool:
@@ -85,9 +89,13 @@ def preference_loss(loss: str, kwargs: Mapping[str, object], lp: PairLogprobs,
         return out
     if loss in REFERENCE_FREE:
         kw.update(chosen_lengths=lp.chosen_lengths, rejected_lengths=lp.rejected_lengths)
+        if lp.rtol is not None:
+            kw["margin_rtol"] = lp.rtol
         out = fn(lp.policy_chosen, lp.policy_rejected, None, None, **kw)
         return out
     rc, rr = _ref(lp)
+    if lp.rtol is not None:
+        kw["margin_rtol"] = lp.rtol
     if loss == "odpo":
         if lp.score_diff is None:
             raise ValueError("preference loss 'odpo' needs each pair's score_diff (preference.fields.score_diff)")
@@ -106,3 +114,20 @@ def implicit_margin(loss: str, lp: PairLogprobs) -> Tensor:
         rc, rr = _ref(lp)
         m = (lp.policy_chosen - rc) - (lp.policy_rejected - rr)
     return m.detach()
+
+
+def margin_tolerance(loss: str, lp: PairLogprobs) -> Tensor:
+    """``[B]`` how far from 0 each :func:`implicit_margin` can land by rounding alone:
+    ``rtol * (|pi_c| + |ref_c| + |pi_r| + |ref_r|)`` with a reference, ``rtol * (|pi_c| / |y_c| + |pi_r| / |y_r|)``
+    for SimPO / ORPO (:func:`posttrain.algos.preference.margin_tie`); 0 when ``lp.rtol`` is None."""
+    rtol: Tensor | float = 0.0 if lp.rtol is None else lp.rtol
+    if loss in REFERENCE_FREE:
+        return margin_tie(rtol, lp.policy_chosen / lp.chosen_lengths, lp.policy_rejected / lp.rejected_lengths)
+    rc, rr = _ref(lp)
+    return margin_tie(rtol, lp.policy_chosen, rc, lp.policy_rejected, rr)
+
+
+def pair_wins(loss: str, lp: PairLogprobs) -> Tensor:
+    """``[B]`` bool: the pairs the policy ranks right, :func:`implicit_margin` > :func:`margin_tolerance` (a
+    margin within rounding of 0, e.g. every pair of a policy equal to its reference, is a tie, not a win)."""
+    return implicit_margin(loss, lp) > margin_tolerance(loss, lp)

@@ -16,7 +16,9 @@ from typing import TYPE_CHECKING, Protocol
 import torch
 
 from posttrain.config import RunConfig
+from posttrain.diagnostics.tolerance import compute_dtype, shape_rtol
 from posttrain.learner.trainer import MinibatchLoss, Trainer
+from posttrain.loop.interrupt import raise_if_interrupted
 from posttrain.loop.metrics_log import MetricsLog
 from posttrain.loop.preference_batch import EncodedPair, pair_chunks, sequence_logprobs
 from posttrain.loop.preference_loss import PairLogprobs, kto_reference_point, preference_loss
@@ -57,9 +59,12 @@ def run_pair_steps(cfg: RunConfig, *, step: int, cursor: int, num_train: int,
     builds their loss with ``step_loss(rows)``, takes one ``trainer.train`` update, and logs the loss's metrics
     with the optimiser's, ``lr``, ``pairs_seen`` and ``step_seconds``; ``evaluate(step)`` runs every
     ``eval.every`` steps and at the last, ``checkpoint(step, cursor)`` every ``checkpoint_every`` steps and at
-    the last (and once at step 0 when there are no steps)."""
+    the last (and once at step 0 when there are no steps). An interrupt that
+    :func:`~posttrain.loop.interrupt.interrupt_flag` recorded and a finalizer swallowed raises
+    ``KeyboardInterrupt`` before the next step."""
     bar = progress.add_task(label, total=cfg.steps, completed=step) if progress is not None else None
     while step < cfg.steps:
+        raise_if_interrupted()  # a Ctrl-C a finalizer swallowed stops the run here, between steps
         t0 = time.perf_counter()
         rows = batch_indices(num_train, cfg.preference.batch_size, cursor, cfg.seed)
         loss = step_loss(rows)
@@ -108,10 +113,18 @@ class PairBatch:
     ref_chosen: torch.Tensor | None
     ref_rejected: torch.Tensor | None
 
-    def logprobs(self, rows: Sequence[int], chosen: torch.Tensor, rejected: torch.Tensor) -> PairLogprobs:
-        """:class:`PairLogprobs` of pairs ``rows`` given their policy log-probs."""
+    def logprobs(self, rows: Sequence[int], chosen: torch.Tensor, rejected: torch.Tensor,
+                 model_dtype: torch.dtype | None = None) -> PairLogprobs:
+        """:class:`PairLogprobs` of pairs ``rows`` given their policy log-probs. With ``model_dtype`` (the
+        policy's parameter dtype) each pair gets ``rtol = shape_rtol(n, compute_dtype(model_dtype))``, ``n`` its
+        longer row (prompt + response: the most terms an attention softmax of that row sums), the rounding
+        within which its policy and reference log-probs, computed in other batch shapes, agree
+        (:mod:`posttrain.diagnostics.tolerance`); None: no tie band."""
         idx = torch.tensor(list(rows), dtype=torch.long)
         sub = [self.pairs[i] for i in rows]
+        rtol = None if model_dtype is None else torch.tensor(
+            [shape_rtol(len(p.prompt) + max(len(p.chosen), len(p.rejected)), compute_dtype(model_dtype)) for p in sub],
+            dtype=chosen.dtype)
 
         def ref(t: torch.Tensor | None) -> torch.Tensor | None:
             return None if t is None else t[idx].to(chosen.dtype)
@@ -121,7 +134,7 @@ class PairBatch:
         diffs = [p.score_diff for p in sub]
         score = None if any(d is None for d in diffs) else torch.tensor(diffs, dtype=chosen.dtype)
         return PairLogprobs(chosen, rejected, ref(self.ref_chosen), ref(self.ref_rejected), lengths[0], lengths[1],
-                            score)
+                            score, rtol)
 
 
 class PairBatchLoss:
@@ -146,7 +159,8 @@ class PairBatchLoss:
         sub = [self.batch.pairs[i] for i in rows]
         lp = sequence_logprobs(self.model, [(p.prompt, p.chosen) for p in sub] + [(p.prompt, p.rejected) for p in sub],
                                pad_id=self.pad_id)
-        return self.batch.logprobs(rows, lp[: len(sub)], lp[len(sub):])
+        dtype = next(self.model.parameters()).dtype
+        return self.batch.logprobs(rows, lp[: len(sub)], lp[len(sub):], model_dtype=dtype)
 
     def backward(self, rows: Sequence[int], normaliser: float) -> None:
         """Forward and backward of pairs ``rows`` in micro-batches; gradients accumulate."""

@@ -14,7 +14,8 @@ eval mode (no dropout), so at step 0 the policy and the reference are the same f
 Held-out pairs (``preference.heldout_fraction``, split by a hash of the prompt) are evaluated at step 0,
 every ``eval.every`` steps and at the end: ``heldout/pair_accuracy`` (the fraction whose implicit-reward
 margin, :func:`~posttrain.loop.preference_loss.implicit_margin`, is > 0: the policy ranks chosen above
-rejected; 0 at step 0 for the losses with a reference, where every margin is exactly 0),
+rejected beyond the rounding of its computation, :func:`~posttrain.loop.preference_loss.pair_wins`; 0 at
+step 0 for the losses with a reference, where every margin is 0 up to that rounding),
 ``heldout/margin`` (its mean) and ``heldout/loss``. Metrics go to ``metrics.jsonl`` (and the trackers of
 ``logging.*``); checkpoints to ``checkpoints/step_N`` every ``checkpoint_every`` steps and at the end, in
 the RL runs' format (``actor/`` loads with ``from_pretrained``); ``resume=true`` continues from the latest.
@@ -44,6 +45,7 @@ from posttrain.loop.preference_loss import (
     check_loss_kwargs,
     implicit_margin,
     kto_reference_point,
+    pair_wins,
     preference_loss,
     uses_reference,
 )
@@ -96,15 +98,17 @@ def check_preference_config(cfg: RunConfig) -> None:
 
 
 def evaluate_pairs(model: torch.nn.Module, batch: PairBatch, cfg: RunConfig, pad_id: int) -> dict[str, float]:
-    """``heldout/pair_accuracy`` (margin > 0), ``heldout/margin`` (mean implicit-reward margin),
+    """``heldout/pair_accuracy`` (margin beyond rounding of 0: :func:`~posttrain.loop.preference_loss.pair_wins`),
+    ``heldout/margin`` (mean implicit-reward margin),
     ``heldout/loss`` (mean preference loss) and ``heldout/chosen_logp`` (mean) of ``batch``, without grad."""
     chosen, rejected = pair_logprobs(model, batch.pairs, pad_id=pad_id, microbatch_tokens=cfg.optim.microbatch_tokens)
-    lp = batch.logprobs(range(len(batch.pairs)), chosen, rejected)
+    lp = batch.logprobs(range(len(batch.pairs)), chosen, rejected, model_dtype=next(model.parameters()).dtype)
     z0 = kto_reference_point(lp) if cfg.preference.loss == "kto" else 0.0
     with torch.no_grad():
         loss, _ = preference_loss(cfg.preference.loss, cfg.preference.kwargs, lp, kl_ref_point=z0)
     margin = implicit_margin(cfg.preference.loss, lp)
-    return {"heldout/pair_accuracy": float((margin > 0).double().mean()), "heldout/margin": float(margin.mean()),
+    wins = pair_wins(cfg.preference.loss, lp)
+    return {"heldout/pair_accuracy": float(wins.double().mean()), "heldout/margin": float(margin.mean()),
             "heldout/loss": float(loss.mean()), "heldout/chosen_logp": float(chosen.mean())}
 
 

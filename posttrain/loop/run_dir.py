@@ -8,7 +8,8 @@
   dies, so a crash never leaves a stale lock behind);
 - :func:`refuse_to_overwrite` keeps a fresh run out of another run's history: a directory with a
   complete checkpoint is refused (resume it, or choose another run_dir); a run that stopped before
-  its first checkpoint is moved aside into ``failed_<UTC time>/`` and the new run starts there;
+  its first checkpoint is moved aside into ``failed_<UTC time>/`` and the new run starts there
+  (:func:`holds_run_files` says whether there is any such file, e.g. after an interrupt);
 - :func:`recipe_diff` lists what a ``resume=true`` would change against the run's ``config.yaml``
   (run controls such as ``steps`` and the keys of :data:`PLACEMENT_ONLY`, which change no
   arithmetic, may change; see :data:`RESUME_MAY_CHANGE`);
@@ -120,6 +121,12 @@ def _last_logged_step(run_dir: Path) -> int | None:
 def _run_files(run_dir: Path) -> list[Path]:
     """The entries of :data:`RUN_FILES` present in ``run_dir`` (sorted, no duplicates)."""
     return sorted({p for pattern in RUN_FILES for p in run_dir.glob(pattern)})
+
+
+def holds_run_files(run_dir: Path) -> bool:
+    """Whether ``run_dir`` holds any of a run's files (:data:`RUN_FILES`; not ``.lock`` nor ``failed_*/``):
+    False for a directory that does not exist, so an interrupted run can say that nothing was written."""
+    return run_dir.is_dir() and bool(_run_files(run_dir))
 
 
 def refuse_to_overwrite(run_dir: Path) -> Path | None:

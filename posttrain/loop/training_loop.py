@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING
 from posttrain.config import RunConfig
 from posttrain.loop.checkpointing import RunState
 from posttrain.loop.guards import check_guards
+from posttrain.loop.interrupt import raise_if_interrupted
 from posttrain.loop.producer import Produced, Producer
 from posttrain.loop.run import Run, StepMetrics, open_run
 from posttrain.loop.step_metrics import status_counts, step_metrics
@@ -47,7 +48,9 @@ def train(cfg: RunConfig, *, progress: Progress | None = None) -> RunState:
 
     Any exception (``KeyboardInterrupt`` included) propagates after the producer and the run are
     closed (run-directory lock released); the checkpoints already written are untouched, so
-    ``resume=true`` continues from the last one (at most ``checkpoint_every`` steps are redone).
+    ``resume=true`` continues from the last one (at most ``checkpoint_every`` steps are redone). An
+    interrupt recorded by :func:`~posttrain.loop.interrupt.interrupt_flag` whose ``KeyboardInterrupt`` was
+    swallowed (a finalizer's) raises one before the next step.
     """
     from posttrain.loop.producer import build_producer
 
@@ -64,6 +67,7 @@ def train(cfg: RunConfig, *, progress: Progress | None = None) -> RunState:
     run.inflight_count = producer_inflight(producer)
     try:
         while st.step < cfg.steps:
+            raise_if_interrupted()  # a Ctrl-C a finalizer swallowed stops the run here, between steps
             step = st.step + 1
             t_step = time.perf_counter()
             produced = producer.next_batch(step)  # 1. rollout + 2. validate + 3. score (+ staleness filter)

@@ -219,7 +219,7 @@ class LLMJudge:
             if self._tls:
                 sock.settimeout(max(deadline - time.monotonic(), 1e-3))  # the whole handshake (ssl's own deadline)
                 sock = ssl.create_default_context().wrap_socket(sock, server_hostname=self._host)
-            conn.sock = _DeadlineSocket(sock, deadline, self.timeout_s)  # type: ignore[assignment]
+            conn.sock = _DeadlineSocket(sock, deadline, self.timeout_s)
             conn.request("POST", self._path, body=body,
                          headers={"Content-Type": "application/json", "Connection": "close"})
             resp = conn.getresponse()

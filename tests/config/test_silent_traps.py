@@ -79,7 +79,8 @@ LIVE = [
     ("dpo_online", ["guards.min_response_length=2", "guards.max_truncation_rate=0.5"]),  # lengths are logged
     ("grpo", ["guards.min_entropy=0.5", "guards.max_zero_adv_fraction=0.5"]),
     (None, ["system.backend=ray", "system.ray.num_reward_workers=2", "system.ray.verify_retries=3",
-            "system.ray.verify_timeout_s=5", "system.ray.cpus_per_reward_worker=1"]),  # single-turn: they verify
+            "system.ray.verify_timeout_s=5", "system.ray.cpus_per_reward_worker=1",  # single-turn: they verify
+            "system.ray.local_num_cpus=4"]),  # 2 x 0.5 + 2 x 1 = 3 CPUs reserved
     (None, ["env.name=calculator_tool", "env.eval_without_tools=true"]),  # it has the switch
     (None, ["env.name=calculator_tool", "env.tool_prompt=preamble"]),  # it has tools
     (None, ["lora.rank=4", "lora.dropout=0.1"]),  # dropout without checkpointing
