@@ -249,9 +249,13 @@ def _train(cfg: RunConfig, run_dir: Path, train_pairs: list[PreferencePair], hel
             metrics.log(at, ev)
 
         def checkpoint(at: int, pairs_seen: int) -> None:
-            save(run_dir, at, model, tokenizer, trainer, {"trainer": "reward_model", "cursor": pairs_seen,
-                                                          "wall_seconds": before + time.perf_counter() - start,
-                                                          "curve": curve})
+            path = save(run_dir, at, model, tokenizer, trainer, {"trainer": "reward_model", "cursor": pairs_seen,
+                                                                 "wall_seconds": before + time.perf_counter() - start,
+                                                                 "curve": curve})
+            # The checkpoint's actor/ is a reward model too: with its rendering, or reward.model.path would read
+            # it as a third-party classifier (plain text) although it was trained on chat-rendered pairs.
+            (path / "actor" / RENDER_FILE).write_text(json.dumps({"use_chat_template": chat,
+                                                                   "max_length": max_length}))
 
         def step_loss(rows: list[int]) -> PairwiseLoss:
             return PairwiseLoss(model, tokenizer, [train[i] for i in rows], max_length=max_length, microbatch_tokens=mb)

@@ -70,8 +70,8 @@ def check_reward_model_dir(path: str | Path, key: str = "reward.model.path") -> 
     d = Path(path)
     train = "train one with trainer=reward_model (`posttrain train reward_model`, it writes <run_dir>/reward_model)"
     if not (d / "config.json").is_file():
-        inner = d / "reward_model"
-        hint = f"; did you mean {inner} (that run's reward model)?" if reward_model_evidence(inner) else ""
+        inner = next((c for c in (d / "reward_model", d / "actor") if reward_model_evidence(c)), None)
+        hint = "" if inner is None else f"; did you mean {inner} (that run's reward model)?"
         raise UserError(f"{key} {d}: no such model directory (no config.json); {train}{hint}")
     if reward_model_evidence(d) is not None:
         return d

@@ -124,3 +124,21 @@ def test_the_preflight_refuses_a_policy_as_reward_model_from_its_files(dirs: dic
     with pytest.raises(ConfigError, match=rf"reward.model.path {dirs['actor']}: a causal LM policy checkpoint"):
         check_before_run(cfg)
     check_before_run(load_run_config("grpo", [*MICRO_RUN, f"reward.model.path={dirs['posttrain']}"]))
+
+
+def test_a_reward_model_runs_checkpoint_carries_its_rendering(tmp_path: Path) -> None:
+    """A reward_model run's RUN/checkpoints/step_N/actor is a reward model with the run's rendering (it was
+    taken for a third-party classifier and scored as plain text); step_N itself points to it."""
+    from posttrain.cli import main
+    from posttrain.learner.checkpoint import latest_checkpoint
+
+    run = tmp_path / "rm"
+    assert main(["train", "reward_model", "steps=2", "checkpoint_every=1", "eval.every=100", "logging.progress=false",
+                 f"run_dir={run}"]) == 0
+    ck = latest_checkpoint(run)
+    assert ck is not None
+    marker = json.loads((ck / "actor" / RENDER_FILE).read_text())
+    assert marker == json.loads((run / "reward_model" / RENDER_FILE).read_text())
+    assert check_reward_model_dir(ck / "actor") == ck / "actor"
+    with pytest.raises(UserError, match=rf"did you mean {ck / 'actor'}"):
+        check_reward_model_dir(ck)
