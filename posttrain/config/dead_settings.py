@@ -2,8 +2,9 @@
 
 One rule, applied everywhere (issue 22): a key counts as *set* when the recipe or an override gave
 it (pydantic's ``model_fields_set``, recursively through the sections) **and** its value differs
-from the field's default, **or** it was typed as a ``key=value`` override on the command line (issue 38:
-``posttrain train dpo task.name=arithmetic`` names the default task, and offline DPO never reads it).
+from the field's default, **or** it was typed as a ``key=value`` override on the command line with a value
+that does not switch it off (issue 38: ``posttrain train dpo task.name=arithmetic`` names the default task,
+and offline DPO never reads it; ``reward.overlong_max_len=null`` says what happens anyway: :func:`unsets`).
 Defaults written in a recipe file never trigger, so a saved ``config.yaml`` (which lists every key)
 loads like the recipe that wrote it. A key no recipe or override wrote (a validator derived it, like
 ``system.max_staleness=1`` from ``system.mode=async``) is named only when no written key is refused. Each such key that the resolved config leaves without effect
@@ -281,9 +282,17 @@ def _default(field: Any) -> Any:
     return field.default
 
 
+def unsets(value: Any) -> bool:
+    """Whether ``value`` switches a key off (None, False, 0, an empty string / list / dict): typed at the key's
+    default, it says what the resolved config does anyway (``reward.overlong_max_len=null`` to drop a recipe's
+    shaping), so it is never refused; any other typed default value is (``task.name=arithmetic`` on offline DPO)."""
+    return value is None or value is False or (isinstance(value, (int, float)) and value == 0) \
+        or (isinstance(value, (str, list, tuple, dict)) and len(value) == 0)
+
+
 def set_keys(model: BaseModel, prefix: str = "", given: GivenKeys | None = None) -> Iterator[tuple[str, Any]]:
     """``(dotted key, value)`` of every leaf key the user set to a non-default value, or typed on the command
-    line whatever its value (``given.typed``; sections recursively through ``model_fields_set``; dicts and
+    line at a value that does not switch it off (``given.typed``, :func:`unsets`; sections recursively through ``model_fields_set``; dicts and
     lists are leaves)."""
     given = given or GivenKeys()
     fields = type(model).model_fields
@@ -294,7 +303,7 @@ def set_keys(model: BaseModel, prefix: str = "", given: GivenKeys | None = None)
         key = f"{prefix}{name}"
         if isinstance(value, BaseModel):
             yield from set_keys(value, key + ".", given)
-        elif value != _default(fields[name]) or given.typed_at(key):
+        elif value != _default(fields[name]) or (given.typed_at(key) and not unsets(value)):
             yield key, value
 
 

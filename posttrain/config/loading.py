@@ -113,7 +113,8 @@ def read_recipe(recipe: str | None = None, overrides: list[str] | None = None) -
 def parse_config(data: dict[str, Any], source: str, overrides: Sequence[str] = ()) -> RunConfig:
     """``RunConfig`` of a nested mapping, checked from the config alone (types, bounds, combinations,
     dead settings: ``overrides`` are the ``key=value`` items typed on the command line, already applied to
-    ``data``; a typed key that cannot take effect is refused even at its default value); a
+    ``data``; a typed key that cannot take effect is refused even at its default value, unless that value
+    switches it off); a
     :class:`ConfigError` of one line per bad key, each prefixed by ``source`` (a file, or e.g. the command
     line that built ``data``). Runs nothing and imports nothing of the run."""
     try:

@@ -126,15 +126,15 @@ def check_distill(cfg: RunConfig) -> None:
         raise ConfigError(f"loss.distill.teacher={d.teacher}: no such directory (give a run's checkpoint "
                           "RUN/checkpoints/step_N, its actor/ directory, a Hugging Face model directory or "
                           "builtin:NAME)")
-    if not d.teacher.startswith("builtin:") and not (Path(teacher_path) / "config.json").is_file():
-        raise ConfigError(f"loss.distill.teacher={d.teacher}: no config.json there (not a model directory: give a "
-                          "run's checkpoint RUN/checkpoints/step_N, its actor/ directory or a Hugging Face model "
-                          "directory)")
     try:
         student, teacher = load_tokenizer(cfg.model.path), load_tokenizer(teacher_path)
     except (OSError, ValueError) as e:
         if isinstance(e, ConfigError):
             raise
+        if not (Path(teacher_path) / "config.json").is_file():
+            raise ConfigError(f"loss.distill.teacher={d.teacher}: no config.json there (not a model directory: give "
+                              "a run's checkpoint RUN/checkpoints/step_N, its actor/ directory or a Hugging Face "
+                              "model directory)") from None
         raise ConfigError(f"loss.distill.teacher={d.teacher}: cannot read its tokenizer: {_one_line(e)}") from None
     if student is not None and teacher is not None:
         check_same_tokenizer(student, teacher, student_path=cfg.model.path, teacher_path=d.teacher)

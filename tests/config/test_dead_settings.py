@@ -174,7 +174,7 @@ def test_env_kwargs_that_do_not_fit_are_refused_at_load() -> None:
 TYPED_AT_DEFAULT = [
     ("dpo", ["task.name=arithmetic"], "task.name"),  # offline DPO reads preference.data's pairs, not a task
     ("dpo", ["preference.pairs_per_group=one"], "preference.pairs_per_group"),  # no sampled groups
-    ("reward_model", ["task.kwargs={}"], "task.kwargs"),
+    ("reward_model", ["preference.loss=dpo"], "preference.loss"),
     ("reward_model", ["preference.pairs_per_group=one"], "preference.pairs_per_group"),
     (None, ["critic.lr=0.001"], "critic.lr"),  # no critic is built
 ]
@@ -186,6 +186,16 @@ def test_a_typed_key_without_effect_is_refused_at_its_default_value(recipe: str 
                                                                      key: str) -> None:
     with pytest.raises(ConfigError, match=rf": {key}=.* cannot take effect: "):
         load_run_config(recipe, overrides)
+
+
+def test_a_typed_value_that_switches_a_key_off_is_not_refused(caplog: pytest.LogCaptureFixture) -> None:
+    """``key=null`` (or false / 0 / empty) typed at the default says what the run does anyway: dropping a recipe's
+    shaping or KL target that way is how a user switches it off, never an error."""
+    with caplog.at_level(logging.WARNING, logger="posttrain.config"):
+        cfg = load_run_config("smollm2_word_problems", ["reward.weights={task: 1.0}", "reward.overlong_max_len=null",
+                                                        "reward.overlong_cache_len=0", "loss.kl_target=null",
+                                                        "task.kwargs={}"])
+    assert cfg.reward.overlong_max_len is None and _warnings(caplog) == []
 
 
 def test_a_default_written_in_a_recipe_file_still_loads_silently(tmp_path, caplog: pytest.LogCaptureFixture) -> None:

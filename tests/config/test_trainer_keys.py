@@ -22,7 +22,7 @@ def test_the_docs_table_is_the_generated_one() -> None:
 
 
 # (recipe, a key its table refuses, a value): typed for that trainer, loading refuses it naming the key.
-CASES = [("dpo", "sampling.group_size", "4"), ("dpo", "task.kwargs", "{}"), ("dpo_online", "preference.data", "x"),
+CASES = [("dpo", "sampling.group_size", "4"), ("dpo", "task.kwargs", "{terms: 2}"), ("dpo_online", "preference.data", "x"),
          ("dpo_online", "lora.rank", "8"), ("reward_model", "preference.loss", "ipo"),
          ("reward_model", "task.system_prompt", "hi"), ("grpo", "preference.batch_size", "8")]
 

@@ -152,10 +152,11 @@ def test_check_same_tokenizer_compares_size_and_eos() -> None:
     ("sampling.dynamic_sampling=true", "sampling.dynamic_sampling"),
 ])
 def test_distill_only_refuses_keys_it_leaves_without_effect(tmp_path: Path, override: str, key: str) -> None:
-    cfg = load_run_config("distill", ["model.path=builtin:micro", "loss.distill.teacher=builtin:micro", override,
-                                      f"run_dir={tmp_path}"])
-    with pytest.raises(ConfigError, match=rf"^{key} cannot take effect with loss.distill.only=true"):
-        check_distill(cfg)
+    # refused at load (config/dead_settings.py RULES, issue 38), before the preflight builds anything
+    with pytest.raises(ConfigError, match=rf": {key}=.* cannot take effect: loss.distill.only=true"):
+        load_run_config("distill", ["model.path=builtin:micro", "loss.distill.teacher=builtin:micro", override,
+                                    f"run_dir={tmp_path}"])
+    assert not tmp_path.joinpath("config.yaml").exists()
 
 
 def test_missing_teacher_directory_and_empty_teacher_are_refused(tmp_path: Path) -> None:
