@@ -7,6 +7,9 @@ is still a dependency. Circles are counted among modules, also of one package, o
 that runs (at load or in a function; ``TYPE_CHECKING`` blocks never run). One kind is left out: a
 function importing its own package (``import posttrain.rewards`` in ``posttrain.rewards.verifier``, to
 register the built-ins), since Python loads a module's packages before the module in any case.
+A second check (:func:`types_see`) counts the ``TYPE_CHECKING`` imports too: the graph the type checker
+reads has no circle either (a lower module that needs a higher one's type declares a ``Protocol`` of
+what it reads, e.g. ``loop/checkpointing.py`` ``CheckpointedRun``).
 
 :data:`PENDING` lists the violations of today that the issue-23 wave is removing, each with who
 removes it: an upward import, or the one import of a circle whose removal breaks it. The test also
@@ -17,7 +20,7 @@ only shrinks.
 from __future__ import annotations
 
 import ast
-from collections.abc import Iterator, Mapping, Set
+from collections.abc import Callable, Iterator, Mapping, Set
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
@@ -29,6 +32,7 @@ TESTS = Path(__file__).resolve().parent
 
 FLOORS: tuple[str, ...] = (
     "errors",  # exceptions every floor raises
+    "dotted",  # import_dotted: the one 'package.module:attr' plug-in loader (standard library only)
     "trajectory",  # the typed trajectory contract and the ledger
     "config",  # every config model and the recipe loader; no runtime work
     "algos",  # pure tensor functions in registries
@@ -154,12 +158,19 @@ def runs(i: Import) -> bool:
     return i.when == "load" or (i.when == "call" and not i.importer.startswith(i.imported + "."))
 
 
-def cycle_edges(graph: list[Import]) -> set[tuple[str, str]]:
-    """``(importer, imported)`` of every import that lies on a circle of imports that run (:func:`runs`;
-    Tarjan's strongly connected components: an edge inside one component lies on a circle)."""
+def types_see(i: Import) -> bool:
+    """Whether import ``i`` counts for circles of the type checker's graph: one that runs (:func:`runs`)
+    or one under ``TYPE_CHECKING`` that does not import the importer's own package."""
+    return runs(i) or (i.when == "typing" and not i.importer.startswith(i.imported + "."))
+
+
+def cycle_edges(graph: list[Import], counted: Callable[[Import], bool] = runs) -> set[tuple[str, str]]:
+    """``(importer, imported)`` of every import that lies on a circle of the imports ``counted`` keeps
+    (default: those that run, :func:`runs`; Tarjan's strongly connected components: an edge inside one
+    component lies on a circle)."""
     succ: dict[str, set[str]] = {}
     for i in graph:
-        if runs(i):
+        if counted(i):
             succ.setdefault(i.importer, set()).add(i.imported)
     index: dict[str, int] = {}
     low: dict[str, int] = {}
@@ -220,6 +231,17 @@ def test_imports_point_down_and_close_no_circle() -> None:
         f"FLOORS in {__file__}):\n" + "\n".join(f"  {a} -> {b}" for a, b in new)
 
 
+def test_no_circle_counting_type_checking_imports() -> None:
+    # Issue 39: the three circles closed by TYPE_CHECKING imports (config/dead_settings <-> config/run,
+    # loop/run <-> checkpointing <-> warmup, episode_rollout <-> rollout_stage) were broken by Protocols
+    # (dead_settings.RunConfigView, checkpointing.CheckpointedRun, warmup.WarmedRun,
+    # episode_rollout.SamplingStage); none may come back.
+    found = sorted(cycle_edges(import_graph(), counted=types_see))
+    assert not found, "imports that close a circle once TYPE_CHECKING imports count (declare a Protocol of " \
+        "what the lower module reads instead of importing the higher one's type):\n" + \
+        "\n".join(f"  {a} -> {b}" for a, b in found)
+
+
 def test_pending_only_shrinks() -> None:
     gone = sorted(set(PENDING) - violations(import_graph()))
     assert not gone, "PENDING entries that no longer occur (delete them):\n" + "\n".join(f"  {a} -> {b}" for a, b in gone)
@@ -251,6 +273,15 @@ def test_a_circle_inside_one_package_is_found_and_a_lazy_edge_breaks_it() -> Non
     assert cycle_edges(_fake(own, lazy=frozenset({("posttrain.p.a", "posttrain.p")}))) == set()
     # A pending import that breaks a circle hides it; the rest of the graph is still checked.
     assert new_violations(_fake(edges), {("posttrain.p.c", "posttrain.p.a")}, ("p",)) == set()
+
+
+def test_a_type_checking_import_closes_a_circle_of_the_type_checker_only() -> None:
+    graph = [Import("posttrain.p.run", "posttrain.p.ck", "load"), Import("posttrain.p.ck", "posttrain.p.run", "typing")]
+    assert cycle_edges(graph) == set()  # never runs
+    assert cycle_edges(graph, counted=types_see) == {("posttrain.p.run", "posttrain.p.ck"),
+                                                     ("posttrain.p.ck", "posttrain.p.run")}
+    own = [Import("posttrain.p", "posttrain.p.a", "load"), Import("posttrain.p.a", "posttrain.p", "typing")]
+    assert cycle_edges(own, counted=types_see) == set()  # a module's package is loaded before it in any case
 
 
 def test_an_undeclared_package_is_refused() -> None:

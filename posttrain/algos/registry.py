@@ -7,7 +7,6 @@ Pattern after verl's ``register_adv_est`` / ``get_policy_loss_fn``.
 
 from __future__ import annotations
 
-import importlib
 import inspect
 from collections.abc import Callable, Collection, Mapping
 from typing import Any, TypeVar
@@ -15,28 +14,9 @@ from typing import Any, TypeVar
 from pydantic import BaseModel
 
 from posttrain.algos.hyperparameters import kwargs_model, validated_kwargs
+from posttrain.dotted import import_dotted
 
 F = TypeVar("F", bound=Callable[..., Any])
-
-
-def import_dotted(path: str, *, key: str) -> Any:
-    """The object at ``'package.module:attr[.attr]'``, imported now.
-
-    Raises ``ValueError`` naming the config ``key`` and ``path`` (one line) when the path is malformed,
-    the module cannot be imported (any import-time error of a user module) or lacks the attribute.
-    """
-    mod, sep, attr = path.partition(":")
-    if not sep or not mod or not attr:
-        raise ValueError(f"{key}: {path!r} must look like 'package.module:function'")
-    try:
-        obj: Any = importlib.import_module(mod)
-    except Exception as e:  # noqa: BLE001 - any import-time failure of a user module is a config error
-        raise ValueError(f"{key}: cannot import module {mod!r} of {path!r}: {type(e).__name__}: {e}") from None
-    for part in attr.split("."):
-        if not hasattr(obj, part):
-            raise ValueError(f"{key}: module {mod!r} has no attribute {attr!r} (from {path!r})")
-        obj = getattr(obj, part)
-    return obj
 
 
 class Registry(dict[str, Callable[..., Any]]):
@@ -90,7 +70,7 @@ class Registry(dict[str, Callable[..., Any]]):
         if ":" not in name:
             raise ValueError(f"{key}: unknown {self.kind} {name!r}; valid: {', '.join(sorted(self))}, "
                              "or 'package.module:function'")
-        fn = import_dotted(name, key=key)
+        fn = import_dotted(name, what=key)
         if not callable(fn):
             raise ValueError(f"{key}: {name!r} is a {type(fn).__name__}, not a function")
         params = list(inspect.signature(fn).parameters.values())

@@ -55,9 +55,9 @@ def _run_task(args: argparse.Namespace) -> int:
     if args.difficulty is not None:
         kwargs["difficulty"] = args.difficulty
     if ":" in args.name:
-        from posttrain.loop.builders import load_callable
+        from posttrain.dotted import import_dotted
 
-        factory = load_callable(args.name)
+        factory = import_dotted(args.name, what="inspect task")
     else:
         factory = TASKS[args.name]
     task = factory(**kwargs)

@@ -20,12 +20,94 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any, Literal, Protocol, cast
 
 from pydantic import BaseModel
 
 if TYPE_CHECKING:
-    from posttrain.config.run import RunConfig
+    from posttrain.config.algorithm import (
+        CorrectionConfig,
+        CreditConfig,
+        LossConfig,
+        OptimConfig,
+        SamplingConfig,
+        SFTConfig,
+    )
+    from posttrain.config.feedback import EnvConfig, RewardConfig, TaskConfig
+    from posttrain.config.learner import LearnerConfig
+    from posttrain.config.model import CriticConfig, LoraConfig, ModelConfig
+    from posttrain.config.monitoring import EvalConfig, GuardsConfig, LoggingConfig
+    from posttrain.config.preference import PreferenceConfig
+    from posttrain.config.rollout import RolloutConfig
+    from posttrain.config.system import SystemConfig
+
+
+class RunConfigView(Protocol):
+    """What the rules read of a run's config: met by :class:`posttrain.config.run.RunConfig` (a pydantic
+    model). A structural type, so this module, which ``RunConfig``'s validator calls, does not import it."""
+
+    @property
+    def trainer(self) -> str: ...
+
+    @property
+    def resume(self) -> bool: ...
+
+    @property
+    def model(self) -> ModelConfig: ...
+
+    @property
+    def task(self) -> TaskConfig: ...
+
+    @property
+    def env(self) -> EnvConfig: ...
+
+    @property
+    def reward(self) -> RewardConfig: ...
+
+    @property
+    def sampling(self) -> SamplingConfig: ...
+
+    @property
+    def credit(self) -> CreditConfig: ...
+
+    @property
+    def correction(self) -> CorrectionConfig: ...
+
+    @property
+    def loss(self) -> LossConfig: ...
+
+    @property
+    def optim(self) -> OptimConfig: ...
+
+    @property
+    def lora(self) -> LoraConfig: ...
+
+    @property
+    def critic(self) -> CriticConfig: ...
+
+    @property
+    def learner(self) -> LearnerConfig: ...
+
+    @property
+    def system(self) -> SystemConfig: ...
+
+    @property
+    def rollout(self) -> RolloutConfig: ...
+
+    @property
+    def eval(self) -> EvalConfig: ...
+
+    @property
+    def sft(self) -> SFTConfig: ...
+
+    @property
+    def preference(self) -> PreferenceConfig: ...
+
+    @property
+    def guards(self) -> GuardsConfig: ...
+
+    @property
+    def logging(self) -> LoggingConfig: ...
 
 
 @dataclasses.dataclass(frozen=True)
@@ -34,12 +116,12 @@ class Rule:
     ``dead(cfg)`` is true, because ``why``; ``severity`` says whether that is refused or warned."""
 
     keys: tuple[str, ...]
-    dead: Callable[[RunConfig], bool]
+    dead: Callable[[RunConfigView], bool]
     why: str
     severity: Literal["error", "warn"] = "error"
 
 
-def _not_builtin_tiny(c: RunConfig) -> bool:
+def _not_builtin_tiny(c: RunConfigView) -> bool:
     p = c.model.path
     return not p.startswith("builtin:") or p.split(":", 1)[1].startswith("smollm2")
 
@@ -307,13 +389,13 @@ def set_keys(model: BaseModel, prefix: str = "", given: GivenKeys | None = None)
             yield key, value
 
 
-def dead_settings(cfg: RunConfig, given: GivenKeys | None = None) -> list[tuple[str, Any, str, str]]:
+def dead_settings(cfg: RunConfigView, given: GivenKeys | None = None) -> list[tuple[str, Any, str, str]]:
     """``(key, value, why, severity)`` for each set key of ``cfg`` that a rule of :data:`RULES` finds
     without effect (a key's first matching rule; in key order). Keys ``given`` says nobody wrote (derived by
     a validator) are left out when a written key is found: the user is told about what they wrote."""
     given = given or GivenKeys()
     out: list[tuple[str, Any, str, str]] = []
-    for key, value in set_keys(cfg, given=given):
+    for key, value in set_keys(cast(BaseModel, cfg), given=given):  # the run config is a pydantic model
         for rule in RULES:
             if any(key == k or key.startswith(k + ".") for k in rule.keys) and rule.dead(cfg):
                 out.append((key, value, rule.why, rule.severity))
@@ -330,7 +412,7 @@ def describe(key: str, value: Any, why: str) -> str:
     return f"{key}={value!r} cannot take effect: {why}"
 
 
-def check_dead_settings(cfg: RunConfig, given: GivenKeys | None = None) -> list[str]:
+def check_dead_settings(cfg: RunConfigView, given: GivenKeys | None = None) -> list[str]:
     """Raise ``ValueError`` (one line per refused key, joined by ``; ``) when a set key cannot take
     effect and its rule refuses it; return the warning lines of the keys whose rule only warns
     (``given``: what the user wrote, :func:`dead_settings`)."""

@@ -127,9 +127,9 @@ class EnvTask:
 def build_env_task(name: str, kwargs: Mapping[str, Any] | None = None, heldout_fraction: float = 0.2) -> EnvTask:
     """The :class:`EnvTask` of ``env.name`` (an :data:`ENVS` name or ``'module:factory'``)."""
     from posttrain.algos.hyperparameters import validated_factory_kwargs
-    from posttrain.algos.registry import import_dotted
+    from posttrain.dotted import import_dotted
 
-    factory = import_dotted(name, key="env.name") if ":" in name else ENVS[name]
+    factory = import_dotted(name, what="env.name") if ":" in name else ENVS[name]
     typed = validated_factory_kwargs(factory, kwargs or {}, key="env.kwargs", what=f"env {name!r}")
     return EnvTask(name, factory, typed, heldout_fraction)
 

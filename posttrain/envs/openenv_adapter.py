@@ -22,7 +22,6 @@ A recipe selects it with ``env.name: posttrain.envs.openenv_adapter:openenv`` an
 
 from __future__ import annotations
 
-import importlib
 import json
 import typing
 from collections.abc import Mapping
@@ -30,6 +29,7 @@ from typing import Any, Protocol
 
 from pydantic import BaseModel
 
+from posttrain.dotted import import_dotted
 from posttrain.envs.multiturn import StepResult
 from posttrain.errors import ConfigError
 
@@ -42,16 +42,6 @@ class OpenEnvLike(Protocol):
     def reset(self, seed: int | None = None, episode_id: str | None = None, **kwargs: Any) -> BaseModel: ...
 
     def step(self, action: Any, timeout_s: float | None = None, **kwargs: Any) -> BaseModel: ...
-
-
-def _load(spec: str, what: str) -> Any:
-    mod, sep, attr = spec.partition(":")
-    if not sep or not mod or not attr:
-        raise ValueError(f"openenv: {what} {spec!r} must look like 'package.module:Name'")
-    try:
-        return getattr(importlib.import_module(mod), attr)
-    except (ImportError, AttributeError) as e:
-        raise ValueError(f"openenv: {what} {spec!r} cannot be loaded: {e}") from None
 
 
 def action_class_of(env_cls: type) -> type[BaseModel] | None:
@@ -134,8 +124,9 @@ def openenv(env: str, env_kwargs: Mapping[str, Any] | None = None, action: str |
     (``'package.module:Class'``) built with ``env_kwargs``, adapted. ``action``: the Action class
     (``'package.module:Class'``) when the environment class does not declare it as its type argument;
     ``action_field`` / ``observation_field`` / ``name``: see :class:`OpenEnvAdapter`."""
-    env_cls = _load(env, "env")
-    action_cls = _load(action, "action") if action else action_class_of(env_cls)
+    env_cls = import_dotted(env, what="openenv env", shape="package.module:Name")
+    action_cls = (import_dotted(action, what="openenv action", shape="package.module:Name") if action
+                  else action_class_of(env_cls))
     if action_cls is None:
         raise ValueError(f"openenv: {env} does not declare its Action type (Environment[Action, ...]); "
                          "give env.kwargs.action: 'package.module:ActionClass'")

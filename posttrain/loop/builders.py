@@ -7,7 +7,6 @@ never leak into the classes below the loop.
 from __future__ import annotations
 
 import copy
-import importlib
 import os
 from collections.abc import Callable
 from pathlib import Path
@@ -17,6 +16,7 @@ import torch
 
 from posttrain.algos.kl import AdaptiveKLController
 from posttrain.config import RunConfig
+from posttrain.dotted import import_dotted
 from posttrain.learner.grad_sync import GradientSync
 from posttrain.learner.protocol import Learner
 from posttrain.learner.settings import (
@@ -39,17 +39,6 @@ if TYPE_CHECKING:
     from posttrain.rollout.engine import RolloutEngine
 
 _DTYPES = {"float32": torch.float32, "float64": torch.float64, "bfloat16": torch.bfloat16}
-
-
-def load_callable(spec: str) -> Any:
-    """Import ``'package.module:attr'`` (a user's plug-in function or class)."""
-    mod, sep, attr = spec.partition(":")
-    if not sep or not mod or not attr:
-        raise ValueError(f"plug-in {spec!r} must look like 'package.module:function'")
-    try:
-        return getattr(importlib.import_module(mod), attr)
-    except (ImportError, AttributeError) as e:
-        raise ValueError(f"plug-in {spec!r} cannot be loaded: {e}") from None
 
 
 def build_model(cfg: RunConfig) -> tuple[Any, torch.nn.Module]:
@@ -210,7 +199,7 @@ def build_task(cfg: RunConfig) -> Any:
         return kept
 
     name = cfg.task.name
-    factory = load_callable(name) if ":" in name else TASKS[name]
+    factory = import_dotted(name, what="task.name") if ":" in name else TASKS[name]
     # typed against the factory's signature (a plug-in's too); the built-in factories check their fields
     kwargs = validated_factory_kwargs(factory, cfg.task.kwargs, key="task.kwargs", what=f"task {name!r}")
     try:

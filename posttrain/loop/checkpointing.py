@@ -16,16 +16,25 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 from posttrain.config import RunConfig
 from posttrain.loop.promotion import Decision
 from posttrain.loop.run_dir import RunDirError
 
 if TYPE_CHECKING:
+    import torch
+
     from posttrain.learner.checkpoint import CheckpointState
-    from posttrain.loop.run import Run
+    from posttrain.learner.critic import CriticLearner
+    from posttrain.learner.protocol import Learner
+    from posttrain.loop.metrics_log import MetricsLog
+    from posttrain.loop.promotion import Promotion
+    from posttrain.models.tokenizer_protocol import Tokenizer
+    from posttrain.rollout.engine import RolloutEngine
+    from posttrain.trajectory import Ledger
 
 log = logging.getLogger("posttrain")
 
@@ -55,7 +64,57 @@ class RunState:
     rollout_dropped: int = 0  # paused samples dropped before resuming (max_version_span / max_staleness)
 
 
-def write_checkpoint(run: Run) -> Path:
+class CheckpointedRun(Protocol):
+    """What a checkpoint writes and a resume restores of a run: met by :class:`~posttrain.loop.run.Run`
+    (a structural type, so this module does not import the run that calls it). ``state`` is replaced on
+    resume; the rest is read (the parts' own state is loaded in place)."""
+
+    state: RunState
+
+    @property
+    def cfg(self) -> RunConfig: ...
+
+    @property
+    def dir(self) -> Path: ...
+
+    @property
+    def learner(self) -> Learner: ...
+
+    @property
+    def engine(self) -> RolloutEngine: ...
+
+    @property
+    def tokenizer(self) -> Tokenizer: ...
+
+    @property
+    def critic(self) -> CriticLearner | None: ...
+
+    @property
+    def ref_model(self) -> torch.nn.Module | None: ...
+
+    @property
+    def teacher_fingerprint(self) -> str | None: ...
+
+    @property
+    def promotion(self) -> Promotion: ...
+
+    @property
+    def log(self) -> MetricsLog: ...
+
+    @property
+    def ledger(self) -> Ledger: ...
+
+    @property
+    def inflight_count(self) -> Callable[[], int] | None: ...
+
+    def wall_seconds(self) -> float:
+        """Seconds of wall time of the run so far, every invocation counted."""
+
+    def restart_clock(self, wall_before: float) -> None:
+        """Count wall time from now, on top of ``wall_before`` seconds of earlier invocations."""
+
+
+def write_checkpoint(run: CheckpointedRun) -> Path:
     """Write ``run``'s checkpoint of its current step atomically (``checkpoints/step_<N>``); returns its path.
 
     The run's wall time and its samples in flight (queued / paused, not in the checkpoint: a resume
@@ -82,7 +141,7 @@ def write_checkpoint(run: Run) -> Path:
     )
 
 
-def run_learner_state(run: Run, directory: Path) -> LearnerState:
+def run_learner_state(run: CheckpointedRun, directory: Path) -> LearnerState:
     """The learner state of ``run``'s checkpoint in (temporary) ``directory``: ``learner`` (learner ranks
     write their model + optimizer shards into ``directory/learner_dcp/`` and give its manifest),
     ``ref_model``, ``promoted`` and ``critic`` when the run has them."""
@@ -100,7 +159,7 @@ def run_learner_state(run: Run, directory: Path) -> LearnerState:
     return s
 
 
-def resume(run: Run) -> bool:
+def resume(run: CheckpointedRun) -> bool:
     """Restore the newest checkpoint of ``run`` that loads; returns False when there is no complete one.
 
     A checkpoint that fails to load (truncated or corrupt file) is skipped with a warning and the
@@ -134,7 +193,7 @@ def resume(run: Run) -> bool:
     return True
 
 
-def restore(run: Run, path: Path) -> None:
+def restore(run: CheckpointedRun, path: Path) -> None:
     """Load checkpoint ``path`` into ``run``'s learner, reference, critic, promotion, engine, state and the
     RNGs, and set aside the ledger steps written after it (raises if it is unreadable)."""
     from posttrain.learner.checkpoint import load_checkpoint, restore_actor, restore_rng
@@ -164,7 +223,7 @@ class TeacherChangedError(RunDirError):
     """A resume whose distillation teacher is not the one the checkpoint was trained against."""
 
 
-def check_teacher(run: Run, ck: CheckpointState, path: Path) -> None:
+def check_teacher(run: CheckpointedRun, ck: CheckpointState, path: Path) -> None:
     """Refuse to resume a distillation run (``loss.distill``) from checkpoint ``ck`` at ``path`` when the teacher
     loaded now (:func:`~posttrain.learner.fingerprint.weights_fingerprint` of its weights) is not the one the
     checkpoint recorded: the reverse KL would change meaning mid-run. :class:`TeacherChangedError` (one line,
@@ -184,7 +243,7 @@ def check_teacher(run: Run, ck: CheckpointState, path: Path) -> None:
     log.warning("resume (resume_force): %s; training goes on against the new teacher", what)
 
 
-def _restore_learners(run: Run, path: Path, ck: CheckpointState) -> None:
+def _restore_learners(run: CheckpointedRun, path: Path, ck: CheckpointState) -> None:
     """The policy learner (its state dict, or the learner ranks' shards at any world size), the reference
     model and the critic of checkpoint ``ck`` at ``path``."""
     ls = ck.learner_state

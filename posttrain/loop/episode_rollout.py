@@ -35,7 +35,7 @@ import hashlib
 import time
 from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from posttrain.config import RunConfig
 from posttrain.envs.multiturn import EpisodeState
@@ -52,7 +52,6 @@ from posttrain.trajectory.record import JSONScalar
 
 if TYPE_CHECKING:
     from posttrain.envs.task import TaskExample
-    from posttrain.loop.rollout_stage import RolloutStage
     from posttrain.models.tokenizer_protocol import Tokenizer
 
 
@@ -161,6 +160,15 @@ def run_episodes(engine: RolloutEngine, episodes: Sequence[EpisodeState], params
             "rollout/new_tokens": float(new_tokens)}
 
 
+class SamplingStage(Protocol):
+    """What an episode rollout reads of its rollout stage: the sampler parameters (met by
+    :class:`~posttrain.loop.rollout_stage.RolloutStage`, which builds episode rollouts: a structural type,
+    so this module does not import it)."""
+
+    @property
+    def sampling(self) -> SamplingParams: ...
+
+
 class EpisodeRollout:
     """The multi-turn :class:`~posttrain.loop.rollout.Player` (see the module docstring).
 
@@ -171,7 +179,7 @@ class EpisodeRollout:
     count against ``env.max_wall_s``). Episodes score themselves (the environment's reward parts).
     """
 
-    def __init__(self, cfg: RunConfig, run: Any, stage: RolloutStage | None) -> None:
+    def __init__(self, cfg: RunConfig, run: Any, stage: SamplingStage | None) -> None:
         self.cfg, self.run, self.stage = cfg, run, stage
 
     def new_episode(self, ex: TaskExample, *, traj_id: str, group_id: str,

@@ -12,7 +12,8 @@ run's held-out sets is ever demonstrated.
 from __future__ import annotations
 
 import json
-from typing import TYPE_CHECKING
+from pathlib import Path
+from typing import TYPE_CHECKING, Protocol
 
 import torch
 
@@ -22,8 +23,58 @@ if TYPE_CHECKING:
     from rich.progress import Progress
 
     from posttrain.config import RunConfig
+    from posttrain.envs.prompt_render import PromptRenderer
     from posttrain.envs.task import Task, TaskExample
-    from posttrain.loop.run import Run
+    from posttrain.learner.protocol import Learner
+    from posttrain.models.tokenizer_protocol import Tokenizer
+    from posttrain.rewards.scoring import VerifyBatch
+    from posttrain.rewards.verifier import Verifier
+    from posttrain.rollout.engine import RolloutEngine
+
+
+class WarmedRun(Protocol):
+    """What the SFT warm-up reads of a run: met by :class:`~posttrain.loop.run.Run` (a structural type, so
+    this module does not import the run that calls it). It is also an
+    :class:`~posttrain.loop.heldout.EvaluatedRun` (the held-out sets the warm-up must not demonstrate)."""
+
+    @property
+    def cfg(self) -> RunConfig: ...
+
+    @property
+    def engine(self) -> RolloutEngine: ...
+
+    @property
+    def tokenizer(self) -> Tokenizer: ...
+
+    @property
+    def task(self) -> Task: ...
+
+    @property
+    def heldout(self) -> list[TaskExample]: ...
+
+    @property
+    def renderer(self) -> PromptRenderer: ...
+
+    @property
+    def verify_batch(self) -> VerifyBatch | None: ...
+
+    @property
+    def hidden_verifier(self) -> Verifier | None: ...
+
+    @property
+    def learner(self) -> Learner: ...
+
+    @property
+    def pad_token_id(self) -> int: ...
+
+    @property
+    def dir(self) -> Path: ...
+
+    @property
+    def ref_model(self) -> torch.nn.Module | None: ...
+
+    def sync_weights(self) -> None:
+        """Push the learner's weights to the engine."""
 
 
 def reference_answer(task: Task, ex: TaskExample) -> str:
@@ -44,7 +95,7 @@ def warmup_examples(task: Task, cfg: RunConfig, heldout: Sequence[TaskExample]) 
     return [ex for ex in task.examples("train", cfg.sft.examples, seed=cfg.seed + 12_345) if key(ex.prompt) not in held]
 
 
-def sft_warmup(run: Run, progress: Progress | None = None) -> None:
+def sft_warmup(run: WarmedRun, progress: Progress | None = None) -> None:
     """``run.cfg.sft.steps`` SFT steps on ``run``'s learner model (:func:`posttrain.learner.sft.run_sft`,
     a ``rich`` ``progress`` bar when given); then the reference model and the engine get its weights."""
     from posttrain.learner.sft import run_sft

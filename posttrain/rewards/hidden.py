@@ -28,11 +28,11 @@ def build_hidden_verifier(spec: str, kwargs: Mapping[str, Any] | None = None) ->
     arguments the constructor refuses, or an object without ``name``, ``version`` and ``verify``.
     """
     from posttrain.algos.hyperparameters import validated_factory_kwargs
-    from posttrain.algos.registry import import_dotted
+    from posttrain.dotted import import_dotted
 
     kw = dict(kwargs or {})
     if ":" in spec:
-        factory = import_dotted(spec, key=KEY)
+        factory = import_dotted(spec, what=KEY)
         where = f"{KEY}={spec!r}"
     else:
         import posttrain.rewards  # noqa: F401 - registers the built-in verifiers

@@ -32,7 +32,7 @@ import threading
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from posttrain.algos.registry import import_dotted
+from posttrain.dotted import import_dotted
 from posttrain.rewards.verdict import Verdict
 from posttrain.trajectory import Status
 
@@ -43,7 +43,7 @@ class RewardFunctionError(RuntimeError):
 
 def resolve(path: str, key: str) -> Any:
     """Import ``'package.module:attr'``; ``ValueError`` naming ``key`` and ``path`` when it cannot be loaded."""
-    return import_dotted(path, key=key)
+    return import_dotted(path, what=key)
 
 
 def check_reward_function(path: str, key: str) -> Any:

@@ -20,7 +20,6 @@ the trainer's at start).
 
 from __future__ import annotations
 
-import importlib
 import os
 import sys
 from collections.abc import Sequence
@@ -29,6 +28,7 @@ from typing import TYPE_CHECKING, Any, cast
 
 import torch
 
+from posttrain.dotted import import_dotted
 from posttrain.rollout.engine import RolloutEngine
 
 if TYPE_CHECKING:  # transformers is imported by whoever builds the model
@@ -60,8 +60,7 @@ def export_model(model: torch.nn.Module, path: str | Path) -> Path:
 def load_model(path: str | Path) -> torch.nn.Module:
     """Inverse of :func:`export_model` (a model in eval mode). Loads a pickle: only files this run wrote."""
     d = torch.load(Path(path), map_location="cpu", weights_only=False)
-    mod, _, name = str(d["cls"]).partition(":")
-    cls = getattr(importlib.import_module(mod), name)
+    cls = import_dotted(str(d["cls"]), what=f"model class of {str(path)!r}", shape="package.module:Class")
     model: torch.nn.Module = cls(d["config"]).to(getattr(torch, d["dtype"]))
     model.load_state_dict(d["state"])
     return model.eval()

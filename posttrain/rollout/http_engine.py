@@ -36,7 +36,6 @@ from __future__ import annotations
 
 import argparse
 import http.client
-import importlib
 import json
 import math
 import signal
@@ -52,6 +51,7 @@ from typing import Any
 
 import torch
 
+from posttrain.dotted import import_dotted
 from posttrain.rollout.engine import RolloutEngine, engine_sleep, engine_wake
 from posttrain.rollout.sampling import SamplingParams
 from posttrain.rollout.types import Completion, GenerationRequest
@@ -231,10 +231,7 @@ class EngineHTTPServer(ThreadingHTTPServer):
 
 def load_factory(spec: str) -> Callable[..., RolloutEngine]:
     """``"package.module:callable"`` -> the callable (an engine factory: its result is served as one)."""
-    mod, _, name = spec.partition(":")
-    if not mod or not name:
-        raise ValueError(f"factory must be 'module:callable', got {spec!r}")
-    factory: Callable[..., RolloutEngine] = getattr(importlib.import_module(mod), name)
+    factory: Callable[..., RolloutEngine] = import_dotted(spec, what="--factory", shape="module:callable")
     return factory
 
 
