@@ -3,5 +3,5 @@
 A layer above ``trajectory/`` and ``evaluation/`` and below ``commands/``: nothing here imports
 ``loop/``. ``load`` reads run directories, ``strata`` / ``trends`` / ``symptoms`` compute the
 report, ``plots`` / ``html`` render it, ``budget`` / ``fairness`` back ``posttrain compare``, and
-``viewer_*`` back ``posttrain view``.
+``runs`` / ``dashboard_*`` / ``viewer_*`` back ``posttrain view``.
 """

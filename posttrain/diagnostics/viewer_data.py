@@ -15,8 +15,11 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
 
 from posttrain.diagnostics.load import current_logprob, open_ledger, read_step_table, summarize_row
+from posttrain.trajectory import Ledger
 
 # colour field -> legend text. Only fields the ledger can support are offered per trajectory.
 COLOUR_FIELDS: dict[str, str] = {
@@ -69,12 +72,23 @@ class Filters:
                 and within(s["length"], self.len_min, self.len_max))
 
 
+def _step_columns(led: Ledger, step: int, names: list[str]) -> pa.Table | None:
+    """Only the columns ``names`` (those the file has) of ``step``'s table: a step's token arrays are most
+    of its bytes. ``None`` when the file is gone or not (yet) a complete Parquet file."""
+    path = led.traj_dir / f"step_{step:06d}.parquet"
+    try:
+        have = set(pq.ParquetFile(path).schema_arrow.names)
+        return pq.read_table(path, columns=[n for n in names if n in have])
+    except (OSError, pa.ArrowInvalid):
+        return None
+
+
 def list_steps(run_dir: str | Path) -> list[dict[str, Any]]:
     """Every readable step: trajectory count, mean reward and status counts."""
     led = open_ledger(run_dir)
     out = []
     for step in led.steps():
-        table = read_step_table(led, step)
+        table = _step_columns(led, step, ["status", "reward_total"])
         if table is None:
             continue
         statuses = [s or "unscored" for s in table.column("status").to_pylist()]
@@ -199,11 +213,10 @@ def passed_rows(run_dir: str | Path) -> list[dict[str, Any]]:
     hidden verifier even when nothing passed the training one."""
     led = open_ledger(run_dir)
     out: list[dict[str, Any]] = []
+    names = ["traj_id", "group_id", "status", "reward_total", "verifier", "meta", "hidden_verifier", "hidden_status"]
     for step in led.steps():
-        table = read_step_table(led, step)
+        table = _step_columns(led, step, names)
         if table is not None:
-            names = ["traj_id", "group_id", "status", "reward_total", "verifier", "meta", "hidden_verifier",
-                     "hidden_status"]
-            cols = table.select([n for n in names if n in table.column_names]).to_pylist()
+            cols = table.to_pylist()
             out.extend({**r, "step": step} for r in cols if r["status"] == "correct" or r.get("hidden_status"))
     return out

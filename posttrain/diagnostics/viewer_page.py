@@ -1,9 +1,13 @@
-"""The single HTML page of ``posttrain view`` (vanilla JS over the JSON endpoints, no assets)."""
+"""The trajectory viewer page of ``posttrain view`` (vanilla JS over the JSON endpoints, no assets).
+
+``?step=N`` opens step N (the nearest step with trajectories, saying so, when N has none): a click on
+a curve of the run page lands here.
+"""
 
 from __future__ import annotations
 
 PAGE = r"""<!doctype html>
-<html><head><meta charset="utf-8"><title>posttrain view</title>
+<html><head><meta charset="utf-8"><title>posttrain view</title><link rel="icon" href="data:,">
 <style>
 body{font-family:sans-serif;margin:0;font-size:13px}
 header{background:#223;color:#eee;padding:6px 12px}
@@ -20,7 +24,8 @@ header{background:#223;color:#eee;padding:6px 12px}
 #flagged{height:110px;overflow:auto;padding:6px 12px;border-top:2px solid #223}
 #legend{color:#555;margin:4px 0}
 </style></head><body>
-<header>posttrain view: <span id="run"></span> <span id="toksrc" style="color:#aab"></span>
+<header><a id="back" href="../" style="color:#9cf" hidden>curves</a>
+ posttrain view: <span id="run"></span> <span id="toksrc" style="color:#aab"></span>
  <button id="refresh">refresh steps</button></header>
 <div id="filters">status <input id="f-status" placeholder="correct,wrong">
  lag <input id="f-lag-min"> - <input id="f-lag-max">
@@ -32,7 +37,10 @@ header{background:#223;color:#eee;padding:6px 12px}
 <div id="flagged"></div>
 <script>
 let curStep=null, curTraj=null, colour="advantage";
+if(location.pathname.endsWith("/traj/"))document.getElementById("back").hidden=false;
 const $=id=>document.getElementById(id);
+// api() already shows a failed request in #error: no uncaught rejection on top of it
+const quiet=p=>p.catch(()=>{});
 async function api(path){const r=await fetch(path);const j=await r.json();
   if(!r.ok){$("error").textContent=j.error;throw new Error(j.error)} $("error").textContent="";return j}
 function fmt(v,d=3){return v===null||v===undefined?"-":(typeof v==="number"?v.toFixed(d):v)}
@@ -40,7 +48,13 @@ async function loadSteps(){const j=await api("api/steps");$("run").textContent=j
   const box=$("steps");box.innerHTML="";
   for(const s of j.steps){const d=document.createElement("div");d.className="step"+(s.step===curStep?" sel":"");
     d.id="step-"+s.step;d.textContent="step "+s.step+" ("+s.n+", r="+fmt(s.reward_mean,2)+")";
-    d.onclick=()=>loadStep(s.step);box.appendChild(d)}}
+    d.onclick=()=>quiet(loadStep(s.step));box.appendChild(d)}
+  const want=new URLSearchParams(location.search).get("step");
+  if(want!==null&&curStep===null&&j.steps.length){const n=parseInt(want,10),have=j.steps.map(s=>s.step);
+    const near=have.reduce((a,b)=>Math.abs(b-n)<Math.abs(a-n)?b:a);
+    await loadStep(near);  // a curve point of a step without trajectories (e.g. the step-0 evaluation)
+    if(near!==n)$("error").textContent="step "+want+" has no trajectories in the ledger; showing step "+near;
+    document.getElementById("step-"+near).scrollIntoView({block:"nearest"})}}
 function query(){const q=new URLSearchParams({step:curStep});
   for(const k of ["status","lag-min","lag-max","reward-min","reward-max","len-min","len-max"]){
     const v=$("f-"+k).value.trim();if(v)q.set(k.replace("-","_"),v)}return q}
@@ -52,7 +66,7 @@ async function loadStep(step){curStep=step;
     gd.innerHTML="<div class='ghead'></div>";gd.firstChild.textContent=g.prompt_id+"  success "+fmt(g.success_rate,2)+" (n="+g.n+")";
     for(const t of g.trajectories){const d=document.createElement("div");d.className="traj";d.dataset.id=t.traj_id;
       d.innerHTML="<span class='"+t.status+"'>"+t.status+"</span> r="+fmt(t.reward,2)+" len="+t.length+" lag="+fmt(t.lag,0)+" adv="+fmt(t.advantage,2);
-      d.onclick=()=>loadTraj(t.traj_id);gd.appendChild(d)}
+      d.onclick=()=>quiet(loadTraj(t.traj_id));gd.appendChild(d)}
     box.appendChild(gd)}}
 function shade(v,scale,signed){if(v===null)return "transparent";const x=Math.min(1,Math.abs(v)/(scale||1));
   if(!signed)return "rgba(200,120,0,"+(0.1+0.8*x)+")";
@@ -84,9 +98,10 @@ async function loadFlagged(){const j=await api("api/flagged");const b=$("flagged
   $("flag-expl").textContent="- "+j.explanation;
   for(const it of j.items){const li=document.createElement("li");li.className="flagitem";
     li.textContent="step "+it.step+" "+it.traj_id+": "+JSON.stringify(it.response)+" (reference "+JSON.stringify(it.reference)+") -> "+it.second_status+": "+it.second_explanation;
-    li.style.cursor="pointer";li.onclick=async()=>{await loadStep(it.step);await loadTraj(it.traj_id)};$("flag-list").appendChild(li)}}
-$("apply").onclick=()=>{if(curStep!==null)loadStep(curStep)};
-$("refresh").onclick=loadSteps;
-loadSteps();loadFlagged();
+    li.style.cursor="pointer";li.onclick=()=>quiet(loadStep(it.step).then(()=>loadTraj(it.traj_id)));
+    $("flag-list").appendChild(li)}}
+$("apply").onclick=()=>{if(curStep!==null)quiet(loadStep(curStep))};
+$("refresh").onclick=()=>quiet(loadSteps());
+quiet(loadSteps());quiet(loadFlagged());
 </script></body></html>
 """

@@ -62,3 +62,50 @@ def write_run(root: Path, metrics: Sequence[dict[str, Any]] | None = None, confi
     ]
     (root / "metrics.jsonl").write_text("".join(json.dumps(m) + "\n" for m in rows))
     return root
+
+
+def rl_metrics(n_steps: int, *, eval_every: int = 5, entropy_collapse_at: int | None = None,
+               heldout_sets: Sequence[str] = ("heldout", "heldout_sampled"), heldout_gain: float = 0.3
+               ) -> list[dict[str, Any]]:
+    """``metrics.jsonl`` rows of an RL run: step 0 (held-out only), then steps 1..n_steps with the keys the
+    loop logs (reward, entropy, KL, clip, ratio, |log kappa|, length, lag, tokens, time split) and held-out
+    accuracy of each of ``heldout_sets`` (0.3 rising by ``heldout_gain`` over the run, 0.1 less per later set)
+    every ``eval_every`` steps. Smooth, hand-chosen curves; with ``entropy_collapse_at`` the entropy drops
+    from ~1.0 to 0.05 from that step on."""
+    first = {f"{h}/accuracy": 0.3 for h in heldout_sets}
+    rows: list[dict[str, Any]] = [{"step": 0, **first, "revision": "promoted"}]
+    for s in range(1, n_steps + 1):
+        collapsed = entropy_collapse_at is not None and s >= entropy_collapse_at
+        ent = 0.05 if collapsed else 1.0 - 0.1 * s / n_steps
+        m: dict[str, Any] = {
+            "step": s, "reward/mean": 0.3 + 0.4 * s / n_steps, "train/accuracy": 0.25 + 0.4 * s / n_steps,
+            "loss": 0.01 * (1 + s % 3), "pg_loss": 0.01, "grad_norm": 1.0 + 0.1 * (s % 5), "entropy": ent,
+            "kl": 0.001 * s, "kl_coef": 0.02, "clip_frac_low": 0.01, "clip_frac_high": 0.02 + 0.001 * (s % 4),
+            "ratio_mean": 1.0, "ratio_min": 0.9, "ratio_max": 1.1,
+            "logkappa_abs_mean": 1e-7, "logkappa/p99": 6e-7,
+            "length/mean": 10.0 + 0.01 * s, "length/p95": 14.0, "finish/truncated_rate": 0.0,
+            "lag/mean": 0.0, "staleness/accepted_token_frac": 1.0, "tokens/generated": 640.0,
+            "time/rollout_s": 1.0, "time/learner_s": 0.5, "time/weight_sync_s": 0.01, "time/step_s": 1.6,
+            "adv/zero_group_frac": 0.1, "revision": "candidate",
+        }
+        if s % eval_every == 0:
+            m.update({f"{h}/accuracy": 0.3 + heldout_gain * s / n_steps - 0.1 * i * s / n_steps
+                      for i, h in enumerate(heldout_sets)}, revision="promoted", **{"time/eval_s": 0.2})
+        rows.append(m)
+    return rows
+
+
+def write_outcomes(root: Path, rows: Sequence[dict[str, Any]], n_problems: int = 50) -> Path:
+    """``heldout_outcomes.jsonl`` matching each ``<set>/accuracy`` of ``rows`` (greedy: one sample each)."""
+    lines = []
+    for m in rows:
+        for k, v in m.items():
+            if k.endswith("/accuracy") and k.startswith("heldout"):
+                n_ok = round(v * n_problems)
+                lines.append(json.dumps({
+                    "step": m["step"], "set": k.split("/")[0], "accuracy": n_ok / n_problems,
+                    "prompt_ids": [f"p{i}" for i in range(n_problems)], "valid": [1] * n_problems,
+                    "correct": [1] * n_ok + [0] * (n_problems - n_ok)}))
+    path = root / "heldout_outcomes.jsonl"
+    path.write_text("".join(line + "\n" for line in lines))
+    return path
