@@ -83,8 +83,8 @@ def check_judge(cfg: RunConfig) -> None:
     """``reward.judge``: one request to the judge (no retry, one deadline of ``reward.judge.timeout_s`` for
     the connect and the whole reply) must get a 2xx reply in time; else a one-line
     :class:`~posttrain.config.ConfigError` naming ``reward.judge.url`` (a run would write its directory and
-    judge every sample ``infra_error``): refused / unknown host / cut / an HTTP error status is "no judge
-    answers there ... start the judge server first"; a server that accepted the connection but whose whole
+    judge every sample ``infra_error``): refused / unknown host / cut is "no judge answers there ... start
+    the judge server first"; an HTTP error status names the status and the URL's path to check; a server that accepted the connection but whose whole
     reply did not arrive within the deadline is "too slow", naming ``reward.judge.timeout_s`` to raise
     (refused too: each of the run's calls has that same deadline). What the judge answers is not checked."""
     j = cfg.reward.judge
@@ -100,6 +100,10 @@ def check_judge(cfg: RunConfig) -> None:
                           f"within reward.judge.timeout_s={j.timeout_s:g}; refused, since every call of the run has "
                           "that deadline and its rows would all be infra_error: raise reward.judge.timeout_s or "
                           "make the judge faster")
+    if kind == "http_error":
+        raise ConfigError(f"reward.judge.url={j.url}: a server answers there but refuses the judge's request "
+                          f"({why}); check the URL's path (an OpenAI-compatible /v1/chat/completions) and "
+                          "reward.judge.model")
     if kind != "answers":
         raise ConfigError(f"reward.judge.url={j.url}: no judge answers there ({why}); start the judge server "
                           "first (an OpenAI-compatible /v1/chat/completions on this machine)")

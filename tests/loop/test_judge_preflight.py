@@ -54,5 +54,7 @@ def test_a_judge_that_answers_passes_whatever_it_says(status: int, ok: bool) -> 
         if ok:
             assert preflight(cfg) is None
         else:
-            with pytest.raises(ConfigError, match=r"reward\.judge\.url=.*HTTP 404"):
+            with pytest.raises(ConfigError, match=r"reward\.judge\.url=.*HTTP 404") as e:
                 preflight(cfg)
+            # something answered: the advice is the path, not starting a server (issue 38)
+            assert "a server answers there" in str(e.value) and "start the judge server" not in str(e.value)
