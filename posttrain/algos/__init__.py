@@ -1,7 +1,8 @@
 """The algorithm library: pure tensor functions, registered by name.
 
-Imports only torch (and pydantic, for the hyper-parameter models of algos/hyperparameters.py). Token-level tensors are ``[B, T]`` with an ``action_mask [B, T]``
-(1 = policy-generated token); sequence-level tensors are ``[B]``. A recipe selects each
+Imports only torch (and pydantic, for the hyper-parameter models of algos/hyperparameters.py; posttrain.errors
+for the Tinker losses' one-line input errors, algos/tinker_losses.py). Token-level tensors are ``[B, T]`` with an
+``action_mask [B, T]`` (1 = policy-generated token); sequence-level tensors are ``[B]``. A recipe selects each
 function by its registry name; see docs/algorithms.md for the formulas and sources.
 """
 

@@ -16,9 +16,9 @@ from collections.abc import Mapping
 
 import torch
 
+from posttrain.algos.tinker_losses import datum_loss, resolve_loss
 from posttrain.errors import UserError
 from posttrain.learner.lora import merged_state_dict
-from posttrain.serve.losses import datum_loss, resolve_loss
 from posttrain.serve.wire import DatumIn
 
 

@@ -1,5 +1,6 @@
 """The Tinker API's built-in losses, per datum, as the Tinker documentation defines them
-(https://tinker-docs.thinkingmachines.ai/losses): every loss is a **sum** over the datum's tokens
+(https://tinker-docs.thinkingmachines.ai/losses); pure functions over tensors beside posttrain's other losses,
+which ``posttrain serve --tinker`` computes. Every loss is a **sum** over the datum's tokens
 (not a mean), and the batch loss is the sum over data, so a caller that wants a mean puts it in
 ``weights`` / ``advantages``.
 
@@ -76,7 +77,7 @@ LOSSES: dict[str, LossSpec] = {
     "ppo": LossSpec(frozenset({"logprobs", "advantages"}), frozenset(), _CLIP_DEFAULTS, ppo),
     "cispo": LossSpec(frozenset({"logprobs", "advantages"}), frozenset(), _CLIP_DEFAULTS, cispo),
 }
-"""The losses this server computes, by the SDK's ``loss_fn`` name."""
+"""The Tinker losses by the SDK's ``loss_fn`` name (what ``posttrain serve --tinker`` computes)."""
 
 
 def resolve_loss(name: str, config: Mapping[str, float | str]) -> tuple[LossSpec, dict[str, float]]:

@@ -8,8 +8,8 @@ from collections.abc import Mapping
 import pytest
 import torch
 
+from posttrain.algos.tinker_losses import datum_loss, resolve_loss
 from posttrain.errors import UserError
-from posttrain.serve.losses import datum_loss, resolve_loss
 
 LP = [-1.0, -2.0]  # learner log-probs of the two target tokens
 
