@@ -78,8 +78,7 @@ def sample_trajectories(cfg: RunConfig, prompts: int, tok: Any, model: torch.nn.
         played = play_once(engine, examples, params, request_ids=[f"check{i}" for i in range(len(examples))],
                            renderer=renderer, verifier=task.verifier, tokenizer=tok,
                            verify_batch=_verify_batch(cfg))
-        trajs = played.trajectories(verifier=task.verifier, spec=ScoringSpec(
-            cfg.reward.weights, cfg.reward.overlong_max_len, cfg.reward.overlong_cache_len))
+        trajs = played.trajectories(verifier=task.verifier, spec=ScoringSpec.of(cfg.reward))
     trajs = [t for t in trajs if t.status not in (Status.INFRA_ERROR, Status.ENV_FAILURE)]
     if not trajs:
         raise ValueError(f"check: none of the {prompts} sampled prompts gave a usable trajectory (all infra_error / "

@@ -197,7 +197,7 @@ def check_scoring(cfg: RunConfig, task: Task) -> None:
     from posttrain.rewards.scoring import ScoringSpec, _shaping_components, verify_context
     from posttrain.trajectory import Status
 
-    spec = ScoringSpec(cfg.reward.weights, cfg.reward.overlong_max_len, cfg.reward.overlong_cache_len)
+    spec = ScoringSpec.of(cfg.reward)
     try:
         shaping = _shaping_components(spec, [1, cfg.sampling.max_new_tokens])
     except ValueError as e:

@@ -52,7 +52,7 @@ class RolloutStage:
         params = SamplingParams(
             temperature=s.temperature, top_p=s.top_p, top_k=s.top_k, max_new_tokens=s.max_new_tokens, n=s.group_size
         )
-        spec = ScoringSpec(cfg.reward.weights, cfg.reward.overlong_max_len, cfg.reward.overlong_cache_len)
+        spec = ScoringSpec.of(cfg.reward)
         return cls(s.prompts_per_step, s.group_size, params, spec)
 
 

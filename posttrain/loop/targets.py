@@ -165,7 +165,7 @@ def run_baseline(run: BaselineRun, batch: TrajectoryBatch, step: int) -> tuple[t
         return None, {}
     from posttrain.rewards.scoring import ScoringSpec
 
-    spec = ScoringSpec(cfg.reward.weights, cfg.reward.overlong_max_len, cfg.reward.overlong_cache_len)
+    spec = ScoringSpec.of(cfg.reward)
     try:
         return greedy_baseline(batch, run.step_examples, engine=run.engine, tokenizer=run.tokenizer, task=run.task,
                                spec=spec, max_new_tokens=cfg.sampling.max_new_tokens, step=step,

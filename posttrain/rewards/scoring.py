@@ -12,7 +12,7 @@ from __future__ import annotations
 import dataclasses
 import time
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 import torch
 
@@ -20,6 +20,9 @@ from posttrain.rewards.compose import compose
 from posttrain.rewards.pool import Item, VerifierPool
 from posttrain.rewards.verdict import Verdict
 from posttrain.rewards.verifier import Verifier
+
+if TYPE_CHECKING:
+    from posttrain.config.feedback import RewardConfig
 from posttrain.trajectory import Reward, Status, Trajectory
 from posttrain.trajectory.record import JSONScalar
 
@@ -106,6 +109,12 @@ class ScoringSpec:
     weights: Mapping[str, float]
     overlong_max_len: int | None = None
     overlong_cache_len: int = 0
+
+    @classmethod
+    def of(cls, reward: RewardConfig) -> ScoringSpec:
+        """The spec of a recipe's ``reward`` section: ``weights``, ``overlong_max_len``, ``overlong_cache_len``
+        (the one place a spec is read from the config)."""
+        return cls(reward.weights, reward.overlong_max_len, reward.overlong_cache_len)
 
 
 def _shaping_components(spec: ScoringSpec, n_actions: Sequence[int]) -> list[dict[str, float]]:
