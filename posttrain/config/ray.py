@@ -9,15 +9,32 @@ labelled nodes) and placement groups, never in host names.
 from __future__ import annotations
 
 import os
-from typing import Literal
+from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, model_validator
+
+REMOVED_KEYS: dict[str, str] = {
+    "weight_transport": "nothing read it (the weights always went through Ray's object store; system.ray.weight_sync "
+                        "picks the route)",
+}
+"""Keys ``system.ray`` once had, each with why it went: a recipe that sets one is refused naming it; a run's saved
+``config.yaml`` that lists one (every key was recorded) is read without it."""
 
 
 class RayBackendConfig(BaseModel):
     """Ray backend settings (see ``docs/distributed.md`` for each key)."""
 
     model_config = ConfigDict(extra="forbid")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _removed_keys(cls, data: Any, info: ValidationInfo) -> Any:
+        if not isinstance(data, dict) or not REMOVED_KEYS.keys() & data.keys():
+            return data
+        if (info.context or {}).get("recorded"):  # a run recorded before the key went: read as it ran
+            return {k: v for k, v in data.items() if k not in REMOVED_KEYS}
+        key = sorted(REMOVED_KEYS.keys() & data.keys())[0]
+        raise ValueError(f"system.ray.{key} was removed: {REMOVED_KEYS[key]}; drop it from the recipe")
 
     address: str | None = Field(
         default=None, description="None: start a local cluster; 'auto' or 'host:port': join that cluster"
@@ -62,10 +79,6 @@ class RayBackendConfig(BaseModel):
         "0's actor puts each weight bucket in the object store and every rollout worker fetches and verifies the "
         "buckets itself (the driver passes references); via_driver: the buckets stream to the driver, which packs "
         "its copy into one packet for the workers (docs/distributed.md, 'Weight sync')",
-    )
-    weight_transport: Literal["object_store"] = Field(
-        default="object_store",
-        description="object_store (CPU, tested). A NCCL broadcast is the GPU path; see docs/distributed.md",
     )
     local_num_cpus: int | None = Field(
         default=None, ge=1, description="logical CPUs of a locally started cluster (None: the CPUs Ray detects, "

@@ -31,6 +31,7 @@ from typing import Any
 
 import yaml
 
+from posttrain.config.ray import REMOVED_KEYS as RAY_REMOVED_KEYS
 from posttrain.errors import UserError
 
 LOCK_NAME = ".lock"
@@ -51,6 +52,9 @@ class RunDirError(UserError, ValueError):
 # Run controls a resume may change without resume_force: how long and where the run goes on
 # (``steps``: extending a finished run is the usual resume).
 RESUME_MAY_CHANGE = ("resume", "resume_force", "steps", "run_dir")
+# Keys the config no longer has (config/ray.py REMOVED_KEYS): an older run's config.yaml lists them, the recipe
+# cannot; their absence is no difference.
+REMOVED = tuple(f"system.ray.{k}" for k in RAY_REMOVED_KEYS)
 # The one set of keys that change no arithmetic of a step (what is sampled, rewarded, trained): a
 # resume may change them without resume_force, and config.yaml then records the new values. A key
 # matches itself and every key below it (``logging`` = ``logging.*``).
@@ -252,12 +256,12 @@ def _changes(old: Mapping[str, object], new: Mapping[str, object], keep: Callabl
 
 def recipe_diff(old: Mapping[str, object], new: Mapping[str, object]) -> list[str]:
     """``["key: old -> new", ...]`` for the dotted keys that differ, except :data:`RESUME_MAY_CHANGE`
-    and :data:`PLACEMENT_ONLY` (a listed key covers the keys below it).
+    :data:`PLACEMENT_ONLY` and :data:`REMOVED` (a listed key covers the keys below it).
 
     ``old`` is the run's ``config.yaml``, ``new`` the resolved config (``model_dump(mode="json")``);
     a key one side lacks shows as ``<absent>``.
     """
-    return _changes(old, new, lambda k: not _matches(k, RESUME_MAY_CHANGE + PLACEMENT_ONLY))
+    return _changes(old, new, lambda k: not _matches(k, RESUME_MAY_CHANGE + PLACEMENT_ONLY + REMOVED))
 
 
 def placement_changes(old: Mapping[str, object], new: Mapping[str, object]) -> list[str]:
