@@ -1,7 +1,8 @@
 """The trajectory viewer page of ``posttrain view`` (vanilla JS over the JSON endpoints, no assets).
 
 ``?step=N`` opens step N (the nearest step with trajectories, saying so, when N has none): a click on
-a curve of the run page lands here.
+a curve of the run page lands here. A step's groups come one page (50) at a time from ``api/step``
+(``offset``/``limit``); the "more groups" button appends the next page, so a 100k-trajectory step stays fast.
 """
 
 from __future__ import annotations
@@ -58,16 +59,25 @@ async function loadSteps(){const j=await api("api/steps");$("run").textContent=j
 function query(){const q=new URLSearchParams({step:curStep});
   for(const k of ["status","lag-min","lag-max","reward-min","reward-max","len-min","len-max"]){
     const v=$("f-"+k).value.trim();if(v)q.set(k.replace("-","_"),v)}return q}
+// One page of groups at a time (a step can hold 100k trajectories): "more groups" fetches the next page.
+let nextOffset=null,loaded=0;
 async function loadStep(step){curStep=step;
   document.querySelectorAll(".step").forEach(e=>e.classList.toggle("sel",e.id==="step-"+step));
-  const j=await api("api/step?"+query());$("count").textContent=j.shown+" of "+j.total+" trajectories";
-  const box=$("groups");box.innerHTML="";
+  const j=await api("api/step?"+query());$("count").textContent=j.shown+" of "+j.total+" trajectories"+
+    (j.shown<j.total?" pass the filters":"")+", in "+j.groups_total+" groups";
+  $("groups").innerHTML="";loaded=0;addGroups(j)}
+async function loadMore(){if(nextOffset===null)return;const q=query();q.set("offset",nextOffset);
+  $("more").disabled=true;addGroups(await api("api/step?"+q).catch(e=>{$("more").disabled=false;throw e}))}
+function addGroups(j){const box=$("groups");const old=$("more");if(old)old.remove();
   for(const g of j.groups){const gd=document.createElement("div");gd.className="group";
     gd.innerHTML="<div class='ghead'></div>";gd.firstChild.textContent=g.prompt_id+"  success "+fmt(g.success_rate,2)+" (n="+g.n+")";
     for(const t of g.trajectories){const d=document.createElement("div");d.className="traj";d.dataset.id=t.traj_id;
       d.innerHTML="<span class='"+t.status+"'>"+t.status+"</span> r="+fmt(t.reward,2)+" len="+t.length+" lag="+fmt(t.lag,0)+" adv="+fmt(t.advantage,2);
       d.onclick=()=>quiet(loadTraj(t.traj_id));gd.appendChild(d)}
-    box.appendChild(gd)}}
+    box.appendChild(gd)}
+  loaded+=j.groups.length;nextOffset=j.next_offset;
+  if(nextOffset!==null){const b=document.createElement("button");b.id="more";
+    b.textContent="more groups ("+loaded+" of "+j.groups_total+" shown)";b.onclick=()=>quiet(loadMore());box.appendChild(b)}}
 function shade(v,scale,signed){if(v===null)return "transparent";const x=Math.min(1,Math.abs(v)/(scale||1));
   if(!signed)return "rgba(200,120,0,"+(0.1+0.8*x)+")";
   return v>=0?"rgba(0,150,60,"+(0.1+0.8*x)+")":"rgba(210,40,40,"+(0.1+0.8*x)+")"}

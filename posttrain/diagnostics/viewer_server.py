@@ -16,7 +16,9 @@
 - ``/static/plotly.min.js``: plotly.js from the installed ``plotly`` wheel (no CDN, no network).
 
 :func:`make_server` serves one run's trajectory viewer at ``/``: ``/api/steps``;
-``/api/step?step=N&status=..&lag_min=..`` (filters of :class:`~posttrain.diagnostics.viewer_data.Filters`);
+``/api/step?step=N&status=..&lag_min=..&offset=K&limit=L`` (filters of
+:class:`~posttrain.diagnostics.viewer_data.Filters`, applied before paging; at most ``limit`` groups, default
+50, from group ``offset``, with ``groups_total`` and ``next_offset``);
 ``/api/traj?step=N&id=ID``; ``/api/flagged``. Errors are JSON ``{"error": "..."}`` with status 400
 (bad query), 404 (no such run, step or trajectory) or 500 (one line, never a traceback page).
 """
@@ -37,7 +39,15 @@ from posttrain.diagnostics.dashboard_page import COMPARE_PAGE, RUN_PAGE, RUNS_PA
 from posttrain.diagnostics.runs import find_runs, run_id
 from posttrain.diagnostics.second_verifier import disagreements
 from posttrain.diagnostics.token_text import Decoder, load_decoder
-from posttrain.diagnostics.viewer_data import Filters, list_steps, passed_rows, step_groups, trajectory_detail
+from posttrain.diagnostics.viewer_data import (
+    DEFAULT_PAGE,
+    MAX_PAGE,
+    Filters,
+    list_steps,
+    passed_rows,
+    step_groups,
+    trajectory_detail,
+)
 from posttrain.diagnostics.viewer_page import PAGE
 
 # Loopback only: the ledger holds prompts and responses, which are not for the network.
@@ -77,7 +87,11 @@ def _trajectory_api(run: Path, sub: str, q: dict[str, str], decoder: Callable[[]
     if sub == "api/steps":
         return _json(200, {"run_dir": str(run), "tokens": decoder()[1], "steps": list_steps(run)})
     if sub == "api/step":
-        return _json(200, step_groups(run, _int(q, "step"), Filters.from_query(q)))
+        limit = _int(q, "limit") if q.get("limit", "").strip() else DEFAULT_PAGE
+        if not 1 <= limit <= MAX_PAGE:
+            raise ValueError(f"query parameter limit={limit} must be 1..{MAX_PAGE}")
+        offset = _int(q, "offset") if q.get("offset", "").strip() else 0
+        return _json(200, step_groups(run, _int(q, "step"), Filters.from_query(q), offset, limit))
     if sub == "api/traj":
         return _json(200, trajectory_detail(run, _int(q, "step"), q.get("id", ""), decoder()[0]))
     if sub == "api/flagged":

@@ -36,6 +36,7 @@ def browser() -> Iterator[Any]:
 
     opts = webdriver.ChromeOptions()
     opts.binary_location = CHROMIUM
+    opts.set_capability("goog:loggingPrefs", {"browser": "ALL"})  # console entries for the SEVERE checks
     profile = tempfile.mkdtemp(prefix="posttrain-chromium-")
     for f in (*FLAGS, f"--user-data-dir={profile}"):
         opts.add_argument(f)
@@ -122,6 +123,49 @@ def test_recorded_current_advantage_and_hidden_verdicts_in_the_browser(tmp_path:
         assert "log rho" in browser.find_element(By.ID, "legend").text
         assert "0.1)" in toks[2].value_of_css_property("background-color")  # rho = 1 on the first action
         assert "0.9)" in toks[3].value_of_css_property("background-color")  # log rho 0.25 is the scale
+    finally:
+        srv.shutdown()
+        srv.server_close()
+
+
+def test_more_groups_pages_through_a_step(tmp_path: Path, browser: Any) -> None:
+    """Issue 40: a step's groups come 50 at a time; "more groups" appends the next page (filters apply first)."""
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    from tests.diagnostics.synthetic import write_big_ledger
+
+    srv = make_server(write_big_ledger(tmp_path / "run", steps=2, per_step=1000, group_size=8), 0, None)
+    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    wait = WebDriverWait(browser, 30)
+    groups = lambda d: d.find_elements(By.CSS_SELECTOR, ".group")  # noqa: E731
+    try:
+        browser.get(f"http://127.0.0.1:{srv.server_address[1]}/?step=2")
+        wait.until(lambda d: len(groups(d)) == 50)
+        assert "1000 of 1000 trajectories, in 125 groups" in browser.find_element(By.ID, "count").text
+        more = browser.find_element(By.ID, "more")
+        assert more.text == "more groups (50 of 125 shown)"
+        more.click()
+        wait.until(lambda d: len(groups(d)) == 100)
+        browser.find_element(By.ID, "more").click()
+        wait.until(lambda d: len(groups(d)) == 125)
+        assert not browser.find_elements(By.ID, "more")
+        ids = [e.get_attribute("data-id") for e in browser.find_elements(By.CSS_SELECTOR, ".traj")]
+        assert len(ids) == len(set(ids)) == 1000 and ids[-1] == "s2-t999"
+
+        # A filter applies before paging: 500 correct trajectories, still in 125 groups, 50 shown again.
+        browser.find_element(By.ID, "f-status").send_keys("correct")
+        browser.find_element(By.ID, "apply").click()
+        wait.until(lambda d: d.find_element(By.ID, "count").text.startswith("500 of 1000"))
+        wait.until(lambda d: len(groups(d)) == 50)
+        browser.find_element(By.ID, "more").click()
+        wait.until(lambda d: len(groups(d)) == 100)
+        assert {e.text.split()[0] for e in browser.find_elements(By.CSS_SELECTOR, ".traj")} == {"correct"}
+        browser.find_elements(By.CSS_SELECTOR, ".traj")[-1].click()  # a trajectory of the second page opens
+        wait.until(lambda d: d.find_elements(By.CSS_SELECTOR, ".tok"))
+        browser.save_screenshot(str(tmp_path / "viewer_more.png"))
+        bad = [e for e in browser.get_log("browser") if e["level"] == "SEVERE"]
+        assert bad == [], bad
     finally:
         srv.shutdown()
         srv.server_close()
