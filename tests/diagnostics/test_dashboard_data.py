@@ -356,3 +356,24 @@ def test_command_without_plotly_names_the_extra(tmp_path: Path, monkeypatch: pyt
     )
     with pytest.raises(ValueError, match=r"plotly, which is not installed: pip install 'posttrain\[plot\]'"):
         view.run(args)
+
+
+def test_a_real_run_shows_every_step_it_logged(tmp_path: Path) -> None:
+    """Not only synthetic files: a micro GRPO run trained here (4 steps, held-out at steps 0, 2 and 4) gives
+    one reward point per step, the held-out points it evaluated with their bands, and the finished status."""
+    from posttrain.cli import main
+    from posttrain.diagnostics.runs import find_runs, run_status
+
+    run = tmp_path / "runs" / "micro"
+    assert main(["train", "grpo", "model.path=builtin:micro", "sft.steps=0", "steps=4", "eval.every=2",
+                 "eval.size=8", "sampling.prompts_per_step=4", "sampling.group_size=4", "sampling.max_new_tokens=4",
+                 "guards.max_truncation_rate=1.0", "logging.progress=false", f"run_dir={run}"]) == 0
+    data = RunData(run)
+    doc = data.curves()
+    assert doc["series"]["reward/mean"]["step"] == [1, 2, 3, 4]
+    assert doc["series"]["heldout/accuracy"]["step"] == [0, 2, 4]
+    assert len(doc["series"]["reward/mean"]["tokens"]) == 4 and doc["series"]["reward/mean"]["tokens"][-1] > 0
+    from posttrain.diagnostics.fairness import read_config
+
+    assert run_status(run, data.rows(), read_config(run))[0] == "finished"
+    assert [p.name for p in find_runs(tmp_path / "runs")] == ["micro"]
