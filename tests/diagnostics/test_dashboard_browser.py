@@ -12,7 +12,6 @@ from __future__ import annotations
 import fcntl
 import json
 import os
-import shutil
 import tempfile
 import threading
 import time
@@ -25,33 +24,9 @@ import pytest
 from posttrain.diagnostics.dashboard_data import MAX_POINTS
 from posttrain.diagnostics.viewer_server import make_dashboard
 from tests.diagnostics.synthetic import CONFIG, rl_metrics, step1, traj, write_outcomes, write_run
-from tests.diagnostics.test_viewer_browser import CHROMEDRIVER, CHROMIUM, FLAGS
 
 IMG = Path(os.environ.get("POSTTRAIN_SCREENSHOTS") or tempfile.mkdtemp(prefix="posttrain-view-shots-"))
 IMG.mkdir(parents=True, exist_ok=True)
-
-
-@pytest.fixture
-def browser() -> Iterator[Any]:
-    if CHROMIUM is None:
-        why = "chromium is not installed (apt-get install -y chromium chromium-driver); browser test skipped"
-        print(why)
-        pytest.skip(why)
-    from selenium import webdriver
-    from selenium.webdriver.chrome.service import Service
-
-    opts = webdriver.ChromeOptions()
-    opts.binary_location = CHROMIUM
-    opts.set_capability("goog:loggingPrefs", {"browser": "ALL"})
-    profile = tempfile.mkdtemp(prefix="posttrain-chromium-")
-    for f in (*FLAGS, f"--user-data-dir={profile}"):
-        opts.add_argument(f)
-    driver = webdriver.Chrome(service=Service(CHROMEDRIVER), options=opts)
-    try:
-        yield driver
-    finally:
-        driver.quit()
-        shutil.rmtree(profile, ignore_errors=True)
 
 
 @pytest.fixture
