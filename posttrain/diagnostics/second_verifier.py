@@ -7,10 +7,11 @@ first the trajectories with a high reward that a human or a hidden verifier fail
 
 from __future__ import annotations
 
-import importlib
 import json
 from collections.abc import Sequence
 from typing import Any
+
+from posttrain.dotted import import_dotted
 
 NO_SECOND_VERIFIER = ("this ledger records only the training verifier's verdicts (the run had no "
                       "eval.hidden_verifier), so there is nothing to disagree with; pass --verifier NAME (a "
@@ -30,11 +31,7 @@ def load_verifier(spec: str, kwargs_json: str | None = None) -> Any:
     if not isinstance(kwargs, dict):
         raise ValueError("--verifier-kwargs must be a JSON object")
     if ":" in spec:
-        mod, _, attr = spec.partition(":")
-        try:
-            factory = getattr(importlib.import_module(mod), attr)
-        except (ImportError, AttributeError) as e:
-            raise ValueError(f"--verifier {spec!r}: cannot load it ({e})") from None
+        factory = import_dotted(spec, what="--verifier", shape="package.module:factory")
         return factory(**kwargs)
     from posttrain.rewards.verifier import build_verifier
 
