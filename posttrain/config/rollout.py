@@ -85,6 +85,13 @@ class RolloutConfig(Section):
         "the interpreter lock with the learner in one_step_off / async) or server (its own 127.0.0.1 process, "
         "started by the trainer and driven over HTTP: rollout.server)",
     )
+    precision: Literal["auto", "fp32", "bf16"] = Field(
+        default="auto",
+        description="the builtin engine's compute dtype: auto = model.dtype (the learner's numbers, |log kappa| ~ "
+        "1e-6); bf16 = a bfloat16 copy of the weights, behaviour log-probs recorded as sampled (a real "
+        "behaviour / learner mismatch for the corrections), refused on a CPU without AVX512_BF16 or AMX "
+        "(posttrain/rollout/precision.py). vLLM: rollout.vllm.dtype",
+    )
     vllm: VLLMSettings = Field(default_factory=VLLMSettings)
     http: HTTPSettings = Field(default_factory=HTTPSettings)
     server: ServerSettings = Field(default_factory=ServerSettings)
@@ -95,6 +102,10 @@ class RolloutConfig(Section):
             where = ("vllm runs as a server process by rollout.vllm.python" if self.engine == "vllm"
                      else "http is a server process already")
             raise ValueError(f"rollout.process=server applies to rollout.engine=builtin only ({where})")
+        if self.precision != "auto" and self.engine != "builtin":
+            where = "rollout.vllm.dtype" if self.engine == "vllm" else "the server's own model dtype"
+            raise ValueError(f"rollout.precision={self.precision} applies to rollout.engine=builtin only "
+                             f"(rollout.engine={self.engine} computes in {where})")
         if self.engine == "http":
             url = self.http.url
             if url is None:

@@ -236,7 +236,12 @@ def build_engine(model: torch.nn.Module, tokenizer: PreTrainedTokenizerBase, cfg
         from posttrain.rollout.builtin import BuiltinEngine
 
         # The tokenizer travels along in-process (stop strings); the Ray factory stays tokenizer-free.
-        return BuiltinEngine(copy.deepcopy(model).eval(), tokenizer, eos_token_id=tokenizer.eos_token_id,
+        from posttrain.rollout.precision import engine_copy
+
+        precision = "auto" if cfg is None else cfg.rollout.precision
+        engine_model = engine_copy(model, precision)
+        engine_model = copy.deepcopy(model) if engine_model is model else engine_model
+        return BuiltinEngine(engine_model.eval(), tokenizer, eos_token_id=tokenizer.eos_token_id,
                              pad_token_id=tokenizer.pad_token_id or 0)
     if workdir is None:
         raise ValueError(f"rollout.engine={cfg.rollout.engine} needs a run directory for its engine files")
@@ -281,6 +286,9 @@ def engine_factory(cfg: RunConfig, model: torch.nn.Module, tokenizer: PreTrained
     rc = cfg.rollout
     eos, pad = tokenizer.eos_token_id, tokenizer.pad_token_id or 0
     if rc.engine == "builtin":
+        from posttrain.rollout.precision import engine_copy
+
+        model = engine_copy(model, rc.precision)  # both factories snapshot the weights now
         # Stop strings (env.stop_strings of multi-turn episodes) need the tokenizer on the worker side;
         # otherwise the factory stays tokenizer-free (less to pickle per worker start).
         stops = cfg.env.name is not None and bool(cfg.env.stop_strings)

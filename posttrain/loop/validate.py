@@ -13,7 +13,7 @@ and this machine:
 - user modules import: ``reward.functions``, ``eval.hidden_verifier``, an ``env.name`` plug-in,
   whose declared reward parts must cover ``reward.weights``;
 - this machine has what the recipe asks for: the ``model.path`` directory, the vLLM environment,
-  the tracker packages, a visible GPU for ``learner.device=cuda`` / ``learner.precision=bf16``.
+  native bf16 for ``rollout.precision=bf16``, the tracker packages, a visible GPU for ``learner.device=cuda`` / ``learner.precision=bf16``.
 
 Every failure is one :class:`~posttrain.errors.ConfigError` line, worded and prefixed as the
 config's own errors (``<source>: <key>: <why>``). :func:`load_run_config` is the loader of the
@@ -155,6 +155,10 @@ def _check_learner_device(cfg: RunConfig) -> None:
 
 def _check_vllm_env(cfg: RunConfig) -> None:
     ro = cfg.rollout
+    if ro.engine == "builtin" and ro.precision == "bf16":
+        from posttrain.rollout.precision import check_engine_precision
+
+        check_engine_precision(ro.precision, "cpu")  # the builtin engine samples on the driver's CPU
     if ro.engine != "vllm":
         return
     p = ro.vllm.python_path()
