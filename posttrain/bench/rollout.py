@@ -17,6 +17,11 @@ and no end of sequence (every row generates exactly ``new_tokens``), by:
   trip of the completions, as in training). Only for models with head_dim >= 32 (vLLM's CPU
   attention), so not for ``micro``.
 
+``--dtype`` (float32 or bfloat16) is the dtype of every column: the model is cast once and each engine
+computes in it (vLLM is started with the same ``dtype``), and the GEMM probe of the roofline multiplies
+in it too, so each dtype's fraction is of its own measured peak. The CPU's name and its native-bf16
+feature (:mod:`posttrain.rollout.precision`) are recorded with the results.
+
 Cases: ``batch`` prompts with one sample each, and ``batch // n`` prompts with ``n`` samples each
 (the engine prefills each prompt once; ``generate`` expands the prompt ``n`` times via
 ``num_return_sequences``). Engines run alternately (the order flips every repetition) in one
@@ -25,6 +30,7 @@ process; the reported tokens/s is the median over ``reps``. The roofline is
 (Kaplan et al. 2020, arXiv:2001.08361, section 2.1), and ``gemm_flops`` is the best of several
 fp32 ``n x n`` matmuls measured with the same thread count, probed before every model and at the
 end (the best probe counts: on a shared machine a probe during a load spike understates the rate).
+With ``--dtype bfloat16`` the probe multiplies bfloat16 matrices.
 """
 
 from __future__ import annotations
@@ -40,6 +46,8 @@ from typing import Any
 
 import torch
 
+from posttrain.rollout.precision import cpu_flags, native_bf16
+
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     """Options of ``posttrain bench rollout`` (``--json PATH`` is added by the bench command)."""
@@ -54,6 +62,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--no-sdpa-baseline", action="store_true", help="skip the hf_sdpa baseline")
     p.add_argument("--gemm-size", type=int, default=1024, help="n of the n x n fp32 GEMM roofline probe")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--dtype", choices=("float32", "bfloat16"), default="float32",
+                   help="dtype of every engine's weights and compute, and of the GEMM probe (default float32)")
     p.add_argument("--vllm-python", default=".venv-vllm/bin/python",
                    help="interpreter of the vLLM environment (a vllm column when it exists; default .venv-vllm)")
     p.add_argument("--no-vllm", action="store_true", help="skip the vllm column")
@@ -61,10 +71,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="smoke run: micro model, batch 4, 8 new tokens, n 2, 1 rep, GEMM 256, 1 thread (seconds)")
 
 
-def gemm_flops(size: int = 1024, trials: int = 5, min_seconds: float = 0.2) -> float:
-    """Best measured fp32 ``size x size @ size x size`` rate in FLOP/s (``2 n^3`` FLOPs per product)."""
-    a = torch.randn(size, size)
-    b = torch.randn(size, size)
+def gemm_flops(size: int = 1024, trials: int = 5, min_seconds: float = 0.2,
+               dtype: torch.dtype = torch.float32) -> float:
+    """Best measured ``size x size @ size x size`` rate in ``dtype``, in FLOP/s (``2 n^3`` FLOPs per product)."""
+    a = torch.randn(size, size).to(dtype)
+    b = torch.randn(size, size).to(dtype)
     a @ b  # warm-up
     best = 0.0
     for _ in range(trials):
@@ -109,13 +120,13 @@ def _time_hf(model: Any, prompts: list[list[int]], n: int, new_tokens: int, seed
     return dt, int(out.shape[0] * (out.shape[1] - ids.shape[1]))
 
 
-def _vllm_server(model: Any, python: Path, workdir: Path) -> Any:
-    """A vLLM engine server (the ``rollout.engine=vllm`` path) on ``model``'s weights, fp32."""
+def _vllm_server(model: Any, python: Path, workdir: Path, dtype: str = "float32") -> Any:
+    """A vLLM engine server (the ``rollout.engine=vllm`` path) on ``model``'s weights, in ``dtype``."""
     from posttrain.rollout.server_process import SpawnedEngine
 
     model.save_pretrained(str(workdir / "model"))
     return SpawnedEngine(python, "posttrain.rollout.vllm_engine:build_vllm_engine",
-                         {"model": str(workdir / "model"), "dtype": "float32", "seed": 0},
+                         {"model": str(workdir / "model"), "dtype": dtype, "seed": 0},
                          log_path=workdir / "server.log", startup_timeout_s=900)
 
 
@@ -155,6 +166,18 @@ def run_case(
         if any(t != expected for t in toks[k]):
             raise RuntimeError(f"{k} generated {toks[k]} tokens, expected {expected} per run (an early stop?)")
     return {"tokens_per_s": tps, "seconds": secs, "tokens_per_run": expected}
+
+
+def cpu_name(cpuinfo: Path = Path("/proc/cpuinfo")) -> str:
+    """The first processor's ``model name`` in ``cpuinfo`` (``platform.processor()`` where there is none)."""
+    try:
+        for line in cpuinfo.read_text(encoding="utf-8", errors="replace").splitlines():
+            key, sep, value = line.partition(":")
+            if sep and key.strip() == "model name":
+                return value.strip()
+    except OSError:
+        pass
+    return platform.processor() or "unknown CPU"
 
 
 REAL_MODELS = ("smollm2-135m-instruct",)
@@ -202,9 +225,12 @@ def run(args: argparse.Namespace) -> int:
         print(f"no vLLM environment at {vllm_python} (make vllm-env): no vllm column")
         vllm_python = None
     load_before = os.getloadavg()
+    dtype = getattr(torch, args.dtype)
 
     def probe() -> float:
-        return gemm_flops(args.gemm_size, trials=2, min_seconds=0.05) if args.quick else gemm_flops(args.gemm_size)
+        if args.quick:
+            return gemm_flops(args.gemm_size, trials=2, min_seconds=0.05, dtype=dtype)
+        return gemm_flops(args.gemm_size, dtype=dtype)
 
     # The GEMM rate is probed before every model and at the end; the roofline uses the best probe
     # (the machine's capability; a probe taken under a load spike would inflate the fraction).
@@ -214,7 +240,7 @@ def run(args: argparse.Namespace) -> int:
         if i:
             probes.append(probe())
         # eos None: no early stop, so both engines generate exactly new_tokens per row.
-        model = _bench_model(preset, args.seed, args.prompt_len + args.new_tokens + 1)
+        model = _bench_model(preset, args.seed, args.prompt_len + args.new_tokens + 1).to(dtype)
         model.config.eos_token_id = None
         model.generation_config.eos_token_id = None
         params = count_parameters(model)
@@ -223,7 +249,8 @@ def run(args: argparse.Namespace) -> int:
         if vllm_python is not None and head_dim >= 32:
             import tempfile
 
-            server = _vllm_server(model, vllm_python, Path(tempfile.mkdtemp(prefix=f"bench_vllm_{preset}_")))
+            server = _vllm_server(model, vllm_python, Path(tempfile.mkdtemp(prefix=f"bench_vllm_{preset}_")),
+                                  args.dtype)
         elif vllm_python is not None:
             print(f"{preset}: head_dim {head_dim} < 32, which vLLM's CPU attention rejects: no vllm column")
         cases = [("batch", args.batch, 1)]
@@ -269,20 +296,22 @@ def run(args: argparse.Namespace) -> int:
         "benchmark": "rollout",
         "command": (f"posttrain bench rollout --models {args.models} --batch {args.batch} --new-tokens {args.new_tokens}"
                     f" --prompt-len {args.prompt_len} --n {args.n} --reps {args.reps} --threads {threads}"
-                    f" --seed {args.seed}" + (" --no-sdpa-baseline" if args.no_sdpa_baseline else "")
+                    f" --seed {args.seed} --dtype {args.dtype}" + (" --no-sdpa-baseline" if args.no_sdpa_baseline else "")
                     + (" --no-vllm" if args.no_vllm else "")),
         "machine": {
-            "cpus": os.cpu_count(), "torch_threads": threads, "platform": platform.platform(),
+            "cpus": os.cpu_count(), "cpu": cpu_name(), "native_bf16": native_bf16(cpu_flags()),
+            "torch_threads": threads, "platform": platform.platform(),
             "torch": torch.__version__, "loadavg_before": load_before, "loadavg_after": load_after,
             "vllm_python": None if vllm_python is None else str(vllm_python),
         },
         "gemm_flops": flops,
         "gemm_flops_probes": probes,
         "settings": {k: getattr(args, k) for k in ("models", "batch", "new_tokens", "prompt_len", "n", "reps", "seed",
-                                                   "gemm_size", "quick")},
+                                                   "gemm_size", "quick", "dtype")},
         "results": results,
     }
-    table = Table(title=f"posttrain bench rollout ({threads} threads, fp32 GEMM {flops / 1e9:.1f} GFLOP/s)")
+    table = Table(title=f"posttrain bench rollout ({cpu_name()}, {threads} threads, {args.dtype}, "
+                  f"{args.dtype} GEMM {flops / 1e9:.1f} GFLOP/s)")
     for col in ("model", "params", "case", "builtin tok/s", "hf tok/s", "hf_sdpa tok/s", "vllm tok/s", "x hf",
                 "x hf_sdpa", "x vllm", "roofline tok/s", "builtin %roof", "hf %roof"):
         table.add_column(col, justify="right")

@@ -66,3 +66,36 @@ def test_bench_rollout_models_are_presets_or_smollm2(tmp_path: Path) -> None:
     # the real model from its offline wheel (converted once, then cached): fp32, head_dim 64 (vLLM's CPU attention)
     m = _bench_model("smollm2-135m-instruct", 0, 80)
     assert next(m.parameters()).dtype == torch.float32 and m.config.hidden_size // m.config.num_attention_heads == 64
+
+
+def test_bench_rollout_bf16_casts_every_column_and_names_the_cpu(tmp_path: Path) -> None:
+    out = tmp_path / "rollout.json"
+    assert main(["bench", "rollout", "--quick", "--no-sdpa-baseline", "--no-vllm", "--dtype", "bfloat16",
+                 "--json", str(out)]) == 0
+    d = json.loads(out.read_text())
+    assert d["settings"]["dtype"] == "bfloat16" and "--dtype bfloat16" in d["command"]
+    assert d["machine"]["cpu"] and "native_bf16" in d["machine"]
+    assert all(r["tokens_per_s"]["builtin"] > 0 for r in d["results"])
+
+
+def test_gemm_probe_multiplies_in_the_given_dtype(monkeypatch: pytest.MonkeyPatch) -> None:
+    from posttrain.bench import rollout as R
+
+    seen: list[torch.dtype] = []
+    real = torch.Tensor.__matmul__
+
+    def spy(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+        seen.append(a.dtype)
+        return real(a, b)
+
+    monkeypatch.setattr(torch.Tensor, "__matmul__", spy)
+    assert R.gemm_flops(32, trials=1, min_seconds=0.0, dtype=torch.bfloat16) > 0
+    assert seen and set(seen) == {torch.bfloat16}
+
+
+def test_cpu_name_reads_model_name(tmp_path: Path) -> None:
+    from posttrain.bench.rollout import cpu_name
+
+    f = tmp_path / "cpuinfo"
+    f.write_text("processor\t: 0\nmodel name\t: AMD EPYC 9B14\nflags\t: avx2\n")
+    assert cpu_name(f) == "AMD EPYC 9B14"
