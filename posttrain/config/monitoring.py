@@ -23,6 +23,11 @@ class EvalConfig(Section):
     sampled_temperature: float | None = Field(
         default=None, gt=0.0, description="also report held-out accuracy sampled at this temperature (heldout_sampled/*)")
     max_new_tokens: int | None = Field(default=None, ge=1, description="default: sampling.max_new_tokens")
+    heldout_seed: int | None = Field(
+        default=None, description="the seed every held-out set's problems are drawn with; null = the run's seed. Set "
+        "it (e.g. 0) so every seed of a recipe is evaluated on the same problems (seed spreads then compare like "
+        "with like); the run's seed still orders the training data and seeds sampling. Held-out and training "
+        "problems stay disjoint by problem either way (posttrain/envs/task.py)")
     reject_drop: float = Field(default=0.5, ge=0.0, le=1.0, description="reject a revision whose held-out accuracy falls "
                                "more than this below the best promoted one (restore the promoted weights)")
     k: int = Field(default=1, ge=1, description="report heldout/pass@k (unbiased estimator, Chen et al. 2021) and pass@1 "
@@ -35,6 +40,10 @@ class EvalConfig(Section):
         "verifier's and never into the reward (posttrain/rewards/hidden.py)")
     hidden_verifier_kwargs: dict[str, Any] = Field(default_factory=dict,
                                                    description="keyword arguments of eval.hidden_verifier")
+
+    def heldout_seed_of(self, run_seed: int) -> int:
+        """The seed the held-out sets are drawn with: ``heldout_seed``, else the run's ``run_seed``."""
+        return run_seed if self.heldout_seed is None else self.heldout_seed
 
     @model_validator(mode="after")
     def _check_passk(self) -> EvalConfig:

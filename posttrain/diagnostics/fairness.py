@@ -94,9 +94,11 @@ def identity(run_dir: str | Path) -> dict[str, str]:
         "tokenizer/template": f"{_tokenizer_identity(run, cfg)}; prompts {_prompt_rendering(run)}",
         "verifier version": _verifiers(run, cfg),
         # The held-out prompts are task.examples("heldout", eval.size, seed): seeds are paired
-        # across recipes, so the set is identified by task, its arguments and the size.
+        # across recipes, so the set is identified by task, its arguments and the size (and
+        # eval.heldout_seed where a recipe fixes the set across seeds).
         "held-out set": f"{task.get('name')} {task.get('kwargs')} size={ev.get('size')} "
-                        f"max_new_tokens={ev.get('max_new_tokens')} temperature={ev.get('temperature')}",
+                        f"max_new_tokens={ev.get('max_new_tokens')} temperature={ev.get('temperature')}"
+                        + ("" if ev.get("heldout_seed") is None else f" heldout_seed={ev.get('heldout_seed')}"),
     }
 
 

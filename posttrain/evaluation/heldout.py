@@ -63,7 +63,7 @@ class HeldoutRun:
 
         task = build_task(cfg)
         renderer = build_renderer(cfg, tokenizer)
-        heldout = list(task.examples("heldout", cfg.eval.size, seed=cfg.seed))
+        heldout = list(task.examples("heldout", cfg.eval.size, seed=cfg.eval.heldout_seed_of(cfg.seed)))
         check_run_prompts(cfg, task, heldout, tokenizer, model, renderer)  # the run's own prompt checks
         hidden = None
         if cfg.eval.hidden_verifier is not None:
@@ -75,7 +75,13 @@ class HeldoutRun:
             pool = VerifierPool(workers=0, timeout_s=ray.verify_timeout_s, retries=ray.verify_retries)
         else:
             pool = VerifierPool(workers=cfg.reward.workers, timeout_s=cfg.reward.timeout_s, retries=cfg.reward.retries)
-        return cls(cfg=cfg, engine=build_engine(model, tokenizer), tokenizer=tokenizer, task=task, heldout=heldout,
+        from posttrain.rollout.precision import engine_copy
+
+        # the engine computes as the run's did (rollout.precision of the builtin engine; others sampled at
+        # their own dtype, evaluated here by the builtin engine at the model's)
+        precision = cfg.rollout.precision if cfg.rollout.engine == "builtin" else "auto"
+        engine = build_engine(engine_copy(model, precision), tokenizer)
+        return cls(cfg=cfg, engine=engine, tokenizer=tokenizer, task=task, heldout=heldout,
                    renderer=renderer, verify_batch=pool.verify_batch, hidden_verifier=hidden, plain_model=model,
                    _pool=pool)
 

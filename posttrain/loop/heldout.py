@@ -263,15 +263,17 @@ _SPLIT_CACHE_SIZE = 8
 
 def split_examples(run: EvaluatedRun, split: str) -> list[TaskExample]:
     """The examples of held-out set ``split``: ``run.heldout`` for ``"heldout"``, else
-    ``run.task.examples(split, eval.size, seed)``, fetched once per (task, split, size, seed) and cached
+    ``run.task.examples(split, eval.size, seed)`` (seed: ``eval.heldout_seed``, else the run's), fetched once
+    per (task, split, size, seed) and cached
     (the last few; an entry holds its task, so a task's ``id`` is never reused while it is cached)."""
     if split == "heldout":
         return run.heldout
     cfg = run.cfg
-    key = (id(run.task), split, cfg.eval.size, cfg.seed)
+    seed = cfg.eval.heldout_seed_of(cfg.seed)
+    key = (id(run.task), split, cfg.eval.size, seed)
     hit = _SPLIT_CACHE.get(key)
     if hit is None:
-        hit = (run.task, list(run.task.examples(split, cfg.eval.size, seed=cfg.seed)))
+        hit = (run.task, list(run.task.examples(split, cfg.eval.size, seed=seed)))
         _SPLIT_CACHE[key] = hit
         while len(_SPLIT_CACHE) > _SPLIT_CACHE_SIZE:
             _SPLIT_CACHE.popitem(last=False)

@@ -146,7 +146,7 @@ def _build_rest(cfg: RunConfig, run_dir: Path, tokenizer: PreTrainedTokenizerBas
     ref_model = copy.deepcopy(plain_model).eval().requires_grad_(False) if cfg.loss.kl_estimator is not None else None
     critic = build_critic(cfg, plain_model) if cfg.critic.enabled else None
     teacher = build_teacher(cfg, tokenizer)  # loss.distill: frozen, on the learner side
-    heldout = task.examples("heldout", cfg.eval.size, seed=cfg.seed)
+    heldout = task.examples("heldout", cfg.eval.size, seed=cfg.eval.heldout_seed_of(cfg.seed))
     hidden: Verifier | None = None  # eval.hidden_verifier: judges beside the task's, never rewards
     if cfg.eval.hidden_verifier is not None:
         from posttrain.rewards.hidden import build_hidden_verifier

@@ -102,3 +102,21 @@ def test_bf16_engine_trains_and_the_ledger_shows_the_mismatch(tmp_path: Path) ->
         out[prec] = [r["logkappa_abs_mean"] for r in rows if "logkappa_abs_mean" in r]
     assert out["auto"] and out["bf16"]
     assert max(out["auto"]) < 1e-4 < 1e-3 < min(out["bf16"])
+
+
+def test_posttrain_eval_samples_at_the_runs_precision() -> None:
+    """A bf16 run's checkpoint is evaluated by a bf16 engine (evaluated as its run did)."""
+    from posttrain.config import parse_config, read_recipe
+    from posttrain.evaluation.heldout import HeldoutRun
+
+    over = ["model.path=builtin:micro", "eval.size=4"]
+    for prec, dtype in (("bf16", torch.bfloat16), ("auto", torch.float32)):
+        data, source = read_recipe("grpo", [*over, f"rollout.precision={prec}"])
+        cfg = parse_config(data, source, [*over, f"rollout.precision={prec}"])
+        tok, model = build_model(cfg)
+        hr = HeldoutRun.from_config(cfg, model, tok)
+        try:
+            assert next(hr.engine.model.parameters()).dtype == dtype  # type: ignore[attr-defined]
+            assert next(model.parameters()).dtype == torch.float32
+        finally:
+            hr.close()
