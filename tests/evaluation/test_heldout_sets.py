@@ -5,6 +5,7 @@ import types
 
 import pytest
 
+from posttrain.config.monitoring import EvalConfig
 from posttrain.loop.heldout import eval_splits, split_examples
 
 
@@ -34,11 +35,13 @@ def test_declarations_that_would_break_the_keys_or_promotion_are_refused(bad):
 
 def test_each_further_set_is_fetched_once_per_size_and_seed():
     task = Declares(("heldout", "heldout_unseen"))
-    run = types.SimpleNamespace(task=task, heldout=["h"], cfg=types.SimpleNamespace(
-        eval=types.SimpleNamespace(size=3), seed=5))
+    run = types.SimpleNamespace(task=task, heldout=["h"], cfg=types.SimpleNamespace(eval=EvalConfig(size=3), seed=5))
     assert split_examples(run, "heldout") == ["h"]  # the run's own held-out list
     first = split_examples(run, "heldout_unseen")
     assert first == ["heldout_unseen:5:0", "heldout_unseen:5:1", "heldout_unseen:5:2"]
     assert split_examples(run, "heldout_unseen") is first and task.fetched == [("heldout_unseen", 3, 5)]
     run.cfg.eval.size = 2
     assert len(split_examples(run, "heldout_unseen")) == 2 and len(task.fetched) == 2
+    run.cfg.eval.heldout_seed = 0  # a set fixed across seeds: drawn with it, cached under it
+    assert split_examples(run, "heldout_unseen") == ["heldout_unseen:0:0", "heldout_unseen:0:1"]
+    assert task.fetched[-1] == ("heldout_unseen", 2, 0)
