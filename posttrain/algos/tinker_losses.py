@@ -16,6 +16,14 @@ policy-gradient losses, ``q = logprobs`` (the sampler's) and ``A = advantages``,
 - ``cispo``: ``-(sg(clip(ratio, lo, hi)) * lp * A).sum()`` (MiniMax-M1, arXiv:2506.13585), same
   defaults.
 
+Which distributions: ``lp`` is always ``log softmax(z)`` of the trained model at temperature 1 over the
+whole vocabulary (``forward`` and ``compute_logprobs`` return the same). ``q`` is whatever the caller
+sends; ``posttrain serve``'s ``sample`` returns the log-probs of the distribution each token was drawn
+from, ``log softmax(z / T)`` renormalised over the top-k / top-p kept set. At ``T = 1`` without
+truncation the two agree on-policy (``ratio = 1`` up to rounding); at ``T != 1`` or with truncation they
+do not, and ``ratio != 1`` even before any update: these losses then weight by ``pi_theta(T=1) / mu(T)``.
+To train on-policy at another temperature, send ``compute_logprobs``' values (``T = 1``) as ``logprobs``.
+
 Unknown losses (``dro``, ``gspo``, ``stable_reinforce``, ``custom`` server-side), unknown config keys
 and missing or unknown inputs are :class:`~posttrain.errors.UserError` s: never an approximation.
 """
@@ -54,12 +62,16 @@ def _ratio(lp: torch.Tensor, inputs: Mapping[str, torch.Tensor]) -> torch.Tensor
 
 
 def importance_sampling(lp: torch.Tensor, inputs: Mapping[str, torch.Tensor], cfg: Mapping[str, float]) -> torch.Tensor:
-    """``-(exp(lp - q) * A).sum()``."""
+    """``-(exp(lp - q) * A).sum()``: ``lp`` the learner's log-probs at temperature 1, ``q`` the sampler's of
+    the distribution it drew from (temperature / truncation applied: see the module doc; ratio != 1
+    on-policy when ``T != 1``)."""
     return -(_ratio(lp, inputs) * inputs["advantages"]).sum()
 
 
 def ppo(lp: torch.Tensor, inputs: Mapping[str, torch.Tensor], cfg: Mapping[str, float]) -> torch.Tensor:
-    """``-min(ratio * A, clip(ratio, lo, hi) * A).sum()`` (PPO's clipped surrogate, token-wise)."""
+    """``-min(ratio * A, clip(ratio, lo, hi) * A).sum()`` (PPO's clipped surrogate, token-wise), ``ratio =
+    exp(lp - q)`` with ``lp`` at temperature 1 and ``q`` the sampler's (temperature / truncation applied: at
+    ``T != 1`` the ratio starts away from 1 and the clip acts from the first step; see the module doc)."""
     ratio, adv = _ratio(lp, inputs), inputs["advantages"]
     clipped = ratio.clamp(cfg["clip_low_threshold"], cfg["clip_high_threshold"])
     return -torch.minimum(ratio * adv, clipped * adv).sum()

@@ -11,6 +11,13 @@ The SDK's ``SamplingParams`` map onto :class:`~posttrain.rollout.sampling.Sampli
 ``max_tokens`` -> ``max_new_tokens`` (default: the rest of the context), ``top_k = -1`` -> 0 (off),
 ``stop`` strings or token ids; the engine always stops at EOS, so ``stop=[]`` (which asks to
 disable EOS) is refused, as are top-k log-probs, target prompt log-probs and alternative prompt tokens.
+The context holds: ``len(prompt) + max_tokens <= max_context_length`` (also for ``compute_logprobs``, a
+one-token sample with prompt log-probs), and prompt ids must lie in the vocabulary.
+
+Log-probs of sampled tokens are those of the distribution the token was drawn from: at temperature
+``T`` (and with top-k / top-p truncation) ``log softmax(z / T)`` renormalised over the kept set,
+**not** the ``T = 1`` log-probs that ``compute_logprobs`` and ``forward_backward`` return. On-policy at
+``T != 1`` the ratio ``exp(lp - q)`` of the ``importance_sampling`` / ``ppo`` losses is therefore not 1.
 """
 
 from __future__ import annotations
@@ -47,16 +54,30 @@ _REFUSED = {"topk_prompt_logprobs": 0, "topk_sample_logprobs": 0, "prompt_alt_to
             "target_prompt_logprobs": None, "record_stability_info": None}
 
 
-def sample_call(request_id: str, body: Mapping[str, object], prompt: list[int], context: int | None) -> SampleCall:
-    """Validate a ``SampleRequest`` body (JSON) into a :class:`SampleCall`; ``UserError`` names what is unsupported."""
+def _route(body: Mapping[str, object]) -> str:
+    """How the request names itself: the SDK's ``compute_logprobs`` is a one-token sample with prompt log-probs."""
+    sp = body.get("sampling_params")
+    one = isinstance(sp, Mapping) and sp.get("max_tokens") == 1 and body.get("num_samples", 1) == 1
+    return "compute_logprobs" if body.get("prompt_logprobs") and one else "sample"
+
+
+def sample_call(request_id: str, body: Mapping[str, object], prompt: list[int], context: int | None,
+                vocab_size: int | None = None) -> SampleCall:
+    """Validate a ``SampleRequest`` body (JSON) into a :class:`SampleCall`; ``UserError`` names what is
+    unsupported, and a prompt that does not fit: ``len(prompt) + max_tokens <= context``, ids in ``[0, vocab_size)``."""
+    route = _route(body)
     for key, neutral in _REFUSED.items():
         if body.get(key) not in (neutral, None, False, 0):
-            raise UserError(f"sample: {key} is not supported by posttrain serve")
+            raise UserError(f"{route}: {key} is not supported by posttrain serve")
     sp = body.get("sampling_params")
     if not isinstance(sp, Mapping):
-        raise UserError("sample: sampling_params missing")
+        raise UserError(f"{route}: sampling_params missing")
     if not prompt:
-        raise UserError("sample: empty prompt")
+        raise UserError(f"{route}: empty prompt")
+    if vocab_size is not None:
+        bad = [t for t in prompt if not 0 <= t < vocab_size]
+        if bad:
+            raise UserError(f"{route}: prompt token ids {bad[:5]} outside the vocabulary [0, {vocab_size})")
     stop = sp.get("stop")
     stop_ids: tuple[int, ...] = ()
     stop_strings: tuple[str, ...] = ()
@@ -64,18 +85,24 @@ def sample_call(request_id: str, body: Mapping[str, object], prompt: list[int], 
         stop_strings = (stop,)
     elif isinstance(stop, list):
         if not stop:
-            raise UserError("sample: stop=[] (disable EOS) is not supported: the engine always stops at EOS")
+            raise UserError(f"{route}: stop=[] (disable EOS) is not supported: the engine always stops at EOS")
         if all(isinstance(s, str) for s in stop):
             stop_strings = tuple(str(s) for s in stop)
         elif all(isinstance(s, int) for s in stop):
             stop_ids = tuple(int(s) for s in stop)
         else:
-            raise UserError(f"sample: stop must be strings or token ids, got {stop!r}")
+            raise UserError(f"{route}: stop must be strings or token ids, got {stop!r}")
     max_tokens = sp.get("max_tokens")
     if max_tokens is None:
         if context is None:
-            raise UserError("sample: max_tokens is required (the model has no context length)")
+            raise UserError(f"{route}: max_tokens is required (the model has no context length)")
         max_tokens = context - len(prompt)
+        if max_tokens < 1:
+            raise UserError(f"{route}: a prompt of {len(prompt)} tokens leaves no room in the model's context "
+                            f"of {context} tokens (max_context_length)")
+    elif context is not None and len(prompt) + int(max_tokens) > context:
+        raise UserError(f"{route}: prompt of {len(prompt)} tokens + max_tokens {max_tokens} exceeds the model's "
+                        f"context of {context} tokens (max_context_length)")
     top_k = int(sp.get("top_k", -1))
     seed = sp.get("seed")
     params = SamplingParams(
@@ -91,11 +118,11 @@ def sample_call(request_id: str, body: Mapping[str, object], prompt: list[int], 
     try:
         params.validate(request_id)
     except ValueError as e:
-        raise UserError(f"sample: {e}") from None
+        raise UserError(f"{route}: {e}") from None
     last_n = body.get("prompt_logprobs_last_n")
     want_prompt = bool(body.get("prompt_logprobs"))
     if last_n is not None and not (want_prompt and 1 <= int(last_n) <= len(prompt) - 1):  # type: ignore[call-overload]
-        raise UserError(f"sample: prompt_logprobs_last_n={last_n} needs prompt_logprobs and 1 <= n <= len(prompt) - 1")
+        raise UserError(f"{route}: prompt_logprobs_last_n={last_n} needs prompt_logprobs and 1 <= n <= len(prompt) - 1")
     return SampleCall(request_id, prompt, params, want_prompt, None if last_n is None else int(last_n))  # type: ignore[call-overload]
 
 

@@ -1,7 +1,10 @@
 """HTTP routes of the Tinker API (``/api/v1/...``) on the standard library's threading HTTP server,
 bound to 127.0.0.1 by default. Each route calls one :class:`~posttrain.serve.tinker_service.TinkerService`
 method; a :class:`~posttrain.errors.UserError` (or ``ValueError``) in a request is a 400 with
-``{detail}``, an unknown route a 404 (the SDK treats both as final errors).
+``{detail}``, and any route this server does not serve, whatever the method (GET, POST, PUT, DELETE,
+PATCH), a 404 naming it: the SDK retries 408, 409, 429 and 5xx and treats every other status as final, so
+neither ever leaves a client retrying (the standard library's own answer to an unhandled method, an
+HTML 501, was retried for ever).
 """
 
 from __future__ import annotations
@@ -11,21 +14,22 @@ import re
 import sys
 import threading
 import traceback
-from collections.abc import Callable
+import urllib.parse
+from collections.abc import Callable, Mapping
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 from posttrain.errors import UserError
-from posttrain.serve.tinker_service import Reply, TinkerService, reply
+from posttrain.serve.tinker_service import REFUSALS, Reply, TinkerService, refusal_message, reply
 
 _BODY_LIMIT = 256 * 1024 * 1024
 
 
 def _routes(svc: TinkerService) -> dict[str, Callable[[bytes], Reply]]:
-    ok: Callable[[bytes], Reply] = lambda body: reply({})  # noqa: E731
+    """The POST routes with a fixed path (GET for ``healthz`` and ``get_server_capabilities`` too)."""
     return {
         "/api/v1/client/config": svc.client_config,
-        "/api/v1/client/dynamic_config": ok,
+        "/api/v1/client/dynamic_config": svc.dynamic_config,
         "/api/v1/create_session": svc.create_session,
         "/api/v1/session_heartbeat": svc.heartbeat,
         "/api/v1/telemetry": lambda body: reply({"status": "accepted"}),
@@ -37,16 +41,35 @@ def _routes(svc: TinkerService) -> dict[str, Callable[[bytes], Reply]]:
         "/api/v1/optim_step": svc.optim_step,
         "/api/v1/save_weights": svc.save_weights,
         "/api/v1/save_weights_for_sampler": svc.save_for_sampler,
+        "/api/v1/save_weights_external": svc.save_weights_external,
+        "/api/v1/weights_info": svc.weights_info,
         "/api/v1/load_weights": svc.load_weights,
         "/api/v1/create_sampling_session": svc.create_sampling_session,
         "/api/v1/asample": svc.asample,
         "/api/v1/retrieve_future": svc.retrieve,
-        "/api/v1/cancel_future": ok,
+        "/api/v1/cancel_future": svc.cancel_future,
     }
 
 
-_FINISH = re.compile(r"^/api/v1/sessions/([^/]+)/finish$")
-_SAMPLER = re.compile(r"^/api/v1/samplers/([^/]+)$")
+_RestHandler = Callable[[tuple[str, ...], Mapping[str, str], bytes], Reply]
+_RUN = "/api/v1/training_runs/([^/]+)"
+_CKPT = _RUN + "/checkpoints/((?:weights|sampler_weights)/[^/]+)"
+
+
+def _rest(svc: TinkerService) -> list[tuple[str, re.Pattern[str], _RestHandler]]:
+    """The routes with ids in the path or query parameters: ``(method, path pattern, handler(groups, query, body))``."""
+    return [
+        ("POST", re.compile(r"^/api/v1/sessions/([^/]+)/finish$"), lambda g, q, b: svc.finish_session(g[0])),
+        ("GET", re.compile(r"^/api/v1/samplers/([^/]+)$"), lambda g, q, b: svc.get_sampler(g[0])),
+        ("GET", re.compile(r"^/api/v1/sessions$"), lambda g, q, b: svc.list_sessions(q)),
+        ("GET", re.compile(r"^/api/v1/sessions/([^/]+)$"), lambda g, q, b: svc.get_session(g[0])),
+        ("GET", re.compile(r"^/api/v1/training_runs$"), lambda g, q, b: svc.list_training_runs(q)),
+        ("GET", re.compile(f"^{_RUN}$"), lambda g, q, b: svc.get_training_run(g[0])),
+        ("GET", re.compile(f"^{_RUN}/checkpoints$"), lambda g, q, b: svc.list_checkpoints(g[0])),
+        ("DELETE", re.compile(f"^{_CKPT}$"), lambda g, q, b: svc.delete_checkpoint(g[0], g[1])),
+        ("PUT", re.compile(f"^{_CKPT}/ttl$"), lambda g, q, b: svc.set_checkpoint_ttl(g[0], g[1], b)),
+        ("GET", re.compile(r"^/api/v1/checkpoints$"), lambda g, q, b: svc.list_user_checkpoints(q)),
+    ]
 
 
 class TinkerServer(ThreadingHTTPServer):
@@ -61,6 +84,7 @@ class TinkerServer(ThreadingHTTPServer):
     def __init__(self, service: TinkerService, host: str, port: int) -> None:
         self.service = service
         self.routes = _routes(service)
+        self.rest = _rest(service)
         self._thread: threading.Thread | None = None
         super().__init__((host, port), _Handler)
 
@@ -75,21 +99,20 @@ class TinkerServer(ThreadingHTTPServer):
         if not isinstance(sys.exc_info()[1], ConnectionError):
             super().handle_error(request, client_address)  # type: ignore[arg-type]
 
-    def dispatch(self, method: str, path: str, body: bytes) -> Reply:
-        """The reply to one request."""
-        path = path.split("?", 1)[0]
+    def dispatch(self, method: str, target: str, body: bytes) -> Reply:
+        """The reply to one request (``target``: the path and query string)."""
+        path, _, qs = target.partition("?")
+        query = {k: v[-1] for k, v in urllib.parse.parse_qs(qs).items()}
         try:
-            if (m := _FINISH.match(path)) and method == "POST":
-                return self.service.finish_session(m.group(1))
-            if (m := _SAMPLER.match(path)) and method == "GET":
-                return self.service.get_sampler(m.group(1))
+            for m_, pattern, handler in self.rest:
+                if m_ == method and (m := pattern.match(path)):
+                    return handler(tuple(urllib.parse.unquote(x) for x in m.groups()), query, body)
             fn = self.routes.get(path)
-            if fn is None:
+            if fn is None or method not in ("POST", "GET"):
                 return reply({"detail": f"{method} {path} is not implemented by posttrain serve"}, 404)
             return fn(body)
-        except (UserError, ValueError, KeyError, TypeError) as e:
-            msg = f"missing field {e}" if isinstance(e, KeyError) else str(e)
-            return reply({"detail": msg}, 400)
+        except REFUSALS as e:
+            return reply({"detail": refusal_message(e)}, 400)
 
     def start(self) -> None:
         """Serve on a daemon thread."""
@@ -137,8 +160,20 @@ class _Handler(BaseHTTPRequestHandler):
         self._handle("POST")
 
     def do_GET(self) -> None:  # noqa: N802
-        """GET routes (samplers, healthz)."""
+        """GET routes (samplers, sessions, training runs, checkpoints, healthz)."""
         self._handle("GET")
+
+    def do_PUT(self) -> None:  # noqa: N802
+        """PUT routes (checkpoint TTL)."""
+        self._handle("PUT")
+
+    def do_DELETE(self) -> None:  # noqa: N802
+        """DELETE routes (checkpoints)."""
+        self._handle("DELETE")
+
+    def do_PATCH(self) -> None:  # noqa: N802
+        """No PATCH route: a 404 naming it."""
+        self._handle("PATCH")
 
 
 def load_base(model: str) -> tuple[object, object]:

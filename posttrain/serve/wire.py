@@ -3,7 +3,8 @@
 
 Only what this server implements is decoded: token chunks (``encoded_text``) and dense 1-D
 ``loss_fn_inputs``. Image / audio chunks and sparse tensors are :class:`~posttrain.errors.UserError` s
-naming the datum. Provenance spans (where a datum's tokens were sampled; tinker-cookbook sends them)
+naming the datum (a :class:`RefusedRequest`, which carries the model and ``seq_id`` so that the
+refusal takes its place in the model's order), as are non-finite float inputs. Provenance spans (where a datum's tokens were sampled; tinker-cookbook sends them)
 are accepted and not used: they serve losses this server does not implement (``stable_reinforce``)
 and change nothing in the ones it does.
 """
@@ -26,6 +27,16 @@ def proto() -> ModuleType:
     except ImportError as e:
         raise UserError("posttrain serve --tinker needs the optional extra: pip install 'posttrain[tinker]'") from e
     return tinker_public_pb2
+
+
+class RefusedRequest(UserError):
+    """A request whose model and ``seq_id`` are known but whose content is refused: the service queues it
+    as a failing job at that ``seq_id`` instead of answering 400 (the model's later requests then run)."""
+
+    def __init__(self, message: str, model_id: str, seq_id: int) -> None:
+        super().__init__(message)
+        self.model_id = model_id
+        self.seq_id = seq_id
 
 
 @dataclasses.dataclass(frozen=True)
@@ -64,6 +75,8 @@ def _tensor(msg: object, where: str) -> torch.Tensor:
     if shape and (len(shape) != 1 or shape[0] != arr.size):
         raise UserError(f"{where}: shape {shape}; posttrain serve takes 1-D loss_fn_inputs")
     t = torch.from_numpy(arr)
+    if dtype == np.dtype(np.float32) and not bool(torch.isfinite(t).all()):
+        raise UserError(f"{where}: holds NaN or infinite values")
     return t.to(torch.int64) if dtype != np.dtype(np.float32) else t
 
 
@@ -79,21 +92,31 @@ def tokens_of_chunks(chunks: list[object], where: str) -> list[int]:
 
 
 def decode_forward_backward(body: bytes) -> ForwardBackwardIn:
-    """Parse a ``ForwardBackwardRequest``; ``UserError`` for what this server does not take."""
+    """Parse a ``ForwardBackwardRequest``; ``UserError`` for an unparsable message, :class:`RefusedRequest`
+    for content this server does not take (its model and ``seq_id`` parsed)."""
+    from google.protobuf.message import DecodeError
+
     msg = proto().ForwardBackwardRequest()
-    msg.ParseFromString(body)
-    config: dict[str, float | str] = {k: float(v) for k, v in msg.loss_fn_config.items()}
-    for k, v in msg.loss_fn_config_v2.items():
-        config[k] = v.text if v.WhichOneof("value") == "text" else float(v.number)
-    data: list[DatumIn] = []
-    for i, d in enumerate(msg.data):
-        tokens = tokens_of_chunks(list(d.model_input), f"datum {i}")
-        inputs = {k: _tensor(v, f"datum {i} loss_fn_inputs[{k!r}]") for k, v in d.loss_fn_inputs.items()}
-        if "target_tokens" not in inputs:
-            raise UserError(f"datum {i}: loss_fn_inputs has no 'target_tokens'")
-        data.append(DatumIn(tokens, inputs))
-    if not data:
-        raise UserError("forward_backward: no data")
+    try:
+        msg.ParseFromString(body)
+    except DecodeError as e:
+        raise UserError(f"forward_backward: the body is not a ForwardBackwardRequest: {e}") from None
+    route = "forward" if msg.forward_only else "forward_backward"
+    try:
+        config: dict[str, float | str] = {k: float(v) for k, v in msg.loss_fn_config.items()}
+        for k, v in msg.loss_fn_config_v2.items():
+            config[k] = v.text if v.WhichOneof("value") == "text" else float(v.number)
+        data: list[DatumIn] = []
+        for i, d in enumerate(msg.data):
+            tokens = tokens_of_chunks(list(d.model_input), f"{route} datum {i}")
+            inputs = {k: _tensor(v, f"{route} datum {i} loss_fn_inputs[{k!r}]") for k, v in d.loss_fn_inputs.items()}
+            if "target_tokens" not in inputs:
+                raise UserError(f"{route} datum {i}: loss_fn_inputs has no 'target_tokens'")
+            data.append(DatumIn(tokens, inputs))
+        if not data:
+            raise UserError(f"{route}: no data")
+    except UserError as e:
+        raise RefusedRequest(str(e), msg.model_id, int(msg.seq_id)) from None
     return ForwardBackwardIn(msg.model_id, int(msg.seq_id), msg.loss_fn, config, bool(msg.forward_only), data)
 
 

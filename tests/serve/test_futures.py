@@ -52,3 +52,38 @@ def test_waits_are_bounded() -> None:
     q = JobQueue()
     q.close()
     assert q.take(5.0) == []  # a closed queue returns at once
+
+
+def test_clients_take_turns() -> None:
+    """Round-robin over clients: a client with a long queue delays another by one job, not by its queue."""
+    q = JobQueue()
+    for i in range(3):
+        q.submit(Job(f"a{i}", lambda: Outcome(b""), client="A"))
+    q.submit(Job("b0", lambda: Outcome(b""), client="B"))
+    q.submit(Job("b1", lambda: Outcome(b""), client="B"))
+    order = [q.take(0.05)[0].request_id for _ in range(5)]
+    assert order == ["a0", "b0", "a1", "b1", "a2"]
+
+
+def test_a_missing_seq_id_holds_a_model_for_gap_s_only() -> None:
+    q = JobQueue(gap_s=0.2)
+    q.open_order("m", 1)
+    q.submit(_job("second", "m", 2))  # seq 1 never arrives (the client failed before sending it)
+    assert q.take(0.05) == []
+    t0 = time.monotonic()
+    assert [j.request_id for j in q.take(5.0)] == ["second"]
+    assert 0.1 < time.monotonic() - t0 < 2.0
+    with pytest.raises(UserError, match="already used"):
+        q.submit(_job("late", "m", 1))
+
+
+def test_dropped_jobs_leave_the_queue_and_their_seq_ids_count_as_used() -> None:
+    q = JobQueue()
+    q.open_order("m", 1)
+    for rid, seq in [("fb", 1), ("opt", 2)]:
+        q.submit(Job(rid, lambda: Outcome(b""), order_key="m", seq=seq, client="A"))
+    q.submit(Job("s", lambda: Outcome(b""), client="B"))
+    assert [j.request_id for j in q.drop(lambda j: j.client != "A")] == ["fb", "opt"]
+    assert len(q) == 1 and [j.request_id for j in q.take(0.05)] == ["s"]
+    q.submit(Job("next", lambda: Outcome(b""), order_key="m", seq=3, client="A"))
+    assert [j.request_id for j in q.take(0.05)] == ["next"]  # runs at once: 1 and 2 were consumed
