@@ -16,8 +16,8 @@ With ``env.name`` set the trajectories are multi-turn episodes played as in trai
 1-4 also cover the observation tokens between turns (never in a ratio, a loss or a gradient). With
 ``loss.distill`` the advantages are the teacher's reverse-KL ones the run trains on.
 
-The list depends on the recipe's ``trainer`` (:func:`run_checks`): ``preference`` (offline) and
-``reward_model`` run their own checks on a few pairs of ``preference.data``
+The list depends on the recipe's ``trainer`` (:func:`run_checks`, through its registry entry's ``checks``):
+``preference`` (offline) and ``reward_model`` run their own checks on a few pairs of ``preference.data``
 (:mod:`posttrain.commands.check_preference`, :mod:`posttrain.commands.check_reward_model`); online
 ``preference`` runs checks 3 and 5 on the sampled groups and the preference checks on pairs built from
 them (:mod:`posttrain.commands.check_online_preference`).
@@ -39,6 +39,7 @@ from posttrain.commands.check_rollout import check_behavior_vs_old, check_save_r
 from posttrain.diagnostics.tolerance import compute_dtype, shape_rtol
 
 if TYPE_CHECKING:
+    from collections.abc import Callable
 
     from posttrain.config import RunConfig
     from posttrain.learner.actor import PolicyLearner
@@ -156,25 +157,35 @@ def run_rl_checks(cfg: RunConfig, prompts: int = 4) -> list[CheckResult]:
     return results
 
 
+def preference_checks(cfg: RunConfig, prompts: int = 4) -> list[CheckResult]:
+    """``trainer: preference``'s checks: offline :func:`~posttrain.commands.check_preference.offline_checks` on
+    ``prompts`` pairs, online :func:`~posttrain.commands.check_online_preference.online_preference_checks`."""
+    if cfg.preference.online:
+        from posttrain.commands.check_online_preference import online_preference_checks
+
+        return online_preference_checks(cfg, prompts)
+    from posttrain.commands.check_preference import offline_checks
+
+    return offline_checks(cfg, prompts)
+
+
 def run_checks(cfg: RunConfig, prompts: int = 4) -> list[CheckResult]:
-    """The checks of ``cfg``'s trainer: ``rl`` (distillation included) the five RL checks of the module
-    docstring; ``preference`` offline :func:`~posttrain.commands.check_preference.offline_checks` on
-    ``prompts`` pairs, online
-    :func:`~posttrain.commands.check_online_preference.online_preference_checks`; ``reward_model``
-    :func:`~posttrain.commands.check_reward_model.reward_model_checks`."""
-    if cfg.trainer == "reward_model":
-        from posttrain.commands.check_reward_model import reward_model_checks
+    """The checks of ``cfg``'s trainer: the function its registry entry names
+    (:attr:`~posttrain.config.trainers.TrainerEntry.checks`, ``(cfg, prompts) -> list[CheckResult]``): ``rl``
+    (distillation included) the five RL checks of the module docstring (:func:`run_rl_checks`), ``preference``
+    :func:`preference_checks`, ``reward_model``
+    :func:`~posttrain.commands.check_reward_model.reward_model_checks`. A trainer whose entry names none yet
+    gets one ``n/a`` row saying so."""
+    from posttrain.config.trainers import trainer_entry
+    from posttrain.dotted import import_dotted
 
-        return reward_model_checks(cfg, prompts)
-    if cfg.trainer == "preference":
-        if cfg.preference.online:
-            from posttrain.commands.check_online_preference import online_preference_checks
-
-            return online_preference_checks(cfg, prompts)
-        from posttrain.commands.check_preference import offline_checks
-
-        return offline_checks(cfg, prompts)
-    return run_rl_checks(cfg, prompts)
+    entry = trainer_entry(cfg.trainer)
+    if entry.checks is None:
+        return [("checks", None, f"trainer={entry.name} has no posttrain check yet (posttrain train checks its "
+                 "inputs before the run directory is written)")]
+    checks: Callable[[RunConfig, int], list[CheckResult]] = import_dotted(
+        entry.checks, what=f"trainer {entry.name!r} checks", shape="package.module:function")
+    return checks(cfg, prompts)
 
 
 def run(args: argparse.Namespace) -> int:

@@ -18,8 +18,9 @@ checkpoint then holds the restored promoted weights). Every held-out set the tas
 gives each evaluation's bootstrap 95% interval of accuracy over its problems.
 
 A bare Hugging Face model directory (no run around it) needs ``--task`` or ``--env``; the flags'
-defaults apply (raw-text prompts, 16 new tokens, 200 prompts, greedy, seed 0). So does a checkpoint of an
-offline preference run (``trainer: preference``; it measured held-out pair accuracy, on no task): without
+defaults apply (raw-text prompts, 16 new tokens, 200 prompts, greedy, seed 0). So does a checkpoint of a run
+whose trainer sampled no task (its entry in :data:`posttrain.config.trainers.TRAINERS`: offline
+``trainer: preference`` measured held-out pair accuracy, ``trainer: sft`` held-out loss): without
 ``--task`` / ``--env`` it is one error line saying so. A reward model's checkpoint (``trainer: reward_model``)
 scores and does not generate: one error line pointing to its pair accuracy and ``reward.model.path``; so is a
 reward-model directory outside a run's checkpoints (``RUN/reward_model``, or a third-party
@@ -93,8 +94,8 @@ def run(args: argparse.Namespace) -> int:
         if not isinstance(kwargs, dict):
             raise ValueError(f"--task-kwargs must be a JSON object, got {args.task_kwargs!r}")
     cfg_path = run_config_path(path)
-    if cfg_path is not None and _evaluated_pairs(cfg_path, args, model_dir):
-        cfg_path = None  # an offline preference run's policy on the flags' task: as a model directory
+    if cfg_path is not None and _evaluated_no_task(cfg_path, args, model_dir):
+        cfg_path = None  # the policy of a run that sampled no task, on the flags' task: as a model directory
     if cfg_path is not None:
         cfg, overridden = _as_the_run(cfg_path, args, kwargs, model_dir)
         print(_as_the_run_line(cfg_path, cfg, overridden, args.no_tools), file=sys.stderr)
@@ -179,29 +180,28 @@ def _check_judged(cfg: RunConfig, metrics: dict[str, Any], path: Path) -> None:
                                  "(infra_error / env_failure: no verdict), so the figures above are not accuracies")
 
 
-def _evaluated_pairs(cfg_path: Path, args: argparse.Namespace, model_dir: Path) -> bool:
-    """True when ``cfg_path`` is an offline preference run (it measured held-out pair accuracy, no task) and
-    ``--task`` / ``--env`` name what to evaluate its policy on (one note line on stderr); ``ValueError`` when
-    they do not, or when the run trained a reward model (it scores, it does not generate); False otherwise."""
+def _evaluated_no_task(cfg_path: Path, args: argparse.Namespace, model_dir: Path) -> bool:
+    """True when ``cfg_path`` is a run whose trainer sampled no task (its registry entry's ``samples``: offline
+    preference, sft; it measured :attr:`~posttrain.config.trainers.TrainerEntry.heldout`) and ``--task`` /
+    ``--env`` name what to evaluate its policy on (one note line on stderr); ``ValueError`` when they do not,
+    or when the run's checkpoints hold no policy (``generates`` false: a reward model scores, it does not
+    generate); False otherwise."""
+    from posttrain.config.trainers import recorded_trainer
     from posttrain.loop.run_dir import read_config_yaml
 
-    data = read_config_yaml(cfg_path) or {}
-    trainer = data.get("trainer", "rl")
-    pref = data.get("preference")
-    online = isinstance(pref, dict) and bool(pref.get("online"))
+    entry, view = recorded_trainer(read_config_yaml(cfg_path) or {}, str(cfg_path))
     run = cfg_path.parent
-    if trainer == "reward_model":
-        raise ValueError(f"{model_dir}: a reward model (trainer=reward_model, {cfg_path}) scores responses, it does "
-                         f"not generate; its held-out pair accuracy is in {run / 'metrics.jsonl'}; use it in RL with "
+    if not entry.generates:
+        raise ValueError(f"{model_dir}: a reward model (trainer={entry.name}, {cfg_path}) scores responses, it does "
+                         f"not generate; its {entry.heldout} is in {run / 'metrics.jsonl'}; use it in RL with "
                          f"reward.model.path={run / 'reward_model'}")
-    if trainer != "preference" or online:
+    if entry.samples(view):
         return False
     if args.task is None and args.env is None:
-        raise ValueError(f"{cfg_path}: trainer=preference (offline) measured held-out pair accuracy on "
-                         f"preference.data ({run / 'metrics.jsonl'}), on no task; give --task NAME or --env NAME "
-                         "to evaluate its policy on held-out prompts")
-    print(f"{cfg_path}: a trainer=preference (offline) run (held-out pair accuracy, no task): evaluating its "
-          "policy as a model directory with the flags", file=sys.stderr)
+        raise ValueError(f"{cfg_path}: trainer={entry.name} measured {entry.heldout} ({run / 'metrics.jsonl'}), on "
+                         "no task; give --task NAME or --env NAME to evaluate its policy on held-out prompts")
+    print(f"{cfg_path}: a trainer={entry.name} run ({entry.heldout}, no task): evaluating its policy as a model "
+          "directory with the flags", file=sys.stderr)
     return True
 
 

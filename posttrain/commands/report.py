@@ -11,9 +11,11 @@ and breakdown included; see docs/diagnostics.md).
 
 Per trainer (the run's ``config.yaml``): a run with learned reward components (``reward.model``,
 ``reward.judge``) adds each one's agreement with the verifier (``learned_agreement.json``); a distillation
-run (``loss.distill``) the teacher log-prob gap strata (``teacher_gap_strata.json``). An offline
-``trainer: preference`` or a ``trainer: reward_model`` run samples nothing (no ledger): its report is the
-held-out pair accuracy curve with first / best / last (``pair_accuracy.json``).
+run (``loss.distill``) the teacher log-prob gap strata (``teacher_gap_strata.json``). A run whose trainer samples
+nothing and trains on pairs (its entry in :data:`posttrain.config.trainers.TRAINERS`: an offline
+``trainer: preference`` or a ``trainer: reward_model`` run) has no ledger: its report is the held-out pair
+accuracy curve with first / best / last (``pair_accuracy.json``). One that samples nothing and trains on no
+pairs (``trainer: sft``) has no report yet: one line says so.
 """
 
 from __future__ import annotations
@@ -49,11 +51,20 @@ def _eval_temperatures(run_dir: Path) -> tuple[float, float | None]:
     return (float(t) if isinstance(t, (int, float)) else 0.0), (float(st) if isinstance(st, (int, float)) else None)
 
 
-def _pair_trainer(config: dict[str, Any]) -> str | None:
-    """``"preference"`` / ``"reward_model"`` for a run that trains on pairs without sampling, else None."""
-    trainer = config.get("trainer", "rl")
-    online = bool((config.get("preference") or {}).get("online", False))
-    return str(trainer) if trainer == "reward_model" or (trainer == "preference" and not online) else None
+def _pair_trainer(run_dir: Path, config: dict[str, Any]) -> str | None:
+    """The trainer's name for a run that trains on pairs without sampling (its registry entry's ``samples`` and
+    ``reads_pairs`` of the run's ``config``), None for a run that samples; a
+    :class:`~posttrain.errors.UserError` (one line) for a run that does neither, which has no report yet."""
+    from posttrain.config.trainers import recorded_trainer
+    from posttrain.errors import UserError
+
+    entry, view = recorded_trainer(config, str(run_dir / "config.yaml"))
+    if entry.samples(view):
+        return None
+    if entry.reads_pairs(view):
+        return entry.name
+    raise UserError(f"{run_dir}: a trainer={entry.name} run samples no responses and trains on no pairs: posttrain "
+                    f"report has no report for it yet (its {entry.heldout} is in {run_dir / 'metrics.jsonl'})")
 
 
 def _pair_report(args: argparse.Namespace, run_dir: Path, trainer: str) -> int:
@@ -146,7 +157,7 @@ def run(args: argparse.Namespace) -> int:
     if not run_dir.is_dir():
         raise FileNotFoundError(f"{args.run_dir}: no such run directory")
     config = read_config_yaml(run_dir / "config.yaml") or {}
-    pair_trainer = _pair_trainer(config)
+    pair_trainer = _pair_trainer(run_dir, config)
     if pair_trainer is not None:
         return _pair_report(args, run_dir, pair_trainer)
     summaries = accuracy_summaries(heldout_series(run_dir), *_eval_temperatures(run_dir))

@@ -1,13 +1,14 @@
 """``posttrain train RECIPE [key=value ...]``: run a recipe (``--print-recipe`` shows its axes).
 
-``trainer`` chooses what trains: ``rl`` (:func:`posttrain.loop.training_loop.train`), ``preference``
-(:func:`posttrain.loop.preference_training.train_preference`, offline pairs or online groups) or
-``reward_model`` (:func:`posttrain.loop.reward_model_training.train_reward_model`).
+``trainer`` chooses what trains: an entry of the registry :data:`posttrain.config.trainers.TRAINERS`, whose
+program (:func:`posttrain.loop.trainer_program.load_program`) the command runs: ``rl``
+(:mod:`posttrain.loop.training_loop`), ``preference`` (:mod:`posttrain.loop.preference_training`, offline pairs
+or online groups), ``reward_model`` (:mod:`posttrain.loop.reward_model_training`), ``sft``.
 
-Before anything is written, :func:`~posttrain.loop.preflight.preflight` dry-builds one step's
-parts (task, verifier, reward weights, advantages with the recipe's KL placement): a config error
-the first step would meet is one line at load. The trainers on a pairs file load and check it
-instead (:func:`check_before_run`).
+Before anything is written, the program's ``check`` runs (:func:`check_before_run`): for the trainers that
+sample, :func:`~posttrain.loop.preflight.preflight` dry-builds one step's parts (task, verifier, reward
+weights, advantages with the recipe's KL placement), so a config error the first step would meet is one line
+at load; the trainers on a pairs file load and check it instead.
 
 Interrupting a run (Ctrl-C, SIGINT) leaves its last complete checkpoint intact, prints one line saying
 how to resume (or that nothing was written), and exits with code 130, also when the ``KeyboardInterrupt``
@@ -25,13 +26,13 @@ import logging
 import shlex
 import sys
 from pathlib import Path
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING
 
 from posttrain.config import RECIPES_DIR, RunConfig, dump_config
 from posttrain.loop.validate import load_run_config
 
 if TYPE_CHECKING:
-    from rich.progress import Progress
+    from posttrain.loop.trainer_program import TrainerResult
 
 # Errors of the run directory's storage that the user can fix (free space, permissions).
 _STORAGE_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EACCES, errno.EPERM})
@@ -122,46 +123,28 @@ def print_rise(cfg: RunConfig) -> None:
         print(f"  {line}")
 
 
-class TrainerResult(Protocol):
-    """What a trainer other than ``rl`` returns: steps done, wall seconds and its closing lines."""
-
-    step: int
-    wall_seconds: float
-
-    def summary_lines(self) -> list[str]:
-        """The lines printed when the run ends."""
-        ...
-
-
 def check_before_run(cfg: RunConfig) -> None:
-    """The checks before the run directory is written: the RL preflight for ``trainer: rl`` and online
-    preference optimisation (it samples and verifies the task's groups); the pairs file (fields, rows, the
-    split) and the loss's kwargs for the other trainers."""
-    if cfg.trainer == "rl" or (cfg.trainer == "preference" and cfg.preference.online):
-        from posttrain.loop.preflight import preflight
+    """The checks before the run directory is written: the ``check`` of ``cfg.trainer``'s program
+    (:func:`~posttrain.loop.trainer_program.load_program`): the RL preflight for the trainers that sample
+    (``rl``, online ``preference``: the task's groups are sampled and verified), the pairs file (fields, rows,
+    the split) and the loss's kwargs for the trainers on pairs."""
+    from posttrain.loop.trainer_program import load_program
 
-        preflight(cfg)
-    if cfg.trainer == "preference":
-        from posttrain.loop.preference_training import check_preference_config
-
-        check_preference_config(cfg)
-    elif cfg.trainer == "reward_model":
-        from posttrain.loop.preference_training import load_pairs
-
-        load_pairs(cfg)
+    load_program(cfg.trainer).check(cfg)
 
 
-def train_other(cfg: RunConfig, progress: Progress | None) -> TrainerResult:
-    """Run ``trainer: preference`` (posttrain/loop/preference_training.py) or ``trainer: reward_model``
-    (posttrain/loop/reward_model_training.py)."""
-    if cfg.trainer == "preference":
-        from posttrain.loop.preference_training import train_preference
+def print_closing(cfg: RunConfig, result: TrainerResult) -> None:
+    """Print what ``posttrain train`` says when the run ends: the result's summary lines, with the measured
+    held-out rise (:func:`print_rise`) after the first (``done: ...``) for a trainer whose entry asks for it
+    (:attr:`~posttrain.config.trainers.TrainerEntry.heldout_rise`)."""
+    from posttrain.config.trainers import trainer_entry
 
-        return train_preference(cfg, progress=progress)
-    from posttrain.loop.reward_model_training import train_reward_model
-
-    result: TrainerResult = train_reward_model(cfg, progress=progress)
-    return result
+    first, *rest = result.summary_lines()
+    print(first)
+    if trainer_entry(cfg.trainer).heldout_rise:
+        print_rise(cfg)
+    for line in rest:
+        print(line)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -196,31 +179,19 @@ def _run(cfg: RunConfig, args: argparse.Namespace) -> int:
         return 0
     from posttrain.loop.console import progress_bars
     from posttrain.loop.run_dir import RunDirError, describe_os_error
+    from posttrain.loop.trainer_program import load_program
 
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(message)s")
     try:
         with progress_bars(enabled=cfg.logging.progress and not args.no_progress) as progress:
-            if cfg.trainer != "rl":
-                result = train_other(cfg, progress)
-                raise_if_interrupted()  # an interrupt swallowed after the last step: not "done"
-                for line in result.summary_lines():
-                    print(line)
-                raise_if_interrupted()
-                return 0
-            from posttrain.loop.training_loop import train
-
-            st = train(cfg, progress=progress)
-            raise_if_interrupted()
+            result = load_program(cfg.trainer).train(cfg, progress)
+            raise_if_interrupted()  # an interrupt swallowed after the last step: not "done"
     except OSError as e:
-        # train() closed the run (lock released); the checkpoints on disk are complete ones.
+        # The trainer closed the run (lock released); the checkpoints on disk are complete ones.
         if e.errno not in _STORAGE_ERRNOS:
             raise
         where = e.filename or "the run directory"
         raise RunDirError(f"cannot write {where}: {describe_os_error(e)}; {_where_to_go_on(cfg, args)}") from None
-    curve = ", ".join(f"{s}:{a:.3f}" for s, a, _ in st.heldout_curve)
-    print(f"done: {st.step} steps in {st.wall_seconds:.0f} s; held-out accuracy by step {curve}")
-    print_rise(cfg)
-    if st.stopped:
-        print(f"stopped early: {st.stopped}")
+    print_closing(cfg, result)
     raise_if_interrupted()
     return 0

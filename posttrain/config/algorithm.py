@@ -125,9 +125,29 @@ class OptimConfig(Section):
 
 
 class SFTConfig(Section):
-    """Supervised warm-up on the task's reference answers before RL (the demo uses it)."""
+    """Supervised fine-tuning: the RL runs' warm-up on the task's reference answers (``sft.steps`` > 0 with
+    ``trainer: rl``), and ``trainer: sft`` on a file of demonstrations (``sft.data``; docs/sft.md).
 
-    steps: int = Field(default=0, ge=0)
-    batch_size: int = Field(default=64, ge=1)
-    lr: float = Field(default=3e-3, gt=0)
+    ``trainer: sft`` takes the run's ``steps`` (not ``sft.steps``) and ``optim.*`` (not ``sft.lr``: the whole
+    AdamW and schedule of the other trainers), ``sft.batch_size`` rows per step, and the keys below ``data``;
+    the warm-up reads ``steps``, ``batch_size``, ``lr`` and ``examples`` of this section and none below."""
+
+    steps: int = Field(default=0, ge=0, description="RL warm-up steps before the first RL step (0 = no warm-up); "
+                       "trainer=sft counts its steps with the run's steps instead")
+    batch_size: int = Field(default=64, ge=1, description="demonstrations per step (warm-up and trainer=sft)")
+    lr: float = Field(default=3e-3, gt=0, description="the warm-up's learning rate (trainer=sft: optim.lr)")
     examples: int = Field(default=2000, ge=1, description="distinct training examples the warm-up sees")
+    data: str | None = Field(
+        default=None, description="trainer=sft: a JSONL or Parquet file of demonstrations, each row a chat "
+        "({messages: [{role, content}, ...]}) or a prompt-completion pair ({prompt, completion}: two strings, or two "
+        "lists of messages); posttrain/envs/sft_data.py")
+    heldout_data: str | None = Field(default=None, description="trainer=sft: a file of held-out rows (same formats); "
+                                     "None = hold out sft.heldout_fraction of sft.data")
+    heldout_fraction: float = Field(
+        default=0.1, gt=0, lt=1, description="trainer=sft without sft.heldout_data: the rows held out of sft.data, "
+        "split by a hash of each row's prompt (the same in every run and seed; rows sharing a prompt stay together)")
+    max_length: int = Field(default=1024, ge=2, description="trainer=sft: tokens of one rendered row (and of one "
+                            "packed block); a longer row is refused at load, naming its file and row")
+    packing: bool = Field(default=False, description="trainer=sft: pack each step's rows into blocks of "
+                          "sft.max_length tokens (positions restart per row, no attention across rows) instead of "
+                          "padding them; the same loss, less padding")

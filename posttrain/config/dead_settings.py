@@ -24,6 +24,8 @@ from typing import TYPE_CHECKING, Any, Literal, Protocol, cast
 
 from pydantic import BaseModel
 
+from posttrain.config.trainers import trainer_entry
+
 if TYPE_CHECKING:
     from posttrain.config.algorithm import (
         CorrectionConfig,
@@ -119,6 +121,11 @@ class Rule:
     dead: Callable[[RunConfigView], bool]
     why: str
     severity: Literal["error", "warn"] = "error"
+
+
+def _samples(c: RunConfigView) -> bool:
+    """Whether ``c``'s trainer samples responses from the task (:attr:`~posttrain.config.trainers.TrainerEntry.samples`)."""
+    return trainer_entry(c.trainer).samples(c)
 
 
 def _not_builtin_tiny(c: RunConfigView) -> bool:
@@ -243,9 +250,16 @@ RULES: tuple[Rule, ...] = (
     # posttrain/loop/builders.py build_task / episode_rollout.py: env.* is read only with env.name.
     Rule(("env",), lambda c: c.env.name is None, "env.name is not set (single-turn task prompts)"),
     # posttrain/commands/train.py: the SFT warm-up runs only with sft.steps > 0. A warning: shipped
-    # recipes with a warm-up (demo, tool_calc) are commonly run with sft.steps=0.
-    Rule(("sft.batch_size", "sft.lr", "sft.examples"), lambda c: c.sft.steps == 0,
+    # recipes with a warm-up (demo, tool_calc) are commonly run with sft.steps=0. The warm-up precedes the trainers
+    # that sample (rl, online preference); the others refuse sft.* below, and trainer=sft reads it itself.
+    Rule(("sft.batch_size", "sft.lr", "sft.examples"), lambda c: _samples(c) and c.sft.steps == 0,
          "sft.steps=0 (no SFT warm-up)", "warn"),
+    # posttrain/loop/sft_training.py: the supervised data and its batching are read by trainer=sft only (the
+    # warm-up of the other trainers trains on the task's reference answers).
+    Rule(("sft.data", "sft.max_length", "sft.packing", "sft.heldout_data", "sft.heldout_fraction"),
+         lambda c: c.trainer != "sft",
+         "sft.data and its batching and held-out split are read by trainer=sft only (the other trainers' warm-up, "
+         "sft.steps > 0, trains on the task's reference answers)"),
     # posttrain/loop/builders.py build_model: init_seed seeds the random init of builtin tiny presets.
     Rule(("model.init_seed",), _not_builtin_tiny,
          "model.path is not a randomly initialised builtin preset (its weights are loaded)"),
@@ -257,7 +271,7 @@ RULES: tuple[Rule, ...] = (
     Rule(("preference.online", "preference.pairs_per_group", "preference.loss", "preference.kwargs"),
          lambda c: c.trainer == "reward_model",
          "trainer=reward_model trains a Bradley-Terry reward model (its own loss) on preference.data"),
-    Rule(("preference.pairs_per_group",), lambda c: c.trainer == "preference" and not c.preference.online,
+    Rule(("preference.pairs_per_group",), lambda c: c.trainer == "preference" and not _samples(c),
          "preference.online=false: the pairs come from preference.data, not from sampled groups"),
     # Its Trainer steps AdamW over the bare model (no actor learner): no activation checkpointing.
     Rule(("sampling", "credit", "correction", "loss", "critic", "rollout", "env", "reward", "sft", "system",
@@ -265,7 +279,7 @@ RULES: tuple[Rule, ...] = (
           "optim.fuse_old_logprob", "optim.skip_no_signal_rows", "optim.gradient_checkpointing", "eval.size",
           "eval.temperature", "eval.sampled_temperature", "eval.max_new_tokens", "eval.reject_drop", "eval.k",
           "eval.hidden_verifier", "eval.hidden_verifier_kwargs"),
-         lambda c: c.trainer == "preference" and not c.preference.online,
+         lambda c: c.trainer == "preference" and not _samples(c),
          "trainer=preference (offline) updates the policy on preference.data's pairs with the preference loss "
          "(no sampling, no verifier, no RL update; single process, full fine-tuning, no activation "
          "checkpointing)"),
@@ -273,24 +287,24 @@ RULES: tuple[Rule, ...] = (
     # the RL update (no advantages, no critic), single process, full fine-tuning; the SFT warm-up runs as in RL.
     Rule(("preference.data", "preference.fields", "preference.batch_size", "preference.heldout_fraction",
           "preference.max_length"),
-         lambda c: c.trainer == "preference" and c.preference.online,
+         lambda c: c.trainer == "preference" and _samples(c),
          "preference.online=true: the pairs come from the task's sampled groups (task.*, sampling.*)"),
     Rule(("credit", "correction", "loss", "critic", "env", "lora", "learner", "optim.fuse_old_logprob",
           "optim.skip_no_signal_rows"),
-         lambda c: c.trainer == "preference" and c.preference.online,
+         lambda c: c.trainer == "preference" and _samples(c),
          "trainer=preference updates the policy with the preference loss (preference.loss) on single-turn task "
          "groups (no advantages, no critic, no episodes; single process, full fine-tuning)"),
     # posttrain/loop/guards.py breaches: these read logkappa_abs_max, entropy and adv/zero_group_frac, which the
     # policy learner's RL update and step_metrics log; an online preference step logs none of them.
     Rule(("guards.max_abs_log_kappa", "guards.min_entropy", "guards.max_zero_adv_fraction"),
-         lambda c: c.trainer == "preference" and c.preference.online,
+         lambda c: c.trainer == "preference" and _samples(c),
          "trainer=preference (online) logs no behaviour-vs-learner log-prob check, entropy or advantages for "
          "this guard to read (guards.min_response_length, max_truncation_rate, max_infra_error_fraction act)"),
     # online_preference.py group_pairs: a pair is a correct vs a wrong / invalid response (the task verifier's
     # status); the reward total enters only ODPO's score_diff. Other components are computed and never used.
     Rule(("reward.weights", "reward.functions", "reward.model", "reward.judge", "reward.overlong_max_len",
           "reward.overlong_cache_len"),
-         lambda c: c.trainer == "preference" and c.preference.online and c.preference.loss != "odpo",
+         lambda c: c.trainer == "preference" and _samples(c) and c.preference.loss != "odpo",
          "trainer=preference (online) pairs a correct with a wrong response by the task verifier's verdict; the "
          "reward total enters only preference.loss=odpo's score_diff, so this part would be computed and never used"),
     # posttrain/loop/reward_model_training.py: a Bradley-Terry model on preference.data's pairs; no sampling, no
@@ -307,6 +321,22 @@ RULES: tuple[Rule, ...] = (
          "trainer=reward_model trains a Bradley-Terry reward model on preference.data's pairs (no sampling, no "
          "verifier, no policy update, no activation checkpointing; one optimizer step per step; held-out pair "
          "accuracy every eval.every steps)"),
+    # posttrain/loop/sft_training.py: supervised fine-tuning on sft.data's demonstrations for the run's steps with
+    # optim.*; no sampling, verifier, reward, pairs or RL update; no warm-up (sft.steps, sft.lr, sft.examples are the
+    # RL warm-up's); its Trainer steps AdamW over the bare model (one process, no adapters, no activation
+    # checkpointing). model.*, optim.* (less the RL update's keys), sft.* (less the warm-up's), task.chat_template /
+    # task.system_prompt (the rendering) and eval.every (held-out loss) are read.
+    Rule(("sampling", "credit", "correction", "loss", "critic", "rollout", "env", "reward", "system", "guards", "lora",
+          "learner", "preference", "task.name", "task.kwargs", "sft.steps", "sft.lr", "sft.examples",
+          "optim.ppo_epochs", "optim.num_minibatches", "optim.fuse_old_logprob", "optim.skip_no_signal_rows",
+          "optim.gradient_checkpointing", "eval.size", "eval.temperature", "eval.sampled_temperature",
+          "eval.max_new_tokens", "eval.reject_drop", "eval.k", "eval.hidden_verifier", "eval.hidden_verifier_kwargs"),
+         lambda c: c.trainer == "sft",
+         "trainer=sft fine-tunes on sft.data's demonstrations for the run's steps with optim.* (no sampling, no "
+         "verifier, no RL update, no warm-up; single process, full fine-tuning, no activation checkpointing)"),
+    # posttrain/loop/sft_training.py load_rows: with sft.heldout_data the held-out rows are that file's.
+    Rule(("sft.heldout_fraction",), lambda c: c.sft.heldout_data is not None,
+         "sft.heldout_data is set (the held-out rows are that file's)"),
     # posttrain/loop/targets.py: with loss.distill.only the teacher's per-token reverse KL is the whole advantage;
     # no estimator runs (credit.*), the critic would train on returns nothing reads, dynamic sampling filters by
     # the verifiable reward, and the reward's weighted total (weights, reward functions, learned rewards, the

@@ -10,9 +10,7 @@ recorded before a refusal existed stays readable by the commands that only read 
 
 from __future__ import annotations
 
-from typing import Literal
-
-from pydantic import Field, ValidationInfo, model_validator
+from pydantic import Field, ValidationInfo, field_validator, model_validator
 
 from posttrain.config.algorithm import (
     CorrectionConfig,
@@ -31,16 +29,14 @@ from posttrain.config.preference import PreferenceConfig
 from posttrain.config.rollout import RolloutConfig
 from posttrain.config.section import Section
 from posttrain.config.system import SystemConfig
+from posttrain.config.trainers import trainer_entry, trainers_description
 
 
 class RunConfig(Section):
     """A full recipe: the six axes plus model, optimiser and run controls."""
 
     name: str = "run"
-    trainer: Literal["rl", "preference", "reward_model"] = Field(
-        default="rl", description="what trains: rl (the policy on verifiable rewards), preference (a preference loss "
-        "on pairs, preference.*: offline from preference.data or online from the run's own groups), reward_model (a "
-        "Bradley-Terry reward model on preference.data)")
+    trainer: str = Field(default="rl", description=trainers_description())
     seed: int = 0
     steps: int = Field(default=50, ge=0)
     run_dir: str | None = Field(default=None, description="default: runs/<name>")
@@ -72,6 +68,12 @@ class RunConfig(Section):
                                          "(trainer=preference, trainer=reward_model)")
     guards: GuardsConfig = Field(default_factory=GuardsConfig)
     logging: LoggingConfig = Field(default_factory=LoggingConfig)
+
+    @field_validator("trainer")
+    @classmethod
+    def _known_trainer(cls, name: str) -> str:
+        trainer_entry(name)  # one line listing the known names (posttrain.config.trainers.TRAINERS)
+        return name
 
     @model_validator(mode="after")
     def _check_combinations(self, info: ValidationInfo) -> RunConfig:
@@ -152,13 +154,10 @@ def check_new_run(cfg: RunConfig, given: GivenKeys | None = None) -> None:
                          f"got {cfg.model.dtype}")
     if cfg.correction.name is None and cfg.correction.kwargs:
         raise ValueError(f"correction.kwargs {cfg.correction.kwargs} given but correction.name is not set")
-    if cfg.trainer == "reward_model" or (cfg.trainer == "preference" and not cfg.preference.online):
-        if cfg.preference.data is None:
-            raise ValueError(f"trainer={cfg.trainer} needs preference.data (a JSONL or Parquet file of pairs)"
-                             + ("" if cfg.trainer == "reward_model" else " or preference.online=true"))
+    entry = trainer_entry(cfg.trainer)
+    entry.check_config(cfg)  # the trainer's own checks of the config alone (posttrain.config.trainers)
     check_dead_settings(cfg, given)  # a set key that cannot take effect is refused (warnings: load_config)
-    samples = cfg.trainer == "rl" or (cfg.trainer == "preference" and cfg.preference.online)
-    if samples and cfg.sampling.temperature == 0 and cfg.sampling.group_size > 1:
+    if entry.samples(cfg) and cfg.sampling.temperature == 0 and cfg.sampling.group_size > 1:
         # Greedy decoding is a point mass: a group is one response repeated, so its group-relative
         # advantages are all 0 (the run trains nothing) and an online preference group holds no pair.
         raise ValueError(f"sampling.temperature=0 with sampling.group_size={cfg.sampling.group_size}: greedy "

@@ -1,9 +1,10 @@
 """Per trainer, the keys it refuses (or warns about) because it never reads them: generated from the rules.
 
 The one table of what cannot take effect is :data:`posttrain.config.dead_settings.RULES`. This module reads it
-per trainer, so docs/trainers.md cannot drift from the code: a rule belongs to a trainer when it fires on that
-trainer's configuration and not on every trainer's (so ``lora.alpha`` with ``lora.rank=0``, which every
-trainer's defaults share, is not listed). ``python -m posttrain.config.trainer_keys`` prints the table, which
+per trainer (each example configuration of the registry :data:`posttrain.config.trainers.TRAINERS`), so
+docs/trainers.md cannot drift from the code: a rule belongs to a trainer when it fires on that trainer's
+configuration and not on every trainer's (so ``lora.alpha`` with ``lora.rank=0``, which every trainer's defaults
+share, is not listed). ``python -m posttrain.config.trainer_keys`` prints the table, which
 tests/config/test_trainer_keys.py compares with the docs.
 """
 
@@ -14,22 +15,14 @@ from typing import Any
 
 from posttrain.config.dead_settings import RULES, Rule
 from posttrain.config.run import RECORDED, RunConfig
+from posttrain.config.trainers import TRAINERS
 
-__all__ = ["TRAINERS", "TrainerKeys", "trainer_keys", "trainer_keys_markdown"]
+__all__ = ["EXAMPLES", "TrainerKeys", "trainer_keys", "trainer_keys_markdown"]
 
-TRAINERS: dict[str, tuple[str, dict[str, Any]]] = {
-    "rl": ("`trainer: rl` (grpo, ppo, dapo, ... every RL recipe)", {}),
-    "distill": ("`trainer: rl` with `loss.distill.only: true` (on-policy distillation: `distill`, "
-                "`smollm2_distill_word_problems`)",
-                {"loss": {"distill": {"teacher": "builtin:micro", "only": True}}}),
-    "preference_offline": ("`trainer: preference`, offline (`dpo`)",
-                           {"trainer": "preference", "preference": {"data": "pairs.jsonl"}}),
-    "preference_online": ("`trainer: preference` with `preference.online: true` (`dpo_online`)",
-                          {"trainer": "preference", "preference": {"online": True}}),
-    "reward_model": ("`trainer: reward_model` (`reward_model`)",
-                     {"trainer": "reward_model", "preference": {"data": "pairs.jsonl"}}),
-}
-"""Trainer id -> (how the docs name it, the config mapping that selects it)."""
+EXAMPLES: dict[str, tuple[str, dict[str, Any]]] = {
+    x.key: (x.title, dict(x.data)) for e in TRAINERS.values() for x in e.examples}
+"""Example id -> (how the docs name it, the config mapping that selects it): the registry's
+:attr:`~posttrain.config.trainers.TrainerEntry.examples`, in its order."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -46,10 +39,10 @@ class TrainerKeys:
 
 def trainer_keys(trainer: str) -> TrainerKeys:
     """The rules of :data:`~posttrain.config.dead_settings.RULES` that fire on ``trainer``'s configuration
-    (:data:`TRAINERS`, defaults otherwise) and not on every trainer's, split by severity, and the sections it
-    reads."""
-    configs = {name: RunConfig.model_validate(data, context=RECORDED) for name, (_, data) in TRAINERS.items()}
-    title, cfg = TRAINERS[trainer][0], configs[trainer]
+    (an id of :data:`EXAMPLES`, defaults otherwise) and not on every example's, split by severity, and the sections
+    it reads."""
+    configs = {name: RunConfig.model_validate(data, context=RECORDED) for name, (_, data) in EXAMPLES.items()}
+    title, cfg = EXAMPLES[trainer][0], configs[trainer]
     own = [r for r in RULES if r.dead(cfg) and not all(r.dead(c) for c in configs.values())]
     whole = {k for r in own if r.severity == "error" for k in r.keys if "." not in k}
     sections = [name for name, f in RunConfig.model_fields.items()
@@ -63,9 +56,9 @@ def _keys(rule: Rule) -> str:
 
 
 def trainer_keys_markdown() -> str:
-    """The per-trainer table of docs/trainers.md (markdown), in :data:`TRAINERS` order."""
+    """The per-trainer table of docs/trainers.md (markdown), in :data:`EXAMPLES` order."""
     out: list[str] = []
-    for trainer in TRAINERS:
+    for trainer in EXAMPLES:
         t = trainer_keys(trainer)
         out.append(f"### {t.title}\n")
         out.append("Reads the sections " + ", ".join(f"`{s}`" for s in t.reads) + " (less the keys below).\n")

@@ -264,5 +264,26 @@ def _train_offline(cfg: RunConfig, run_dir: Path, train_pairs: list[PreferencePa
                                curve=curve)
 
 
-__all__ = ["check_preference_config", "evaluate_pairs", "load_pairs",
+class PreferenceProgram:
+    """``trainer: preference`` as a :class:`~posttrain.loop.trainer_program.TrainerProgram`: ``check`` is the RL
+    preflight when it samples (``preference.online``: the task's groups are sampled and verified) then
+    :func:`check_preference_config`; ``train`` is :func:`train_preference`."""
+
+    def check(self, cfg: RunConfig) -> None:
+        """The preflight (online), then the loss's kwargs and (offline) the pairs file."""
+        if cfg.preference.online:
+            from posttrain.loop.preflight import preflight
+
+            preflight(cfg)
+        check_preference_config(cfg)
+
+    def train(self, cfg: RunConfig, progress: Progress | None) -> PreferenceRunResult:
+        """:func:`train_preference`."""
+        return train_preference(cfg, progress=progress)
+
+
+PROGRAM = PreferenceProgram()
+"""The program ``trainer: preference`` names (posttrain/config/trainers.py)."""
+
+__all__ = ["PROGRAM", "PreferenceProgram", "check_preference_config", "evaluate_pairs", "load_pairs",
            "locked_run_dir", "optimizer_settings", "restore", "save", "train_preference"]

@@ -271,3 +271,21 @@ def _train(cfg: RunConfig, run_dir: Path, train_pairs: list[PreferencePair], hel
         metrics.close()
     return PreferenceRunResult(step=step, wall_seconds=before + time.perf_counter() - start,
                                curve_name="held-out pair accuracy", curve=curve)
+
+
+class RewardModelProgram:
+    """``trainer: reward_model`` as a :class:`~posttrain.loop.trainer_program.TrainerProgram`: ``check`` loads and
+    checks the pairs file (:func:`~posttrain.loop.preference_training.load_pairs`), ``train`` is
+    :func:`train_reward_model`."""
+
+    def check(self, cfg: RunConfig) -> None:
+        """The pairs file: its fields, rows and the held-out split."""
+        load_pairs(cfg)
+
+    def train(self, cfg: RunConfig, progress: Progress | None) -> PreferenceRunResult:
+        """:func:`train_reward_model`."""
+        return train_reward_model(cfg, progress=progress)
+
+
+PROGRAM = RewardModelProgram()
+"""The program ``trainer: reward_model`` names (posttrain/config/trainers.py)."""

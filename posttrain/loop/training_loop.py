@@ -246,4 +246,50 @@ def consumption_metrics(trajs: list[Trajectory], dropped: list[Trajectory]) -> d
     return m
 
 
-__all__ = ["consumption_metrics", "eval_due", "producer_inflight", "train", "update_step"]
+@dataclasses.dataclass(frozen=True)
+class RLRunResult:
+    """``trainer: rl``'s :class:`~posttrain.loop.trainer_program.TrainerResult`: the run's final
+    :class:`~posttrain.loop.checkpointing.RunState` and its closing lines."""
+
+    state: RunState
+
+    @property
+    def step(self) -> int:
+        """The last step done."""
+        return self.state.step
+
+    @property
+    def wall_seconds(self) -> float:
+        """Wall-clock seconds of the run."""
+        return self.state.wall_seconds
+
+    def summary_lines(self) -> list[str]:
+        """``done: N steps in S s; held-out accuracy by step s:a, ...`` and, after a guard stopped the run,
+        ``stopped early: <reason>``."""
+        curve = ", ".join(f"{s}:{a:.3f}" for s, a, _ in self.state.heldout_curve)
+        lines = [f"done: {self.state.step} steps in {self.state.wall_seconds:.0f} s; held-out accuracy by step {curve}"]
+        if self.state.stopped:
+            lines.append(f"stopped early: {self.state.stopped}")
+        return lines
+
+
+class RLProgram:
+    """``trainer: rl`` as a :class:`~posttrain.loop.trainer_program.TrainerProgram`: ``check`` is the preflight
+    (:func:`~posttrain.loop.preflight.preflight`: one step's parts dry-built), ``train`` is :func:`train`."""
+
+    def check(self, cfg: RunConfig) -> None:
+        """:func:`~posttrain.loop.preflight.preflight` of ``cfg``."""
+        from posttrain.loop.preflight import preflight
+
+        preflight(cfg)
+
+    def train(self, cfg: RunConfig, progress: Progress | None) -> RLRunResult:
+        """:func:`train` with ``progress``, its final state wrapped for the command."""
+        return RLRunResult(train(cfg, progress=progress))
+
+
+PROGRAM = RLProgram()
+"""The program ``trainer: rl`` names (posttrain/config/trainers.py)."""
+
+__all__ = ["PROGRAM", "RLProgram", "RLRunResult", "consumption_metrics", "eval_due", "producer_inflight", "train",
+           "update_step"]

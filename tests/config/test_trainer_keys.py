@@ -24,17 +24,30 @@ def test_the_docs_table_is_the_generated_one() -> None:
 # (recipe, a key its table refuses, a value): typed for that trainer, loading refuses it naming the key.
 CASES = [("dpo", "sampling.group_size", "4"), ("dpo", "task.kwargs", "{terms: 2}"), ("dpo_online", "preference.data", "x"),
          ("dpo_online", "lora.rank", "8"), ("reward_model", "preference.loss", "ipo"),
-         ("reward_model", "task.system_prompt", "hi"), ("grpo", "preference.batch_size", "8")]
+         ("reward_model", "task.system_prompt", "hi"), ("grpo", "preference.batch_size", "8"),
+         ("sft", "sampling.group_size", "4"), ("sft", "task.name", "chain_sum"), ("sft", "lora.rank", "8"),
+         ("grpo", "sft.data", "x.jsonl"), ("dpo", "sft.packing", "true")]
 
 
 @pytest.mark.parametrize("recipe, key, value", CASES, ids=[f"{r}:{k}" for r, k, _ in CASES])
 def test_a_key_the_table_refuses_is_refused_at_load(recipe: str, key: str, value: str) -> None:
     trainer = {"dpo": "preference_offline", "dpo_online": "preference_online", "reward_model": "reward_model",
-               "grpo": "rl"}[recipe]
+               "grpo": "rl", "sft": "sft"}[recipe]
     rules = trainer_keys(trainer).refused
     assert any(key == k or key.startswith(k + ".") for r in rules for k in r.keys), (trainer, key)
     with pytest.raises(ConfigError, match=rf"{key}=.* cannot take effect"):
         load_run_config(recipe, [f"{key}={value}"])
+
+
+def test_every_registered_trainer_has_a_table() -> None:
+    from posttrain.config.trainers import TRAINERS
+
+    titles = [t.title for t in map(trainer_keys, ["rl", "preference_offline", "reward_model", "sft"])]
+    assert titles[-1] == "`trainer: sft` (`sft`)" and len(set(titles)) == 4
+    assert {k for r in trainer_keys("sft").refused for k in r.keys} >= {"sampling", "reward", "preference", "lora"}
+    assert "sft" in trainer_keys("sft").reads and "optim" in trainer_keys("sft").reads
+    assert {x.key for e in TRAINERS.values() for x in e.examples} == {
+        "rl", "distill", "preference_offline", "preference_online", "reward_model", "sft"}
 
 
 def test_distillation_alone_lists_the_reward_shaping() -> None:

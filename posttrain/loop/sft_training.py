@@ -1,0 +1,261 @@
+"""``trainer: sft``: supervised fine-tuning on a file of demonstrations (docs/sft.md).
+
+Data (:mod:`posttrain.envs.sft_data`): ``sft.data``'s chats or prompt-completion pairs, rendered with the
+chat template, the loss on the assistant turns only (a pair's completion); held-out rows from
+``sft.heldout_data``, or ``sft.heldout_fraction`` of ``sft.data`` split by a hash of the prompt. A row over
+``sft.max_length`` tokens is refused, never truncated.
+
+One step takes ``sft.batch_size`` rows at the data cursor (a seeded permutation per pass over the training
+rows: :func:`~posttrain.loop.lifecycle.data_rows`) and takes one AdamW step of ``optim.*`` (schedule over the
+run's ``steps``, gradient clip, micro-batches of ``optim.microbatch_tokens`` tokens) through the learners'
+:class:`~posttrain.learner.trainer.Trainer` on the token-mean cross-entropy of the step's target tokens
+(:func:`~posttrain.algos.sft.sft_cross_entropy`). ``sft.packing`` lays the same rows out as blocks of
+``sft.max_length`` tokens (whole rows; position ids restart at each row, and transformers' packed-sequence
+mask keeps attention within a row) instead of padding each micro-batch to its longest row: the same loss,
+fewer padded tokens. The model stays in eval mode (no dropout), as in the preference trainers.
+
+Held-out rows are evaluated at step 0, every ``eval.every`` steps and at the end: ``heldout/loss`` (the
+token-mean NLL of their target tokens), ``heldout/token_accuracy`` (the share of target tokens that are the
+model's argmax) and ``heldout/tokens``. Step metrics: ``loss``, ``tokens``, ``rows``, the optimiser's,
+``lr``, ``rows_seen``, ``step_seconds``. The run directory, checkpoints (``actor/`` loads with
+``from_pretrained`` and ``posttrain eval``), ``resume=true`` and Ctrl-C are the shared lifecycle's
+(:mod:`posttrain.loop.lifecycle`).
+
+Keys: the run's ``steps`` counts the steps (``sft.steps`` is the RL warm-up's, refused here, as are ``sft.lr``
+and ``sft.examples``: ``optim.*`` is the optimiser); the keys this trainer never reads are refused at load
+(:data:`posttrain.config.dead_settings.RULES`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
+
+import torch
+
+from posttrain.algos.sft import sft_cross_entropy, token_logprobs
+from posttrain.config import RunConfig
+from posttrain.envs.sft_data import EncodedRow, SFTRow, encode_row, load_sft_rows, pack_rows, split_rows
+from posttrain.errors import UserError
+from posttrain.learner.microbatch import split_by_token_budget
+from posttrain.learner.settings import BatchingSettings
+from posttrain.learner.trainer import Trainer
+from posttrain.loop.lifecycle import (
+    Curve,
+    RunLifecycle,
+    RunParts,
+    RunResult,
+    StepOutput,
+    data_rows,
+    locked_run_dir,
+    optimizer_settings,
+)
+
+if TYPE_CHECKING:
+    from rich.progress import Progress
+    from transformers import PreTrainedTokenizerBase
+
+log = logging.getLogger("posttrain")
+
+
+@dataclasses.dataclass(frozen=True)
+class Microbatch:
+    """One forward: ``input_ids`` / ``loss_mask`` ``[N, T]``, ``attention_mask`` ``[N, T]`` (padded layout) or
+    None, ``position_ids`` ``[N, T]`` (packed layout: restarting at each row) or None, and ``spans``: row
+    ``r``'s tokens are ``[b, start:end]`` for each ``(r, b, start, end)``."""
+
+    input_ids: torch.Tensor
+    loss_mask: torch.Tensor
+    attention_mask: torch.Tensor | None
+    position_ids: torch.Tensor | None
+    spans: tuple[tuple[int, int, int, int], ...]
+
+
+def microbatches(rows: Sequence[EncodedRow], *, packing: bool, max_length: int, budget: int,
+                 pad_id: int) -> list[Microbatch]:
+    """``rows`` laid out for the model. Padded: micro-batches of rows within ``budget`` padded tokens
+    (:func:`~posttrain.learner.microbatch.split_by_token_budget`), right-padded to their longest row. Packed:
+    blocks of at most ``max_length`` tokens (:func:`~posttrain.envs.sft_data.pack_rows`), micro-batches of
+    blocks within ``budget``; a block's tail padding is one more sequence (positions from 0, no target)."""
+    units = pack_rows([len(r.input_ids) for r in rows], max_length) if packing else [[i] for i in range(len(rows))]
+    widths = [sum(len(rows[i].input_ids) for i in u) for u in units]
+    out: list[Microbatch] = []
+    for group in split_by_token_budget(widths, budget):
+        T = max(widths[g] for g in group)
+        ids = torch.full((len(group), T), pad_id, dtype=torch.long)
+        mask = torch.zeros((len(group), T), dtype=torch.long)
+        attn = torch.zeros((len(group), T), dtype=torch.long)
+        pos = torch.zeros((len(group), T), dtype=torch.long)
+        spans: list[tuple[int, int, int, int]] = []
+        for b, g in enumerate(group):
+            at = 0
+            for r in units[g]:
+                n = len(rows[r].input_ids)
+                ids[b, at:at + n] = torch.tensor(rows[r].input_ids)
+                mask[b, at:at + n] = torch.tensor(rows[r].loss_mask)
+                pos[b, at:at + n] = torch.arange(n)
+                spans.append((r, b, at, at + n))
+                at += n
+            attn[b, :at] = 1
+            pos[b, at:] = torch.arange(T - at)
+        out.append(Microbatch(ids, mask, None if packing else attn, pos if packing else None, tuple(spans)))
+    return out
+
+
+def forward_logprobs(model: torch.nn.Module, mb: Microbatch) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(lp, hit)`` ``[N, T]`` of a micro-batch: each token's log-prob under ``model`` given the tokens of its
+    own row before it (:func:`~posttrain.algos.sft.token_logprobs`), and whether it is the model's argmax."""
+    logits = model(input_ids=mb.input_ids, attention_mask=mb.attention_mask, position_ids=mb.position_ids,
+                   use_cache=False).logits
+    hit = torch.zeros_like(mb.input_ids, dtype=torch.bool)
+    hit[:, 1:] = logits[:, :-1].argmax(-1) == mb.input_ids[:, 1:]
+    return token_logprobs(logits, mb.input_ids), hit
+
+
+@dataclasses.dataclass(frozen=True)
+class Layout:
+    """How rows become micro-batches: ``packing``, ``max_length`` (a block), ``budget``
+    (``optim.microbatch_tokens``) and ``pad_id``."""
+
+    packing: bool
+    max_length: int
+    budget: int
+    pad_id: int
+
+    def split(self, rows: Sequence[EncodedRow]) -> list[Microbatch]:
+        """:func:`microbatches` of ``rows``."""
+        return microbatches(rows, packing=self.packing, max_length=self.max_length, budget=self.budget,
+                            pad_id=self.pad_id)
+
+
+class SFTStepLoss:
+    """The :class:`~posttrain.learner.trainer.MinibatchLoss` of one step's rows: the token-mean cross-entropy
+    over the mini-batch's target tokens, accumulated over micro-batches; ``metrics`` (``loss``, ``tokens``,
+    ``rows``) after :meth:`backward`."""
+
+    def __init__(self, model: torch.nn.Module, rows: Sequence[EncodedRow], layout: Layout) -> None:
+        self.model, self.rows, self.layout = model, list(rows), layout
+        self.metrics: dict[str, float] = {}
+
+    def normaliser(self, rows: Sequence[int]) -> float:
+        """Target tokens of the mini-batch's rows."""
+        return float(sum(self.rows[i].targets for i in rows))
+
+    def backward(self, rows: Sequence[int], normaliser: float) -> None:
+        """Forward and backward of ``rows`` in micro-batches, each reduced with the mini-batch's ``normaliser``."""
+        total = 0.0
+        for mb in self.layout.split([self.rows[i] for i in rows]):
+            lp, _ = forward_logprobs(self.model, mb)
+            loss = sft_cross_entropy(lp, mb.loss_mask, normaliser)
+            loss.backward()  # type: ignore[no-untyped-call]
+            total += float(loss.detach())
+        self.metrics = {"loss": total, "tokens": normaliser, "rows": float(len(rows))}
+
+
+@torch.no_grad()
+def row_losses(model: torch.nn.Module, rows: Sequence[EncodedRow], layout: Layout) -> list[tuple[float, int, int]]:
+    """Per row ``(summed NLL of its target tokens, target tokens, of them the model's argmax)``, without grad."""
+    out: list[tuple[float, int, int]] = [(0.0, 0, 0)] * len(rows)
+    for mb in layout.split(rows):
+        lp, hit = forward_logprobs(model, mb)
+        m = mb.loss_mask.bool()
+        for r, b, s, e in mb.spans:
+            keep = m[b, s:e]
+            out[r] = (-float(lp[b, s:e][keep].double().sum()), int(keep.sum()), int(hit[b, s:e][keep].sum()))
+    return out
+
+
+def heldout_metrics(model: torch.nn.Module, rows: Sequence[EncodedRow], layout: Layout) -> dict[str, float]:
+    """``heldout/loss`` (token-mean NLL over all held-out target tokens), ``heldout/token_accuracy`` and
+    ``heldout/tokens``."""
+    per_row = row_losses(model, rows, layout)
+    n = sum(t for _, t, _ in per_row)
+    return {"heldout/loss": sum(s for s, _, _ in per_row) / n,
+            "heldout/token_accuracy": sum(h for _, _, h in per_row) / n, "heldout/tokens": float(n)}
+
+
+def load_rows(cfg: RunConfig) -> tuple[list[SFTRow], list[SFTRow]]:
+    """``(train, heldout)`` rows (:mod:`posttrain.envs.sft_data`); ``UserError`` naming the file and row, or the
+    key, when a file is missing or malformed or a side comes out empty."""
+    s = cfg.sft
+    if s.data is None:
+        raise UserError("trainer=sft needs sft.data (a JSONL or Parquet file of chat or prompt-completion rows)")
+    rows = load_sft_rows(s.data)
+    if s.heldout_data is not None:
+        train, held = rows, load_sft_rows(s.heldout_data)
+    else:
+        train, held = split_rows(rows, s.heldout_fraction)
+        for name, part in (("training", train), ("held-out", held)):
+            if not part:
+                raise UserError(f"{s.data}: no {name} rows among {len(rows)} with sft.heldout_fraction="
+                                f"{s.heldout_fraction} (the split hashes the prompt: give more distinct prompts, "
+                                "change the fraction or set sft.heldout_data)")
+    return train, held
+
+
+def encode_rows(cfg: RunConfig, tokenizer: PreTrainedTokenizerBase, rows: Sequence[SFTRow]) -> list[EncodedRow]:
+    """Every row as ids and loss mask (:func:`~posttrain.envs.sft_data.encode_row`), rendered as the run's
+    prompts are (``task.chat_template``, ``task.system_prompt``)."""
+    from posttrain.envs.prompt_render import resolve_chat
+    from posttrain.loop.builders import is_char_preset
+
+    try:
+        chat = resolve_chat(cfg.task.chat_template, tokenizer, char_preset=is_char_preset(cfg.model.path, tokenizer))
+    except ValueError as e:
+        raise UserError(f"model.path={cfg.model.path}: {e}") from None
+    return [encode_row(r, tokenizer, chat=chat, system_prompt=cfg.task.system_prompt, max_length=cfg.sft.max_length,
+                       model_name=cfg.model.path) for r in rows]
+
+
+class SFTProgram:
+    """``trainer: sft`` as ``posttrain train`` runs it: :meth:`check`, then :meth:`train`."""
+
+    def check(self, cfg: RunConfig) -> None:
+        """Everything that would fail for a data reason, before the run directory is written (the config's own
+        keys were checked at load): the data files (every row validated), both sides of the split non-empty and,
+        when the model's tokenizer is at hand without loading weights, every row's rendering and length.
+        ``UserError``, one line naming the file and row, or the key."""
+        from posttrain.loop.builders import load_tokenizer
+
+        train, held = load_rows(cfg)
+        tokenizer = load_tokenizer(cfg.model.path)
+        if tokenizer is not None:
+            encode_rows(cfg, tokenizer, [*train, *held])
+
+    def train(self, cfg: RunConfig, progress: Progress | None = None) -> RunResult:
+        """Run ``trainer: sft`` (module docstring) in its locked run directory; the result's curve is the
+        held-out loss."""
+        from posttrain.loop.builders import build_model
+
+        train_rows, held_rows = load_rows(cfg)
+        with locked_run_dir(cfg) as run_dir:
+            torch.manual_seed(cfg.seed)
+            tokenizer, model = build_model(cfg)
+            model.eval()  # no dropout: the same function at every forward
+            train_enc, held_enc = encode_rows(cfg, tokenizer, train_rows), encode_rows(cfg, tokenizer, held_rows)
+            layout = Layout(cfg.sft.packing, cfg.sft.max_length, cfg.optim.microbatch_tokens,
+                            int(tokenizer.pad_token_id or 0))
+            trainer = Trainer(list(model.parameters()), optimizer_settings(cfg),
+                              BatchingSettings(microbatch_tokens=cfg.optim.microbatch_tokens, seed=cfg.seed))
+            log.info("sft: %d training rows, %d held-out rows (%s)", len(train_enc), len(held_enc),
+                     "packed" if cfg.sft.packing else "padded")
+
+            def step(at: int, cursor: int) -> StepOutput:
+                idx = data_rows(len(train_enc), cfg.sft.batch_size, cursor, cfg.seed)
+                loss = SFTStepLoss(model, [train_enc[i] for i in idx], layout)
+                tally = trainer.train(len(idx), loss)
+                return StepOutput(cursor + len(idx), {**loss.metrics, **tally.steps.metrics(), "lr": tally.steps.lr})
+
+            parts = RunParts("sft", model, tokenizer, trainer)
+            with RunLifecycle(cfg, run_dir, parts, curve=Curve("heldout/loss", "held-out loss")) as run:
+                return run.run(step, lambda _: heldout_metrics(model, held_enc, layout), progress=progress)
+
+
+PROGRAM = SFTProgram()
+"""The registry's entry point (``posttrain/config/trainers.py``: ``sft`` -> ``posttrain.loop.sft_training:PROGRAM``)."""
+
+
+__all__ = ["PROGRAM", "Layout", "Microbatch", "SFTProgram", "SFTStepLoss", "heldout_metrics", "load_rows",
+           "microbatches", "row_losses"]
