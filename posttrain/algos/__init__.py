@@ -13,6 +13,7 @@ from posttrain.algos import (  # noqa: F401  (importing registers the functions)
     entropy,
     kl,
     policy_losses,
+    policy_objective,
     preference,
     reductions,
     shaping,

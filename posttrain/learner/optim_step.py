@@ -21,6 +21,18 @@ from collections.abc import Sequence
 import torch
 
 
+@dataclasses.dataclass(frozen=True)
+class StepOutcome:
+    """One optimiser step: ``applied`` (AdamW and the schedule stepped), ``grad_norm`` the pre-clip global L2
+    norm (None when not finite), ``lr`` the learning rate used (None when not applied), ``skipped``
+    ``"nonfinite"`` / ``"zero_grad"`` / None."""
+
+    applied: bool
+    grad_norm: float | None
+    lr: float | None
+    skipped: str | None = None
+
+
 @dataclasses.dataclass
 class StepTally:
     """Outcomes of the optimiser steps of one ``update`` call (reset per call)."""
@@ -30,6 +42,18 @@ class StepTally:
     zero_grad: int = 0
     grad_norms: list[float] = dataclasses.field(default_factory=list)
     lr: float | None = None  # LR of the last step taken; None when none was taken
+
+    def record(self, outcome: StepOutcome) -> None:
+        """Count one step's outcome (a finite norm joins ``grad_norms``; an applied step sets ``lr``)."""
+        if outcome.grad_norm is not None:
+            self.grad_norms.append(outcome.grad_norm)
+        if outcome.skipped == "nonfinite":
+            self.nonfinite += 1
+        elif outcome.skipped == "zero_grad":
+            self.zero_grad += 1
+        if outcome.applied:
+            self.steps += 1
+            self.lr = outcome.lr
 
     def metrics(self) -> dict[str, float]:
         """``optimizer_steps``, ``nonfinite_steps``, ``zero_grad_steps``, ``grad_norm`` (mean of the
@@ -64,24 +88,25 @@ class OptimizerStepper:
         """Learning rate the next step will use."""
         return float(self.optimizer.param_groups[0]["lr"])
 
-    def step(self, tally: StepTally) -> bool:
-        """Apply the rules to the current gradients; record the outcome in ``tally``; True if stepped."""
+    def apply(self) -> StepOutcome:
+        """Apply the rules to the current gradients (module docstring) and say what happened."""
         norm = torch.nn.utils.clip_grad_norm_(
             self.params, self.max_grad_norm if self.max_grad_norm is not None else math.inf
         )
         if not torch.isfinite(norm):
-            tally.nonfinite += 1
             self.optimizer.zero_grad(set_to_none=True)
-            return False
-        tally.grad_norms.append(float(norm))
+            return StepOutcome(applied=False, grad_norm=None, lr=None, skipped="nonfinite")
         if float(norm) == 0.0:
-            tally.zero_grad += 1
-            return False
-        tally.lr = self.current_lr()
+            return StepOutcome(applied=False, grad_norm=0.0, lr=None, skipped="zero_grad")
+        lr = self.current_lr()
         self.optimizer.step()
         self.scheduler.step()
-        tally.steps += 1
-        return True
+        return StepOutcome(applied=True, grad_norm=float(norm), lr=lr)
 
+    def step(self, tally: StepTally) -> bool:
+        """:meth:`apply`, recorded in ``tally``; True if stepped."""
+        outcome = self.apply()
+        tally.record(outcome)
+        return outcome.applied
 
-__all__ = ["OptimizerStepper", "StepTally"]
+__all__ = ["OptimizerStepper", "StepOutcome", "StepTally"]

@@ -10,9 +10,11 @@ Tinker API: ``forward`` / ``forward_backward`` / ``optim_step`` / ``save_weights
 Tinker primitive            here
 ==========================  =====================================================================
 ``forward`` (log-probs)     :meth:`Learner.compute_logprobs` — pi_old / pi_theta of a batch, frozen
-``forward_backward`` +      :meth:`Learner.update` — every optimizer step of one rollout batch
-``optim_step``              (epochs x mini-batches x micro-batches, :mod:`posttrain.learner.trainer`);
-                            ``version`` + 1
+``forward_backward``        :meth:`Learner.forward_backward` — one mini-batch's gradients with a token loss
+                            (:mod:`posttrain.learner.primitives`); returns its log-probs, loss, metrics
+``optim_step``              :meth:`Learner.optim_step` — clip / skip / AdamW + schedule; ``version`` + 1
+(the RL program)            :meth:`Learner.update` — epochs x mini-batches of the two above over the
+                            policy objective; returns an :class:`~posttrain.learner.primitives.UpdateOutput`
 ``save_weights_for_sampler`` :meth:`Learner.weights_for_rollout` — the plain (LoRA-merged) weights
                             the engine loads under :attr:`Learner.version`
 ``save_state``/``load_state`` :meth:`Learner.state_dict` / :meth:`Learner.load_state_dict`
@@ -26,6 +28,9 @@ from typing import Protocol, runtime_checkable
 
 import torch
 
+from posttrain.learner.optim_step import StepOutcome
+from posttrain.learner.primitives import ForwardBackwardOutput, LossBatch, TokenLoss, UpdateOutput
+from posttrain.learner.trainer import MinibatchLoss
 from posttrain.trajectory import TrajectoryBatch
 
 
@@ -47,8 +52,7 @@ class Learner(Protocol):
     ``kl_coef``: beta, fixed or an adaptive controller (``builders.build_kl_coef``; the loss applies it,
     or the token rewards with ``credit.kl_in_reward``); ``model``: the driver's copy of the actor (checkpoints, SFT warm-up, promotion snapshots);
     ``temperature`` / ``top_k`` / ``top_p``: the sampler settings its log-probs replay (the reference
-    model reads them); ``last_old_logprob`` / ``last_current_logprob``: pi_old of a fused update and
-    pi_theta as the last update saw it, ``[B, T]`` float64, for the ledger.
+    model reads them).
     """
 
     model: torch.nn.Module
@@ -57,16 +61,31 @@ class Learner(Protocol):
     temperature: float
     top_k: int
     top_p: float
-    last_old_logprob: torch.Tensor | None
-    last_current_logprob: torch.Tensor | None
 
     def compute_logprobs(self, batch: TrajectoryBatch) -> torch.Tensor:
         """Frozen per-token log-probs ``[B, T]`` (float64, CPU, 0 off the action mask) under the current weights."""
         ...
 
+    def forward_backward(self, batch: LossBatch, loss: TokenLoss) -> ForwardBackwardOutput:
+        """One mini-batch's forward and backward with ``loss``; gradients accumulate until :meth:`optim_step`."""
+        ...
+
+    def forward_backward_custom(self, rows: list[int], loss: MinibatchLoss) -> ForwardBackwardOutput:
+        """The gradients of a loss that runs its own forward (a pair loss), over ``rows``."""
+        ...
+
+    def minibatch_plan(self, num_rows: int) -> list[list[int]]:
+        """The epochs x shuffled mini-batches of one update over ``num_rows`` rows (advances the generator)."""
+        ...
+
+    def optim_step(self, *, ends_update: bool = True) -> StepOutcome:
+        """Step the optimiser over the accumulated gradients, zero them; ``ends_update``: ``version`` + 1."""
+        ...
+
     def update(self, batch: TrajectoryBatch, advantages: torch.Tensor | None = None, *,
-               old_logprob: torch.Tensor | None = None, fuse_old: bool = False) -> dict[str, float]:
-        """Train on one rollout batch (all its optimizer steps); ``version`` + 1; the step's metrics."""
+               old_logprob: torch.Tensor | None = None, fuse_old: bool = False) -> UpdateOutput:
+        """Train on one rollout batch (all its optimizer steps); ``version`` + 1; metrics, fused pi_old and
+        the log-probs the update saw."""
         ...
 
     def can_fuse_old_logprob(self) -> bool:

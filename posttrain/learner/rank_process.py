@@ -278,7 +278,7 @@ def rank_main(rank: int, world_size: int, port: int, conn: Connection, spec_byte
             if cmd == "update":
                 batch, adv, old, kl_coef = args
                 learner.kl_coef = float(kl_coef)
-                metrics = learner.update(batch, adv, old_logprob=old)
+                metrics = learner.update(batch, adv, old_logprob=old).metrics
                 n_buckets = _stream_weights(learner, fsdp, spec, conn, rank)
                 if rank == 0:
                     out = (metrics, n_buckets, learner.version, learner.optimizer_steps)

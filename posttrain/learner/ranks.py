@@ -19,7 +19,10 @@ same :class:`PolicyLearner` update code; only its :mod:`~posttrain.learner.grad_
 Each mini-batch is split over ranks by :func:`~posttrain.learner.distributed.balanced_shards` (token-balanced, deterministic);
 inside a rank the rows are micro-batched by ``microbatch_tokens`` as always. FSDP's forward and
 backward are collectives, so a ``lockstep`` hook makes every rank run the same number of passes
-(a short rank pads with zero-weight passes; ``PolicyLearner._accumulate_rows``).
+(a short rank pads with zero-weight passes; :func:`posttrain.learner.primitives.forward_backward`).
+The ranks run ``update`` (the RL program over their primitives) as one command; a driver-side
+:meth:`LearnerRanks.forward_backward` runs on the driver copy (the SFT warm-up's gradients, stepped by the
+warm-up's own optimiser), and :meth:`LearnerRanks.optim_step` is refused (the ranks step inside ``update``).
 
 After an update the ranks stream the weights to the driver in buckets of at most
 ``weight_bucket_bytes`` (:func:`~posttrain.learner.rank_process.weight_buckets`; FSDP: each bucket's shards all-gathered with
@@ -46,6 +49,7 @@ This module is the driver's side; what a rank process runs is :mod:`posttrain.le
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import pickle
 import time
@@ -55,9 +59,20 @@ from typing import Any
 
 import torch
 
+from posttrain.learner.grad_sync import LocalSync
+from posttrain.learner.optim_step import StepOutcome
+from posttrain.learner.primitives import (
+    ForwardBackwardOutput,
+    ForwardContext,
+    LossBatch,
+    TokenLoss,
+    UpdateOutput,
+    forward_backward,
+)
 from posttrain.learner.protocol import KLCoefficient
 from posttrain.learner.rank_process import RankLearnerFactory, RankSpec, WeightBucket
 from posttrain.learner.rank_transport import RankTransport, SpawnedRanks, StartRanks
+from posttrain.learner.trainer import MinibatchLoss
 from posttrain.rollout.weight_transfer import PublishedBucket, PublishedWeights
 from posttrain.trajectory.collate import TrajectoryBatch
 
@@ -85,7 +100,8 @@ class LearnerRanks:
                  precision: str = "fp32", rank_timeout_s: float = 600.0, startup_timeout_s: float = 120.0,
                  grad_divide_factor: float = 1.0, drop_rank: int | None = None, top_k: int = 0,
                  top_p: float = 1.0, weight_bucket_bytes: int = 64 << 20,
-                 corrupt_bucket: int | None = None, start_ranks: StartRanks | None = None) -> None:
+                 corrupt_bucket: int | None = None, start_ranks: StartRanks | None = None,
+                 microbatch_tokens: int | None = None) -> None:
         if strategy not in ("ddp", "fsdp2"):
             raise ValueError(f"learner.strategy must be ddp or fsdp2 for rank processes, got {strategy!r}")
         self.model = model
@@ -93,11 +109,10 @@ class LearnerRanks:
         self.temperature = float(temperature)
         self.top_k, self.top_p = int(top_k), float(top_p)  # the ranks' learner's (the reference model reads them)
         self.kl_coef = kl_coef
+        self.microbatch_tokens = microbatch_tokens  # the driver-side forward_backward's budget
         self.rank_timeout_s = float(rank_timeout_s)
         self.version = 0
         self.optimizer_steps = 0
-        self.last_old_logprob: torch.Tensor | None = None  # never fused across processes
-        self.last_current_logprob: torch.Tensor | None = None
         self.last_weights_checksum: str | None = None  # blake2b over the last update's bucket checksums
         self.last_weight_buckets = 0
         self._published: list[PublishedBucket] = []  # the last update's buckets in a shared store, if any
@@ -211,8 +226,33 @@ class LearnerRanks:
         out: torch.Tensor = self._call("logprobs", batch)[0]
         return out
 
+    def forward_backward(self, batch: LossBatch, loss: TokenLoss) -> ForwardBackwardOutput:
+        """:func:`~posttrain.learner.primitives.forward_backward` on the driver copy (:attr:`model`, one process,
+        no mixed precision): its gradients are the driver's, for a phase that steps the driver copy with its own
+        optimiser (the SFT warm-up); the changed weights reach the ranks before their next call."""
+        ctx = ForwardContext(model=self.model, temperature=self.temperature, top_k=self.top_k, top_p=self.top_p,
+                             microbatch_tokens=self.microbatch_tokens, entropy_chunk_size=None,
+                             compute_dtype=_compute_dtype(self.model), autocast=contextlib.nullcontext,
+                             grad_mode=contextlib.nullcontext, grad_sync=LocalSync(),
+                             params=[p for p in self.model.parameters() if p.requires_grad])
+        return forward_backward(ctx, batch, loss)
+
+    def forward_backward_custom(self, rows: list[int], loss: MinibatchLoss) -> ForwardBackwardOutput:
+        """Refused: a loss with its own forward trains in one process (the trainers that use it refuse
+        ``learner.strategy``)."""
+        raise LearnerRankError("learner ranks run only the RL update; a custom loss needs the in-process learner")
+
+    def minibatch_plan(self, num_rows: int) -> list[list[int]]:
+        """Refused: the ranks draw their mini-batches inside :meth:`update`."""
+        raise LearnerRankError("learner ranks draw their mini-batches inside update()")
+
+    def optim_step(self, *, ends_update: bool = True) -> StepOutcome:
+        """Refused: the ranks hold the optimiser and step it inside :meth:`update` (one command per update)."""
+        raise LearnerRankError("learner ranks step their optimiser inside update(); optim_step is not sent over "
+                               "the rank transport (learner.strategy=ddp|fsdp2)")
+
     def update(self, batch: TrajectoryBatch, advantages: torch.Tensor | None = None, *,
-               old_logprob: torch.Tensor | None = None, fuse_old: bool = False) -> dict[str, float]:
+               old_logprob: torch.Tensor | None = None, fuse_old: bool = False) -> UpdateOutput:
         """One update on every rank (PolicyLearner.update's contract and metrics); then the driver copy
         takes rank 0's gathered weights after checking their version and checksum."""
         if fuse_old:
@@ -275,7 +315,7 @@ class LearnerRanks:
         if not self._placement_reported:  # once: the first update's metrics carry where the ranks run
             metrics.update(placement_metrics(self.placement))
             self._placement_reported = True
-        return metrics
+        return UpdateOutput(metrics)  # pi_old is never fused across processes; pi_theta is not gathered
 
     def _check_published(self, buckets: list[PublishedBucket], checksums: list[str]) -> list[PublishedBucket]:
         """The transport's published buckets of this update, when they are exactly the buckets the
@@ -364,6 +404,11 @@ def placement_metrics(placement: Mapping[int, str]) -> dict[str, float]:
     out = {"learner/nodes": float(len(nodes))}
     out.update({f"learner/rank{r}_node": float(nodes.index(w)) for r, w in sorted(placement.items())})
     return out
+
+
+def _compute_dtype(model: torch.nn.Module) -> torch.dtype:
+    """float64 for a float64 model, else float32 (as the policy learner's)."""
+    return torch.float64 if next(model.parameters()).dtype == torch.float64 else torch.float32
 
 
 def _is_alias(sd: Mapping[str, torch.Tensor], key: str) -> bool:

@@ -1,26 +1,40 @@
-"""Supervised warm-up (SFT) on prompt -> reference-answer pairs before RL.
+"""Supervised warm-up (SFT) on prompt -> reference-answer pairs before RL, over the learner's primitives.
 
 Loss: mean negative log-likelihood of the answer tokens (and the closing eos) given the prompt,
-token-mean over the batch: ``L = -sum_{i,t} m_it log pi(y_it | x_i, y_i,<t) / sum m_it``.
-Each step is one :class:`~posttrain.learner.trainer.Trainer` update of one mini-batch (the step's
-pairs, in micro-batches of at most ``microbatch_tokens`` padded tokens: the run's
-``optim.microbatch_tokens``, as every other update): the same AdamW, schedule and step rules as the
-RL learners, with the warm-up's settings of :func:`sft_optimizer_settings`.
+token-mean over the batch: ``L = -sum_{i,t} m_it log pi(y_it | x_i, y_i,<t) / sum m_it`` (the model's own
+softmax at temperature 1, untruncated: :class:`AnswerNLL`, a
+:class:`~posttrain.learner.primitives.TokenLoss`). Each step is one ``learner.forward_backward`` of the
+step's pairs (micro-batches of at most the learner's ``microbatch_tokens`` padded tokens) and one step of
+the warm-up's own :class:`~posttrain.learner.trainer.Trainer` (:func:`sft_optimizer_settings`: the same
+AdamW, schedule and step rules as the RL learners, other settings). The warm-up keeps its own optimiser
+because its AdamW moments and linear schedule belong to the phase: RL starts from a fresh optimiser state,
+as every recorded run did (tests/loop/golden).
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from typing import Protocol
 
 import torch
 
-from posttrain.learner.microbatch import split_by_token_budget
+from posttrain.learner.microbatch import Microbatch
+from posttrain.learner.primitives import ForwardBackwardOutput, ForwardSpec, LossBatch, LossTerms, TokenLoss
 from posttrain.learner.settings import BatchingSettings, OptimizerSettings
 from posttrain.learner.trainer import Trainer
 from posttrain.trajectory import collate, make_trajectory
 
 #: ``(prompt_ids, answer_ids_with_eos)``: one demonstration.
 SFTPair = tuple[list[int], list[int]]
+
+
+class SupervisedLearner(Protocol):
+    """What the warm-up needs of a learner: its model and its ``forward_backward`` primitive (met by
+    :class:`~posttrain.learner.actor.PolicyLearner` and :class:`~posttrain.learner.ranks.LearnerRanks`)."""
+
+    model: torch.nn.Module
+
+    def forward_backward(self, batch: LossBatch, loss: TokenLoss) -> ForwardBackwardOutput: ...
 
 
 def sft_optimizer_settings(steps: int, lr: float) -> OptimizerSettings:
@@ -31,72 +45,66 @@ def sft_optimizer_settings(steps: int, lr: float) -> OptimizerSettings:
 
 
 class AnswerNLL:
-    """The SFT :class:`~posttrain.learner.trainer.MinibatchLoss` of one batch of ``pairs``: the answer
-    tokens' summed negative log-likelihood over the mini-batch's answer-token count, accumulated over
-    micro-batches of at most ``microbatch_tokens`` padded tokens (None: one forward). ``last_loss`` holds
-    the value of the last backward."""
+    """The SFT token loss: ``-sum(m * log pi) / N`` over a micro-batch's answer tokens ``m`` (action mask from
+    column 1), ``N`` the mini-batch's answer-token count (so the micro-batch losses sum to the mean)."""
 
-    def __init__(self, model: torch.nn.Module, pairs: Sequence[SFTPair], pad_token_id: int,
-                 microbatch_tokens: int | None = None) -> None:
-        trajs = [
-            make_trajectory(
-                traj_id=str(i), prompt_id=str(i), group_id=str(i), prompt_ids=p, action_ids=a,
-                action_logprobs=[0.0] * len(a), action_versions=0, finish="terminal",
-            )
-            for i, (p, a) in enumerate(pairs)
-        ]
-        self.model, self.batch = model, collate(trajs, pad_token_id=pad_token_id)
-        self.lengths = [t.length for t in trajs]
-        self.microbatch_tokens = microbatch_tokens
-        self.last_loss = 0.0
+    spec = ForwardSpec(sampler_replay=False, autocast=False)
 
-    def normaliser(self, rows: Sequence[int]) -> float:
-        """Answer tokens (with their eos) of the rows."""
-        return float(self.batch.action_mask[list(rows), 1:].sum())
+    def __call__(self, logprob: torch.Tensor, entropy: torch.Tensor | None, mb: Microbatch,
+                 batch: LossBatch) -> LossTerms:
+        """The micro-batch's share of the mean NLL (``logprob`` ``[b, t]``, 0 at column 0)."""
+        mask = mb["action_mask"][:, 1:].to(logprob.dtype)
+        return LossTerms(loss=-(logprob[:, 1:] * mask).sum() / torch.tensor(batch.num_tokens, dtype=logprob.dtype))
 
-    def backward(self, rows: Sequence[int], normaliser: float) -> None:
-        """Token-mean NLL of the rows' answers over ``normaliser`` (the mini-batch's answer tokens), one
-        forward and backward per micro-batch (each trimmed to its longest row); gradients accumulate."""
-        rows = list(rows)
-        groups = ([list(range(len(rows)))] if self.microbatch_tokens is None
-                  else split_by_token_budget([self.lengths[r] for r in rows], self.microbatch_tokens))
-        total = 0.0
-        for group in groups:
-            sub = [rows[i] for i in group]
-            idx = torch.as_tensor(sub, dtype=torch.long)
-            width = max(self.lengths[r] for r in sub)  # right-padded: the columns after it are padding
-            ids = self.batch.input_ids[idx, :width]
-            logits = self.model(input_ids=ids, attention_mask=self.batch.attention_mask[idx, :width]).logits[:, :-1]
-            lp = torch.log_softmax(logits.float(), -1).gather(-1, ids[:, 1:, None]).squeeze(-1)
-            mask = self.batch.action_mask[idx, 1:width].to(lp.dtype)
-            loss = -(lp * mask).sum() / torch.tensor(normaliser, dtype=lp.dtype)
-            loss.backward()  # type: ignore[no-untyped-call]
-            total += float(loss.detach())
-        self.last_loss = total
+    def metric_keys(self) -> tuple[list[str], list[str], list[str]]:
+        """No metrics besides the loss."""
+        return [], [], []
+
+    def rows_without_gradient(self, batch: LossBatch, rows: Sequence[int]) -> list[int]:
+        """Every row is trained."""
+        return []
+
+
+def sft_batch(pairs: Sequence[SFTPair], pad_token_id: int, device: torch.device) -> LossBatch:
+    """The pairs collated into one mini-batch (every row) on ``device``; ``num_tokens``: the answer tokens."""
+    trajs = [make_trajectory(traj_id=str(i), prompt_id=str(i), group_id=str(i), prompt_ids=p, action_ids=a,
+                             action_logprobs=[0.0] * len(a), action_versions=0, finish="terminal")
+             for i, (p, a) in enumerate(pairs)]
+    b = collate(trajs, pad_token_id=pad_token_id)
+    tensors = {"input_ids": b.input_ids.to(device), "attention_mask": b.attention_mask.to(device),
+               "action_mask": b.action_mask.to(device)}
+    return LossBatch(tensors, list(range(len(pairs))), float(b.action_mask[:, 1:].sum()))
 
 
 def run_sft(
-    model: torch.nn.Module,
+    learner: SupervisedLearner,
     batches: Callable[[int], Sequence[SFTPair]],
     *,
     steps: int,
     lr: float,
     pad_token_id: int,
     on_step: Callable[[int, float], None] | None = None,
-    microbatch_tokens: int | None = None,
 ) -> list[float]:
-    """``steps`` optimiser steps (:func:`sft_optimizer_settings`) on ``batches(step)``, the model in train
-    mode (eval mode after), each step's batch in micro-batches of at most ``microbatch_tokens`` padded
-    tokens (None: one forward); returns the loss curve (one float per step) and calls ``on_step(step, loss)``."""
+    """``steps`` SFT steps on ``batches(step)``: ``learner.forward_backward`` with :class:`AnswerNLL`, then one
+    step of the warm-up's optimiser (:func:`sft_optimizer_settings`), the model in train mode (eval mode after);
+    returns the loss curve (one float per step) and calls ``on_step(step, loss)``."""
+    model = learner.model
     trainer = Trainer(list(model.parameters()), sft_optimizer_settings(steps, lr), BatchingSettings())
+    device = next(model.parameters()).device
     model.train()
     losses: list[float] = []
     for s in range(steps):
-        pairs = batches(s)
-        nll = AnswerNLL(model, pairs, pad_token_id, microbatch_tokens)
-        trainer.train(len(pairs), nll)
-        losses.append(nll.last_loss)
+        batch = sft_batch(batches(s), pad_token_id, device)
+        trainer.optimizer.zero_grad(set_to_none=True)
+        loss = learner.forward_backward(batch, AnswerNLL()).loss if batch.num_tokens else 0.0
+        if batch.num_tokens:
+            trainer.step()
+        losses.append(loss)
         if on_step is not None:
             on_step(s, losses[-1])
+    trainer.optimizer.zero_grad(set_to_none=True)
     model.eval()
     return losses
+
+
+__all__ = ["AnswerNLL", "SupervisedLearner", "run_sft", "sft_batch", "sft_optimizer_settings"]

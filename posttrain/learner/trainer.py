@@ -28,7 +28,7 @@ from typing import Protocol
 import torch
 
 from posttrain.learner.microbatch import minibatch_rows
-from posttrain.learner.optim_step import OptimizerStepper, StepTally
+from posttrain.learner.optim_step import OptimizerStepper, StepOutcome, StepTally
 from posttrain.learner.schedule import (
     build_optimizer,
     build_scheduler,
@@ -111,10 +111,17 @@ class Trainer:
                 if not self.accumulate(rows, loss):
                     tally.empty += 1
                     continue
-                if self.stepper.step(tally.steps):
-                    self.optimizer_steps += 1
+                tally.steps.record(self.step())
         self.optimizer.zero_grad(set_to_none=True)
         return tally
+
+    def step(self) -> StepOutcome:
+        """One optimiser step over the accumulated gradients (:meth:`OptimizerStepper.apply`: clip, skip a
+        non-finite or zero gradient, AdamW + schedule); counts an applied step in :attr:`optimizer_steps`."""
+        outcome = self.stepper.apply()
+        if outcome.applied:
+            self.optimizer_steps += 1
+        return outcome
 
     def accumulate(self, rows: Sequence[int], loss: MinibatchLoss) -> bool:
         """Zero the gradients, then leave mini-batch ``rows``' gradient in ``.grad`` (no step); False

@@ -483,5 +483,5 @@ def build_learner_ranks(cfg: RunConfig, model: torch.nn.Module, **faults: Unpack
         device=lc.resolved_device(), precision=lc.precision, temperature=replay.temperature,
         top_k=replay.top_k, top_p=replay.top_p, kl_coef=build_kl_coef(cfg), rank_timeout_s=lc.rank_timeout_s,
         startup_timeout_s=lc.startup_timeout_s, weight_bucket_bytes=max(1, int(lc.weight_bucket_mb * 2**20)),
-        start_ranks=start_ranks, **faults,
+        start_ranks=start_ranks, microbatch_tokens=cfg.optim.microbatch_tokens, **faults,
     )

@@ -10,8 +10,9 @@ correct x wrong pair. A group that is all correct or all wrong gives none (it sa
 response is better); ``timeout`` and infrastructure failures never enter a pair. The pairs then train the
 policy with the loss of ``preference.loss`` against a frozen reference (the policy at the start, after
 the SFT warm-up if any), exactly as offline (:class:`~posttrain.loop.preference_step.PairBatchLoss`,
-through the policy learner's own optimiser, schedule and mini-batch settings), and the engine gets the
-new weights. Held-out evaluation, promotion, guards, the ledger (every sampled response with its
+through the policy learner's own optimiser, schedule and mini-batch settings: :func:`train_pairs`, its
+``forward_backward_custom`` + ``optim_step``), and the engine gets the new weights. Held-out evaluation,
+promotion, guards, the ledger (every sampled response with its
 verdict) and checkpoints are the RL loop's. ODPO's ``score_diff`` is the reward difference of the pair
 (clamped at 0). This is the "online / iterative DPO" of Xiong et al. 2024 (arXiv:2312.11456) and Guo et
 al. 2024 (arXiv:2402.04792) with the verifier as the preference oracle.
@@ -29,6 +30,7 @@ import torch
 
 from posttrain.config import RunConfig
 from posttrain.errors import UserError
+from posttrain.learner.optim_step import StepTally
 from posttrain.loop.guards import check_guards
 from posttrain.loop.interrupt import raise_if_interrupted
 from posttrain.loop.preference_batch import EncodedPair, pair_logprobs
@@ -41,7 +43,7 @@ from posttrain.trajectory import Status, Trajectory
 if TYPE_CHECKING:
     from rich.progress import Progress
 
-    from posttrain.learner.actor import PolicyLearner
+    from posttrain.learner.protocol import Learner
     from posttrain.loop.run import Run
 
 REJECTED = (Status.WRONG, Status.INVALID)
@@ -105,10 +107,24 @@ def _reference(run: Run, fresh: bool) -> torch.nn.Module | None:
     return model.eval().requires_grad_(False)
 
 
-def online_pair_loss(learner: PolicyLearner, batch: PairBatch, cfg: RunConfig, pad_id: int) -> PairBatchLoss:
-    """The loss of one online step's pairs on the policy learner's model, under the learner's grad mode (train
-    mode when ``optim.gradient_checkpointing``: transformers checkpoints activations only in train mode)."""
-    return PairBatchLoss(learner.model, batch, cfg, pad_id, grad_mode=learner.grad_mode)
+def train_pairs(learner: Learner, loss: PairBatchLoss, num_pairs: int) -> dict[str, float]:
+    """One online step's update, a program over the learner's primitives: for each of the learner's
+    epochs x shuffled mini-batches of the pairs, ``forward_backward_custom`` (the pair loss runs its own
+    sequence forward) then ``optim_step`` (the last one ends the update: the learner's ``version`` + 1, so
+    the engine's next samples carry the new version). Returns the last mini-batch's loss metrics and the
+    optimiser steps' (``optimizer_steps``, ``grad_norm`` ...)."""
+    plan = learner.minibatch_plan(num_pairs)
+    steps, metrics = StepTally(), {}
+    for i, rows in enumerate(plan):
+        metrics = learner.forward_backward_custom(rows, loss).metrics
+        steps.record(learner.optim_step(ends_update=i == len(plan) - 1))
+    return {**metrics, **steps.metrics()}
+
+
+def online_pair_loss(learner: Learner, batch: PairBatch, cfg: RunConfig, pad_id: int) -> PairBatchLoss:
+    """The loss of one online step's pairs on the policy learner's model (``learner.forward_backward_custom``
+    runs it under the learner's grad mode: train mode when ``optim.gradient_checkpointing``)."""
+    return PairBatchLoss(learner.model, batch, cfg, pad_id)
 
 
 def _reward_metrics(trajs: Sequence[Trajectory]) -> dict[str, float]:
@@ -124,7 +140,6 @@ def train_online_preference(cfg: RunConfig, progress: Progress | None = None) ->
     An interrupt (``KeyboardInterrupt``, or one :func:`~posttrain.loop.interrupt.interrupt_flag` recorded and
     a finalizer swallowed: raised before the next step) propagates after the producer and the run are closed;
     the checkpoints already written are untouched."""
-    from posttrain.learner.actor import PolicyLearner
     from posttrain.loop.producer import build_producer
     from posttrain.loop.run import open_run
 
@@ -140,8 +155,6 @@ def train_online_preference(cfg: RunConfig, progress: Progress | None = None) ->
             run.warmup_and_baseline(progress)  # SFT warm-up (if configured) and the step-0 held-out eval
         ref = _reference(run, fresh)
         learner = run.learner
-        if not isinstance(learner, PolicyLearner):
-            raise TypeError(f"online preference needs the in-process policy learner, got {type(learner).__name__}")
         bar = progress.add_task("preference", total=cfg.steps, completed=st.step) if progress else None
         producer = build_producer(cfg, run)
     except BaseException:
@@ -162,10 +175,7 @@ def train_online_preference(cfg: RunConfig, progress: Progress | None = None) ->
                 refs = (None, None) if ref is None else pair_logprobs(
                     ref, pairs, pad_id=run.pad_token_id, microbatch_tokens=cfg.optim.microbatch_tokens)
                 loss = online_pair_loss(learner, PairBatch(pairs, *refs), cfg, run.pad_token_id)
-                tally = learner.trainer.train(len(pairs), loss)
-                learner.version += 1  # the weights changed: the engine's next samples carry the new version
-                metrics.update(loss.metrics)
-                metrics.update(tally.steps.metrics())
+                metrics.update(train_pairs(learner, loss, len(pairs)))
                 metrics["time/learner_s"] = time.perf_counter() - t0
             with producer.quiesce():
                 run.sync_weights()
@@ -189,4 +199,4 @@ def train_online_preference(cfg: RunConfig, progress: Progress | None = None) ->
                                curve=[(s, a) for s, a, _ in st.heldout_curve], stopped=st.stopped)
 
 
-__all__ = ["REFERENCE_DIR", "group_pairs", "train_online_preference"]
+__all__ = ["REFERENCE_DIR", "group_pairs", "train_online_preference", "train_pairs"]

@@ -160,10 +160,11 @@ def update_step(run: Run, producer: Producer, step: int, produced: Produced,
     # 5. update actor (and critic) under the recipe's reduction (correction: CORRECTIONS / decoupled PPO
     #    against the recorded behaviour log-probs, whatever the mode); both read the batch's tensors
     slept = run.release_engine()  # system.engine_sleep: the engine frees its weights while the learner updates
-    upd = run.learner.update(batch, fuse_old=fuse)
+    out = run.learner.update(batch, fuse_old=fuse)
+    upd = dict(out.metrics)
     if fuse:
-        assert run.learner.last_old_logprob is not None
-        batch = batch.freeze("old", run.learner.last_old_logprob, old_version)
+        assert out.old_logprob is not None
+        batch = batch.freeze("old", out.old_logprob, old_version)
         tg = dataclasses.replace(tg, old_logprob=batch.old_logprob, ref_logprob=batch.ref_logprob, token_kl=ref_token_kl(
             batch.old_logprob, batch.ref_logprob, batch.action_mask, cfg.loss.kl_estimator))
     metrics["update/fused_old_logprob"] = float(fuse)
@@ -198,7 +199,7 @@ def update_step(run: Run, producer: Producer, step: int, produced: Produced,
     stop_reason = check_guards(cfg.guards, metrics)
     # The ledger records, rebuilt once from the batch: pi_old / pi_ref and their versions, pi_theta per
     # token as the update saw it (|log rho| audits) and the advantage it trained on.
-    seen = with_update_record(batch, getattr(run.learner, "last_current_logprob", None), tg.advantages)
+    seen = with_update_record(batch, out.current_logprob, tg.advantages)
     ledger_trajs = seen + [t for t in trajs if t.status in (Status.INFRA_ERROR, Status.ENV_FAILURE)]
     # eval.hidden_verifier re-judges every response after the update (so it cannot reach the reward).
     ledger_trajs = judge_trajectories(ledger_trajs, getattr(run, "hidden_verifier", None),

@@ -96,8 +96,9 @@ def warmup_examples(task: Task, cfg: RunConfig, heldout: Sequence[TaskExample]) 
 
 
 def sft_warmup(run: WarmedRun, progress: Progress | None = None) -> None:
-    """``run.cfg.sft.steps`` SFT steps on ``run``'s learner model (:func:`posttrain.learner.sft.run_sft`,
-    a ``rich`` ``progress`` bar when given); then the reference model and the engine get its weights."""
+    """``run.cfg.sft.steps`` SFT steps through ``run``'s learner (:func:`posttrain.learner.sft.run_sft`: its
+    ``forward_backward`` with the answer NLL, the warm-up's own optimiser; a ``rich`` ``progress`` bar when
+    given); then the reference model and the engine get its weights."""
     from posttrain.learner.sft import run_sft
     from posttrain.loop.heldout import eval_splits, split_examples
 
@@ -124,9 +125,8 @@ def sft_warmup(run: WarmedRun, progress: Progress | None = None) -> None:
         if progress is not None and bar is not None:
             progress.update(bar, advance=1, description=f"SFT warm-up loss {loss:.3f}")
 
-    losses = run_sft(run.learner.model, batches, steps=cfg.sft.steps, lr=cfg.sft.lr,
-                     pad_token_id=run.pad_token_id, on_step=on_step, microbatch_tokens=cfg.optim.microbatch_tokens)
-    run.learner.model.eval()
+    losses = run_sft(run.learner, batches, steps=cfg.sft.steps, lr=cfg.sft.lr, pad_token_id=run.pad_token_id,
+                     on_step=on_step)
     (run.dir / "sft_losses.json").write_text(json.dumps(losses))
     if run.ref_model is not None:
         run.ref_model.load_state_dict(run.learner.weights_for_rollout())  # plain names (LoRA merged)

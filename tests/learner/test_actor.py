@@ -76,12 +76,12 @@ def test_gradients_invariant_to_microbatch_split(make_model, make_batch, make_ad
 
 def _local_normaliser(learner):
     """Inject the classic bug: each micro-batch normalises by its OWN sequence and token counts."""
-    orig = learner._reduction_weights
+    orig = learner._reduction
 
-    def local(mask, num_sequences, num_tokens):
-        return orig(mask, int((mask.sum(dim=1) > 0).sum()), float(mask.sum()))
+    def local(mask, *, num_sequences, num_tokens, **kw):
+        return orig(mask, num_sequences=int((mask.sum(dim=1) > 0).sum()), num_tokens=float(mask.sum()), **kw)
 
-    learner._reduction_weights = local
+    learner._reduction = local
     return learner
 
 
@@ -430,9 +430,9 @@ def test_fused_old_logprob_equals_the_two_forward_update(make_model, make_batch,
     m_fused = fused.update(batch, adv, fuse_old=True)
     # Same weights, same micro-batches: the grad forward and the no-grad forward agree to rounding.
     rtol = shape_rtol(int(batch.lengths.max()))
-    assert fused.last_old_logprob is not None
-    assert (fused.last_old_logprob[batch.action_mask == 0] == 0).all()
-    torch.testing.assert_close(fused.last_old_logprob, old, rtol=0, atol=rtol * float(old.abs().max()))
+    assert m_fused.old_logprob is not None
+    assert (m_fused.old_logprob[batch.action_mask == 0] == 0).all()
+    torch.testing.assert_close(m_fused.old_logprob, old, rtol=0, atol=rtol * float(old.abs().max()))
     start = make_model().state_dict()
     assert update_rel_diff(fused.model.state_dict(), two.model.state_dict(), start) <= 100 * rtol
     for k in ("loss", "grad_norm", "kl", "entropy", "logkappa_abs_max", "tokens_trained"):

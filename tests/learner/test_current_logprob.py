@@ -1,4 +1,4 @@
-"""``PolicyLearner.last_current_logprob``: pi_theta per token as the update saw it (issue 15, part 1).
+"""``PolicyLearner.update(...).current_logprob``: pi_theta per token as the update saw it (issue 15, part 1).
 
 Each row's value comes from the forward of the last optimiser step that included it, taken before
 that step: with one step per update it is pi_old; with two epochs it is the policy after the first
@@ -22,8 +22,7 @@ def test_one_step_update_records_pi_old_as_current(make_model, make_batch, make_
     adv = make_advantages(batch)
     learner = PolicyLearner(make_model(), lr=1e-2, microbatch_tokens=30)
     old = learner.compute_logprobs(batch)
-    learner.update(batch, adv, old_logprob=old)
-    cur = learner.last_current_logprob
+    cur = learner.update(batch, adv, old_logprob=old).current_logprob
     assert cur is not None and cur.shape == old.shape and cur.dtype == torch.float64
     assert (cur[batch.action_mask == 0] == 0).all()
     assert torch.isfinite(cur).all()
@@ -41,7 +40,7 @@ def test_two_epochs_record_the_policy_after_the_first_step(make_model, make_batc
     one = PolicyLearner(make_model(), lr=5e-2, ppo_epochs=1)
     one.update(batch, adv, old_logprob=old)
     after_first = one.compute_logprobs(batch)
-    cur = two.last_current_logprob
+    cur = m.current_logprob
     assert cur is not None
     tol = 10 * shape_rtol(int(batch.lengths.max())) * float(old.abs().max())
     torch.testing.assert_close(cur, after_first, rtol=0, atol=tol)
@@ -55,7 +54,7 @@ def test_two_epochs_record_the_policy_after_the_first_step(make_model, make_batc
 def test_fused_update_records_current_equal_to_its_pi_old(make_model, make_batch, make_advantages):
     batch = make_batch(n=6)
     learner = PolicyLearner(make_model(), lr=1e-2)
-    learner.update(batch, make_advantages(batch), fuse_old=True)
-    assert learner.last_old_logprob is not None and learner.last_current_logprob is not None
+    out = learner.update(batch, make_advantages(batch), fuse_old=True)
+    assert out.old_logprob is not None and out.current_logprob is not None
     # The same forward supplies both: identical, not merely close.
-    assert torch.equal(learner.last_current_logprob, learner.last_old_logprob)
+    assert torch.equal(out.current_logprob, out.old_logprob)

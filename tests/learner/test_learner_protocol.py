@@ -22,7 +22,8 @@ def test_the_in_process_learner_is_a_learner() -> None:
 
 def test_the_learner_ranks_define_every_method_with_the_protocols_parameters() -> None:
     methods = [n for n, v in vars(Learner).items() if inspect.isfunction(v) and not n.startswith("_")]
-    assert {"compute_logprobs", "update", "weights_for_rollout", "state_dict", "load_state_dict", "close"} <= set(methods)
+    assert {"compute_logprobs", "forward_backward", "optim_step", "update", "weights_for_rollout", "state_dict",
+            "load_state_dict", "close"} <= set(methods)
     for name in methods:
         want = list(inspect.signature(getattr(Learner, name)).parameters)
         got = list(inspect.signature(getattr(LearnerRanks, name)).parameters)
@@ -35,7 +36,6 @@ def test_an_object_missing_a_primitive_is_not_a_learner() -> None:
     class NoUpdate:
         def __init__(self) -> None:
             self.model, self.version, self.temperature, self.top_k, self.top_p = model, 0, 1.0, 0, 1.0
-            self.last_old_logprob = self.last_current_logprob = None
 
         def compute_logprobs(self, batch: object) -> None: ...
 

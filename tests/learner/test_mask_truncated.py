@@ -73,7 +73,7 @@ def test_only_truncated_rows_are_masked_and_they_are_counted(make_model, make_ba
     m = learner.update(cut, make_advantages(cut), fuse_old=True)
     assert m["truncated_rows_masked"] == 3.0
     # the masked rows are still forwarded and recorded (the ledger's pi_theta / pi_old), only not trained on
-    assert learner.last_current_logprob is not None and (learner.last_current_logprob[list(CUT)] != 0).any()
+    assert m.current_logprob is not None and (m.current_logprob[list(CUT)] != 0).any()
     assert "truncated_rows_masked" not in PolicyLearner(make_model(), microbatch_tokens=40).update(
         cut, make_advantages(cut), fuse_old=True)
 

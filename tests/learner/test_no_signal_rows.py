@@ -74,7 +74,7 @@ def test_update_records_and_weights_match_and_rows_are_counted(make_model, make_
         learner = PolicyLearner(make_model(), lr=1e-2, skip_no_signal_rows=skip, **KW)
         m = learner.update(batch, adv, fuse_old=True)
         out[skip] = (m, {k: v.detach().clone() for k, v in learner.model.state_dict().items()},
-                     learner.last_old_logprob, learner.last_current_logprob)
+                     m.old_logprob, m.current_logprob)
     (m0, w0, old0, cur0), (m1, w1, old1, cur1) = out[False], out[True]
     assert m0["no_signal_rows"] == 0.0 and m1["no_signal_rows"] == 8.0
     assert m1["optimizer_steps"] == 1.0
@@ -96,7 +96,7 @@ def test_all_rows_quiet_takes_no_step(make_model, make_batch):
     m = learner.update(batch, torch.zeros(tuple(batch.input_ids.shape), dtype=torch.float64), fuse_old=True)
     assert m["no_signal_rows"] == 8.0 and m["optimizer_steps"] == 0.0 and m["zero_grad_steps"] == 1.0
     assert all(torch.equal(v, before[k]) for k, v in learner.model.state_dict().items())
-    assert learner.last_old_logprob is not None and (learner.last_old_logprob != 0).any()
+    assert m.old_logprob is not None and (m.old_logprob != 0).any()
 
 
 @pytest.mark.parametrize("extra", [dict(entropy_coef=0.01), dict(kl_estimator="k3", kl_coef=0.1)])

@@ -1,10 +1,11 @@
-"""SFT warm-up (posttrain/learner/sft.py) on the trainer skeleton: the same curve and weights as the
-warm-up's own AdamW loop it replaced (reference-vs-refactor equivalence)."""
+"""SFT warm-up (posttrain/learner/sft.py) over the learner's forward_backward primitive: the same curve and
+weights as the warm-up's own AdamW loop it replaced (reference-vs-refactor equivalence)."""
 
 from __future__ import annotations
 
 import torch
 
+from posttrain.learner import PolicyLearner
 from posttrain.learner.sft import run_sft
 
 
@@ -50,7 +51,7 @@ def test_run_sft_reproduces_the_reference_warmup(make_model):
     ref_model, model = make_model(dtype=torch.float32), make_model(dtype=torch.float32)
     expected = _reference_sft(ref_model, steps=6, lr=3e-2)
     seen: list[tuple[int, float]] = []
-    losses = run_sft(model, _pairs, steps=6, lr=3e-2, pad_token_id=0, on_step=lambda s, v: seen.append((s, v)))
+    losses = run_sft(PolicyLearner(model), _pairs, steps=6, lr=3e-2, pad_token_id=0, on_step=lambda s, v: seen.append((s, v)))
     # Bit-equal is right here (not a tolerance): both sides run the same ops on the same shapes in one
     # process (one micro-batch of the step's pairs, the same AdamW path), so no kernel choice can differ.
     assert losses == expected

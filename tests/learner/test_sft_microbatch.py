@@ -13,7 +13,8 @@ import copy
 
 import torch
 
-from posttrain.learner.sft import AnswerNLL, run_sft
+from posttrain.learner import PolicyLearner
+from posttrain.learner.sft import AnswerNLL, run_sft, sft_batch
 from posttrain.loop.builders import build_model
 from posttrain.loop.validate import load_run_config
 from tests._tolerance import assert_grads_close, shape_rtol
@@ -40,10 +41,11 @@ def test_answer_nll_accumulates_micro_batches_within_the_budget_with_the_one_pas
     for budget in (None, 24):
         model = copy.deepcopy(base).train()
         calls = _forwards(model)
-        loss = AnswerNLL(model, PAIRS, pad_token_id=0, microbatch_tokens=budget)
-        loss.backward(list(range(len(PAIRS))), loss.normaliser(range(len(PAIRS))))
+        learner = PolicyLearner(model, microbatch_tokens=budget)
+        model.train()
+        out = learner.forward_backward(sft_batch(PAIRS, 0, torch.device("cpu")), AnswerNLL())
         grads[budget] = ({n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}, calls,
-                         loss.last_loss)
+                         out.loss)
     (g1, calls1, l1), (g2, calls2, l2) = grads[None], grads[24]
     assert calls1 == [8 * 10]  # the whole batch in one forward
     # hand-computed (longest first, each group padded to its first row): [10, 10] -> 20 tokens, [9, 9] -> 18,
@@ -56,5 +58,5 @@ def test_answer_nll_accumulates_micro_batches_within_the_budget_with_the_one_pas
 def test_run_sft_passes_the_budget_to_every_step() -> None:
     model = _model()
     calls = _forwards(model)
-    run_sft(model, lambda s: PAIRS, steps=2, lr=1e-3, pad_token_id=0, microbatch_tokens=24)
+    run_sft(PolicyLearner(model, microbatch_tokens=24), lambda s: PAIRS, steps=2, lr=1e-3, pad_token_id=0)
     assert calls == [20, 18, 24, 6] * 2  # each step's batch in the budget's micro-batches

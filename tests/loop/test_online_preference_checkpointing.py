@@ -3,7 +3,7 @@
 The policy learner enables transformers' activation checkpointing, which acts only in train mode; the RL
 update enters train mode around its gradient forward, but the online preference step ran its pair loss on
 the learner's model in eval mode, so the setting was accepted and did nothing (autograd kept every
-activation). The step's pair loss now runs under the learner's grad mode: the layers' activations are
+activation). The step's pair loss now runs under the learner's grad mode (``forward_backward_custom``): the layers' activations are
 recomputed in the backward instead of kept, and the gradients are those without checkpointing.
 """
 
@@ -45,7 +45,7 @@ def _grads(checkpointing: bool) -> tuple[dict[str, torch.Tensor], int]:
         return t
 
     with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
-        online_pair_loss(learner, batch, cfg, pad_id=0).backward(list(range(len(PAIRS))), float(len(PAIRS)))
+        learner.forward_backward_custom(list(range(len(PAIRS))), online_pair_loss(learner, batch, cfg, pad_id=0))
     return {n: p.grad.clone() for n, p in learner.model.named_parameters() if p.grad is not None}, saved[0]
 
 

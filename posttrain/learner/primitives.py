@@ -1,0 +1,291 @@
+"""The learner's primitives (after Thinking Machines' Tinker API), shared by every trainer program.
+
+A trainer is a short program over them (``PolicyLearner.update``, the SFT warm-up, online preference)::
+
+    for each mini-batch:
+        out = learner.forward_backward(batch, loss)   # gradients accumulate; returns what it computed
+        outcome = learner.optim_step()                # clip / skip / AdamW + schedule; zeroes the gradients
+
+:func:`forward_backward` runs one mini-batch (:class:`LossBatch`: the rows and their loss-token count) in
+token-budget micro-batches: each micro-batch's per-token log-probs (:class:`ForwardSpec`: the sampler's
+temperature and truncation replayed, or the model's plain softmax) go to the :class:`TokenLoss`, whose
+scalar is back-propagated. Because the loss reduces with the *mini-batch's* counts, the micro-batch losses
+sum to the mini-batch loss however the rows are split. The result (:class:`ForwardBackwardOutput`: the
+log-probs ``[B, T]`` of that forward, the loss value, the loss's metric sums) is returned, never parked.
+Under data parallelism (:mod:`posttrain.learner.grad_sync`) each process runs its shard of the rows and
+the gradients and metric sums are reduced over processes; a lockstep hook (FSDP2) pads a short process
+with zero-weight passes so the collectives inside the passes pair up.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from typing import Protocol
+
+import torch
+
+from posttrain.learner.grad_sync import GradientSync
+from posttrain.learner.logprobs import first_scored_position, forward_logprobs
+from posttrain.learner.microbatch import Microbatch, RowTensors, microbatches
+from posttrain.learner.optim_step import StepOutcome
+
+
+@dataclasses.dataclass(frozen=True)
+class ForwardSpec:
+    """How :func:`forward_backward` forms a micro-batch's log-probs for a loss.
+
+    ``sampler_replay``: ``log softmax(z / T)`` over the sampler's kept set (the learner's temperature,
+    top-k, top-p; :func:`~posttrain.learner.logprobs.forward_logprobs`, cast to the compute dtype) — the
+    RL losses; False: the model's own untruncated ``log_softmax(logits.float())`` at temperature 1 over
+    the full logits (the SFT negative log-likelihood, Tinker's ``cross_entropy``). ``with_entropy`` /
+    ``entropy_grad``: the token entropy too, with or without its graph (replay only). ``autocast``: run
+    the forward under the learner's mixed precision."""
+
+    sampler_replay: bool = True
+    with_entropy: bool = False
+    entropy_grad: bool = False
+    autocast: bool = True
+
+
+@dataclasses.dataclass
+class LossTerms:
+    """One micro-batch's loss: ``loss`` the scalar to back-propagate (reduced with the mini-batch's counts);
+    ``sums`` metric sums (added over micro-batches and processes); ``mins`` / ``maxs`` extrema."""
+
+    loss: torch.Tensor
+    sums: dict[str, float] = dataclasses.field(default_factory=dict)
+    mins: dict[str, float] = dataclasses.field(default_factory=dict)
+    maxs: dict[str, float] = dataclasses.field(default_factory=dict)
+
+
+class TokenLoss(Protocol):
+    """A loss :func:`forward_backward` computes on each micro-batch's per-token log-probs."""
+
+    spec: ForwardSpec
+
+    def __call__(self, logprob: torch.Tensor, entropy: torch.Tensor | None, mb: Microbatch,
+                 batch: LossBatch) -> LossTerms:
+        """The loss terms of micro-batch ``mb`` (``logprob`` / ``entropy`` ``[b, t]``) of mini-batch ``batch``."""
+        ...
+
+    def metric_keys(self) -> tuple[list[str], list[str], list[str]]:
+        """The names of ``(sums, mins, maxs)`` every call may report (the same on every process: a
+        process that ran no row reduces zeros / identities under them)."""
+        ...
+
+    def rows_without_gradient(self, batch: LossBatch, rows: Sequence[int]) -> list[int]:
+        """Rows of ``rows`` that add exactly 0 to the loss and its gradient: forwarded without a graph
+        (their log-probs and metrics recorded), never back-propagated. ``[]`` for most losses."""
+        ...
+
+
+@dataclasses.dataclass(frozen=True)
+class LossBatch:
+    """One mini-batch: ``tensors`` the batch's ``[B, T]`` tensors on the device (``input_ids``,
+    ``attention_mask``, ``action_mask`` and what the loss reads), ``rows`` the mini-batch's rows,
+    ``num_tokens`` its loss-token count (the reductions' ``N``; ``num_sequences`` = ``len(rows)``)."""
+
+    tensors: RowTensors
+    rows: Sequence[int]
+    num_tokens: float
+
+    @property
+    def num_sequences(self) -> int:
+        """Rows of the mini-batch, each counted even without a loss token (the reductions' ``B``)."""
+        return len(self.rows)
+
+    @property
+    def shape(self) -> tuple[int, int]:
+        """``(B, T)`` of the whole batch."""
+        ids = self.tensors["input_ids"]
+        assert ids is not None
+        return int(ids.shape[0]), int(ids.shape[1])
+
+
+@dataclasses.dataclass
+class ForwardBackwardOutput:
+    """What one :func:`forward_backward` computed: ``logprob`` ``[B, T]`` float64 CPU, the per-token log-probs
+    of that forward (NaN on rows this process did not forward), ``loss`` the summed loss value, ``metrics``
+    the loss's metric sums and extrema (global over processes) plus ``no_signal_rows`` (rows forwarded
+    without a backward)."""
+
+    logprob: torch.Tensor | None
+    loss: float
+    metrics: dict[str, float]
+
+
+@dataclasses.dataclass(frozen=True)
+class ForwardContext:
+    """The learner's side of a forward: model, sampler replay, micro-batch budget and modes."""
+
+    model: torch.nn.Module
+    temperature: float
+    top_k: int
+    top_p: float
+    microbatch_tokens: int | None
+    entropy_chunk_size: int | None
+    compute_dtype: torch.dtype
+    autocast: Callable[[], contextlib.AbstractContextManager[object]]
+    grad_mode: Callable[[], contextlib.AbstractContextManager[object]]
+    grad_sync: GradientSync
+    params: Sequence[torch.nn.Parameter]
+
+
+def plain_logprobs(model: torch.nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+    """``[B, T]``: 0 at ``t = 0``, then ``log_softmax(z[:, t-1].float())[input_ids[:, t]]`` from the model's
+    full logits (temperature 1, no truncation; padding not masked: the caller's mask does it)."""
+    logits = model(input_ids=input_ids, attention_mask=attention_mask).logits[:, :-1]
+    lp = torch.log_softmax(logits.float(), -1).gather(-1, input_ids[:, 1:, None]).squeeze(-1)
+    return torch.cat([lp.new_zeros(lp.shape[0], 1), lp], dim=1)
+
+
+def _forward(ctx: ForwardContext, mb: Microbatch, spec: ForwardSpec,
+             needs_grad: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
+    no_grad = contextlib.nullcontext() if needs_grad else torch.no_grad()
+    amp = ctx.autocast() if spec.autocast else contextlib.nullcontext()
+    with amp, ctx.grad_mode(), no_grad:
+        if not spec.sampler_replay:
+            return plain_logprobs(ctx.model, mb["input_ids"], mb["attention_mask"]), None
+        lp, ent = forward_logprobs(
+            ctx.model, mb["input_ids"], mb["attention_mask"], first_position=first_scored_position(mb["action_mask"]),
+            temperature=ctx.temperature, top_k=ctx.top_k, top_p=ctx.top_p, with_entropy=spec.with_entropy,
+            entropy_grad=spec.entropy_grad, entropy_chunk_size=ctx.entropy_chunk_size)
+    return lp.to(ctx.compute_dtype), ent
+
+
+def _idle_pass(ctx: ForwardContext, mb: Microbatch) -> None:
+    """A forward/backward whose loss is 0 * (log-probs): no gradient, but every collective a sharded model
+    runs inside its passes (FSDP2's all-gather / reduce-scatter) runs here too."""
+    with ctx.autocast(), ctx.grad_mode():
+        lp, _ = forward_logprobs(ctx.model, mb["input_ids"], mb["attention_mask"], temperature=ctx.temperature,
+                                 with_entropy=False, entropy_grad=False, entropy_chunk_size=ctx.entropy_chunk_size)
+    with ctx.grad_mode():
+        torch.autograd.backward((lp * 0.0).sum())
+
+
+class _Tally:
+    """Metric sums and extrema of one forward_backward."""
+
+    def __init__(self) -> None:
+        self.loss = 0.0
+        self.sums: dict[str, float] = {}
+        self.mins: dict[str, float] = {}
+        self.maxs: dict[str, float] = {}
+
+    def add(self, terms: LossTerms) -> None:
+        self.loss += float(terms.loss.detach())
+        for k, v in terms.sums.items():
+            self.sums[k] = self.sums.get(k, 0.0) + v
+        for k, v in terms.mins.items():
+            self.mins[k] = min(self.mins.get(k, v), v)
+        for k, v in terms.maxs.items():
+            self.maxs[k] = max(self.maxs.get(k, v), v)
+
+    def reduce(self, sync: GradientSync, keys: tuple[list[str], list[str], list[str]]) -> None:
+        """SUM the loss and sums over processes, MIN / MAX the extrema (keys sorted: the same order everywhere)."""
+        sums, mins, maxs = (sorted(k) for k in keys)
+        vec = sync.reduce_sums(torch.tensor([self.loss] + [self.sums.get(k, 0.0) for k in sums], dtype=torch.float64))
+        self.loss, self.sums = float(vec[0]), {k: float(vec[1 + i]) for i, k in enumerate(sums)}
+        ext = sync.reduce_min(torch.tensor([self.mins.get(k, float("inf")) for k in mins]
+                                           + [-self.maxs.get(k, float("-inf")) for k in maxs], dtype=torch.float64))
+        self.mins = {k: float(ext[i]) for i, k in enumerate(mins)}
+        self.maxs = {k: -float(ext[len(mins) + i]) for i, k in enumerate(maxs)}
+
+    def metrics(self) -> dict[str, float]:
+        return {**self.sums, **{f"min/{k}": v for k, v in self.mins.items()},
+                **{f"max/{k}": v for k, v in self.maxs.items()}}
+
+
+def forward_backward(ctx: ForwardContext, batch: LossBatch, loss: TokenLoss) -> ForwardBackwardOutput:
+    """Forward + backward of mini-batch ``batch`` with ``loss`` (module docstring); gradients accumulate in
+    ``.grad`` (nothing is zeroed). Only this process's ``grad_sync.shard`` of the rows runs here; with more
+    than one process the gradients and metrics are then reduced over them. Metrics: the loss's ``sums``
+    under their names, extrema as ``min/<k>`` / ``max/<k>``, and ``no_signal_rows``."""
+    sync = ctx.grad_sync
+    am = batch.tensors["attention_mask"]
+    assert am is not None
+    rows = list(batch.rows)
+    mine = sync.shard(rows, lengths=am[rows].sum(dim=1).tolist())  # token-balanced when the hook splits
+    lockstep = bool(getattr(sync, "lockstep", False))
+    quiet = loss.rows_without_gradient(batch, mine) if mine and not lockstep and sync.world_size == 1 else []
+    loud = [r for r in mine if r not in set(quiet)]
+    mbs = [(mb, True) for mb in microbatches(batch.tensors, loud, ctx.microbatch_tokens)]
+    mbs += [(mb, False) for mb in microbatches(batch.tensors, quiet, ctx.microbatch_tokens)]
+    if lockstep:  # every process runs as many passes as the busiest one
+        n_max = -int(sync.reduce_min(torch.tensor([-float(len(mbs))], dtype=torch.float64))[0])
+        for _ in range(n_max - len(mbs)):
+            _idle_pass(ctx, microbatches(batch.tensors, rows[:1], ctx.microbatch_tokens)[0])
+    logprob = torch.full(batch.shape, float("nan"), dtype=torch.float64)
+    tally = _Tally()
+    for mb, needs_grad in mbs:
+        lp, ent = _forward(ctx, mb, loss.spec, needs_grad)
+        logprob[mb.row_index, : lp.shape[1]] = lp.detach().to("cpu", torch.float64)
+        terms = loss(lp, ent, mb, batch)
+        if needs_grad:
+            with ctx.grad_mode():  # checkpointed layers recompute in the same mode
+                terms.loss.backward()  # type: ignore[no-untyped-call]
+        tally.add(terms)
+    if sync.world_size > 1:
+        sync.reduce_gradients(ctx.params)
+        tally.reduce(sync, loss.metric_keys())
+    return ForwardBackwardOutput(logprob=logprob, loss=tally.loss,
+                                 metrics={**tally.metrics(), "no_signal_rows": float(len(quiet))})
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class UpdateOutput(Mapping[str, float]):
+    """What one ``update`` (a whole RL update: every optimiser step of one rollout batch) returns.
+
+    ``metrics``: the update's metrics (``PolicyLearner.update`` lists them); ``old_logprob``: pi_old ``[B, T]``
+    float64 CPU (0 off the action mask) when it was fused (taken from the update's own forward), else None;
+    ``current_logprob``: ``[B, T]`` float64 CPU, each row's log-probs from the forward of the last optimiser
+    step that included it (0 off the action mask; NaN on the action tokens of a row this process never
+    forwarded), or None (learner ranks: not gathered). The output also reads as its ``metrics`` mapping
+    (``out["loss"]``, ``dict(out)``), the form ``update`` returned before the primitives."""
+
+    metrics: dict[str, float]
+    old_logprob: torch.Tensor | None = None
+    current_logprob: torch.Tensor | None = None
+
+    def __getitem__(self, key: str) -> float:
+        return self.metrics[key]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self.metrics)
+
+    def __len__(self) -> int:
+        return len(self.metrics)
+
+
+def merge_metrics(acc: dict[str, float], new: Mapping[str, float]) -> None:
+    """Add one :class:`ForwardBackwardOutput`'s ``metrics`` into ``acc``: sums add, ``min/<k>`` / ``max/<k>``
+    keep the extremum."""
+    for k, v in new.items():
+        if k not in acc:
+            acc[k] = v
+        elif k.startswith("min/"):
+            acc[k] = min(acc[k], v)
+        elif k.startswith("max/"):
+            acc[k] = max(acc[k], v)
+        else:
+            acc[k] += v
+
+
+@contextlib.contextmanager
+def train_mode_if(model: torch.nn.Module, flag: bool) -> Iterator[None]:
+    """Train mode around a block when ``flag`` (then eval mode again); a no-op otherwise."""
+    if not flag:
+        yield
+        return
+    model.train()
+    try:
+        yield
+    finally:
+        model.eval()
+
+
+__all__ = ["ForwardBackwardOutput", "ForwardContext", "ForwardSpec", "LossBatch", "LossTerms", "StepOutcome",
+           "TokenLoss", "UpdateOutput", "forward_backward", "merge_metrics", "plain_logprobs", "train_mode_if"]
+
