@@ -119,7 +119,7 @@ def _measure(model_path: str, path: str, args: argparse.Namespace) -> Row:
         old = ranks.compute_logprobs(batch)
         for i in range(args.repeats + 1):
             t0 = time.perf_counter()
-            m = ranks.update(batch, adv, old_logprob=old)
+            m = ranks.update(batch, adv, old_logprob=old).metrics
             t1 = time.perf_counter()
             sent = ranks.weights_for_rollout()
             workers.update_weights(sent, version=ranks.version)

@@ -122,7 +122,7 @@ def run_rl_checks(cfg: RunConfig, prompts: int = 4) -> list[CheckResult]:
     # 1. ratio = 1 at lr = 0
     frozen = build_policy_learner(cfg.model_copy(update={"optim": cfg.optim.model_copy(update={"lr": 0.0})}),
                            copy.deepcopy(learner.model))
-    m = frozen.update(batch, adv, old_logprob=old)
+    m = frozen.update(batch, adv, old_logprob=old).metrics
     results.append(ratio_is_one(m["ratio_min"], m["ratio_max"], m.get("clip_frac_low", 0.0) + m.get("clip_frac_high", 0.0),
                                 tokens=batch.input_ids.shape[1], dtype=next(learner.model.parameters()).dtype))
 
