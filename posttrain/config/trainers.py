@@ -169,7 +169,8 @@ TRAINERS: dict[str, TrainerEntry] = _by_name(
                                     {"trainer": "reward_model", "preference": {"data": "pairs.jsonl"}}),),
                  _needs_pairs, generates=False, heldout=_PAIRS),
     TrainerEntry("sft", "supervised fine-tuning on chat / prompt-completion JSONL or Parquet (sft.data), "
-                 "assistant-only loss", "posttrain.loop.sft_training:PROGRAM", _never, _never, None,
+                 "assistant-only loss", "posttrain.loop.sft_training:PROGRAM", _never, _never,
+                 "posttrain.commands.check_sft:sft_checks",
                  (TrainerExample("sft", "`trainer: sft` (`sft`)", {"trainer": "sft", "sft": {"data": "chats.jsonl"}}),),
                  _needs_sft_data, heldout="held-out loss on sft.data"),
 )

@@ -74,9 +74,9 @@ def test_only_the_reward_model_writes_no_policy_and_only_rl_prints_the_rise() ->
     assert [n for n, e in TRAINERS.items() if e.heldout_rise] == ["rl"]
 
 
-def test_the_sft_entry_says_it_has_no_checks_yet() -> None:
-    assert TRAINERS["sft"].checks is None
-    assert all(e.checks is not None for n, e in TRAINERS.items() if n != "sft")
+def test_every_entry_names_its_checks() -> None:
+    assert TRAINERS["sft"].checks == "posttrain.commands.check_sft:sft_checks"
+    assert all(e.checks is not None for e in TRAINERS.values())
 
 
 @pytest.mark.parametrize("data, message", [
