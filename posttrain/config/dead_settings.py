@@ -276,7 +276,7 @@ RULES: tuple[Rule, ...] = (
     # Its Trainer steps AdamW over the bare model (no actor learner): no activation checkpointing.
     Rule(("sampling", "credit", "correction", "loss", "critic", "rollout", "env", "reward", "sft", "system",
           "task.name", "task.kwargs", "guards", "lora", "learner", "optim.ppo_epochs", "optim.num_minibatches",
-          "optim.fuse_old_logprob", "optim.skip_no_signal_rows", "optim.gradient_checkpointing", "eval.size",
+          "optim.fuse_old_logprob", "optim.skip_no_signal_rows", "optim.gradient_checkpointing", "eval.size", "eval.heldout_seed",
           "eval.temperature", "eval.sampled_temperature", "eval.max_new_tokens", "eval.reject_drop", "eval.k",
           "eval.hidden_verifier", "eval.hidden_verifier_kwargs"),
          lambda c: c.trainer == "preference" and not _samples(c),
@@ -314,7 +314,7 @@ RULES: tuple[Rule, ...] = (
     Rule(("sampling", "credit", "correction", "loss", "critic", "rollout", "env", "reward", "sft", "system",
           "task.name", "task.kwargs", "task.system_prompt", "guards", "lora", "learner", "optim.ppo_epochs",
           "optim.num_minibatches", "optim.fuse_old_logprob", "optim.skip_no_signal_rows",
-          "optim.gradient_checkpointing", "eval.size",
+          "optim.gradient_checkpointing", "eval.size", "eval.heldout_seed",
           "eval.temperature", "eval.sampled_temperature", "eval.max_new_tokens", "eval.reject_drop", "eval.k",
           "eval.hidden_verifier", "eval.hidden_verifier_kwargs"),
          lambda c: c.trainer == "reward_model",
@@ -329,7 +329,7 @@ RULES: tuple[Rule, ...] = (
     Rule(("sampling", "credit", "correction", "loss", "critic", "rollout", "env", "reward", "system", "guards", "lora",
           "learner", "preference", "task.name", "task.kwargs", "sft.steps", "sft.lr", "sft.examples",
           "optim.ppo_epochs", "optim.num_minibatches", "optim.fuse_old_logprob", "optim.skip_no_signal_rows",
-          "optim.gradient_checkpointing", "eval.size", "eval.temperature", "eval.sampled_temperature",
+          "optim.gradient_checkpointing", "eval.size", "eval.heldout_seed", "eval.temperature", "eval.sampled_temperature",
           "eval.max_new_tokens", "eval.reject_drop", "eval.k", "eval.hidden_verifier", "eval.hidden_verifier_kwargs"),
          lambda c: c.trainer == "sft",
          "trainer=sft fine-tunes on sft.data's demonstrations for the run's steps with optim.* (no sampling, no "

@@ -26,7 +26,8 @@ CASES = [("dpo", "sampling.group_size", "4"), ("dpo", "task.kwargs", "{terms: 2}
          ("dpo_online", "lora.rank", "8"), ("reward_model", "preference.loss", "ipo"),
          ("reward_model", "task.system_prompt", "hi"), ("grpo", "preference.batch_size", "8"),
          ("sft", "sampling.group_size", "4"), ("sft", "task.name", "chain_sum"), ("sft", "lora.rank", "8"),
-         ("grpo", "sft.data", "x.jsonl"), ("dpo", "sft.packing", "true")]
+         ("grpo", "sft.data", "x.jsonl"), ("dpo", "sft.packing", "true"), ("sft", "eval.heldout_seed", "0"),
+         ("reward_model", "eval.heldout_seed", "0")]
 
 
 @pytest.mark.parametrize("recipe, key, value", CASES, ids=[f"{r}:{k}" for r, k, _ in CASES])
