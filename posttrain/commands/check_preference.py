@@ -24,6 +24,7 @@ import math
 import tempfile
 from collections.abc import Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
 
@@ -37,6 +38,10 @@ from posttrain.loop.preference_loss import (
     uses_reference,
 )
 from posttrain.loop.preference_step import PairBatch, PairBatchLoss
+from posttrain.loop.preference_step import reference_batch as pair_reference_batch
+
+if TYPE_CHECKING:
+    from posttrain.models.tokenizer_protocol import Tokenizer
 
 GRAD_RTOL = 1e-4
 """Largest relative gradient difference the shape checks accept (float32 reductions over other shapes)."""
@@ -55,11 +60,9 @@ def _loss_and_grads(model: torch.nn.Module, batch: PairBatch, cfg: RunConfig, pa
 
 
 def reference_batch(ref: torch.nn.Module | None, pairs: Sequence[EncodedPair], cfg: RunConfig, pad_id: int) -> PairBatch:
-    """``pairs`` with ``ref``'s sequence log-probs (None for a reference-free loss)."""
-    if ref is None:
-        return PairBatch(list(pairs), None, None)
-    c, r = pair_logprobs(ref, pairs, pad_id=pad_id, microbatch_tokens=cfg.optim.microbatch_tokens)
-    return PairBatch(list(pairs), c, r)
+    """``pairs`` with ``ref``'s sequence log-probs (None for a reference-free loss), as the offline trainer
+    takes them (:func:`~posttrain.loop.preference_step.reference_batch`, ``optim.microbatch_tokens``)."""
+    return pair_reference_batch(ref, pairs, pad_id=pad_id, microbatch_tokens=cfg.optim.microbatch_tokens)
 
 
 def zero_margin_loss(loss: str, kwargs: dict[str, object]) -> float | None:
@@ -137,25 +140,19 @@ def pair_checks(model: torch.nn.Module, ref: torch.nn.Module | None, pairs: Sequ
             check_microbatch_split(model, batch, cfg, pad_id)]
 
 
-def _save_resume(cfg: RunConfig, model: torch.nn.Module, tokenizer: object, pairs: Sequence[EncodedPair],
+def _save_resume(cfg: RunConfig, model: torch.nn.Module, tokenizer: Tokenizer, pairs: Sequence[EncodedPair],
                  pad_id: int) -> CheckResult:
-    from posttrain.learner.settings import BatchingSettings
-    from posttrain.learner.trainer import Trainer
     from posttrain.loop.builders import build_model
-    from posttrain.loop.preference_training import optimizer_settings, restore, save
-
-    def trainer_of(m: torch.nn.Module) -> Trainer:
-        return Trainer(list(m.parameters()), optimizer_settings(cfg),
-                       BatchingSettings(microbatch_tokens=cfg.optim.microbatch_tokens, seed=cfg.seed))
+    from posttrain.loop.lifecycle import RunParts, restore_run_checkpoint, save_run_checkpoint, step_trainer
 
     before = pair_logprobs(model, pairs, pad_id=pad_id, microbatch_tokens=cfg.optim.microbatch_tokens)
     extra: dict[str, object] = {"trainer": "preference", "cursor": 123, "wall_seconds": 1.5, "curve": [[0, 0.5]]}
-    with tempfile.TemporaryDirectory() as d:
-        save(Path(d), 1, model, tokenizer, trainer_of(model), extra)  # type: ignore[arg-type]
+    with tempfile.TemporaryDirectory() as d:  # through the run lifecycle's own saver and loader
+        save_run_checkpoint(Path(d), RunParts("preference", model, tokenizer, step_trainer(cfg, model)), 1, extra)
         seed = cfg.model.model_copy(update={"init_seed": cfg.model.init_seed + 1})
         _, fresh = build_model(cfg.model_copy(update={"model": seed}))
         fresh.eval()
-        step, got = restore(Path(d), fresh, trainer_of(fresh))
+        step, got = restore_run_checkpoint(Path(d), RunParts("preference", fresh, tokenizer, step_trainer(cfg, fresh)))
     after = pair_logprobs(fresh, pairs, pad_id=pad_id, microbatch_tokens=cfg.optim.microbatch_tokens)
     dlp = max(float((a - b).abs().max()) for a, b in zip(before, after, strict=True))
     same = step == 1 and got == extra

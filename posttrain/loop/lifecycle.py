@@ -23,7 +23,8 @@ its tokenizer, loadable by ``from_pretrained`` and ``posttrain eval``), the opti
 checkpoint that loads (an unreadable one falls back to the previous, with a warning), drops the
 ``metrics.jsonl`` lines after its step and continues: the same rows in the same order
 (the cursor), the same optimiser state and RNG, so the same losses as an uninterrupted run. A Ctrl-C leaves
-the last complete checkpoint as it was (a checkpoint being written is discarded).
+the last complete checkpoint as it was (a checkpoint being written is discarded). The two halves on their own,
+:func:`save_run_checkpoint` and :func:`restore_run_checkpoint`, are what ``posttrain check`` round-trips.
 """
 
 from __future__ import annotations
@@ -36,12 +37,13 @@ from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from pathlib import Path
 from types import TracebackType
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 import torch
 
 from posttrain.config import RunConfig, dump_config
-from posttrain.learner.settings import OptimizerSettings
+from posttrain.learner.settings import BatchingSettings, OptimizerSettings
+from posttrain.learner.trainer import Trainer
 from posttrain.loop.interrupt import raise_if_interrupted
 from posttrain.loop.metrics_log import MetricsLog
 
@@ -69,17 +71,19 @@ class Stateful(Protocol):
 @dataclasses.dataclass
 class RunParts:
     """What a trainer program trains: ``model`` (saved as the checkpoint's ``actor/``), its ``tokenizer``, its
-    ``trainer`` (:class:`Stateful`) and its ``name`` (``extra["trainer"]``, the progress bar's label);
-    ``state_key`` is the trainer state's key in ``learner_state`` (default ``name``)."""
+    ``trainer`` (:class:`Stateful`) and its ``name`` (``extra["trainer"]``); ``state_key`` is the trainer
+    state's key in ``learner_state`` and ``label`` the progress bar's (both default ``name``)."""
 
     name: str
     model: torch.nn.Module
     tokenizer: Tokenizer
     trainer: Stateful
     state_key: str = ""
+    label: str = ""
 
     def __post_init__(self) -> None:
         self.state_key = self.state_key or self.name
+        self.label = self.label or self.name
 
 
 @dataclasses.dataclass(frozen=True)
@@ -127,8 +131,7 @@ class RunResult:
 def data_rows(n: int, batch_size: int, cursor: int, seed: int) -> list[int]:
     """Indices of the ``batch_size`` rows (of ``n``) at data cursor ``cursor``: pass ``k = cursor // n`` walks
     ``torch.randperm(n)`` seeded by ``seed * 1_000_003 + k``; a batch may span two passes. The cursor alone
-    decides, so a resumed run takes the rows an uninterrupted one would (the offline preference trainers'
-    order, posttrain/loop/preference_step.py ``batch_indices``)."""
+    decides, so a resumed run takes the rows an uninterrupted one would."""
     out: list[int] = []
     while len(out) < batch_size:
         epoch, offset = divmod(cursor, n)
@@ -144,6 +147,44 @@ def optimizer_settings(cfg: RunConfig) -> OptimizerSettings:
     o = cfg.optim
     return OptimizerSettings(lr=o.lr, betas=o.betas, weight_decay=o.weight_decay, warmup_steps=o.warmup_steps,
                              total_steps=max(cfg.steps, 1), lr_schedule=o.schedule, max_grad_norm=o.max_grad_norm)
+
+
+def step_trainer(cfg: RunConfig, model: torch.nn.Module) -> Trainer:
+    """The learners' :class:`~posttrain.learner.trainer.Trainer` of ``model``'s parameters: one optimiser step
+    per run step (:func:`optimizer_settings`), micro-batches of ``optim.microbatch_tokens``, shuffled under
+    ``seed``."""
+    return Trainer(list(model.parameters()), optimizer_settings(cfg),
+                   BatchingSettings(microbatch_tokens=cfg.optim.microbatch_tokens, seed=cfg.seed))
+
+
+def save_run_checkpoint(run_dir: Path, parts: RunParts, step: int, extra: Mapping[str, object]) -> Path:
+    """Write ``run_dir/checkpoints/step_N`` (atomic; :func:`~posttrain.learner.checkpoint.save_checkpoint`):
+    ``parts.model`` as ``actor/`` with ``parts.tokenizer``, ``parts.trainer``'s state under
+    ``learner_state[parts.state_key]``, the RNG states and ``extra``; its path."""
+    from posttrain.learner.checkpoint import checkpoint_path, save_checkpoint
+
+    return save_checkpoint(checkpoint_path(run_dir, step), step=step, actor=parts.model, tokenizer=parts.tokenizer,
+                           learner_state={parts.state_key: parts.trainer.state_dict()}, extra=extra)
+
+
+def restore_run_checkpoint(run_dir: Path, parts: RunParts) -> tuple[int, dict[str, Any]]:
+    """Load the newest checkpoint of ``run_dir`` that reads into ``parts.model`` / ``parts.trainer`` and the
+    RNGs; ``(step, extra)``. An unreadable one falls back to the previous (a warning); none:
+    :class:`~posttrain.loop.run_dir.RunDirError`."""
+    from posttrain.learner.checkpoint import complete_checkpoints, load_checkpoint, restore_actor, restore_rng
+    from posttrain.loop.run_dir import RunDirError
+
+    for path in reversed(complete_checkpoints(run_dir / "checkpoints")):
+        try:
+            ck = load_checkpoint(path)
+        except (OSError, ValueError, RuntimeError) as e:
+            log.warning("resume: checkpoint %s cannot be read (%s); trying the previous one", path, e)
+            continue
+        restore_actor(parts.model, ck)
+        parts.trainer.load_state_dict(ck.learner_state[parts.state_key], owner=f"{parts.name} trainer")
+        restore_rng(ck)
+        return ck.step, ck.extra
+    raise RunDirError(f"resume=true but no checkpoint of {run_dir / 'checkpoints'} can be read")
 
 
 @contextmanager
@@ -210,33 +251,13 @@ class RunLifecycle:
 
     def _restore(self) -> None:
         """Load the newest readable checkpoint into the parts and the RNGs; step, cursor, clock and curve."""
-        from posttrain.learner.checkpoint import (
-            complete_checkpoints,
-            load_checkpoint,
-            restore_actor,
-            restore_rng,
-        )
-        from posttrain.loop.run_dir import RunDirError
-
-        for path in reversed(complete_checkpoints(self.run_dir / "checkpoints")):
-            try:
-                ck = load_checkpoint(path)
-            except (OSError, ValueError, RuntimeError) as e:
-                log.warning("resume: checkpoint %s cannot be read (%s); trying the previous one", path, e)
-                continue
-            restore_actor(self.parts.model, ck)
-            self.parts.trainer.load_state_dict(ck.learner_state[self.parts.state_key],
-                                               owner=f"{self.parts.name} trainer")
-            restore_rng(ck)
-            extra = ck.extra
-            self.step, self.cursor, self.resumed = ck.step, int(extra["cursor"]), True
-            self._before, self._start = float(extra["wall_seconds"]), time.perf_counter()
-            self.curve = [(int(s), float(v)) for s, v in extra["curve"]]
-            assert self.metrics is not None
-            self.metrics.truncate_after(self.step)
-            log.info("resumed %s at step %d", self.run_dir, self.step)
-            return
-        raise RunDirError(f"resume=true but no checkpoint of {self.run_dir / 'checkpoints'} can be read")
+        self.step, extra = restore_run_checkpoint(self.run_dir, self.parts)
+        self.cursor, self.resumed = int(extra["cursor"]), True
+        self._before, self._start = float(extra["wall_seconds"]), time.perf_counter()
+        self.curve = [(int(s), float(v)) for s, v in extra["curve"]]
+        assert self.metrics is not None
+        self.metrics.truncate_after(self.step)
+        log.info("resumed %s at step %d", self.run_dir, self.step)
 
     def record(self, step: int, metrics: Mapping[str, float | None]) -> None:
         """Write ``metrics`` of ``step`` to ``metrics.jsonl`` and the trackers."""
@@ -251,13 +272,9 @@ class RunLifecycle:
 
     def checkpoint(self) -> Path:
         """Write ``checkpoints/step_N`` of the current step (module docstring); its path."""
-        from posttrain.learner.checkpoint import checkpoint_path, save_checkpoint
-
-        p = self.parts
-        path = save_checkpoint(checkpoint_path(self.run_dir, self.step), step=self.step, actor=p.model,
-                               tokenizer=p.tokenizer, learner_state={p.state_key: p.trainer.state_dict()},
-                               extra={"trainer": p.name, "cursor": self.cursor, "wall_seconds": self.wall_seconds(),
-                                      "curve": self.curve})
+        path = save_run_checkpoint(self.run_dir, self.parts, self.step,
+                                   {"trainer": self.parts.name, "cursor": self.cursor,
+                                    "wall_seconds": self.wall_seconds(), "curve": self.curve})
         if self.after_save is not None:
             self.after_save(path)
         return path
@@ -268,7 +285,7 @@ class RunLifecycle:
         cfg = self.cfg
         if not self.resumed:
             self.evaluate(evaluate)
-        label = self.parts.name
+        label = self.parts.label
         bar = progress.add_task(label, total=cfg.steps, completed=self.step) if progress is not None else None
         while self.step < cfg.steps:
             raise_if_interrupted()  # a Ctrl-C a finalizer swallowed stops the run here, between steps
@@ -292,4 +309,4 @@ class RunLifecycle:
 
 
 __all__ = ["Curve", "RunLifecycle", "RunParts", "RunResult", "Stateful", "StepOutput", "data_rows",
-           "locked_run_dir", "optimizer_settings"]
+           "locked_run_dir", "optimizer_settings", "restore_run_checkpoint", "save_run_checkpoint", "step_trainer"]

@@ -1,30 +1,26 @@
 """One preference step's pieces, shared by the offline and the online trainer: the step's pairs with their
-reference log-probs (:class:`PairBatch`), their loss as the learners' :class:`~posttrain.learner.trainer.Trainer`
-takes it (:class:`PairBatchLoss`: the mean over pairs of the preference loss, micro-batched), the step loop of
-both pairwise trainers (:func:`run_pair_steps`, also the reward-model trainer's) and what a preference run
-returns (:class:`PreferenceRunResult`).
+reference log-probs (:class:`PairBatch`, :func:`reference_batch`), their loss as the learners'
+:class:`~posttrain.learner.trainer.Trainer` takes it (:class:`PairBatchLoss`: the mean over pairs of the
+preference loss, micro-batched), the step of both offline pairwise trainers over the shared run lifecycle
+(:func:`pair_step`, :data:`PAIR_CURVE`; also the reward-model trainer's) and what a preference run returns
+(:data:`PreferenceRunResult`).
 """
 
 from __future__ import annotations
 
 import dataclasses
-import time
 from collections.abc import Callable, Sequence
 from contextlib import AbstractContextManager, nullcontext
-from typing import TYPE_CHECKING, Protocol
+from typing import Protocol
 
 import torch
 
 from posttrain.config import RunConfig
 from posttrain.diagnostics.tolerance import compute_dtype, shape_rtol
 from posttrain.learner.trainer import MinibatchLoss, Trainer
-from posttrain.loop.interrupt import raise_if_interrupted
-from posttrain.loop.metrics_log import MetricsLog
-from posttrain.loop.preference_batch import EncodedPair, pair_chunks, sequence_logprobs
+from posttrain.loop.lifecycle import Curve, RunResult, StepOutput, data_rows
+from posttrain.loop.preference_batch import EncodedPair, pair_chunks, pair_logprobs, sequence_logprobs
 from posttrain.loop.preference_loss import PairLogprobs, kto_reference_point, preference_loss
-
-if TYPE_CHECKING:
-    from rich.progress import Progress
 
 
 class PairStepLoss(MinibatchLoss, Protocol):
@@ -34,75 +30,30 @@ class PairStepLoss(MinibatchLoss, Protocol):
     metrics: dict[str, float]
 
 
-def batch_indices(n: int, batch_size: int, cursor: int, seed: int) -> list[int]:
-    """Indices of the ``batch_size`` training pairs at data cursor ``cursor`` (of ``n`` pairs): pass
-    ``k = cursor // n`` walks ``torch.randperm(n)`` seeded by ``(seed, k)``; a batch may span two passes."""
-    out: list[int] = []
-    while len(out) < batch_size:
-        epoch, offset = divmod(cursor, n)
-        perm = torch.randperm(n, generator=torch.Generator().manual_seed(seed * 1_000_003 + epoch)).tolist()
-        take = perm[offset: offset + batch_size - len(out)]
-        out.extend(take)
-        cursor += len(take)
-    return out
+def pair_step(cfg: RunConfig, trainer: Trainer, num_train: int,
+              step_loss: Callable[[list[int]], PairStepLoss]) -> Callable[[int, int], StepOutput]:
+    """The step function (:meth:`~posttrain.loop.lifecycle.RunLifecycle.run`) of an offline pairwise trainer
+    (preference optimisation, the reward model).
 
-
-def run_pair_steps(cfg: RunConfig, *, step: int, cursor: int, num_train: int,
-                   step_loss: Callable[[list[int]], PairStepLoss], trainer: Trainer, metrics: MetricsLog,
-                   evaluate: Callable[[int], None], checkpoint: Callable[[int, int], None],
-                   progress: Progress | None, label: str) -> tuple[int, int]:
-    """Steps ``step + 1 .. cfg.steps`` of a pairwise trainer (preference optimisation, the reward model);
-    returns the final ``(step, cursor)``.
-
-    Contract: each step takes ``preference.batch_size`` training pairs from ``cursor`` on
-    (:func:`batch_indices`, a seeded pass over ``num_train`` pairs),
-    builds their loss with ``step_loss(rows)``, takes one ``trainer.train`` update, and logs the loss's metrics
-    with the optimiser's, ``lr``, ``pairs_seen`` and ``step_seconds``; ``evaluate(step)`` runs every
-    ``eval.every`` steps and at the last, ``checkpoint(step, cursor)`` every ``checkpoint_every`` steps and at
-    the last (and once at step 0 when there are no steps). An interrupt that
-    :func:`~posttrain.loop.interrupt.interrupt_flag` recorded and a finalizer swallowed raises
-    ``KeyboardInterrupt`` before the next step."""
-    bar = progress.add_task(label, total=cfg.steps, completed=step) if progress is not None else None
-    while step < cfg.steps:
-        raise_if_interrupted()  # a Ctrl-C a finalizer swallowed stops the run here, between steps
-        t0 = time.perf_counter()
-        rows = batch_indices(num_train, cfg.preference.batch_size, cursor, cfg.seed)
+    Contract: step ``(step, cursor)`` takes ``preference.batch_size`` training pairs from ``cursor`` on
+    (:func:`~posttrain.loop.lifecycle.data_rows`, a seeded pass over ``num_train`` pairs), builds their loss
+    with ``step_loss(rows)``, takes one ``trainer.train`` update and returns the cursor after them with the
+    loss's metrics, the optimiser's and ``lr`` (the lifecycle adds ``pairs_seen`` and ``step_seconds``)."""
+    def step(at: int, cursor: int) -> StepOutput:
+        rows = data_rows(num_train, cfg.preference.batch_size, cursor, cfg.seed)
         loss = step_loss(rows)
         tally = trainer.train(len(rows), loss)
-        step, cursor = step + 1, cursor + len(rows)
-        metrics.log(step, {**loss.metrics, **tally.steps.metrics(), "lr": tally.steps.lr, "pairs_seen": cursor,
-                           "step_seconds": time.perf_counter() - t0})
-        if step % cfg.eval.every == 0 or step == cfg.steps:
-            evaluate(step)
-        if (cfg.checkpoint_every and step % cfg.checkpoint_every == 0) or step == cfg.steps:
-            checkpoint(step, cursor)
-        if progress is not None and bar is not None:
-            progress.update(bar, completed=step, description=f"{label} loss {loss.metrics['loss']:.3f}")
-    if step == 0:
-        checkpoint(step, cursor)
-    return step, cursor
+        return StepOutput(cursor + len(rows), {**loss.metrics, **tally.steps.metrics(), "lr": tally.steps.lr})
+
+    return step
 
 
-@dataclasses.dataclass
-class PreferenceRunResult:
-    """What a preference run did: ``step`` (steps done), ``wall_seconds``, the held-out ``curve``
-    (``(step, value)`` of ``curve_name``) and ``stopped`` (a reason, or None)."""
+PAIR_CURVE = Curve("heldout/pair_accuracy", "held-out pair accuracy", cursor_key="pairs_seen")
+"""The held-out curve of the offline pairwise trainers; their data cursor is logged as ``pairs_seen``."""
 
-    step: int
-    wall_seconds: float
-    curve_name: str
-    curve: list[tuple[int, float]]
-    stopped: str | None = None
-
-    def summary_lines(self) -> list[str]:
-        """The lines ``posttrain train`` prints at the end."""
-        pts = ", ".join(f"{s}:{v:.3f}" for s, v in self.curve)
-        lines = [f"done: {self.step} steps in {self.wall_seconds:.0f} s; {self.curve_name} by step {pts}"]
-        if len(self.curve) >= 2:
-            lines.append(f"  {self.curve_name}: {self.curve[0][1]:.3f} -> {self.curve[-1][1]:.3f}")
-        if self.stopped:
-            lines.append(f"stopped early: {self.stopped}")
-        return lines
+PreferenceRunResult = RunResult
+"""What a preference run returns (offline, online and the reward model's): the lifecycle's
+:class:`~posttrain.loop.lifecycle.RunResult`."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -112,6 +63,12 @@ class PairBatch:
     pairs: Sequence[EncodedPair]
     ref_chosen: torch.Tensor | None
     ref_rejected: torch.Tensor | None
+
+    def take(self, rows: Sequence[int]) -> PairBatch:
+        """The pairs ``rows`` with their reference log-probs, in that order."""
+        idx = torch.tensor(list(rows), dtype=torch.long)
+        return PairBatch([self.pairs[i] for i in rows],
+                         *(None if t is None else t[idx] for t in (self.ref_chosen, self.ref_rejected)))
 
     def logprobs(self, rows: Sequence[int], chosen: torch.Tensor, rejected: torch.Tensor,
                  model_dtype: torch.dtype | None = None) -> PairLogprobs:
@@ -135,6 +92,16 @@ class PairBatch:
         score = None if any(d is None for d in diffs) else torch.tensor(diffs, dtype=chosen.dtype)
         return PairLogprobs(chosen, rejected, ref(self.ref_chosen), ref(self.ref_rejected), lengths[0], lengths[1],
                             score, rtol)
+
+
+def reference_batch(ref: torch.nn.Module | None, pairs: Sequence[EncodedPair], *, pad_id: int,
+                    microbatch_tokens: int) -> PairBatch:
+    """``pairs`` with ``ref``'s sequence log-probs (:func:`~posttrain.loop.preference_batch.pair_logprobs` in
+    micro-batches of ``microbatch_tokens``; None for a reference-free loss)."""
+    if ref is None:
+        return PairBatch(list(pairs), None, None)
+    c, r = pair_logprobs(ref, pairs, pad_id=pad_id, microbatch_tokens=microbatch_tokens)
+    return PairBatch(list(pairs), c, r)
 
 
 class PairBatchLoss:

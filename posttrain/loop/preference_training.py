@@ -16,31 +16,25 @@ every ``eval.every`` steps and at the end: ``heldout/pair_accuracy`` (the fracti
 margin, :func:`~posttrain.loop.preference_loss.implicit_margin`, is > 0: the policy ranks chosen above
 rejected beyond the rounding of its computation, :func:`~posttrain.loop.preference_loss.pair_wins`; 0 at
 step 0 for the losses with a reference, where every margin is 0 up to that rounding),
-``heldout/margin`` (its mean) and ``heldout/loss``. Metrics go to ``metrics.jsonl`` (and the trackers of
-``logging.*``); checkpoints to ``checkpoints/step_N`` every ``checkpoint_every`` steps and at the end, in
-the RL runs' format (``actor/`` loads with ``from_pretrained``); ``resume=true`` continues from the latest.
+``heldout/margin`` (its mean) and ``heldout/loss``. The run directory, ``metrics.jsonl`` (step metrics: the
+loss's, the optimiser's, ``lr``, ``pairs_seen``, ``step_seconds``), checkpoints (``checkpoints/step_N`` every
+``checkpoint_every`` steps and at the end; ``actor/`` loads with ``from_pretrained``), ``resume=true`` and
+Ctrl-C are the shared lifecycle's (:mod:`posttrain.loop.lifecycle`); its learner state is ``preference``.
 """
 
 from __future__ import annotations
 
 import copy
-import dataclasses
 import logging
-import shutil
-import time
-from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 import torch
 
-from posttrain.config import RunConfig, dump_config
+from posttrain.config import RunConfig
 from posttrain.errors import UserError
-from posttrain.learner.settings import BatchingSettings, OptimizerSettings
-from posttrain.learner.trainer import Trainer
-from posttrain.loop.metrics_log import MetricsLog
-from posttrain.loop.preference_batch import EncodedPair, encode_pair, pair_logprobs
+from posttrain.loop.lifecycle import RunLifecycle, RunParts, RunResult, locked_run_dir, step_trainer
+from posttrain.loop.preference_batch import encode_pair, pair_logprobs
 from posttrain.loop.preference_loss import (
     check_loss_kwargs,
     implicit_margin,
@@ -49,16 +43,10 @@ from posttrain.loop.preference_loss import (
     preference_loss,
     uses_reference,
 )
-from posttrain.loop.preference_step import (
-    PairBatch,
-    PairBatchLoss,
-    PreferenceRunResult,
-    run_pair_steps,
-)
+from posttrain.loop.preference_step import PAIR_CURVE, PairBatch, PairBatchLoss, pair_step, reference_batch
 
 if TYPE_CHECKING:
     from rich.progress import Progress
-    from transformers import PreTrainedTokenizerBase
 
     from posttrain.envs.preference_data import PreferencePair
 
@@ -112,85 +100,13 @@ def evaluate_pairs(model: torch.nn.Module, batch: PairBatch, cfg: RunConfig, pad
             "heldout/loss": float(loss.mean()), "heldout/chosen_logp": float(chosen.mean())}
 
 
-@contextmanager
-def locked_run_dir(cfg: RunConfig) -> Iterator[Path]:
-    """The run directory of ``cfg``, prepared and locked for the block (as the RL runs': a fresh run never
-    writes into another run's history; ``resume=true`` checks the recipe against ``config.yaml``). A fresh
-    directory is removed again when the block fails before any checkpoint."""
-    from posttrain.loop.checkpointing import check_resumable
-    from posttrain.loop.run import run_dir_of
-    from posttrain.loop.run_dir import RunDirLock, prepare_run_dir, refuse_to_overwrite
-
-    fresh = not run_dir_of(cfg).exists()
-    run_dir = prepare_run_dir(run_dir_of(cfg))
-    lock = RunDirLock(run_dir)
-    try:
-        if cfg.resume:
-            check_resumable(cfg, run_dir)
-        else:
-            refuse_to_overwrite(run_dir)
-        yield run_dir
-    except BaseException:
-        if fresh and not (run_dir / "config.yaml").exists():  # a run that never started leaves no directory
-            lock.release()
-            shutil.rmtree(run_dir, ignore_errors=True)
-        raise
-    finally:
-        lock.release()
-
-
-def optimizer_settings(cfg: RunConfig) -> OptimizerSettings:
-    """AdamW and schedule of ``optim.*`` over ``steps`` optimiser steps (one per step)."""
-    o = cfg.optim
-    return OptimizerSettings(lr=o.lr, betas=o.betas, weight_decay=o.weight_decay, warmup_steps=o.warmup_steps,
-                             total_steps=max(cfg.steps, 1), lr_schedule=o.schedule, max_grad_norm=o.max_grad_norm)
-
-
-@dataclasses.dataclass
-class _Clock:
-    before: float = 0.0
-    start: float = dataclasses.field(default_factory=time.perf_counter)
-
-    def seconds(self) -> float:
-        return self.before + time.perf_counter() - self.start
-
-
-def save(run_dir: Path, step: int, model: torch.nn.Module, tokenizer: PreTrainedTokenizerBase, trainer: Trainer,
-         extra: dict[str, object]) -> Path:
-    """A checkpoint of the preference run at ``step`` (actor, tokenizer, trainer state, ``extra``)."""
-    from posttrain.learner.checkpoint import checkpoint_path, save_checkpoint
-
-    return save_checkpoint(checkpoint_path(run_dir, step), step=step, actor=model, tokenizer=tokenizer,
-                           learner_state={"preference": trainer.state_dict()}, extra=extra)
-
-
-def restore(run_dir: Path, model: torch.nn.Module, trainer: Trainer) -> tuple[int, dict[str, object]]:
-    """Load the latest complete checkpoint of ``run_dir`` into ``model`` / ``trainer`` and the RNGs;
-    ``(step, extra)``. A checkpoint that cannot be read falls back to the previous one (a warning)."""
-    from posttrain.learner.checkpoint import complete_checkpoints, load_checkpoint, restore_actor, restore_rng
-
-    for path in reversed(complete_checkpoints(run_dir / "checkpoints")):
-        try:
-            ck = load_checkpoint(path)
-        except (OSError, ValueError, RuntimeError) as e:
-            log.warning("resume: checkpoint %s cannot be read (%s); trying the previous one", path, e)
-            continue
-        restore_actor(model, ck)
-        trainer.load_state_dict(ck.learner_state["preference"], owner="preference trainer")
-        restore_rng(ck)
-        return ck.step, ck.extra
-    from posttrain.loop.run_dir import RunDirError
-
-    raise RunDirError(f"resume=true but no checkpoint of {run_dir / 'checkpoints'} can be read")
-
-
-def train_preference(cfg: RunConfig, progress: Progress | None = None) -> PreferenceRunResult:
+def train_preference(cfg: RunConfig, progress: Progress | None = None) -> RunResult:
     """Run ``trainer: preference`` (module docstring); ``preference.online`` runs
     :func:`posttrain.loop.online_preference.train_online_preference` instead."""
     if cfg.preference.online:
         from posttrain.loop.online_preference import train_online_preference
 
-        result: PreferenceRunResult = train_online_preference(cfg, progress=progress)
+        result: RunResult = train_online_preference(cfg, progress=progress)
         return result
     check_preference_config(cfg)
     train_pairs, heldout_pairs = load_pairs(cfg)
@@ -198,70 +114,34 @@ def train_preference(cfg: RunConfig, progress: Progress | None = None) -> Prefer
         return _train_offline(cfg, run_dir, train_pairs, heldout_pairs, progress)
 
 
-def _reference_batch(ref: torch.nn.Module | None, pairs: list[EncodedPair], pad_id: int, cfg: RunConfig) -> PairBatch:
-    if ref is None:
-        return PairBatch(pairs, None, None)
-    c, r = pair_logprobs(ref, pairs, pad_id=pad_id, microbatch_tokens=cfg.optim.microbatch_tokens)
-    return PairBatch(pairs, c, r)
-
-
 def _train_offline(cfg: RunConfig, run_dir: Path, train_pairs: list[PreferencePair],
-                   heldout_pairs: list[PreferencePair], progress: Progress | None) -> PreferenceRunResult:
+                   heldout_pairs: list[PreferencePair], progress: Progress | None) -> RunResult:
+    """The offline run in its locked ``run_dir`` (module docstring): the pairs encoded, their reference
+    log-probs taken once, then :func:`~posttrain.loop.preference_step.pair_step` over the shared lifecycle."""
     from posttrain.loop.builders import build_model, build_renderer
-    from posttrain.loop.run_dir import write_text_atomic
 
     torch.manual_seed(cfg.seed)
     tokenizer, model = build_model(cfg)
     model.eval()
     renderer = build_renderer(cfg, tokenizer)
-    pad_id = int(tokenizer.pad_token_id or 0)
-    train_enc = [encode_pair(p, renderer, tokenizer, max_length=cfg.preference.max_length) for p in train_pairs]
-    held_enc = [encode_pair(p, renderer, tokenizer, max_length=cfg.preference.max_length) for p in heldout_pairs]
+    pad_id, budget = int(tokenizer.pad_token_id or 0), cfg.optim.microbatch_tokens
+    train_enc, held_enc = ([encode_pair(p, renderer, tokenizer, max_length=cfg.preference.max_length) for p in ps]
+                           for ps in (train_pairs, heldout_pairs))
     # The frozen reference is the policy at the start: its log-probs once, before any restore or step.
     ref = copy.deepcopy(model).requires_grad_(False) if uses_reference(cfg.preference.loss) else None
-    train_batch = _reference_batch(ref, train_enc, pad_id, cfg)
-    held_batch = _reference_batch(ref, held_enc, pad_id, cfg)
+    train_batch = reference_batch(ref, train_enc, pad_id=pad_id, microbatch_tokens=budget)
+    held_batch = reference_batch(ref, held_enc, pad_id=pad_id, microbatch_tokens=budget)
     del ref
-    trainer = Trainer(list(model.parameters()), optimizer_settings(cfg),
-                      BatchingSettings(microbatch_tokens=cfg.optim.microbatch_tokens, seed=cfg.seed))
-    step, cursor, clock = 0, 0, _Clock()
-    metrics = MetricsLog.for_run(run_dir, cfg)
-    curve: list[tuple[int, float]] = []
-    try:
-        if cfg.resume:
-            step, extra = restore(run_dir, model, trainer)
-            cursor, clock = int(extra["cursor"]), _Clock(before=float(extra["wall_seconds"]))  # type: ignore[call-overload, arg-type]
-            curve = [(int(s), float(v)) for s, v in extra["curve"]]  # type: ignore[attr-defined]
-            metrics.truncate_after(step)
-            log.info("resumed %s at step %d", run_dir, step)
-        write_text_atomic(run_dir / "config.yaml", dump_config(cfg))
-        log.info("preference (%s): %d training pairs, %d held-out pairs", cfg.preference.loss, len(train_enc),
-                 len(held_enc))
+    trainer = step_trainer(cfg, model)
 
-        def evaluate(at: int) -> None:
-            ev = evaluate_pairs(model, held_batch, cfg, pad_id)
-            curve.append((at, ev["heldout/pair_accuracy"]))
-            metrics.log(at, ev)
+    def step_loss(rows: list[int]) -> PairBatchLoss:
+        return PairBatchLoss(model, train_batch.take(rows), cfg, pad_id)
 
-        def checkpoint(at: int, pairs_seen: int) -> None:
-            save(run_dir, at, model, tokenizer, trainer,
-                 {"trainer": "preference", "cursor": pairs_seen, "wall_seconds": clock.seconds(), "curve": curve})
-
-        def step_loss(rows: list[int]) -> PairBatchLoss:
-            sub = PairBatch([train_enc[i] for i in rows],
-                            *(None if t is None else t[torch.tensor(rows)]
-                              for t in (train_batch.ref_chosen, train_batch.ref_rejected)))
-            return PairBatchLoss(model, sub, cfg, pad_id)
-
-        if step == 0:
-            evaluate(step)
-        step, cursor = run_pair_steps(cfg, step=step, cursor=cursor, num_train=len(train_enc), step_loss=step_loss,
-                                      trainer=trainer, metrics=metrics, evaluate=evaluate, checkpoint=checkpoint,
-                                      progress=progress, label="preference")
-    finally:
-        metrics.close()
-    return PreferenceRunResult(step=step, wall_seconds=clock.seconds(), curve_name="held-out pair accuracy",
-                               curve=curve)
+    with RunLifecycle(cfg, run_dir, RunParts("preference", model, tokenizer, trainer), curve=PAIR_CURVE) as run:
+        log.info("preference (%s): %d training pairs, %d held-out pairs", cfg.preference.loss,
+                 len(train_enc), len(held_enc))
+        return run.run(pair_step(cfg, trainer, len(train_enc), step_loss),
+                       lambda _: evaluate_pairs(model, held_batch, cfg, pad_id), progress=progress)
 
 
 class PreferenceProgram:
@@ -277,7 +157,7 @@ class PreferenceProgram:
             preflight(cfg)
         check_preference_config(cfg)
 
-    def train(self, cfg: RunConfig, progress: Progress | None) -> PreferenceRunResult:
+    def train(self, cfg: RunConfig, progress: Progress | None) -> RunResult:
         """:func:`train_preference`."""
         return train_preference(cfg, progress=progress)
 
@@ -286,4 +166,4 @@ PROGRAM = PreferenceProgram()
 """The program ``trainer: preference`` names (posttrain/config/trainers.py)."""
 
 __all__ = ["PROGRAM", "PreferenceProgram", "check_preference_config", "evaluate_pairs", "load_pairs",
-           "locked_run_dir", "optimizer_settings", "restore", "save", "train_preference"]
+           "train_preference"]

@@ -18,9 +18,10 @@ clip, micro-batches of ``optim.microbatch_tokens`` padded tokens) through the le
 Held-out pairs (``preference.heldout_fraction``, split by a hash of the prompt) are evaluated at step 0,
 every ``eval.every`` steps and at the end: ``heldout/pair_accuracy`` (the fraction with
 ``r(chosen) > r(rejected)``; a tie counts as wrong), ``heldout/margin`` (mean ``r(chosen) - r(rejected)``) and
-``heldout/loss``. Metrics go to ``metrics.jsonl``; checkpoints to ``checkpoints/step_N`` every
-``checkpoint_every`` steps and at the end (``resume=true`` continues from the latest). At the end the model
-is saved to ``<run_dir>/reward_model/`` (``save_pretrained`` + tokenizer + the rendering,
+``heldout/loss``. The run directory, ``metrics.jsonl``, checkpoints (``checkpoints/step_N`` every
+``checkpoint_every`` steps and at the end, each ``actor/`` with the rendering file below), ``resume=true``
+and Ctrl-C are the shared lifecycle's (:mod:`posttrain.loop.lifecycle`; learner state ``preference``). At
+the end the model is saved to ``<run_dir>/reward_model/`` (``save_pretrained`` + tokenizer + the rendering,
 :data:`~posttrain.rewards.reward_model.RENDER_FILE`): the directory ``reward.model.path`` takes.
 """
 
@@ -32,7 +33,6 @@ import json
 import logging
 import os
 import shutil
-import time
 from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -40,20 +40,12 @@ from typing import TYPE_CHECKING, Any
 import torch
 import torch.nn.functional as F
 
-from posttrain.config import RunConfig, dump_config
+from posttrain.config import RunConfig
 from posttrain.errors import UserError
 from posttrain.learner.microbatch import split_by_token_budget
-from posttrain.learner.settings import BatchingSettings
-from posttrain.learner.trainer import Trainer
-from posttrain.loop.metrics_log import MetricsLog
-from posttrain.loop.preference_step import PreferenceRunResult, run_pair_steps
-from posttrain.loop.preference_training import (
-    load_pairs,
-    locked_run_dir,
-    optimizer_settings,
-    restore,
-    save,
-)
+from posttrain.loop.lifecycle import RunLifecycle, RunParts, RunResult, locked_run_dir, step_trainer
+from posttrain.loop.preference_step import PAIR_CURVE, pair_step
+from posttrain.loop.preference_training import load_pairs
 from posttrain.rewards.reward_model import RENDER_FILE, pair_rewards, render_pair
 
 if TYPE_CHECKING:
@@ -208,69 +200,42 @@ def save_reward_model(run_dir: Path, model: torch.nn.Module, tokenizer: Tokenize
     return final
 
 
-def train_reward_model(cfg: RunConfig, progress: Progress | None = None) -> PreferenceRunResult:
-    """Run ``trainer: reward_model`` (module docstring); the result's curve is the held-out pair accuracy."""
-    train_pairs, heldout_pairs = load_pairs(cfg)
-    with locked_run_dir(cfg) as run_dir:
-        return _train(cfg, run_dir, train_pairs, heldout_pairs, progress)
-
-
-def _train(cfg: RunConfig, run_dir: Path, train_pairs: list[PreferencePair], heldout_pairs: list[PreferencePair],
-           progress: Progress | None) -> PreferenceRunResult:
+def train_reward_model(cfg: RunConfig, progress: Progress | None = None) -> RunResult:
+    """Run ``trainer: reward_model`` (module docstring) in its locked run directory: the pairs rendered, then
+    :func:`~posttrain.loop.preference_step.pair_step` over the shared lifecycle, each checkpoint's ``actor/``
+    with its rendering, and ``reward_model/`` at the end; the result's curve is the held-out pair accuracy."""
     from posttrain.envs.prompt_render import resolve_chat
     from posttrain.loop.builders import is_char_preset
-    from posttrain.loop.run_dir import write_text_atomic
 
-    torch.manual_seed(cfg.seed)
-    tokenizer, model = build_reward_model(cfg)
-    chat = resolve_chat(cfg.task.chat_template, tokenizer, char_preset=is_char_preset(cfg.model.path, tokenizer))
-    max_length = cfg.preference.max_length
-    train = render_pairs(train_pairs, tokenizer, use_chat_template=chat, max_length=max_length)
-    held = render_pairs(heldout_pairs, tokenizer, use_chat_template=chat, max_length=max_length)
-    mb = cfg.optim.microbatch_tokens
-    trainer = Trainer(list(model.parameters()), optimizer_settings(cfg),
-                      BatchingSettings(microbatch_tokens=mb, seed=cfg.seed))
-    step, cursor, before, start = 0, 0, 0.0, time.perf_counter()
-    metrics = MetricsLog.for_run(run_dir, cfg)
-    curve: list[tuple[int, float]] = []
-    try:
-        if cfg.resume:
-            step, extra = restore(run_dir, model, trainer)
-            cursor, before = int(extra["cursor"]), float(extra["wall_seconds"])  # type: ignore[call-overload, arg-type]
-            curve = [(int(s), float(v)) for s, v in extra["curve"]]  # type: ignore[attr-defined]
-            metrics.truncate_after(step)
-            log.info("resumed %s at step %d", run_dir, step)
-        write_text_atomic(run_dir / "config.yaml", dump_config(cfg))
-        log.info("reward model: %d training pairs, %d held-out pairs (chat template: %s)", len(train), len(held), chat)
-
-        def evaluate(at: int) -> None:
-            ev = evaluate_pairs(model, tokenizer, held, max_length=max_length, microbatch_tokens=mb)
-            curve.append((at, ev["heldout/pair_accuracy"]))
-            metrics.log(at, ev)
-
-        def checkpoint(at: int, pairs_seen: int) -> None:
-            path = save(run_dir, at, model, tokenizer, trainer, {"trainer": "reward_model", "cursor": pairs_seen,
-                                                                 "wall_seconds": before + time.perf_counter() - start,
-                                                                 "curve": curve})
-            # The checkpoint's actor/ is a reward model too: with its rendering, or reward.model.path would read
-            # it as a third-party classifier (plain text) although it was trained on chat-rendered pairs.
-            (path / "actor" / RENDER_FILE).write_text(json.dumps({"use_chat_template": chat,
-                                                                   "max_length": max_length}))
+    train_pairs, heldout_pairs = load_pairs(cfg)
+    with locked_run_dir(cfg) as run_dir:
+        torch.manual_seed(cfg.seed)
+        tokenizer, model = build_reward_model(cfg)
+        chat = resolve_chat(cfg.task.chat_template, tokenizer, char_preset=is_char_preset(cfg.model.path, tokenizer))
+        ml, mb = cfg.preference.max_length, cfg.optim.microbatch_tokens
+        train, held = (render_pairs(ps, tokenizer, use_chat_template=chat, max_length=ml)
+                       for ps in (train_pairs, heldout_pairs))
+        trainer = step_trainer(cfg, model)
+        render = json.dumps({"use_chat_template": chat, "max_length": ml})
 
         def step_loss(rows: list[int]) -> PairwiseLoss:
-            return PairwiseLoss(model, tokenizer, [train[i] for i in rows], max_length=max_length, microbatch_tokens=mb)
+            return PairwiseLoss(model, tokenizer, [train[i] for i in rows], max_length=ml, microbatch_tokens=mb)
 
-        if step == 0:
-            evaluate(step)
-        step, cursor = run_pair_steps(cfg, step=step, cursor=cursor, num_train=len(train), step_loss=step_loss,
-                                      trainer=trainer, metrics=metrics, evaluate=evaluate, checkpoint=checkpoint,
-                                      progress=progress, label="reward model")
-        where = save_reward_model(run_dir, model, tokenizer, use_chat_template=chat, max_length=max_length)
-        log.info("reward model saved to %s (reward.model.path)", where)
-    finally:
-        metrics.close()
-    return PreferenceRunResult(step=step, wall_seconds=before + time.perf_counter() - start,
-                               curve_name="held-out pair accuracy", curve=curve)
+        def with_rendering(path: Path) -> None:
+            # The checkpoint's actor/ is a reward model too: with its rendering, or reward.model.path would read
+            # it as a third-party classifier (plain text) although it was trained on chat-rendered pairs.
+            (path / "actor" / RENDER_FILE).write_text(render)
+
+        parts = RunParts("reward_model", model, tokenizer, trainer, state_key="preference", label="reward model")
+        with RunLifecycle(cfg, run_dir, parts, curve=PAIR_CURVE, after_save=with_rendering) as run:
+            log.info("reward model: %d training pairs, %d held-out pairs (chat template: %s)", len(train), len(held),
+                     chat)
+            result = run.run(pair_step(cfg, trainer, len(train), step_loss),
+                             lambda _: evaluate_pairs(model, tokenizer, held, max_length=ml, microbatch_tokens=mb),
+                             progress=progress)
+            where = save_reward_model(run_dir, model, tokenizer, use_chat_template=chat, max_length=ml)
+            log.info("reward model saved to %s (reward.model.path)", where)
+        return result
 
 
 class RewardModelProgram:
@@ -282,7 +247,7 @@ class RewardModelProgram:
         """The pairs file: its fields, rows and the held-out split."""
         load_pairs(cfg)
 
-    def train(self, cfg: RunConfig, progress: Progress | None) -> PreferenceRunResult:
+    def train(self, cfg: RunConfig, progress: Progress | None) -> RunResult:
         """:func:`train_reward_model`."""
         return train_reward_model(cfg, progress=progress)
 

@@ -14,9 +14,9 @@ import torch
 from posttrain.cli import main
 from posttrain.config import RECIPES_DIR, RunConfig
 from posttrain.errors import UserError
+from posttrain.loop.lifecycle import data_rows
 from posttrain.loop.preference_batch import sequence_logprobs
 from posttrain.loop.preference_loss import PairLogprobs, implicit_margin, kto_reference_point, preference_loss
-from posttrain.loop.preference_step import batch_indices
 from posttrain.loop.preference_training import train_preference
 from posttrain.loop.validate import load_run_config
 
@@ -99,11 +99,11 @@ def test_encode_pair_renders_the_chat_and_appends_eos() -> None:
                     max_length=15)
 
 
-def test_batch_indices_walk_one_permutation_per_pass() -> None:
-    a = batch_indices(10, 4, 0, seed=3) + batch_indices(10, 4, 4, seed=3) + batch_indices(10, 2, 8, seed=3)
+def test_data_rows_walk_one_permutation_per_pass() -> None:
+    a = data_rows(10, 4, 0, seed=3) + data_rows(10, 4, 4, seed=3) + data_rows(10, 2, 8, seed=3)
     assert sorted(a) == list(range(10))  # one pass: every pair once
-    assert batch_indices(10, 4, 8, seed=3)[:2] == a[8:]  # a batch spanning two passes starts where the pass ends
-    assert batch_indices(10, 4, 4, seed=3) == a[4:8]  # the cursor alone decides (resume)
+    assert data_rows(10, 4, 8, seed=3)[:2] == a[8:]  # a batch spanning two passes starts where the pass ends
+    assert data_rows(10, 4, 4, seed=3) == a[4:8]  # the cursor alone decides (resume)
 
 
 def _cfg(tmp_path: Path, *overrides: str) -> RunConfig:
