@@ -29,13 +29,16 @@ from posttrain.loop.interrupt import raise_if_interrupted
 from posttrain.loop.producer import Produced, Producer
 from posttrain.loop.run import Run, StepMetrics, open_run
 from posttrain.loop.step_metrics import status_counts, step_metrics
-from posttrain.loop.targets import build_targets, distill_metrics, ref_token_kl, run_baseline
+from posttrain.loop.targets import Targets, build_targets, distill_metrics, ref_token_kl, run_baseline
 from posttrain.rewards.hidden import judge_trajectories
-from posttrain.trajectory import Status, Trajectory, collate
+from posttrain.trajectory import Status, Trajectory, TrajectoryBatch, collate
 from posttrain.trajectory.collate import with_update_record
 
 if TYPE_CHECKING:
+    import torch
     from rich.progress import Progress
+
+    from posttrain.learner.primitives import UpdateOutput
 
 
 def train(cfg: RunConfig, *, progress: Progress | None = None) -> RunState:
@@ -104,51 +107,90 @@ def update_step(run: Run, producer: Producer, step: int, produced: Produced,
 
     Collates the usable trajectories once into one :class:`~posttrain.trajectory.TrajectoryBatch`;
     pi_old / pi_ref log-probs, critic values, advantages and returns are attached to it as tensors
-    (``freeze`` / ``with_targets``) and the actor and critic updates read them from it. Then judges
-    the revision, syncs the engine's weights (inside ``producer.quiesce()``), evaluates every
-    ``eval.every`` steps, checks the guards, rebuilds the records once (``with_update_record``) and
-    writes ledger + metrics (+ checkpoint). Returns ``(metrics, stop_reason)``.
+    (``freeze`` / ``with_targets``: :func:`frozen_batch`, :func:`step_targets`) and the actor and critic
+    updates read them from it (:func:`train_batch`). Then judges the revision, syncs the engine's weights
+    (inside ``producer.quiesce()``) and evaluates every ``eval.every`` steps (:func:`sync_and_evaluate`),
+    checks the guards, rebuilds the records once (``with_update_record``) and writes ledger + metrics
+    (+ checkpoint) (:func:`record_step`). Returns ``(metrics, stop_reason)``.
     """
-    cfg, st = run.cfg, run.state
+    cfg = run.cfg
     trajs = produced.trajectories
     # No reward to learn from: infra errors and environment failures (multi-turn) are counted, never trained.
     usable = [t for t in trajs if t.status not in (Status.INFRA_ERROR, Status.ENV_FAILURE)]
     metrics: StepMetrics = dict(produced.info)
     metrics.update(consumption_metrics(trajs, produced.dropped))
-    if not usable:  # nothing judged: counted like any step (status/*, what the ledger holds) and guarded
-        metrics["skipped"] = 1.0
-        metrics.update(status_counts(trajs))
-        if eval_due(cfg, step):  # the schedule holds: the held-out figure of these (unchanged) weights
-            with producer.quiesce():
-                metrics.update(run.evaluate_and_judge(step))
-        stop_reason = check_guards(cfg.guards, metrics)
-        run.finish_step(step, trajs, metrics, t_step)
-        return metrics, stop_reason
-    # 4. collate once; freeze old / ref coordinates, values and targets onto that batch as tensors. First
-    #    re-render each recorded prompt: pi_old must be computed on the ids the engine sampled from (a
-    #    changed template / system prompt is an error).
-    renderer = getattr(run, "renderer", None)
-    if renderer is not None:
-        renderer.verify(usable)
+    if not usable:
+        return skipped_step(run, producer, step, trajs, metrics, t_step)
     t0 = time.perf_counter()
-    batch = collate(usable, pad_token_id=run.pad_token_id)
     old_version = run.learner.version
     # One optimizer step per update and nothing before it that reads pi_old (no KL in the reward):
     # pi_old comes from the update's own forward, detached (no redundant no-grad forward).
     fuse = (cfg.optim.fuse_old_logprob and run.learner.can_fuse_old_logprob() and not cfg.credit.kl_in_reward
             and cfg.loss.distill is None)
+    batch = frozen_batch(run, usable, fuse, old_version)
+    batch, tg = step_targets(run, batch, step, metrics)
+    slept = run.release_engine()  # system.engine_sleep: the engine frees its weights while the learner updates
+    batch, tg, out = train_batch(run, batch, tg, fuse, old_version, metrics)
+    metrics["time/learner_s"] = time.perf_counter() - t0
+    metrics.update(step_metrics(batch, trajs, tg, learner_version=old_version))
+    metrics.update(distill_metrics(tg, batch))
+    if run.backend is not None:  # system.backend=ray: where the rollout / reward workers run (once)
+        metrics.update(run.backend.placement_once())
+    # 6. judge the revision; a NaN/inf loss is rejected and the promoted weights restored
+    if not math.isfinite(float(out.metrics.get("loss", 0.0))):
+        run.reject(step, reason=f"non-finite loss {out.metrics.get('loss')}")
+        metrics["revision"] = "rejected"
+    else:
+        metrics["revision"] = "candidate"
+    sync_and_evaluate(run, producer, step, slept, metrics)
+    stop_reason = check_guards(cfg.guards, metrics)
+    record_step(run, step, batch, out.current_logprob, tg, trajs, metrics, t_step)
+    return metrics, stop_reason
+
+
+def skipped_step(run: Run, producer: Producer, step: int, trajs: list[Trajectory], metrics: StepMetrics,
+                 t_step: float) -> tuple[StepMetrics, str | None]:
+    """A step with nothing judged (every trajectory an infra error or environment failure): counted like any
+    step (``status/*``, what the ledger holds), evaluated on schedule (the unchanged weights) and guarded."""
+    metrics["skipped"] = 1.0
+    metrics.update(status_counts(trajs))
+    if eval_due(run.cfg, step):  # the schedule holds: the held-out figure of these (unchanged) weights
+        with producer.quiesce():
+            metrics.update(run.evaluate_and_judge(step))
+    stop_reason = check_guards(run.cfg.guards, metrics)
+    run.finish_step(step, trajs, metrics, t_step)
+    return metrics, stop_reason
+
+
+def frozen_batch(run: Run, usable: list[Trajectory], fuse: bool, old_version: int) -> TrajectoryBatch:
+    """Step 4: the usable trajectories collated once, with pi_old (unless the update fuses it), pi_ref,
+    the teacher's log-probs (``loss.distill``) and the critic's values frozen onto the batch. Each recorded
+    prompt is re-rendered first: pi_old must be computed on the ids the engine sampled from (a changed
+    template / system prompt is an error)."""
+    renderer = getattr(run, "renderer", None)
+    if renderer is not None:
+        renderer.verify(usable)
+    batch = collate(usable, pad_token_id=run.pad_token_id)
     if not fuse:
         batch = batch.freeze("old", run.learner.compute_logprobs(batch), old_version)
     if run.ref_model is not None:
-        batch = batch.freeze("ref", run.ref_logprobs(batch), st.ref_version)
+        batch = batch.freeze("ref", run.ref_logprobs(batch), run.state.ref_version)
     if run.teacher_model is not None:  # loss.distill: the frozen teacher scores the student's own tokens
         batch = batch.freeze("teacher", run.teacher_logprobs(batch))
     if run.critic is not None:
         values, final_values = run.critic.compute_values(batch)
         batch = batch.with_targets(values=values, final_values=final_values)
+    return batch
+
+
+def step_targets(run: Run, batch: TrajectoryBatch, step: int, metrics: StepMetrics
+                 ) -> tuple[TrajectoryBatch, Targets]:
+    """The step's advantages and returns (:func:`~posttrain.loop.targets.build_targets` with the recipe's
+    estimator, KL placement, ReMax baseline and distillation), attached to the batch. Fused: the advantages
+    need no pi_old (no KL in the reward); the KL metric waits for pi_old."""
+    cfg = run.cfg
     baseline, baseline_metrics = run_baseline(run, batch, step)  # ReMax: one greedy rollout per prompt
     metrics.update(baseline_metrics)
-    # Fused: the advantages need no pi_old (no KL in the reward); the KL metric waits for pi_old.
     tg = build_targets(
         batch, estimator=cfg.credit.estimator, estimator_kwargs=cfg.credit.kwargs,
         kl_in_reward=cfg.credit.kl_in_reward, kl_estimator=cfg.loss.kl_estimator,
@@ -156,10 +198,15 @@ def update_step(run: Run, producer: Producer, step: int, produced: Produced,
         distill_coef=None if cfg.loss.distill is None else cfg.loss.distill.coef,
         distill_only=cfg.loss.distill is not None and cfg.loss.distill.only,
     )
-    batch = batch.with_targets(advantages=tg.advantages, returns=tg.returns)
-    # 5. update actor (and critic) under the recipe's reduction (correction: CORRECTIONS / decoupled PPO
-    #    against the recorded behaviour log-probs, whatever the mode); both read the batch's tensors
-    slept = run.release_engine()  # system.engine_sleep: the engine frees its weights while the learner updates
+    return batch.with_targets(advantages=tg.advantages, returns=tg.returns), tg
+
+
+def train_batch(run: Run, batch: TrajectoryBatch, tg: Targets, fuse: bool, old_version: int,
+                metrics: StepMetrics) -> tuple[TrajectoryBatch, Targets, UpdateOutput]:
+    """Step 5: the actor (and critic) update under the recipe's reduction (correction: CORRECTIONS / decoupled
+    PPO against the recorded behaviour log-probs, whatever the mode); both read the batch's tensors. A fused
+    pi_old is frozen onto the batch afterwards, and the targets' KL recomputed from it."""
+    cfg = run.cfg
     out = run.learner.update(batch, fuse_old=fuse)
     upd = dict(out.metrics)
     if fuse:
@@ -171,17 +218,13 @@ def update_step(run: Run, producer: Producer, step: int, produced: Produced,
     if run.critic is not None and batch.returns is not None:
         upd.update({f"critic/{k}": v for k, v in run.critic.update(batch).items()})
     metrics.update(upd)
-    metrics["time/learner_s"] = time.perf_counter() - t0
-    metrics.update(step_metrics(batch, trajs, tg, learner_version=old_version))
-    metrics.update(distill_metrics(tg, batch))
-    if run.backend is not None:  # system.backend=ray: where the rollout / reward workers run (once)
-        metrics.update(run.backend.placement_once())
-    # 6. judge the revision; a NaN/inf loss is rejected and the promoted weights restored
-    if not math.isfinite(float(upd.get("loss", 0.0))):
-        run.reject(step, reason=f"non-finite loss {upd.get('loss')}")
-        metrics["revision"] = "rejected"
-    else:
-        metrics["revision"] = "candidate"
+    return batch, tg, out
+
+
+def sync_and_evaluate(run: Run, producer: Producer, step: int, slept: bool, metrics: StepMetrics) -> None:
+    """Inside ``producer.quiesce()``: wake a slept engine, push the new weights (the engine's version + 1),
+    observe the KL controller and (step 7) evaluate held-out every ``eval.every`` steps -> promote / retain /
+    reject."""
     with producer.quiesce():
         t1 = time.perf_counter()
         if slept:  # re-acquire; the sync below refills every weight
@@ -191,21 +234,23 @@ def update_step(run: Run, producer: Producer, step: int, produced: Produced,
         run.sync_weights()  # the engine gets the new weights with an incremented version
         metrics["time/weight_sync_s"] = time.perf_counter() - t1
         run.observe_kl(metrics)
-        # 7. held-out eval every N steps -> promote / retain / reject
-        if eval_due(cfg, step):
+        if eval_due(run.cfg, step):
             t2 = time.perf_counter()
             metrics.update(run.evaluate_and_judge(step))
             metrics["time/eval_s"] = time.perf_counter() - t2
-    stop_reason = check_guards(cfg.guards, metrics)
-    # The ledger records, rebuilt once from the batch: pi_old / pi_ref and their versions, pi_theta per
-    # token as the update saw it (|log rho| audits) and the advantage it trained on.
-    seen = with_update_record(batch, out.current_logprob, tg.advantages)
+
+
+def record_step(run: Run, step: int, batch: TrajectoryBatch, current_logprob: torch.Tensor | None, tg: Targets,
+                trajs: list[Trajectory], metrics: StepMetrics, t_step: float) -> None:
+    """The ledger records, rebuilt once from the batch: pi_old / pi_ref and their versions, pi_theta per
+    token as the update saw it (|log rho| audits) and the advantage it trained on, plus the step's infra
+    errors and environment failures; ``eval.hidden_verifier`` re-judges every response after the update (so
+    it cannot reach the reward); then ledger + metrics (+ checkpoint)."""
+    seen = with_update_record(batch, current_logprob, tg.advantages)
     ledger_trajs = seen + [t for t in trajs if t.status in (Status.INFRA_ERROR, Status.ENV_FAILURE)]
-    # eval.hidden_verifier re-judges every response after the update (so it cannot reach the reward).
     ledger_trajs = judge_trajectories(ledger_trajs, getattr(run, "hidden_verifier", None),
                                       getattr(run, "verify_batch", None))
     run.finish_step(step, ledger_trajs, metrics, t_step)
-    return metrics, stop_reason
 
 
 def eval_due(cfg: RunConfig, step: int) -> bool:
@@ -292,5 +337,5 @@ class RLProgram:
 PROGRAM = RLProgram()
 """The program ``trainer: rl`` names (posttrain/config/trainers.py)."""
 
-__all__ = ["PROGRAM", "RLProgram", "RLRunResult", "consumption_metrics", "eval_due", "producer_inflight", "train",
-           "update_step"]
+__all__ = ["PROGRAM", "RLProgram", "RLRunResult", "consumption_metrics", "eval_due", "frozen_batch", "producer_inflight",
+           "record_step", "skipped_step", "step_targets", "sync_and_evaluate", "train", "train_batch", "update_step"]
