@@ -28,6 +28,7 @@ COMMANDS: dict[str, str] = {
     "compare": "posttrain.commands.compare",
     "view": "posttrain.commands.view",
     "serve": "posttrain.commands.serve",
+    "sample": "posttrain.commands.sample",
 }
 
 
