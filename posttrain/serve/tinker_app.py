@@ -20,7 +20,15 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 from posttrain.errors import UserError
-from posttrain.serve.tinker_service import REFUSALS, Reply, TinkerService, refusal_message, reply
+from posttrain.serve.tinker_service import (
+    MAX_DATUM_TOKENS,
+    REFUSALS,
+    Reply,
+    TinkerService,
+    refusal_message,
+    reply,
+    return_large_blocks,
+)
 
 _BODY_LIMIT = 256 * 1024 * 1024
 
@@ -186,11 +194,15 @@ def load_base(model: str) -> tuple[object, object]:
     return build_model(RunConfig.model_validate({"model": {"path": model}}))
 
 
-def make_server(model: str, *, port: int = 0, host: str = "127.0.0.1", state_dir: str | Path = "runs/tinker") -> TinkerServer:
+def make_server(model: str, *, port: int = 0, host: str = "127.0.0.1", state_dir: str | Path = "runs/tinker",
+                max_datum_tokens: int = MAX_DATUM_TOKENS) -> TinkerServer:
     """A Tinker API server on ``host:port`` (0: a free port) training LoRA adapters on ``model``;
-    checkpoints go under ``state_dir``. Call ``start()`` (or ``serve_forever()``) and ``close()``."""
+    checkpoints go under ``state_dir``; a ``forward_backward`` datum of more than ``max_datum_tokens`` tokens
+    is refused. Sets this process's heap to return large blocks (:func:`return_large_blocks`). Call
+    ``start()`` (or ``serve_forever()``) and ``close()``."""
+    return_large_blocks()
     tokenizer, net = load_base(model)
-    svc = TinkerService(model, net, tokenizer, Path(state_dir))  # type: ignore[arg-type]
+    svc = TinkerService(model, net, tokenizer, Path(state_dir), max_datum_tokens=max_datum_tokens)  # type: ignore[arg-type]
     try:
         return TinkerServer(svc, host, port)
     except OSError:

@@ -6,20 +6,36 @@ Gradients accumulate over ``forward_backward`` calls until ``optim_step`` (the T
 Adapters of a snapshot (sampler weights, a checkpoint) are plain tensors; :meth:`ModelHub.merged`
 turns one into full model weights ``W + (alpha/r) B A`` through a scratch adapter of the same shape,
 so live training adapters are never touched by sampling.
+
+Memory of a long datum (docs/tinker.md, "Long data are bounded"): the per-token log-probs come from the learner's
+chunked LM head (:func:`posttrain.learner.chunked_head.chunked_token_logprobs`: at most ``chunk x V``
+logits at a time, never ``[tokens x V]``), with the LoRA-adapted head folded into one weight
+``W + (alpha/r) B A``; a datum of more than ``checkpoint_above_tokens`` tokens runs its backbone with
+transformers' activation checkpointing (Chen et al. 2016, arXiv:1604.06174: each layer's activations
+are recomputed in the backward instead of kept), as the RL learner's ``optim.gradient_checkpointing``
+does. Both give the values of the plain forward up to the rounding of the chunked GEMMs
+(``tests/serve/test_tinker_models.py``). A model whose head is not a plain linear layer over the last
+hidden state (:data:`posttrain.learner.logprobs.HEAD_IS_LM_HEAD_OF_LAST_HIDDEN`) takes the plain path.
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import warnings
-from collections.abc import Mapping
+from collections.abc import Callable, Iterator, Mapping
 
 import torch
 
 from posttrain.algos.tinker_losses import datum_loss, resolve_loss
 from posttrain.errors import UserError
+from posttrain.learner.chunked_head import chunked_token_logprobs
+from posttrain.learner.logprobs import HEAD_IS_LM_HEAD_OF_LAST_HIDDEN
 from posttrain.learner.lora import merged_state_dict
 from posttrain.serve.wire import DatumIn
+
+CHECKPOINT_ABOVE_TOKENS = 512
+"""A datum of more tokens runs with activation checkpointing (see the module doc; measured in docs/tinker.md)."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -83,6 +99,55 @@ def layer_groups(model: torch.nn.Module) -> dict[str, list[str]]:
     return {k: sorted(v) for k, v in groups.items()}
 
 
+def has_dropout(model: torch.nn.Module) -> bool:
+    """Whether train mode changes ``model``'s outputs: a ``Dropout`` module with ``p > 0`` or a config
+    ``*dropout*`` rate > 0 (transformers' attention applies ``attention_dropout`` in train mode only)."""
+    if any(isinstance(m, torch.nn.Dropout) and m.p > 0 for m in model.modules()):
+        return True
+    cfg = getattr(model, "config", None)
+    rates = cfg.to_dict() if cfg is not None and hasattr(cfg, "to_dict") else {}
+    return any("dropout" in k and isinstance(v, (int, float)) and v > 0 for k, v in rates.items())
+
+
+def head_weight(head: torch.nn.Module) -> torch.Tensor | None:
+    """The ``[V, D]`` weight ``W`` with ``head(h) = h W^T`` for the active adapters, or ``None``.
+
+    A bias-free ``nn.Linear``: its weight. A peft LoRA ``Linear`` over one (not merged, adapters enabled,
+    no DoRA / LoRA bias, not ``fan_in_fan_out``): ``W_0 + sum_a (alpha_a/r_a) B_a A_a`` over its active
+    adapters that adapt it (peft's ``get_delta_weight``), differentiable in ``A`` and ``B``. Else ``None``.
+    """
+    if type(head) is torch.nn.Linear:
+        return head.weight if head.bias is None else None
+    from peft.tuners.lora import Linear as LoraLinear
+
+    if type(head) is not LoraLinear or head.merged or head.disable_adapters or head.fan_in_fan_out:
+        return None
+    base = head.base_layer
+    if type(base) is not torch.nn.Linear or base.bias is not None:
+        return None
+    w: torch.Tensor = base.weight
+    for a in head.active_adapters:
+        if a not in head.lora_A.keys():
+            continue
+        if a in head.lora_variant or head.lora_bias.get(a, False):
+            return None
+        w = w + head.get_delta_weight(a)
+    return w
+
+
+@contextlib.contextmanager
+def _train_mode(model: torch.nn.Module, on: bool) -> Iterator[None]:
+    """Train mode inside the block when ``on`` (transformers checkpoints activations only in train mode)."""
+    if not on:
+        yield
+        return
+    model.train()
+    try:
+        yield
+    finally:
+        model.eval()
+
+
 def target_modules(groups: Mapping[str, list[str]], spec: LoraSpec) -> list[str]:
     """The leaf names ``spec`` adapts (``train_attn`` / ``train_mlp`` / ``train_unembed``)."""
     names = [n for g, on in (("attn", spec.train_attn), ("mlp", spec.train_mlp), ("unembed", spec.train_unembed))
@@ -95,13 +160,31 @@ def target_modules(groups: Mapping[str, list[str]], spec: LoraSpec) -> list[str]
 class ModelHub:
     """The base model, its adapters (training models and snapshot scratch adapters) and optimizers."""
 
-    def __init__(self, base_model: str, model: torch.nn.Module) -> None:
+    def __init__(self, base_model: str, model: torch.nn.Module, *,
+                 checkpoint_above_tokens: int = CHECKPOINT_ABOVE_TOKENS, head_chunk_tokens: int | None = None) -> None:
+        """``checkpoint_above_tokens``: a ``forward_backward`` datum of more tokens runs with activation
+        checkpointing (when the model supports it and has no dropout); ``head_chunk_tokens``: tokens per
+        chunk of the LM head (``None``: :func:`~posttrain.learner.chunked_head.chunk_tokens_for` of ``V``)."""
+        if checkpoint_above_tokens < 0:
+            raise ValueError(f"checkpoint_above_tokens must be >= 0, got {checkpoint_above_tokens}")
         self.base_model = base_model
         self._plain = model
         self._peft: torch.nn.Module | None = None
         self.models: dict[str, TrainedModel] = {}
         self._scratch: dict[LoraSpec, str] = {}
         self._groups = layer_groups(model)
+        self.checkpoint_above_tokens = checkpoint_above_tokens
+        self.head_chunk_tokens = head_chunk_tokens
+        cfg = getattr(model, "config", None)
+        split = getattr(cfg, "model_type", None) in HEAD_IS_LM_HEAD_OF_LAST_HIDDEN and callable(
+            getattr(model, "get_decoder", None))
+        self._backbone: torch.nn.Module | None = model.get_decoder() if split else None  # type: ignore[operator]
+        self.checkpointing = bool(getattr(model, "supports_gradient_checkpointing", False)) and not has_dropout(model)
+        if self.checkpointing:  # acts only in train mode, which forward_backward turns on for a long datum
+            # transformers >= 5 names it activation_checkpointing_enable (the old name warns)
+            enable: Callable[[], object] | None = getattr(model, "activation_checkpointing_enable", None)
+            (enable or model.gradient_checkpointing_enable)()  # type: ignore[operator]
+        model.eval()
 
     @property
     def module(self) -> torch.nn.Module:
@@ -117,6 +200,8 @@ class ModelHub:
         # embedding too; nothing here merges in place (merged_state_dict is out of place, the sampler is untied).
         with torch.random.fork_rng(devices=[]), warnings.catch_warnings():
             warnings.filterwarnings("ignore", message=".*tie_word_embeddings.*")
+            # peft reads transformers' deprecated is_gradient_checkpointing property (a FutureWarning on every adapter)
+            warnings.filterwarnings("ignore", message=".*is_gradient_checkpointing.*", category=FutureWarning)
             if spec.seed is not None:
                 torch.manual_seed(spec.seed)
             if self._peft is None:
@@ -168,16 +253,31 @@ class ModelHub:
                     raise UserError(f"datum {i}: {len(d.tokens)} input tokens but {targets.shape[0]} target_tokens")
                 if not d.tokens or max(d.tokens + targets.tolist()) >= vocab or min(d.tokens + targets.tolist()) < 0:
                     raise UserError(f"datum {i}: token ids must be in [0, {vocab}) and the input non-empty")
-                logits = net(input_ids=torch.tensor([d.tokens])).logits[0]
-                logits = logits.float() if logits.dtype in (torch.float16, torch.bfloat16) else logits
-                lp = torch.log_softmax(logits, dim=-1).gather(-1, targets.view(-1, 1)).squeeze(-1)
-                inputs = {k: v.to(lp.dtype) for k, v in d.inputs.items() if k != "target_tokens"}
-                loss = datum_loss(spec, loss_fn, lp, inputs, cfg, i)
-                if not forward_only:
-                    torch.autograd.backward(loss)
+                with _train_mode(net, self.checkpointing and not forward_only
+                                 and len(d.tokens) > self.checkpoint_above_tokens):
+                    lp = self._datum_logprobs(net, d.tokens, targets)
+                    inputs = {k: v.to(lp.dtype) for k, v in d.inputs.items() if k != "target_tokens"}
+                    loss = datum_loss(spec, loss_fn, lp, inputs, cfg, i)
+                    if not forward_only:
+                        torch.autograd.backward(loss)
                 total += float(loss.detach())
                 out.append(lp.detach())
+                del lp, loss
         return ForwardResult(out, total)
+
+    def _datum_logprobs(self, net: torch.nn.Module, tokens: list[int], targets: torch.Tensor) -> torch.Tensor:
+        """``lp[t] = log softmax(z_t)[targets[t]]`` ``[N]`` of the active adapter: the backbone's hidden
+        states through the chunked head (the plain forward's logits when the model has no linear head)."""
+        ids = torch.tensor([tokens])
+        head = self._plain.get_output_embeddings()  # type: ignore[operator]
+        w = head_weight(head) if self._backbone is not None else None
+        if self._backbone is None or w is None:
+            logits = net(input_ids=ids, use_cache=False).logits[0]
+            logits = logits.float() if logits.dtype in (torch.float16, torch.bfloat16) else logits
+            return torch.log_softmax(logits, dim=-1).gather(-1, targets.view(-1, 1)).squeeze(-1)
+        hidden = self._backbone(input_ids=ids, use_cache=False).last_hidden_state[0]
+        lp, _ = chunked_token_logprobs(hidden, w, targets, chunk_tokens=self.head_chunk_tokens)
+        return lp
 
     def optim_step(self, model_id: str, step: AdamStep) -> dict[str, float]:
         """One AdamW step on the accumulated gradients (clipped to ``grad_clip_norm`` when > 0), then

@@ -20,7 +20,13 @@ What a user who leaves the server running can count on:
   ``forward_backward``, and ``prompt + max_tokens`` of ``sample`` / ``compute_logprobs``.
 - Memory freed by a request goes back to the system: glibc keeps freed heap memory of a long
   ``forward_backward`` (a 2000-token datum on SmolLM2-135M left the RSS at 5.4 GB instead of 1.0 GB), so
-  after a job that grew the RSS by more than ``TRIM_ABOVE_MB`` the worker calls ``malloc_trim(0)``.
+  after a job that grew the RSS by more than ``TRIM_ABOVE_MB`` the worker calls ``malloc_trim(0)``; a
+  server (:func:`~posttrain.serve.tinker_app.make_server`) also serves blocks of ``MMAP_THRESHOLD_MB`` or
+  more from their own mappings (:func:`return_large_blocks`), so the peak RSS of one request follows its
+  live tensors instead of the heap's high-water mark.
+- Memory of a long datum is bounded: the hub runs it through the chunked LM head with activation
+  checkpointing (:mod:`posttrain.serve.tinker_models`); a ``forward_backward`` datum of more than
+  ``max_datum_tokens`` tokens (``posttrain serve --max-datum-tokens``) is refused naming the limit.
 - Clients take turns (:class:`~posttrain.serve.futures.JobQueue`); ``cancel_future`` drops a queued
   request; a finished session, or one without a heartbeat for ``session_timeout_s`` (the SDK beats
   every 10 s), has its queued work dropped and its later requests refused.
@@ -73,6 +79,14 @@ SESSION_TIMEOUT_S = 60.0
 
 TRIM_ABOVE_MB = 256
 """After a job that left the RSS this much above its level after the last trim, free heap memory is returned."""
+
+MMAP_THRESHOLD_MB = 1
+"""Heap blocks of this size or more get their own mapping, returned to the system when freed (:func:`return_large_blocks`)."""
+
+MAX_DATUM_TOKENS = 8192
+"""Default longest ``forward_backward`` datum (``max_datum_tokens``): SmolLM2-135M's whole context, which peaks
+1.1 GB above the idle RSS with the chunked head and activation checkpointing (docs/tinker.md, "Long data are
+bounded")."""
 
 _SEQ_MEMORY = 65536
 
@@ -127,6 +141,22 @@ def release_memory() -> bool:
     return True
 
 
+def return_large_blocks(threshold_mb: float = MMAP_THRESHOLD_MB) -> bool:
+    """Serve heap blocks of ``threshold_mb`` or more from their own mappings (glibc
+    ``mallopt(M_MMAP_THRESHOLD, ...)``, process-wide); whether that was possible.
+
+    glibc raises its mmap threshold as large blocks are freed (up to 32 MB), after which a long
+    ``forward_backward``'s activations come from the arena, whose freed pages stay resident and fragment:
+    a 2000-token datum on SmolLM2-135M (chunked head, activation checkpointing) peaked at 3.1 GB RSS, 1.5 GB
+    with a fixed 1 MB threshold, in the same time. A fixed threshold stops the raising."""
+    try:
+        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
+        mallopt = libc.mallopt
+    except (OSError, AttributeError):
+        return False
+    return bool(mallopt(-3, int(threshold_mb * 2**20)))  # M_MMAP_THRESHOLD
+
+
 def _json(body: bytes) -> dict[str, Any]:
     try:
         obj = json.loads(body or b"{}")
@@ -166,7 +196,11 @@ class TinkerService:
     """State of one server: the model hub, the sampler, futures, sessions and snapshots."""
 
     def __init__(self, base_model: str, model: torch.nn.Module, tokenizer: Tokenizer | None, state_dir: Path,
-                 *, snapshot_capacity: int = 16, session_timeout_s: float = SESSION_TIMEOUT_S) -> None:
+                 *, snapshot_capacity: int = 16, session_timeout_s: float = SESSION_TIMEOUT_S,
+                 max_datum_tokens: int = MAX_DATUM_TOKENS) -> None:
+        if max_datum_tokens < 1:
+            raise ValueError(f"max_datum_tokens must be >= 1, got {max_datum_tokens}")
+        self.max_datum_tokens = max_datum_tokens
         self.base_model = base_model
         self.tokenizer = tokenizer
         self.state_dir = state_dir
@@ -439,6 +473,10 @@ class TinkerService:
                 if ctx is not None and len(d.tokens) > ctx:
                     raise UserError(f"{route} datum {i}: {len(d.tokens)} tokens exceed the model's context of "
                                     f"{ctx} tokens (max_context_length)")
+                if not req.forward_only and len(d.tokens) > self.max_datum_tokens:
+                    raise UserError(f"{route} datum {i}: {len(d.tokens)} tokens exceed this server's limit of "
+                                    f"{self.max_datum_tokens} tokens per forward_backward datum (posttrain serve "
+                                    f"--max-datum-tokens); split it, or restart the server with a higher limit")
             return work
 
         def work() -> Outcome:

@@ -129,6 +129,24 @@ def test_the_context_holds_on_every_route(server: TinkerServer) -> None:
 
 
 @pytest.mark.timeout(240)
+def test_a_datum_over_the_servers_limit_is_refused_naming_it(server: TinkerServer) -> None:
+    """``max_datum_tokens`` (``posttrain serve --max-datum-tokens``) bounds a ``forward_backward`` datum below
+    the context: refused with the user category, naming the datum, its length and the setting; the
+    adapter's gradients are untouched and the client goes on. ``forward`` (no activations kept) is not bound."""
+    server.service.max_datum_tokens = 40
+    sc = tinker.ServiceClient()
+    tc = sc.create_lora_training_client(base_model=BASE, rank=2, seed=0).result(timeout=T)
+    long = [5 + i % 90 for i in range(42)]  # 41 inputs
+    _user_failure(tc.forward_backward([_sft(), _sft(long)], "cross_entropy"),
+                  r"forward_backward datum 1: 41 tokens exceed this server's limit of 40 tokens per forward_backward "
+                  r"datum \(posttrain serve --max-datum-tokens\)")
+    assert all(p.grad is None for p in server.service.hub.get(tc.model_id).params)
+    assert len(tc.forward([_sft(long)], "cross_entropy").result(timeout=T).loss_fn_outputs[0]["logprobs"].data) == 41
+    out = tc.forward_backward([_sft(long[:41])], "cross_entropy").result(timeout=T)  # 40 inputs: at the limit
+    assert len(out.loss_fn_outputs[0]["logprobs"].data) == 40
+
+
+@pytest.mark.timeout(240)
 def test_one_bad_sample_fails_only_itself(server: TinkerServer) -> None:
     import concurrent.futures as cf
 
