@@ -101,7 +101,11 @@ def run_rl_checks(cfg: RunConfig, prompts: int = 4) -> list[CheckResult]:
     tok, model = build_model(cfg)
     task = build_task(cfg)
     learner = build_policy_learner(cfg, model)
-    engine = build_engine(learner.model, tok)
+    from posttrain.rollout.precision import engine_copy
+
+    # sampled at the recipe's rollout.precision (builtin engine), so behavior_vs_old reports that choice's mismatch
+    engine = build_engine(engine_copy(learner.model, cfg.rollout.precision if cfg.rollout.engine == "builtin"
+                                      else "auto"), tok)
     trajs = sample_trajectories(cfg, prompts, tok, model, task, engine)
     batch = collate(trajs, pad_token_id=int(tok.pad_token_id or 0))
     old = learner.compute_logprobs(batch)

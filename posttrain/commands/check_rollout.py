@@ -88,13 +88,14 @@ def sample_trajectories(cfg: RunConfig, prompts: int, tok: Any, model: torch.nn.
 
 def check_behavior_vs_old(batch: TrajectoryBatch, old: torch.Tensor, cfg: RunConfig) -> CheckResult:
     """``behavior_vs_old``: |log kappa| = |log mu - log pi_old| over the action tokens against
-    ``guards.max_abs_log_kappa``."""
+    ``guards.max_abs_log_kappa`` (the guard the run applies), the engine at the recipe's ``rollout.precision``."""
     mask = batch.action_mask > 0
     lk = (batch.behavior_logprob - old).abs()[mask]
     p99 = float(torch.quantile(lk, 0.99)) if lk.numel() else 0.0
     thr = cfg.guards.max_abs_log_kappa
     return ("behavior_vs_old", float(lk.max()) < thr,
-            f"|log k| mean {float(lk.mean()):.2e}, p99 {p99:.2e}, max {float(lk.max()):.2e} (limit {thr:g})")
+            f"|log k| mean {float(lk.mean()):.2e}, p99 {p99:.2e}, max {float(lk.max()):.2e} (limit {thr:g}, "
+            f"rollout.precision={cfg.rollout.precision})")
 
 
 def check_save_resume(cfg: RunConfig, learner: PolicyLearner, tok: PreTrainedTokenizerBase, batch: TrajectoryBatch,

@@ -120,3 +120,20 @@ def test_posttrain_eval_samples_at_the_runs_precision() -> None:
             assert next(model.parameters()).dtype == torch.float32
         finally:
             hr.close()
+
+
+def test_posttrain_check_reports_the_mismatch_of_the_recipes_precision() -> None:
+    """behavior_vs_old samples at rollout.precision: against the run's own guard at 1e-3, bf16's |log kappa|
+    (max ~4e-3 on the tiny model) fails and fp32's (~1e-7) passes."""
+    from posttrain.commands.check import run_checks
+    from posttrain.config import parse_config, read_recipe
+
+    rows = {}
+    for prec in ("auto", "bf16"):
+        over = ["model.path=builtin:tiny", f"rollout.precision={prec}", "guards.max_abs_log_kappa=1e-3"]
+        data, source = read_recipe("grpo", over)
+        rows[prec] = {n: (ok, d) for n, ok, d in run_checks(parse_config(data, source, over), 4)}
+    ok32, d32 = rows["auto"]["behavior_vs_old"]
+    ok16, d16 = rows["bf16"]["behavior_vs_old"]
+    assert ok32 is True and "rollout.precision=auto" in d32
+    assert ok16 is False and "rollout.precision=bf16" in d16, d16
