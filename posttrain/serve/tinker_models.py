@@ -20,10 +20,9 @@ hidden state (:data:`posttrain.learner.logprobs.HEAD_IS_LM_HEAD_OF_LAST_HIDDEN`)
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import warnings
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Mapping
 
 import torch
 
@@ -32,6 +31,7 @@ from posttrain.errors import UserError
 from posttrain.learner.chunked_head import chunked_token_logprobs
 from posttrain.learner.logprobs import HEAD_IS_LM_HEAD_OF_LAST_HIDDEN
 from posttrain.learner.lora import merged_state_dict
+from posttrain.learner.primitives import train_mode_if
 from posttrain.serve.wire import DatumIn
 
 CHECKPOINT_ABOVE_TOKENS = 512
@@ -133,19 +133,6 @@ def head_weight(head: torch.nn.Module) -> torch.Tensor | None:
             return None
         w = w + head.get_delta_weight(a)
     return w
-
-
-@contextlib.contextmanager
-def _train_mode(model: torch.nn.Module, on: bool) -> Iterator[None]:
-    """Train mode inside the block when ``on`` (transformers checkpoints activations only in train mode)."""
-    if not on:
-        yield
-        return
-    model.train()
-    try:
-        yield
-    finally:
-        model.eval()
 
 
 def target_modules(groups: Mapping[str, list[str]], spec: LoraSpec) -> list[str]:
@@ -253,7 +240,7 @@ class ModelHub:
                     raise UserError(f"datum {i}: {len(d.tokens)} input tokens but {targets.shape[0]} target_tokens")
                 if not d.tokens or max(d.tokens + targets.tolist()) >= vocab or min(d.tokens + targets.tolist()) < 0:
                     raise UserError(f"datum {i}: token ids must be in [0, {vocab}) and the input non-empty")
-                with _train_mode(net, self.checkpointing and not forward_only
+                with train_mode_if(net, self.checkpointing and not forward_only
                                  and len(d.tokens) > self.checkpoint_above_tokens):
                     lp = self._datum_logprobs(net, d.tokens, targets)
                     inputs = {k: v.to(lp.dtype) for k, v in d.inputs.items() if k != "target_tokens"}
