@@ -78,10 +78,17 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
 
 
 def print_recipe(cfg: RunConfig) -> None:
-    """The six axes, then the full resolved YAML."""
+    """The six axes of a trainer that samples (rl, online preference), else the trainer and what it reads;
+    then the full resolved YAML."""
+    from posttrain.config.trainers import trainer_entry
+
+    entry = trainer_entry(cfg.trainer)
     print(f"recipe {cfg.name}:")
-    for axis, desc in cfg.axes().items():
-        print(f"  {axis:<11} {desc}")
+    if entry.samples(cfg):
+        for axis, desc in cfg.axes().items():
+            print(f"  {axis:<11} {desc}")
+    else:  # the six RL axes would describe keys this trainer refuses (docs/trainers.md)
+        print(f"  trainer     {entry.name}: {entry.summary}; held-out: {entry.heldout}")
     print("---")
     print(dump_config(cfg), end="")
 

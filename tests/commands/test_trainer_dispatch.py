@@ -134,3 +134,17 @@ def test_eval_of_a_checkpoint_of_a_run_that_sampled_no_task_asks_for_one(
     assert main(["eval", str(ckpt)]) == 2
     line = one_error_line(capsys)
     assert "trainer=sft measured held-out loss on sft.data" in line and "--task" in line, line
+
+
+@pytest.mark.parametrize("recipe, trainer", [("sft", "sft"), ("dpo", "preference"), ("reward_model", "reward_model")])
+def test_print_recipe_of_a_trainer_that_samples_nothing_names_it_not_the_rl_axes(
+        recipe: str, trainer: str, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["train", recipe, "--print-recipe"]) == 0
+    head = capsys.readouterr().out.split("---", 1)[0]
+    assert f"  trainer     {trainer}: " in head and "  sampling " not in head and "  credit " not in head
+
+
+def test_print_recipe_of_rl_keeps_the_six_axes(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["train", "dpo_online", "--print-recipe"]) == 0
+    head = capsys.readouterr().out.split("---", 1)[0]
+    assert "  sampling " in head and "  trainer " not in head
