@@ -135,6 +135,9 @@ def _check_model_path(path: str) -> None:
         raise ValueError(f"{path!r} is not a local model directory (no such directory; builtin models are "
                          "'builtin:<preset>')")
     if not (d / "config.json").is_file():
+        if (d / "actor" / "config.json").is_file():  # a run's checkpoint step_N: the policy is its actor/
+            raise ValueError(f"{path!r} is a posttrain checkpoint, not a model directory: use its policy, "
+                             f"model.path={d / 'actor'}")
         raise ValueError(f"{path!r} has no config.json (not a Hugging Face model directory)")
 
 

@@ -45,3 +45,12 @@ def test_load_config_alone_names_no_registry_and_the_commands_loader_refuses() -
     assert load_config("grpo", ["credit.estimator=nope"]).credit.estimator == "nope"
     with pytest.raises(ConfigError, match="credit.estimator: unknown advantage estimator 'nope'"):
         load_run_config("grpo", ["credit.estimator=nope"])
+
+
+def test_a_checkpoint_given_as_model_path_is_told_to_use_its_actor(tmp_path) -> None:
+    step = tmp_path / "run" / "checkpoints" / "step_000002"
+    (step / "actor").mkdir(parents=True)
+    (step / "actor" / "config.json").write_text("{}")
+    with pytest.raises(ConfigError, match=rf"is a posttrain checkpoint, not a model directory: use its policy, "
+                                          rf"model.path={step / 'actor'}$"):
+        load_run_config("grpo", [f"model.path={step}"])
