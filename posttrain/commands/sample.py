@@ -16,10 +16,9 @@ import shlex
 import sys
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
 
 
-def register(sub: Any) -> None:
+def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = sub.add_parser("sample", help="rejection sampling: k answers per training prompt, the verified ones kept "
                                       "as SFT data (expert iteration)")
     p.add_argument("recipe", help="RL recipe YAML path or shipped name (its task, model, verifier, sampling)")

@@ -15,6 +15,7 @@ from posttrain.algos.policy_losses import PolicyLossInputs
 from posttrain.algos.policy_objective import (
     PolicyObjective,
     PolicyObjectiveInputs,
+    PolicyObjectiveOutput,
     logkappa_metrics,
     loss_mask,
     policy_objective,
@@ -129,7 +130,7 @@ class PolicyTokenLoss:
         return _terms(out, logprob, old, mask)
 
 
-def _terms(out: Any, logprob: torch.Tensor, old: torch.Tensor, mask: torch.Tensor) -> LossTerms:
+def _terms(out: PolicyObjectiveOutput, logprob: torch.Tensor, old: torch.Tensor, mask: torch.Tensor) -> LossTerms:
     with torch.no_grad():
         sums = {"loss": float(out.loss.detach()), "pg_loss": float(out.pg.detach()), "tokens": float(mask.sum()),
                 "kl_loss": float(out.kl.detach()) if out.kl is not None else 0.0,

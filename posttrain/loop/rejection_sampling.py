@@ -41,7 +41,7 @@ from posttrain.trajectory import Ledger, Status
 
 if TYPE_CHECKING:
     from posttrain.config import RunConfig
-    from posttrain.envs.task import TaskExample
+    from posttrain.envs.task import Task, TaskExample
     from posttrain.trajectory.record import JSONScalar
 
 PROMPT_SEED_STRIDE = 7_919
@@ -101,13 +101,13 @@ def select_kept(statuses: Sequence[Status], prompt_ids: Sequence[str], texts: Se
     return keep
 
 
-def train_prompts(cfg: RunConfig, task: Any, n: int, cursor: int) -> list[TaskExample]:
+def train_prompts(cfg: RunConfig, task: Task, n: int, cursor: int) -> list[TaskExample]:
     """``n`` training prompts at data cursor ``cursor``, drawn as the RL run draws them:
     ``task.examples("train", n, seed=cfg.seed * PROMPT_SEED_STRIDE + cursor)``."""
     return list(task.examples("train", n, seed=cfg.seed * PROMPT_SEED_STRIDE + cursor))
 
 
-def heldout_problems(cfg: RunConfig, task: Any) -> dict[str, tuple[set[str], set[str]]]:
+def heldout_problems(cfg: RunConfig, task: Task) -> dict[str, tuple[set[str], set[str]]]:
     """Every held-out set the run would evaluate (``eval_splits``, ``eval.size`` prompts at
     ``eval.heldout_seed``, else ``seed``): ``{split: (prompt ids, prompt texts)}``."""
     from posttrain.loop.heldout import eval_splits
