@@ -7,6 +7,7 @@ Every wait is bounded (``result(timeout=...)``), so a regression fails instead o
 from __future__ import annotations
 
 import json
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -17,7 +18,10 @@ tinker = pytest.importorskip("tinker", reason="needs the extra posttrain[tinker]
 from tinker import types  # noqa: E402
 
 from posttrain.learner.checkpoint import latest_checkpoint  # noqa: E402
-from posttrain.serve.tinker_app import TinkerServer, make_server  # noqa: E402
+from posttrain.serve.tinker_app import TinkerServer  # noqa: E402
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from _sdk_server import sdk_server, tensor_data  # noqa: E402
 
 BASE = "builtin:tiny"  # context 512, vocabulary 106
 SEQ = list(range(5, 21))
@@ -26,19 +30,12 @@ T = 60  # seconds: a bound no healthy call on builtin:tiny comes near
 
 @pytest.fixture
 def server(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[TinkerServer]:
-    srv = make_server(BASE, port=0, state_dir=tmp_path / "state")
-    srv.start()
-    monkeypatch.setenv("TINKER_BASE_URL", srv.url)
-    monkeypatch.setenv("TINKER_API_KEY", "tml-local")
-    monkeypatch.setenv("TINKER_TELEMETRY", "0")
-    try:
-        yield srv
-    finally:
-        srv.close()
+    yield from sdk_server(tmp_path, monkeypatch, BASE)
 
 
 def _td(xs: list[int] | list[float], dtype: torch.dtype = torch.float32) -> types.TensorData:
-    return types.TensorData.from_torch(torch.tensor(xs, dtype=dtype))
+    td: types.TensorData = tensor_data(xs, dtype)  # type: ignore[assignment]
+    return td
 
 
 def _sft(tokens: list[int] = SEQ, weight: float = 1.0) -> types.Datum:

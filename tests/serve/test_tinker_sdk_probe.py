@@ -17,9 +17,10 @@ from tinker import types  # noqa: E402
 
 from posttrain.learner.checkpoint import latest_checkpoint, load_checkpoint  # noqa: E402
 from posttrain.learner.logprobs import token_logprobs  # noqa: E402
-from posttrain.serve.tinker_app import TinkerServer, make_server  # noqa: E402
+from posttrain.serve.tinker_app import TinkerServer  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from _sdk_server import sdk_server, tensor_data  # noqa: E402
 from _tolerance import shape_rtol  # noqa: E402
 
 BASE = "builtin:tiny"
@@ -28,19 +29,12 @@ SEQ = list(range(5, 29))  # a fixed token sequence the model learns
 
 @pytest.fixture
 def server(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[TinkerServer]:
-    srv = make_server(BASE, port=0, state_dir=tmp_path / "state")
-    srv.start()
-    monkeypatch.setenv("TINKER_BASE_URL", srv.url)
-    monkeypatch.setenv("TINKER_API_KEY", "tml-local")
-    monkeypatch.setenv("TINKER_TELEMETRY", "0")
-    try:
-        yield srv
-    finally:
-        srv.close()
+    yield from sdk_server(tmp_path, monkeypatch, BASE)
 
 
 def _td(xs: list[int] | list[float], dtype: torch.dtype = torch.float32) -> types.TensorData:
-    return types.TensorData.from_torch(torch.tensor(xs, dtype=dtype))
+    td: types.TensorData = tensor_data(xs, dtype)  # type: ignore[assignment]
+    return td
 
 
 def _sft_datum() -> types.Datum:

@@ -14,6 +14,7 @@ from __future__ import annotations
 import json
 import os
 import random
+import sys
 import threading
 import time
 import urllib.request
@@ -26,7 +27,10 @@ import torch
 tinker = pytest.importorskip("tinker", reason="needs the extra posttrain[tinker]")
 from tinker import types  # noqa: E402
 
-from posttrain.serve.tinker_app import TinkerServer, make_server  # noqa: E402
+from posttrain.serve.tinker_app import TinkerServer  # noqa: E402
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from _sdk_server import sdk_server  # noqa: E402
 
 BASE = "builtin:tiny"
 CLIENTS = 8
@@ -48,16 +52,7 @@ def rss_mb() -> float | None:
 
 @pytest.fixture
 def server(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[TinkerServer]:
-    srv = make_server(BASE, port=0, state_dir=tmp_path / "state")
-    srv.service.session_timeout_s = 25.0  # the SDK beats every 10 s
-    srv.start()
-    monkeypatch.setenv("TINKER_BASE_URL", srv.url)
-    monkeypatch.setenv("TINKER_API_KEY", "tml-local")
-    monkeypatch.setenv("TINKER_TELEMETRY", "0")
-    try:
-        yield srv
-    finally:
-        srv.close()
+    yield from sdk_server(tmp_path, monkeypatch, BASE, session_timeout_s=25.0)  # the SDK beats every 10 s
 
 
 def _post(url: str, path: str, body: object) -> dict[str, object]:
