@@ -1,6 +1,6 @@
 """``learner``: where and how the policy update runs (docs/distributed.md).
 
-What needs this machine (a visible GPU for ``device=cuda``, CUDA for ``precision=bf16``) is
+What needs this machine (a visible GPU for ``device=cuda``; native bf16 or CUDA for ``precision=bf16``) is
 checked by :func:`posttrain.loop.validate.validate_run`; :meth:`LearnerConfig.resolved_device`
 queries CUDA only when called (by the loop), never at load.
 """
@@ -34,7 +34,8 @@ class LearnerConfig(Section):
         "per rank (NCCL), an error when no GPU is visible")
     precision: Literal["fp32", "bf16"] = Field(
         default="fp32", description="bf16: mixed precision with float32 master weights (fsdp2: MixedPrecisionPolicy with "
-        "float32 gradient reduction; ddp: autocast); CUDA only, refused on CPU")
+        "float32 gradient reduction; single / ddp: autocast); on CPU single / ddp only, and only where the CPU has native "
+        "bf16 products (AVX512_BF16 or AMX-BF16), refused elsewhere")
     rank_timeout_s: float = Field(
         default=600.0, gt=0, description="a rank call (update, log-probs, state) that gets no reply for this long fails "
         "the run naming the silent ranks; a rank process that exits is detected within 0.5 s")

@@ -430,6 +430,8 @@ def build_learner(cfg: RunConfig, model: torch.nn.Module, *, grad_sync: Gradient
     (:class:`RankLearnerFactory`); ``model`` stays the driver's full CPU copy."""
     if grad_sync is None and cfg.learner.strategy != "single":
         return build_learner_ranks(cfg, model)
+    if autocast_dtype is None and cfg.learner.precision == "bf16":  # bf16 compute, float32 master weights
+        autocast_dtype = "bfloat16"
     return build_policy_learner(cfg, model, grad_sync=grad_sync, autocast_dtype=autocast_dtype)
 
 

@@ -152,8 +152,25 @@ def _check_learner_device(cfg: RunConfig) -> None:
         if lc.world_size > torch.cuda.device_count():
             raise ValueError(f"learner.world_size={lc.world_size} > {torch.cuda.device_count()} visible GPUs")
     if lc.precision == "bf16" and lc.resolved_device() != "cuda":
-        raise ValueError("learner.precision=bf16 is refused on CPU (mixed precision is supported on CUDA only): "
-                         "set learner.precision=fp32 or learner.device=cuda")
+        check_learner_cpu_bf16(lc.strategy)
+
+
+def check_learner_cpu_bf16(strategy: str, flags: frozenset[str] | None = None) -> str:
+    """``learner.precision=bf16`` on CPU: bf16 autocast over float32 master weights (Micikevicius et al. 2018,
+    arXiv:1710.03740, with bfloat16 instead of float16: no loss scaling), for ``strategy`` single or ddp.
+    Returns the native feature it runs on; ``ValueError`` (one line) for fsdp2 on CPU, or a CPU without native
+    bf16 products (AVX512_BF16 / AMX-BF16, :func:`posttrain.rollout.precision.native_bf16`), where bf16 runs
+    slower than fp32. ``flags``: the CPU's flags (default: this machine's)."""
+    from posttrain.rollout.precision import cpu_flags, native_bf16
+
+    if strategy == "fsdp2":
+        raise ValueError("learner.precision=bf16 with learner.strategy=fsdp2 needs learner.device=cuda (its "
+                         "MixedPrecisionPolicy is not run on CPU): use learner.strategy=single or ddp on CPU")
+    feature = native_bf16(cpu_flags() if flags is None else flags)
+    if feature is None:
+        raise ValueError("learner.precision=bf16 needs a CPU with native bf16 products (AVX512_BF16 or AMX-BF16) "
+                         "or learner.device=cuda; this CPU has neither: use learner.precision=fp32")
+    return feature
 
 
 def _check_vllm_env(cfg: RunConfig) -> None:

@@ -38,11 +38,19 @@ def test_cuda_without_a_gpu_is_a_one_line_error(monkeypatch: pytest.MonkeyPatch)
     assert cfg.learner.resolved_device() == "cpu"
 
 
-def test_bf16_is_refused_on_cpu_and_needs_float32_master_weights(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_cpu_bf16_is_refused_without_native_bf16_and_for_fsdp2(monkeypatch: pytest.MonkeyPatch) -> None:
+    import posttrain.rollout.precision as precision
+
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
-    assert "learner.precision=bf16 is refused on CPU" in _err(["learner.precision=bf16"])
-    assert "learner.precision=bf16 is refused on CPU" in _err(["learner.strategy=fsdp2", "learner.precision=bf16",
-                                                              "learner.device=cpu"])
+    monkeypatch.setattr(precision, "cpu_flags", lambda: frozenset({"avx2", "avx512f"}))  # no native bf16
+    assert "learner.precision=bf16 needs a CPU with native bf16" in _err(["learner.precision=bf16"])
+    assert "learner.precision=bf16 needs a CPU with native bf16" in _err(["learner.strategy=ddp",
+                                                                         "learner.precision=bf16"])
+    assert "learner.strategy=fsdp2 needs learner.device=cuda" in _err(
+        ["learner.strategy=fsdp2", "learner.precision=bf16", "learner.device=cpu"])
+    monkeypatch.setattr(precision, "cpu_flags", lambda: frozenset({"avx512f", "avx512_bf16"}))
+    cfg = load_run_config("grpo", ["learner.precision=bf16"])
+    assert cfg.learner.precision == "bf16"
 
 
 def test_rank_strategies_refuse_lora_and_bad_names() -> None:
