@@ -6,20 +6,29 @@ chat template, the loss on the assistant turns only (a pair's completion); held-
 ``sft.max_length`` tokens is refused, never truncated.
 
 One step takes ``sft.batch_size`` rows at the data cursor (a seeded permutation per pass over the training
-rows: :func:`~posttrain.loop.lifecycle.data_rows`) and takes one AdamW step of ``optim.*`` (schedule over the
-run's ``steps``, gradient clip, micro-batches of ``optim.microbatch_tokens`` tokens) through the learners'
-:class:`~posttrain.learner.trainer.Trainer` on the token-mean cross-entropy of the step's target tokens
-(:func:`~posttrain.algos.sft.sft_cross_entropy`). ``sft.packing`` lays the same rows out as blocks of
-``sft.max_length`` tokens (whole rows; position ids restart at each row, and transformers' packed-sequence
-mask keeps attention within a row) instead of padding each micro-batch to its longest row: the same loss,
-fewer padded tokens. The model stays in eval mode (no dropout), as in the preference trainers.
+rows: :func:`~posttrain.loop.lifecycle.data_rows`) and is a short program over the policy learner's primitives
+(:mod:`posttrain.learner.primitives`; a :class:`~posttrain.learner.actor.PolicyLearner` of ``optim.*``: AdamW,
+schedule over the run's ``steps``, gradient clip, micro-batches of ``optim.microbatch_tokens`` tokens)::
+
+    out = learner.forward_backward(step rows, SFTTokenLoss())   # padded; packed: forward_backward_custom
+    learner.optim_step()                                        # clip / skip / AdamW + schedule
+
+on the token-mean cross-entropy of the step's target tokens (:class:`SFTTokenLoss`, the math of
+:func:`~posttrain.algos.sft.sft_cross_entropy`; ``N`` the step's target-token count). Padded, the rows go
+through the primitives' plain forward (full-vocabulary ``log_softmax`` at temperature 1). ``sft.packing`` lays
+the same rows out as blocks of ``sft.max_length`` tokens (whole rows; position ids restart at each row, and
+transformers' packed-sequence mask keeps attention within a row): the same loss, fewer padded tokens. The
+primitives' plain forward takes no position ids, so a packed step runs this module's own forward
+(:class:`SFTStepLoss`, :func:`forward_logprobs`) through ``learner.forward_backward_custom``. The model stays
+in eval mode (no dropout), as in the preference trainers.
 
 Held-out rows are evaluated at step 0, every ``eval.every`` steps and at the end: ``heldout/loss`` (the
 token-mean NLL of their target tokens), ``heldout/token_accuracy`` (the share of target tokens that are the
 model's argmax) and ``heldout/tokens``. Step metrics: ``loss``, ``tokens``, ``rows``, the optimiser's,
 ``lr``, ``rows_seen``, ``step_seconds``. The run directory, checkpoints (``actor/`` loads with
 ``from_pretrained`` and ``posttrain eval``), ``resume=true`` and Ctrl-C are the shared lifecycle's
-(:mod:`posttrain.loop.lifecycle`).
+(:mod:`posttrain.loop.lifecycle`); the learner state is its optimiser's (``learner_state["sft"]``: the
+learners' :class:`~posttrain.learner.trainer.Trainer` state, as before the primitives).
 
 Keys: the run's ``steps`` counts the steps (``sft.steps`` is the RL warm-up's, refused here, as are ``sft.lr``
 and ``sft.examples``: ``optim.*`` is the optimiser); the keys this trainer never reads are refused at load
@@ -39,9 +48,12 @@ from posttrain.algos.sft import sft_cross_entropy, token_logprobs
 from posttrain.config import RunConfig
 from posttrain.envs.sft_data import EncodedRow, SFTRow, encode_row, load_sft_rows, pack_rows, split_rows
 from posttrain.errors import UserError
+from posttrain.learner.actor import PolicyLearner
+from posttrain.learner.microbatch import Microbatch as RowsMicrobatch
 from posttrain.learner.microbatch import split_by_token_budget
+from posttrain.learner.optim_step import StepTally
+from posttrain.learner.primitives import ForwardSpec, LossBatch, LossTerms
 from posttrain.learner.settings import BatchingSettings
-from posttrain.learner.trainer import Trainer
 from posttrain.loop.lifecycle import (
     Curve,
     RunLifecycle,
@@ -107,11 +119,13 @@ def microbatches(rows: Sequence[EncodedRow], *, packing: bool, max_length: int, 
 def forward_logprobs(model: torch.nn.Module, mb: Microbatch) -> tuple[torch.Tensor, torch.Tensor]:
     """``(lp, hit)`` ``[N, T]`` of a micro-batch: each token's log-prob under ``model`` given the tokens of its
     own row before it (:func:`~posttrain.algos.sft.token_logprobs`), and whether it is the model's argmax."""
-    logits = model(input_ids=mb.input_ids, attention_mask=mb.attention_mask, position_ids=mb.position_ids,
-                   use_cache=False).logits
-    hit = torch.zeros_like(mb.input_ids, dtype=torch.bool)
-    hit[:, 1:] = logits[:, :-1].argmax(-1) == mb.input_ids[:, 1:]
-    return token_logprobs(logits, mb.input_ids), hit
+    dev = next(model.parameters()).device
+    ids, am, pos = (None if t is None else t.to(dev) for t in (mb.input_ids, mb.attention_mask, mb.position_ids))
+    assert ids is not None
+    logits = model(input_ids=ids, attention_mask=am, position_ids=pos, use_cache=False).logits
+    hit = torch.zeros_like(ids, dtype=torch.bool)
+    hit[:, 1:] = logits[:, :-1].argmax(-1) == ids[:, 1:]
+    return token_logprobs(logits, ids), hit
 
 
 @dataclasses.dataclass(frozen=True)
@@ -131,8 +145,10 @@ class Layout:
 
 
 class SFTStepLoss:
-    """The :class:`~posttrain.learner.trainer.MinibatchLoss` of one step's rows: the token-mean cross-entropy
-    over the mini-batch's target tokens, accumulated over micro-batches; ``metrics`` (``loss``, ``tokens``,
+    """The loss of one step's rows on this module's forward (:func:`forward_logprobs`, position ids restarting
+    per packed row), for ``learner.forward_backward_custom`` (a
+    :class:`~posttrain.learner.trainer.MinibatchLoss`): :class:`SFTTokenLoss`'s token-mean cross-entropy over
+    the mini-batch's target tokens, accumulated over micro-batches; ``metrics`` (``loss``, ``tokens``,
     ``rows``) after :meth:`backward`."""
 
     def __init__(self, model: torch.nn.Module, rows: Sequence[EncodedRow], layout: Layout) -> None:
@@ -148,10 +164,63 @@ class SFTStepLoss:
         total = 0.0
         for mb in self.layout.split([self.rows[i] for i in rows]):
             lp, _ = forward_logprobs(self.model, mb)
-            loss = sft_cross_entropy(lp, mb.loss_mask, normaliser)
+            loss = sft_cross_entropy(lp, mb.loss_mask.to(lp.device), normaliser)
             loss.backward()  # type: ignore[no-untyped-call]
             total += float(loss.detach())
         self.metrics = {"loss": total, "tokens": normaliser, "rows": float(len(rows))}
+
+
+class SFTTokenLoss:
+    """The SFT cross-entropy as the learner's :class:`~posttrain.learner.primitives.TokenLoss`: on each
+    micro-batch, :func:`~posttrain.algos.sft.sft_cross_entropy` of the primitives' plain log-probs (full
+    vocabulary, temperature 1) and the ``loss_mask`` tensor, normalised by the mini-batch's ``num_tokens``
+    ``N``: ``L_mb = -sum_{mb} m * lp / N``. One step is one mini-batch of every row of the step, so ``N`` is the
+    step's target-token count and the micro-batch losses add up to the mean NLL over the step's assistant
+    (completion) tokens, each token weighing the same whatever its row's length."""
+
+    spec = ForwardSpec(sampler_replay=False, autocast=False)
+
+    def __call__(self, logprob: torch.Tensor, entropy: torch.Tensor | None, mb: RowsMicrobatch,
+                 batch: LossBatch) -> LossTerms:
+        """The micro-batch's share of the step's mean NLL (``logprob`` ``[b, t]``, 0 at column 0)."""
+        return LossTerms(loss=sft_cross_entropy(logprob, mb["loss_mask"], batch.num_tokens))
+
+    def metric_keys(self) -> tuple[list[str], list[str], list[str]]:
+        """No metric sums besides the loss."""
+        return [], [], []
+
+    def rows_without_gradient(self, batch: LossBatch, rows: Sequence[int]) -> list[int]:
+        """Every row has a target token (:func:`~posttrain.envs.sft_data.encode_row`): all are trained."""
+        return []
+
+
+def padded_batch(rows: Sequence[EncodedRow], pad_id: int, device: torch.device) -> LossBatch:
+    """``rows`` as one mini-batch on ``device``: ``input_ids`` / ``attention_mask`` / ``loss_mask`` ``[B, T]``
+    right-padded to the longest row, ``num_tokens`` their target tokens (the primitives micro-batch it by
+    ``optim.microbatch_tokens``, trimming each micro-batch to its longest row)."""
+    T = max(len(r.input_ids) for r in rows)
+    ids = torch.full((len(rows), T), pad_id, dtype=torch.long)
+    attn, mask = torch.zeros_like(ids), torch.zeros_like(ids)
+    for b, r in enumerate(rows):
+        n = len(r.input_ids)
+        ids[b, :n], attn[b, :n], mask[b, :n] = torch.tensor(r.input_ids), 1, torch.tensor(r.loss_mask)
+    tensors = {"input_ids": ids.to(device), "attention_mask": attn.to(device), "loss_mask": mask.to(device)}
+    return LossBatch(tensors, list(range(len(rows))), float(sum(r.targets for r in rows)))
+
+
+def sft_step(learner: PolicyLearner, rows: Sequence[EncodedRow], layout: Layout) -> dict[str, float | None]:
+    """One optimiser step on ``rows`` (module docstring): ``learner.forward_backward`` of their
+    :func:`padded_batch` with :class:`SFTTokenLoss` (packed: ``learner.forward_backward_custom`` with
+    :class:`SFTStepLoss`, the same loss on this module's forward), then ``learner.optim_step()``. Metrics:
+    ``loss`` (the step's mean NLL), ``tokens``, ``rows``, the optimiser's and ``lr`` (None: no step taken)."""
+    if layout.packing:
+        out = learner.forward_backward_custom(list(range(len(rows))), SFTStepLoss(learner.model, rows, layout))
+    else:
+        out = learner.forward_backward(padded_batch(rows, layout.pad_id, learner.device), SFTTokenLoss())
+    steps = StepTally()
+    steps.record(learner.optim_step())
+    return {"loss": out.loss, "tokens": float(sum(r.targets for r in rows)), "rows": float(len(rows)),
+            **steps.metrics(), "lr": steps.lr}
 
 
 @torch.no_grad()
@@ -160,7 +229,7 @@ def row_losses(model: torch.nn.Module, rows: Sequence[EncodedRow], layout: Layou
     out: list[tuple[float, int, int]] = [(0.0, 0, 0)] * len(rows)
     for mb in layout.split(rows):
         lp, hit = forward_logprobs(model, mb)
-        m = mb.loss_mask.bool()
+        m = mb.loss_mask.to(lp.device).bool()
         for r, b, s, e in mb.spans:
             keep = m[b, s:e]
             out[r] = (-float(lp[b, s:e][keep].double().sum()), int(keep.sum()), int(hit[b, s:e][keep].sum()))
@@ -237,18 +306,17 @@ class SFTProgram:
             train_enc, held_enc = encode_rows(cfg, tokenizer, train_rows), encode_rows(cfg, tokenizer, held_rows)
             layout = Layout(cfg.sft.packing, cfg.sft.max_length, cfg.optim.microbatch_tokens,
                             int(tokenizer.pad_token_id or 0))
-            trainer = Trainer(list(model.parameters()), optimizer_settings(cfg),
-                              BatchingSettings(microbatch_tokens=cfg.optim.microbatch_tokens, seed=cfg.seed))
+            learner = PolicyLearner(model, optim=optimizer_settings(cfg), batching=BatchingSettings(
+                microbatch_tokens=cfg.optim.microbatch_tokens, seed=cfg.seed))
             log.info("sft: %d training rows, %d held-out rows (%s)", len(train_enc), len(held_enc),
                      "packed" if cfg.sft.packing else "padded")
 
             def step(at: int, cursor: int) -> StepOutput:
                 idx = data_rows(len(train_enc), cfg.sft.batch_size, cursor, cfg.seed)
-                loss = SFTStepLoss(model, [train_enc[i] for i in idx], layout)
-                tally = trainer.train(len(idx), loss)
-                return StepOutput(cursor + len(idx), {**loss.metrics, **tally.steps.metrics(), "lr": tally.steps.lr})
+                return StepOutput(cursor + len(idx), sft_step(learner, [train_enc[i] for i in idx], layout))
 
-            parts = RunParts("sft", model, tokenizer, trainer)
+            # the checkpoint keeps the learner's optimiser state (the Trainer's keys) under "sft", as before
+            parts = RunParts("sft", model, tokenizer, learner.trainer)
             with RunLifecycle(cfg, run_dir, parts, curve=Curve("heldout/loss", "held-out loss")) as run:
                 return run.run(step, lambda _: heldout_metrics(model, held_enc, layout), progress=progress)
 
@@ -257,5 +325,5 @@ PROGRAM = SFTProgram()
 """The registry's entry point (``posttrain/config/trainers.py``: ``sft`` -> ``posttrain.loop.sft_training:PROGRAM``)."""
 
 
-__all__ = ["PROGRAM", "Layout", "Microbatch", "SFTProgram", "SFTStepLoss", "heldout_metrics", "load_rows",
-           "microbatches", "row_losses"]
+__all__ = ["PROGRAM", "Layout", "Microbatch", "SFTProgram", "SFTStepLoss", "SFTTokenLoss", "heldout_metrics",
+           "load_rows", "microbatches", "padded_batch", "row_losses", "sft_step"]

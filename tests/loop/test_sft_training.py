@@ -1,12 +1,17 @@
-"""``trainer: sft`` (posttrain/loop/sft_training.py over posttrain/loop/lifecycle.py): packing against padding,
-no attention across packed rows, micro-batch invariance, a tiny run whose held-out loss falls and whose checkpoint
-loads, SIGINT then resume equal to an uninterrupted run, and the checks before the run directory."""
+"""``trainer: sft`` (posttrain/loop/sft_training.py over the learner's primitives and posttrain/loop/lifecycle.py):
+packing against padding, no attention across packed rows, micro-batch invariance, the padded step through
+``learner.forward_backward`` equal to the packed step's own forward, a tiny run whose held-out loss falls and whose
+checkpoint loads, SIGINT (in-process, and a real signal to a ``posttrain train`` process) then resume equal to an
+uninterrupted run, and the checks before the run directory, down to the command's one-line errors."""
 
 from __future__ import annotations
 
 import json
 import os
 import signal
+import subprocess
+import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -16,23 +21,29 @@ import posttrain.loop.sft_training as sft_training
 from posttrain.cli import main
 from posttrain.config import RECIPES_DIR, ConfigError, RunConfig
 from posttrain.errors import UserError
+from posttrain.learner.actor import PolicyLearner
 from posttrain.learner.checkpoint import complete_checkpoints
-from posttrain.loop.builders import load_model
+from posttrain.learner.settings import BatchingSettings
+from posttrain.loop.builders import build_model, load_model
 from posttrain.loop.interrupt import interrupt_flag
 from posttrain.loop.sft_training import (
     PROGRAM,
     Layout,
     Microbatch,
     SFTStepLoss,
+    SFTTokenLoss,
     encode_rows,
     forward_logprobs,
     heldout_metrics,
     load_rows,
+    padded_batch,
     row_losses,
+    sft_step,
 )
 from posttrain.loop.validate import load_run_config
 from posttrain.models import build_char_tokenizer, build_tiny_model
-from tests._tolerance import assert_grads_close, shape_rtol
+from tests._cli_errors import one_error_line
+from tests._tolerance import assert_grads_close, shape_rtol, update_rel_diff
 
 DATA = RECIPES_DIR / "data" / "arithmetic_chat.jsonl"
 MICRO = ["model.path=builtin:micro", "logging.progress=false", "optim.lr=1e-2", "sft.batch_size=8"]
@@ -104,6 +115,39 @@ def test_step_loss_is_the_same_in_any_micro_batches(model: torch.nn.Module) -> N
     for g, m in rest:
         assert_grads_close(g, g0, shape_rtol(128))
         assert m["loss"] == pytest.approx(m0["loss"], rel=shape_rtol(128)) and m["tokens"] == m0["tokens"]
+
+
+def _grads(model: torch.nn.Module) -> dict[str, torch.Tensor]:
+    return {k: p.grad.clone() for k, p in model.named_parameters() if p.grad is not None}
+
+
+def test_padded_step_through_the_primitives_is_the_step_loss_of_the_local_forward() -> None:
+    """``learner.forward_backward(padded_batch, SFTTokenLoss)`` (the primitives' plain forward, micro-batched by
+    the learner) gives the loss and gradient of :class:`SFTStepLoss` on the module's own forward, in any
+    micro-batches; and :func:`sft_step` takes exactly one optimiser step through the learner."""
+    rows = _rows(8)
+    ref_model = build_tiny_model("micro", vocab_size=len(build_char_tokenizer()), seed=1)
+    ref = SFTStepLoss(ref_model, rows, Layout(False, 128, 100_000, 0))
+    ref.backward(range(8), ref.normaliser(range(8)))
+    g_ref = _grads(ref_model)
+    for budget in (100_000, 64):
+        model = build_tiny_model("micro", vocab_size=len(build_char_tokenizer()), seed=1)
+        learner = PolicyLearner(model, batching=BatchingSettings(microbatch_tokens=budget))
+        batch = padded_batch(rows, 0, learner.device)
+        assert batch.num_tokens == sum(r.targets for r in rows) and batch.shape[0] == 8
+        out = learner.forward_backward(batch, SFTTokenLoss())
+        assert out.loss == pytest.approx(ref.metrics["loss"], rel=shape_rtol(128)), budget
+        assert_grads_close(_grads(model), g_ref, shape_rtol(128), f"budget {budget}")
+    calls: list[str] = []
+    for name in ("forward_backward", "forward_backward_custom", "optim_step"):
+        real = getattr(learner, name)
+        setattr(learner, name, lambda *a, _r=real, _n=name, **k: (calls.append(_n), _r(*a, **k))[1])
+    learner.optimizer.zero_grad(set_to_none=True)
+    m = sft_step(learner, rows, Layout(False, 128, 64, 0))
+    m_packed = sft_step(learner, rows, Layout(True, 128, 256, 0))
+    assert calls == ["forward_backward", "optim_step", "forward_backward_custom", "optim_step"]
+    assert m["optimizer_steps"] == m_packed["optimizer_steps"] == 1.0 and learner.optimizer_steps == 2
+    assert m["tokens"] == sum(r.targets for r in rows) and m["rows"] == 8.0 and m["lr"] is not None
 
 
 def test_tiny_run_lowers_heldout_loss_and_its_checkpoint_loads(tmp_path: Path) -> None:
@@ -189,3 +233,105 @@ def test_cli_trains_the_shipped_recipe(tmp_path: Path, capsys: pytest.CaptureFix
     assert "done: 2 steps" in out and "held-out loss by step 0:" in out
     assert main(["train", "sft", f"run_dir={tmp_path / 'bad'}", "sft.data=/no/such.jsonl"]) == 2
     assert "/no/such.jsonl: no such SFT data file" in capsys.readouterr().err
+
+
+CHILD = """import sys, time
+import posttrain.loop.sft_training as S
+from posttrain.cli import main
+real, pause = S.data_rows, float(sys.argv[1])
+def slow(*a):
+    time.sleep(pause)  # a step long enough for the test to signal mid-run
+    return real(*a)
+S.data_rows = slow
+sys.exit(main(["train", "sft", *sys.argv[2:], "--no-progress"]))
+"""
+
+
+def _posttrain_train(pause: float, *args: str) -> subprocess.Popen[str]:
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2])}
+    return subprocess.Popen([sys.executable, "-c", CHILD, str(pause), *args], stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True, env=env)
+
+
+def _last_weights(run_dir: Path) -> dict[str, torch.Tensor]:
+    from safetensors.torch import load_file
+
+    actor = complete_checkpoints(run_dir / "checkpoints")[-1] / "actor"
+    return {k: v for p in sorted(actor.glob("*.safetensors")) for k, v in load_file(str(p)).items()}
+
+
+@pytest.mark.timeout(300)
+def test_a_real_sigint_to_posttrain_train_then_resume_equals_the_uninterrupted_run(tmp_path: Path) -> None:
+    """Done-when of issue 39: ``posttrain train sft`` (padded: the primitives' path) in its own process gets a
+    SIGINT mid-run (after step 3 is logged), exits 130 with its last checkpoint intact, and ``resume=true`` ends
+    with the metrics, held-out curve and weights of an uninterrupted run."""
+    common = [*MICRO, "steps=6", "eval.every=2", "checkpoint_every=2", "sft.packing=false"]
+    straight = PROGRAM.train(_cfg(tmp_path, *common, run="straight"), None)
+    run_dir = tmp_path / "run"
+    child = _posttrain_train(0.5, f"run_dir={run_dir}", *common)
+    deadline = time.monotonic() + 240
+    while not ((run_dir / "metrics.jsonl").exists() and any(r["step"] >= 3 for r in _metrics(run_dir))):
+        assert child.poll() is None and time.monotonic() < deadline, child.communicate()[0]
+        time.sleep(0.05)
+    child.send_signal(signal.SIGINT)
+    out = child.communicate(timeout=120)[0]
+    assert child.returncode == 130, out
+    assert "interrupted; the last checkpoint" in out and "resume=true" in out
+    stopped_at = max(r["step"] for r in _metrics(run_dir))
+    assert 3 <= stopped_at < 6 and complete_checkpoints(run_dir / "checkpoints"), stopped_at
+    resumed = _posttrain_train(0.0, f"run_dir={run_dir}", *common, "resume=true")
+    out = resumed.communicate(timeout=240)[0]
+    assert resumed.returncode == 0, out
+    assert "done: 6 steps" in out
+    a, b = _metrics(run_dir), _metrics(tmp_path / "straight")
+    assert [(r["step"], sorted(r)) for r in a] == [(r["step"], sorted(r)) for r in b]  # no gap, no duplicate
+    for x, y in zip(a, b, strict=True):
+        for k in ("loss", "heldout/loss", "heldout/token_accuracy", "grad_norm", "lr", "rows_seen", "tokens"):
+            if k in y:
+                assert x[k] == pytest.approx(y[k], rel=shape_rtol(128)), (x["step"], k)
+    assert [v for _, v in straight.curve] == pytest.approx(
+        [r["heldout/loss"] for r in a if "heldout/loss" in r], rel=shape_rtol(128))
+    start = build_model(_cfg(tmp_path, *common))[1].state_dict()  # the model as the runs built it
+    w, ref = _last_weights(run_dir), _last_weights(tmp_path / "straight")
+    assert update_rel_diff(w, ref, {k: start[k] for k in ref}) <= 10 * shape_rtol(128)
+
+
+def _with_bad_row(tmp_path: Path, rec: dict[str, object], at: int = 5) -> Path:
+    good = DATA.read_text().splitlines()
+    f = tmp_path / "chats.jsonl"
+    f.write_text("\n".join([*good[:at], json.dumps(rec), *good[at:40]]) + "\n")
+    return f
+
+
+@pytest.mark.parametrize(("rec", "needle"), [
+    ({"messages": [{"role": "user", "content": "hi"}, {"role": "assistant"}]},
+     "row 5: field 'messages': message 1: field 'content' is missing"),
+    ({"prompt": "2+2"}, "row 5: field 'completion' is missing"),
+    ({"messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": " "}]},
+     "row 5: field 'messages': message 1: empty assistant turn"),
+    ({"messages": [{"role": "user", "content": "x" * 200}, {"role": "assistant", "content": "y"}]},
+     "row 5: 204 tokens, over sft.max_length=128 (raise sft.max_length"),
+])
+def test_posttrain_train_refuses_a_bad_row_in_one_line_naming_file_row_and_key(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str], rec: dict[str, object], needle: str) -> None:
+    f = _with_bad_row(tmp_path, rec)
+    assert main(["train", "sft", f"run_dir={tmp_path / 'run'}", *MICRO, f"sft.data={f}", "--no-progress"]) == 2
+    line = one_error_line(capsys)
+    assert f"{f}: {needle}" in line, line
+    assert not (tmp_path / "run").exists()
+
+
+def test_posttrain_train_refuses_a_template_less_tokenizer_naming_file_row_and_model(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    tok = build_char_tokenizer()
+    build_tiny_model("micro", vocab_size=len(tok)).save_pretrained(tmp_path / "nochat")
+    tok.chat_template = None
+    tok.save_pretrained(tmp_path / "nochat")
+    capsys.readouterr()
+    for chat in ("auto", "false"):
+        assert main(["train", "sft", f"run_dir={tmp_path / 'run'}", *MICRO, f"model.path={tmp_path / 'nochat'}",
+                     f"task.chat_template={chat}", "--no-progress"]) == 2
+        line = one_error_line(capsys)
+        assert (f"{DATA.name}: row 0: a chat row, but the tokenizer of model.path={tmp_path / 'nochat'} has no chat "
+                "template") in line, line
+    assert not (tmp_path / "run").exists()
