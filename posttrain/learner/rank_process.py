@@ -2,9 +2,12 @@
 
 :class:`RankSpec` is pickled once to every rank; each builds its :class:`PolicyLearner` with its
 gradient hook (:mod:`posttrain.learner.distributed`), FSDP2-sharded for ``fsdp2``, then serves the
-driver's commands (:class:`~posttrain.learner.ranks.LearnerRanks`) over its pipe until ``close``.
-After an update the weights go to the driver as checksummed :class:`WeightBucket` s
-(:func:`bucket_plan`, :func:`weight_buckets`). The optimizer-state converters map the name-keyed
+driver's commands (:class:`~posttrain.learner.ranks.LearnerRanks`) over its pipe until ``close``: the
+table :data:`COMMANDS` — the learner's primitives (``prepare`` parks a batch's tensors on the device once,
+then each ``forward_backward`` names it with its rows and a pickled token loss; ``optim_step``;
+``minibatch_plan``; ``logprobs``), the RL ``update`` as one command, and the state / weight transfers.
+After an update (``update``, or an ``optim_step`` that ends one) the weights go to the driver as
+checksummed :class:`WeightBucket` s (:func:`bucket_plan`, :func:`weight_buckets`). The optimizer-state converters map the name-keyed
 full state of ``torch.distributed.checkpoint`` to the embedded learner's id-keyed format and back.
 """
 
@@ -13,9 +16,9 @@ from __future__ import annotations
 import dataclasses
 import os
 import pickle
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from multiprocessing.connection import Connection
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 import torch
 import torch.distributed as dist
@@ -23,8 +26,13 @@ import torch.distributed as dist
 from posttrain.learner.actor import PolicyLearner
 from posttrain.learner.distributed import DropRankShare, ProcessGroupSync, ShardedSync, init_process_group
 from posttrain.learner.grad_sync import GradientSync
+from posttrain.learner.primitives import ForwardBackwardOutput, LossBatch, TokenLoss
 from posttrain.learner.schedule import load_schedule_state, recipe_hyperparameters
 from posttrain.rollout.weight_transfer import WeightPacket, pack_state_dict
+from posttrain.trajectory.collate import TrajectoryBatch
+
+if TYPE_CHECKING:
+    from posttrain.learner.sharded_checkpoint import FileDigest
 
 
 class RankLearnerFactory(Protocol):
@@ -200,7 +208,10 @@ def _restore_rest(learner: PolicyLearner, state: Mapping[str, Any],
     """Scheduler, generator and counters from ``state``; with ``param_groups`` (no optimizer step
     taken yet) only the groups' hyper-parameters are restored and AdamW stays stateless:
     set_optimizer_state_dict would first initialise the state with a zero-lr step, leaving step=1,
-    which changes the bias correction of the first real step."""
+    which changes the bias correction of the first real step. A live optimizer that has stepped is emptied
+    then (as ``Optimizer.load_state_dict`` of a stateless state does on ddp ranks)."""
+    if param_groups is not None:
+        learner.optimizer.state.clear()
     for live, saved in zip(learner.optimizer.param_groups, param_groups or [], strict=param_groups is not None):
         live.update({k: v for k, v in saved.items() if k != "params"})
     load_schedule_state(learner.scheduler, state["scheduler"])
@@ -236,9 +247,124 @@ def _load_weights(learner: PolicyLearner, sd: Mapping[str, torch.Tensor], fsdp: 
         learner.model.load_state_dict(sd)
 
 
+@dataclasses.dataclass
+class _Rank:
+    """A serving rank: its learner and what the command handlers need besides the command's arguments.
+    ``parked``: the batch tensors a ``prepare`` left on the device, by batch id (at most one batch)."""
+
+    rank: int
+    learner: PolicyLearner
+    fsdp: bool
+    spec: RankSpec
+    conn: Connection
+    parked: dict[int, dict[str, torch.Tensor | None]] = dataclasses.field(default_factory=dict)
+
+
+def _ended_update(r: _Rank, payload: object) -> tuple[object, int, int, int] | None:
+    """After an optimiser step that ends an update: stream the weights (:func:`_stream_weights`) and answer
+    ``(payload, bucket count, version, optimizer steps)`` on rank 0 (None elsewhere)."""
+    r.parked.clear()  # the update's batch is done
+    n_buckets = _stream_weights(r.learner, r.fsdp, r.spec, r.conn, r.rank)
+    return (payload, n_buckets, r.learner.version, r.learner.optimizer_steps) if r.rank == 0 else None
+
+
+def _cmd_update(r: _Rank, batch: TrajectoryBatch, adv: torch.Tensor | None, old: torch.Tensor | None,
+                kl_coef: float) -> object:
+    r.learner.kl_coef = float(kl_coef)
+    return _ended_update(r, r.learner.update(batch, adv, old_logprob=old).metrics)
+
+
+def _cmd_prepare(r: _Rank, batch_id: int, tensors: Mapping[str, torch.Tensor | None]) -> None:
+    dev = r.learner.device
+    r.parked = {batch_id: {k: v.to(dev) if v is not None else None for k, v in tensors.items()}}
+
+
+def _cmd_forward_backward(r: _Rank, batch_id: int, rows: list[int], num_tokens: float,
+                          loss_bytes: bytes) -> ForwardBackwardOutput:
+    if batch_id not in r.parked:
+        raise ValueError(f"forward_backward of batch {batch_id}, but the parked batch is {sorted(r.parked)}")
+    loss: TokenLoss = pickle.loads(loss_bytes)
+    return r.learner.forward_backward(LossBatch(r.parked[batch_id], rows, num_tokens), loss)
+
+
+def _cmd_optim_step(r: _Rank, ends_update: bool) -> object:
+    outcome = r.learner.optim_step(ends_update=ends_update)
+    if ends_update:
+        return _ended_update(r, outcome)
+    return (outcome, 0, r.learner.version, r.learner.optimizer_steps) if r.rank == 0 else None
+
+
+def _cmd_logprobs(r: _Rank, batch: TrajectoryBatch) -> torch.Tensor | None:
+    lp = r.learner.compute_logprobs(batch)  # every rank: the shards' SUM is a collective
+    return lp if r.rank == 0 else None
+
+
+def _cmd_save_sharded(r: _Rank, directory: str) -> tuple[dict[str, FileDigest], dict[str, Any] | None]:
+    from posttrain.learner.sharded_checkpoint import save_sharded
+
+    files = save_sharded(r.learner.model, r.learner.optimizer, directory, r.rank)
+    return files, _sharded_core(r.learner) if r.rank == 0 else None
+
+
+#: The commands a rank serves: ``name -> handler(rank, *args)``; the handler's value is the reply.
+COMMANDS: dict[str, Callable[..., object]] = {
+    "update": _cmd_update,
+    "prepare": _cmd_prepare,
+    "forward_backward": _cmd_forward_backward,
+    "optim_step": _cmd_optim_step,
+    "minibatch_plan": lambda r, num_rows: r.learner.minibatch_plan(num_rows),
+    "logprobs": _cmd_logprobs,
+    "state": lambda r: _learner_state(r.learner, r.fsdp),
+    "load_state": lambda r, state: _load_learner_state(r.learner, state, r.fsdp),
+    "save_sharded": _cmd_save_sharded,
+    "load_sharded": lambda r, directory, state: _load_sharded_state(r.learner, directory, state),
+    "load_weights": lambda r, sd: _load_weights(r.learner, sd, r.fsdp),
+}
+
+
+def _build_rank(rank: int, world_size: int, port: int, conn: Connection, spec: RankSpec, host: str,
+                gpu_index: int | None) -> _Rank:
+    """Join the process group, move (and for ``fsdp2`` shard) the model, build the learner with its hook."""
+    cuda = spec.device == "cuda"
+    gpu = rank if gpu_index is None else gpu_index
+    if cuda:
+        torch.cuda.set_device(gpu)
+    init_process_group(rank, world_size, port=port, host=host, backend="nccl" if cuda else "gloo",
+                       timeout_s=spec.collective_timeout_s)
+    device = torch.device("cuda", gpu) if cuda else torch.device("cpu")
+    model = spec.model.to(device)
+    fsdp = spec.strategy == "fsdp2"
+    autocast = "bfloat16" if spec.precision == "bf16" and not fsdp else None
+    if fsdp:
+        _shard_fsdp(model, spec, device)
+        inner: ProcessGroupSync | ShardedSync = ShardedSync(device=device)
+    else:
+        inner = ProcessGroupSync()
+        inner.check_same_weights(model)
+    sync: GradientSync = inner if spec.drop_rank is None else DropRankShare(inner, spec.drop_rank)
+    learner = spec.learner_factory(model, grad_sync=sync, autocast_dtype=autocast)
+    return _Rank(rank, learner, fsdp, spec, conn)
+
+
+def _serve(r: _Rank) -> None:
+    """Answer the driver's commands (:data:`COMMANDS`) in order until ``close`` or the driver is gone."""
+    while True:
+        try:
+            cmd, args = pickle.loads(r.conn.recv_bytes())
+        except EOFError:  # the driver is gone
+            return
+        if cmd == "close":
+            r.conn.send_bytes(pickle.dumps(("ok", None)))
+            return
+        handler = COMMANDS.get(cmd)
+        if handler is None:
+            raise ValueError(f"unknown learner rank command {cmd!r}")
+        r.conn.send_bytes(pickle.dumps(("ok", handler(r, *args))))
+
+
 def rank_main(rank: int, world_size: int, port: int, conn: Connection, spec_bytes: bytes, *,
               host: str = "127.0.0.1", gpu_index: int | None = None, in_thread: bool = False) -> None:
-    """A rank: build the learner, then serve the driver's commands over ``conn`` until ``close``.
+    """A rank: build the learner, then serve the driver's commands (:data:`COMMANDS`) over ``conn`` until ``close``.
 
     The process group forms at ``host:port`` (rank 0's address). ``gpu_index``: the CUDA device of
     this rank (default ``rank``: every rank on one machine; a Ray actor sees only its own GPU, 0).
@@ -246,61 +372,10 @@ def rank_main(rank: int, world_size: int, port: int, conn: Connection, spec_byte
     reported and the function returns instead of ending the process."""
     spec: RankSpec = pickle.loads(spec_bytes)
     torch.set_num_threads(max(1, spec.threads))
-    cuda = spec.device == "cuda"
-    gpu = rank if gpu_index is None else gpu_index
     try:
-        if cuda:
-            torch.cuda.set_device(gpu)
-        init_process_group(rank, world_size, port=port, host=host, backend="nccl" if cuda else "gloo",
-                           timeout_s=spec.collective_timeout_s)
-        device = torch.device("cuda", gpu) if cuda else torch.device("cpu")
-        model = spec.model.to(device)
-        fsdp = spec.strategy == "fsdp2"
-        autocast = "bfloat16" if spec.precision == "bf16" and not fsdp else None
-        if fsdp:
-            _shard_fsdp(model, spec, device)
-            inner: ProcessGroupSync | ShardedSync = ShardedSync(device=device)
-        else:
-            inner = ProcessGroupSync()
-            inner.check_same_weights(model)
-        sync: GradientSync = inner if spec.drop_rank is None else DropRankShare(inner, spec.drop_rank)
-        learner = spec.learner_factory(model, grad_sync=sync, autocast_dtype=autocast)
+        r = _build_rank(rank, world_size, port, conn, spec, host, gpu_index)
         conn.send_bytes(pickle.dumps(("ok", os.getpid())))
-        while True:
-            try:
-                cmd, args = pickle.loads(conn.recv_bytes())
-            except EOFError:  # the driver is gone
-                break
-            if cmd == "close":
-                conn.send_bytes(pickle.dumps(("ok", None)))
-                break
-            out: Any = None
-            if cmd == "update":
-                batch, adv, old, kl_coef = args
-                learner.kl_coef = float(kl_coef)
-                metrics = learner.update(batch, adv, old_logprob=old).metrics
-                n_buckets = _stream_weights(learner, fsdp, spec, conn, rank)
-                if rank == 0:
-                    out = (metrics, n_buckets, learner.version, learner.optimizer_steps)
-            elif cmd == "logprobs":
-                lp = learner.compute_logprobs(args[0])
-                out = lp if rank == 0 else None
-            elif cmd == "state":
-                out = _learner_state(learner, fsdp)
-            elif cmd == "load_state":
-                _load_learner_state(learner, args[0], fsdp)
-            elif cmd == "save_sharded":
-                from posttrain.learner.sharded_checkpoint import save_sharded
-
-                files = save_sharded(learner.model, learner.optimizer, args[0], rank)
-                out = (files, _sharded_core(learner) if rank == 0 else None)
-            elif cmd == "load_sharded":
-                _load_sharded_state(learner, args[0], args[1])
-            elif cmd == "load_weights":
-                _load_weights(learner, args[0], fsdp)
-            else:
-                raise ValueError(f"unknown learner rank command {cmd!r}")
-            conn.send_bytes(pickle.dumps(("ok", out)))
+        _serve(r)
     except BaseException as e:  # noqa: BLE001 - reported to the driver, then this rank ends
         try:
             conn.send_bytes(pickle.dumps(("error", f"{type(e).__name__}: {e}".splitlines()[0][:500])))
@@ -333,5 +408,5 @@ def id_to_fqn_optimizer_state(osd: Mapping[str, Any], names: Sequence[str]) -> d
     return {"state": state, "param_groups": groups}
 
 
-__all__ = ["RankLearnerFactory", "RankSpec", "WeightBucket", "bucket_plan", "fqn_to_id_optimizer_state",
+__all__ = ["COMMANDS", "RankLearnerFactory", "RankSpec", "WeightBucket", "bucket_plan", "fqn_to_id_optimizer_state",
            "id_to_fqn_optimizer_state", "rank_main", "weight_buckets"]

@@ -20,6 +20,10 @@ through every transport. A transport may also *publish* them where other process
 (``RayRanks`` with ``system.ray.weight_sync=direct``: Ray's object store, written by the rank's
 actor); :meth:`RankTransport.published` hands out those references, which the engines load without
 the driver forwarding the bytes.
+
+Over any transport one command goes to every rank with :func:`send_all` and its replies come back with
+:func:`collect_replies` (waiting in 0.5 s slices, checking the ranks in between; a failing, ended or
+silent rank is a one-line :class:`LearnerRankError` naming it).
 """
 
 from __future__ import annotations
@@ -30,11 +34,13 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from multiprocessing.connection import Connection
 from multiprocessing.process import BaseProcess
-from typing import Protocol
+from typing import Any, Protocol
 
 from posttrain.learner.distributed import free_port
-from posttrain.learner.rank_process import rank_main
+from posttrain.learner.rank_process import WeightBucket, rank_main
 from posttrain.rollout.weight_transfer import PublishedBucket
+
+_POLL_S = 0.5  # liveness check interval while waiting for ranks
 
 RankMessage = tuple[str, object]
 """One decoded rank message: ``(status, value)``, status ``ok`` / ``error`` / ``bucket``."""
@@ -165,4 +171,64 @@ class SpawnedRanks:
         self.procs, self.conns = [], []
 
 
-__all__ = ["RankMessage", "RankTransport", "SpawnedRanks", "StartRanks", "exit_code_reason"]
+# ---------------------------------------------------------------------- one command, every rank
+class LearnerRankError(RuntimeError):
+    """A learner rank died, failed or stayed silent; the message names the rank(s)."""
+
+
+def rank_exit_reason(t: RankTransport, rank: int) -> str:
+    """Why ``rank`` ended (``still running`` when it did not), with where it ran when not on this machine."""
+    reason = t.exit_reason(rank) or "still running"
+    where = t.where().get(rank, "")
+    return reason if where == "this machine" or not where else f"{reason}; on {where}"
+
+
+def send_all(t: RankTransport, cmd: str, args: tuple[object, ...]) -> None:
+    """Send ``(cmd, args)`` (pickled once) to every rank; :class:`LearnerRankError` naming a rank that is gone."""
+    payload = pickle.dumps((cmd, args))
+    for r in range(t.world_size):
+        try:
+            t.send(r, payload)
+        except OSError:
+            raise LearnerRankError(f"learner rank {r} is gone ({rank_exit_reason(t, r)}) before {cmd}") from None
+
+
+def collect_replies(t: RankTransport, cmd: str, timeout_s: float,
+                    on_bucket: Callable[[WeightBucket], None] | None = None) -> list[Any]:
+    """Every rank's reply to ``cmd``, in rank order, waiting in ``_POLL_S`` slices and checking the ranks in
+    between. Rank 0's ``bucket`` messages meanwhile go to ``on_bucket`` (a bucket it refuses fails the call).
+    :class:`LearnerRankError` (one line, naming the rank) when a rank reports an error, ends, or stays silent
+    past ``timeout_s``; the caller then kills the ranks."""
+    n = t.world_size
+    replies: dict[int, Any] = {}
+    deadline = time.monotonic() + timeout_s
+    while len(replies) < n:
+        for r in t.ready([r for r in range(n) if r not in replies], _POLL_S):
+            try:
+                status, value = t.recv(r)
+            except EOFError:
+                raise LearnerRankError(f"learner rank {r} died during {cmd} ({rank_exit_reason(t, r)})") from None
+            if status == "bucket" and r == 0 and on_bucket is not None:
+                try:
+                    if not isinstance(value, WeightBucket):
+                        raise TypeError(f"a bucket message holds a {type(value).__name__}")
+                    on_bucket(value)
+                except Exception as e:  # noqa: BLE001 - a bad bucket ends the run (the driver copy is half-loaded)
+                    raise LearnerRankError(f"learner rank 0 sent a bad weight bucket during {cmd}: "
+                                           f"{type(e).__name__}: {e}".splitlines()[0][:500]) from None
+                continue
+            if status != "ok":
+                raise LearnerRankError(f"learner rank {r} failed during {cmd}: {value}")
+            replies[r] = value
+        for r in range(n):
+            if r not in replies and t.exit_reason(r) is not None:
+                raise LearnerRankError(f"learner rank {r} died during {cmd} ({rank_exit_reason(t, r)})")
+        if time.monotonic() > deadline and len(replies) < n:
+            silent = sorted(set(range(n)) - set(replies))
+            raise LearnerRankError(f"learner rank(s) {silent} did not answer {cmd} within {timeout_s:g}s "
+                                   "(learner.rank_timeout_s)")
+    return [replies[r] for r in range(n)]
+
+
+__all__ = ["LearnerRankError", "RankMessage", "RankTransport", "SpawnedRanks", "StartRanks", "collect_replies",
+           "exit_code_reason", "rank_exit_reason", "send_all"]

@@ -20,11 +20,17 @@ Each mini-batch is split over ranks by :func:`~posttrain.learner.distributed.bal
 inside a rank the rows are micro-batched by ``microbatch_tokens`` as always. FSDP's forward and
 backward are collectives, so a ``lockstep`` hook makes every rank run the same number of passes
 (a short rank pads with zero-weight passes; :func:`posttrain.learner.primitives.forward_backward`).
-The ranks run ``update`` (the RL program over their primitives) as one command; a driver-side
-:meth:`LearnerRanks.forward_backward` runs on the driver copy (the SFT warm-up's gradients, stepped by the
-warm-up's own optimiser), and :meth:`LearnerRanks.optim_step` is refused (the ranks step inside ``update``).
+The ranks serve the learner's primitives (:mod:`~posttrain.learner.primitives`; the command table
+:data:`~posttrain.learner.rank_process.COMMANDS`): :meth:`LearnerRanks.minibatch_plan` (every rank draws from
+an identically seeded generator: the in-process learner's plan), :meth:`LearnerRanks.forward_backward` (the
+batch's tensors parked on the ranks once, then each mini-batch's message is its rows, token count and
+pickled loss; gradients reduced among the ranks and kept there) and :meth:`LearnerRanks.optim_step`; so a
+trainer program runs on them unchanged. :meth:`LearnerRanks.update` is that RL program as ONE command
+(no message per mini-batch; the same result, tests/learner/test_rank_primitives.py). A loss with its own
+forward (``forward_backward_custom``) is refused. While the driver copy is in train mode (the SFT warm-up
+trains it with its own optimiser), ``forward_backward`` runs on the driver copy instead.
 
-After an update the ranks stream the weights to the driver in buckets of at most
+After an update (or an ``optim_step`` that ends one) the ranks stream the weights to the driver in buckets of at most
 ``weight_bucket_bytes`` (:func:`~posttrain.learner.rank_process.weight_buckets`; FSDP: each bucket's shards all-gathered with
 ``DTensor.full_tensor()``, one bucket at a time); rank 0 packs each with
 :func:`~posttrain.rollout.weight_transfer.pack_state_dict` (versioned, blake2b checksum) and the
@@ -50,16 +56,18 @@ This module is the driver's side; what a rank process runs is :mod:`posttrain.le
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import logging
 import pickle
 import time
 from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 import torch
 
 from posttrain.learner.grad_sync import LocalSync
+from posttrain.learner.microbatch import RowTensors
 from posttrain.learner.optim_step import StepOutcome
 from posttrain.learner.primitives import (
     ForwardBackwardOutput,
@@ -71,17 +79,19 @@ from posttrain.learner.primitives import (
 )
 from posttrain.learner.protocol import KLCoefficient
 from posttrain.learner.rank_process import RankLearnerFactory, RankSpec, WeightBucket
-from posttrain.learner.rank_transport import RankTransport, SpawnedRanks, StartRanks
+from posttrain.learner.rank_transport import (
+    LearnerRankError,
+    RankTransport,
+    SpawnedRanks,
+    StartRanks,
+    collect_replies,
+    send_all,
+)
 from posttrain.learner.trainer import MinibatchLoss
 from posttrain.rollout.weight_transfer import PublishedBucket, PublishedWeights
 from posttrain.trajectory.collate import TrajectoryBatch
 
-_POLL_S = 0.5  # liveness check interval while waiting for ranks
 log = logging.getLogger(__name__)
-
-
-class LearnerRankError(RuntimeError):
-    """A learner rank died, failed or stayed silent; the message names the rank(s)."""
 
 
 class LearnerRanks:
@@ -117,6 +127,8 @@ class LearnerRanks:
         self.last_weight_buckets = 0
         self._published: list[PublishedBucket] = []  # the last update's buckets in a shared store, if any
         self._on_bucket: Callable[[WeightBucket], None] | None = None  # set while an update streams its weights
+        self._parked: tuple[int, tuple[tuple[str, int], ...], RowTensors] | None = None  # the ranks' batch
+        self._batches = 0  # batch ids sent with prepare
         threads = max(1, torch.get_num_threads() // world_size)
         spec = RankSpec(model=model, learner_factory=learner_factory, strategy=strategy, device=device,
                         precision=precision, threads=threads, collective_timeout_s=rank_timeout_s,
@@ -144,65 +156,29 @@ class LearnerRanks:
             raise LearnerRankError("learner ranks are closed")
         return self.transport
 
-    def _send(self, cmd: str, *args: object) -> None:
-        payload = pickle.dumps((cmd, args))
-        t = self._live()
-        for r in range(self.world_size):
-            try:
-                t.send(r, payload)
-            except OSError:
-                self._fail(f"learner rank {r} is gone ({self._exit_reason(r)}) before {cmd}")
-
-    def _exit_reason(self, r: int) -> str:
-        t = self._live()
-        reason = t.exit_reason(r) or "still running"
-        where = t.where().get(r, "")
-        return reason if where == "this machine" or not where else f"{reason}; on {where}"
-
-    def _fail(self, msg: str) -> None:
+    def _fail(self, msg: str) -> NoReturn:
         self.close(kill=True)
         raise LearnerRankError(msg)
 
     def _collect(self, cmd: str, timeout_s: float) -> list[Any]:
-        """Every rank's reply to ``cmd``; a dead, failing or silent rank fails the call (ranks killed)."""
-        t = self._live()
-        n = self.world_size
-        replies: dict[int, Any] = {}
-        deadline = time.monotonic() + timeout_s
-        while len(replies) < n:
-            pending = [r for r in range(n) if r not in replies]
-            for r in t.ready(pending, _POLL_S):
-                try:
-                    status, value = t.recv(r)
-                except EOFError:
-                    self._fail(f"learner rank {r} died during {cmd} ({self._exit_reason(r)})")
-                if status == "bucket" and r == 0 and self._on_bucket is not None:
-                    try:
-                        if not isinstance(value, WeightBucket):
-                            raise TypeError(f"a bucket message holds a {type(value).__name__}")
-                        self._on_bucket(value)
-                    except Exception as e:  # noqa: BLE001 - a bad bucket ends the run (the driver copy is half-loaded)
-                        self._fail(f"learner rank 0 sent a bad weight bucket during {cmd}: "
-                                   f"{type(e).__name__}: {e}".splitlines()[0][:500])
-                    continue
-                if status != "ok":
-                    self._fail(f"learner rank {r} failed during {cmd}: {value}")
-                replies[r] = value
-            for r in range(n):
-                if r not in replies and t.exit_reason(r) is not None:
-                    self._fail(f"learner rank {r} died during {cmd} ({self._exit_reason(r)})")
-            if time.monotonic() > deadline and len(replies) < n:
-                silent = sorted(set(range(n)) - set(replies))
-                self._fail(f"learner rank(s) {silent} did not answer {cmd} within {timeout_s:g}s "
-                           "(learner.rank_timeout_s)")
-        return [replies[r] for r in range(n)]
+        """Every rank's reply to ``cmd`` (:func:`~posttrain.learner.rank_transport.collect_replies`); a dead,
+        failing or silent rank fails the call and every rank is killed."""
+        try:
+            return collect_replies(self._live(), cmd, timeout_s, self._on_bucket)
+        except LearnerRankError:
+            self.close(kill=True)
+            raise
 
     def _call(self, cmd: str, *args: object) -> list[Any]:
         if self.transport is None:
             raise LearnerRankError(f"learner ranks are closed ({cmd})")
         if cmd not in ("load_weights", "load_state", "load_sharded") and self._fingerprint() != self._synced:
             self.push_weights()
-        self._send(cmd, *args)
+        try:
+            send_all(self._live(), cmd, args)
+        except LearnerRankError:
+            self.close(kill=True)
+            raise
         return self._collect(cmd, self.rank_timeout_s)
 
     def push_weights(self) -> None:
@@ -227,9 +203,27 @@ class LearnerRanks:
         return out
 
     def forward_backward(self, batch: LossBatch, loss: TokenLoss) -> ForwardBackwardOutput:
-        """:func:`~posttrain.learner.primitives.forward_backward` on the driver copy (:attr:`model`, one process,
-        no mixed precision): its gradients are the driver's, for a phase that steps the driver copy with its own
-        optimiser (the SFT warm-up); the changed weights reach the ranks before their next call."""
+        """:meth:`PolicyLearner.forward_backward <posttrain.learner.actor.PolicyLearner.forward_backward>` on
+        the ranks: each runs its token-balanced shard of ``batch.rows``, the gradients are reduced by the
+        ranks' gradient hook and stay there until :meth:`optim_step`. Returns rank 0's loss and metrics (global
+        over ranks) and the log-probs of every rank's rows. The batch's tensors go to the ranks once (a
+        ``prepare`` when ``batch.tensors`` holds other tensor objects than the last batch's; they must not be
+        changed in place in between), then each call sends only the rows, ``num_tokens`` and the pickled loss
+        (:class:`LearnerRankError` naming the loss type when it does not pickle).
+
+        While the driver copy is in train mode — a phase that trains :attr:`model` itself with its own
+        optimiser: the SFT warm-up (:func:`~posttrain.learner.sft.run_sft`) — it runs on the driver copy
+        instead (one process, no mixed precision), the gradients landing in :attr:`model`; the changed
+        weights reach the ranks before their next call."""
+        if self.model.training:
+            return self._driver_forward_backward(batch, loss)
+        blob = _pickled_loss(loss)
+        batch_id = self._park(batch.tensors)
+        outs: list[ForwardBackwardOutput] = self._call("forward_backward", batch_id, list(batch.rows),
+                                                       float(batch.num_tokens), blob)
+        return _merged_output(outs)
+
+    def _driver_forward_backward(self, batch: LossBatch, loss: TokenLoss) -> ForwardBackwardOutput:
         ctx = ForwardContext(model=self.model, temperature=self.temperature, top_k=self.top_k, top_p=self.top_p,
                              microbatch_tokens=self.microbatch_tokens, entropy_chunk_size=None,
                              compute_dtype=_compute_dtype(self.model), autocast=contextlib.nullcontext,
@@ -237,93 +231,84 @@ class LearnerRanks:
                              params=[p for p in self.model.parameters() if p.requires_grad])
         return forward_backward(ctx, batch, loss)
 
+    def _park(self, tensors: RowTensors) -> int:
+        """The ranks' id of ``tensors``: sent once (``prepare``, replacing the batch parked before)."""
+        key = tuple((k, id(v)) for k, v in tensors.items())
+        if self._parked is None or self._parked[1] != key:
+            batch_id, self._parked = self._batches, None
+            self._batches += 1
+            self._call("prepare", batch_id, {k: v.detach().to("cpu") if v is not None else None
+                                             for k, v in tensors.items()})
+            self._parked = (batch_id, key, dict(tensors))  # the references keep the ids unique
+        return self._parked[0]
+
     def forward_backward_custom(self, rows: list[int], loss: MinibatchLoss) -> ForwardBackwardOutput:
-        """Refused: a loss with its own forward trains in one process (the trainers that use it refuse
-        ``learner.strategy``)."""
-        raise LearnerRankError("learner ranks run only the RL update; a custom loss needs the in-process learner")
+        """Refused: a :class:`~posttrain.learner.trainer.MinibatchLoss` runs its own forward on the model it
+        holds — the driver copy (e.g. the online pair loss) — with its data inside; pickled to a rank it would
+        train that copy, not the rank's (sharded) replica. The trainers that use it refuse ``learner.strategy``."""
+        raise LearnerRankError("learner ranks run token losses only (forward_backward); a custom loss "
+                               f"{type(loss).__name__} runs its own forward and needs the in-process learner")
 
     def minibatch_plan(self, num_rows: int) -> list[list[int]]:
-        """Refused: the ranks draw their mini-batches inside :meth:`update`."""
-        raise LearnerRankError("learner ranks draw their mini-batches inside update()")
+        """The mini-batches of one update (PolicyLearner.minibatch_plan): every rank draws from its shuffle
+        generator (all in the same state, seeded by ``batching.seed``), so the plan is the in-process
+        learner's for the same seed; rank 0's is returned after checking that every rank drew the same."""
+        plans: list[list[list[int]]] = self._call("minibatch_plan", int(num_rows))
+        if any(p != plans[0] for p in plans[1:]):
+            self._fail("learner ranks drew different mini-batch plans (their shuffle generators diverged)")
+        return plans[0]
 
     def optim_step(self, *, ends_update: bool = True) -> StepOutcome:
-        """Refused: the ranks hold the optimiser and step it inside :meth:`update` (one command per update)."""
-        raise LearnerRankError("learner ranks step their optimiser inside update(); optim_step is not sent over "
-                               "the rank transport (learner.strategy=ddp|fsdp2)")
+        """PolicyLearner.optim_step on every rank (clip / skip / AdamW + schedule over the gradients the
+        :meth:`forward_backward` calls reduced; zeroed after). ``ends_update``: :attr:`version` + 1 and the
+        ranks stream the new weights into the driver copy, checked as after :meth:`update`."""
+        if ends_update:
+            outcome, _ = self._streamed("optim_step", True)
+        else:
+            outcome, _, version, self.optimizer_steps = self._call("optim_step", False)[0]
+            if version != self.version:
+                self._fail(f"learner rank 0 reports version {version} after a step within update {self.version}")
+        assert isinstance(outcome, StepOutcome)
+        return outcome
 
     def update(self, batch: TrajectoryBatch, advantages: torch.Tensor | None = None, *,
                old_logprob: torch.Tensor | None = None, fuse_old: bool = False) -> UpdateOutput:
-        """One update on every rank (PolicyLearner.update's contract and metrics); then the driver copy
-        takes rank 0's gathered weights after checking their version and checksum."""
+        """One update on every rank (PolicyLearner.update's contract and metrics) as ONE command — the same
+        program as :meth:`minibatch_plan` / :meth:`forward_backward` / :meth:`optim_step` run from here, without
+        a message per mini-batch; then the driver copy takes rank 0's weights after checking their version and
+        checksum."""
         if fuse_old:
             raise ValueError("fuse_old is not available with learner ranks (can_fuse_old_logprob is False)")
-        import hashlib
-
-        mine = self.model.state_dict()
-        got: list[str] = []
-        got_checksums: list[str] = []  # per bucket, as verified here
-        received = [0]
-        stream_s = [0.0, 0.0]  # monotonic time of the first bucket's arrival, of the last bucket loaded
-        digest = hashlib.blake2b(digest_size=16)
-
-        def load_bucket(bucket: WeightBucket) -> None:
-            if received[0] == 0:
-                stream_s[0] = time.monotonic()
-            index, packet, checksum, version = bucket.index, bucket.packet, bucket.checksum, bucket.version
-            if index != received[0] or version != self.version + 1:
-                raise LearnerRankError(f"weight bucket {index} v{version} arrived, expected bucket {received[0]} "
-                                       f"v{self.version + 1}")
-            packet.verify(version=version, checksum=checksum, where=f"driver (weight bucket {index} from learner rank 0)")
-            sd = packet.tensors(read_only_views=True)  # only copied into the driver copy below
-            unexpected = sorted(k for k in sd if k not in mine or mine[k].shape != sd[k].shape)
-            if unexpected:
-                raise LearnerRankError(f"weight bucket {index} does not fit the model: {unexpected[:3]}")
-            with torch.no_grad():
-                for k, v in sd.items():
-                    mine[k].copy_(v)
-            got.extend(sd)
-            got_checksums.append(checksum)
-            received[0] += 1
-            stream_s[1] = time.monotonic()
-            digest.update(checksum.encode())
-
-        self._published = []  # the store may drop them once the new ones arrive
-        self._on_bucket = load_bucket
-        try:
-            metrics, n_buckets, version, steps = self._call(
-                "update", batch, advantages, old_logprob, self.current_kl_coef())[0]
-        finally:
-            self._on_bucket = None
-        if version != self.version + 1:
-            raise LearnerRankError(f"learner rank 0 reports version {version} after an update from {self.version}")
-        if n_buckets != received[0]:
-            raise LearnerRankError(f"learner rank 0 streamed {n_buckets} weight buckets, the driver got {received[0]}")
-        missing = set(mine) - set(got)
-        if len(got) != len(set(got)) or any(not _is_alias(mine, k) for k in missing):
-            raise LearnerRankError(f"learner rank 0 sent weights that do not cover the model: missing "
-                                   f"{sorted(missing)[:3]}")
-        self._synced = self._fingerprint()
-        self.version, self.optimizer_steps = version, steps
-        self._published = self._check_published(self._live().published(version), got_checksums)
-        self.last_weights_checksum = digest.hexdigest()
-        self.last_weight_buckets = int(n_buckets)
+        metrics, stream = self._streamed("update", batch, advantages, old_logprob, self.current_kl_coef())
         metrics = dict(metrics)
         metrics["learner/world_size"] = float(self.world_size)
         metrics["learner/weight_buckets"] = float(self.last_weight_buckets)
         metrics["learner/published_buckets"] = float(len(self._published))  # the engines fetch these themselves
-        metrics["time/learner_weight_stream_s"] = stream_s[1] - stream_s[0]  # ranks -> driver copy
+        metrics["time/learner_weight_stream_s"] = stream.seconds  # ranks -> driver copy
         if not self._placement_reported:  # once: the first update's metrics carry where the ranks run
             metrics.update(placement_metrics(self.placement))
             self._placement_reported = True
         return UpdateOutput(metrics)  # pi_old is never fused across processes; pi_theta is not gathered
 
-    def _check_published(self, buckets: list[PublishedBucket], checksums: list[str]) -> list[PublishedBucket]:
-        """The transport's published buckets of this update, when they are exactly the buckets the
-        driver copy loaded (same count, order, version and checksums); else a failure."""
-        if buckets and [(b.index, b.checksum) for b in buckets] != list(enumerate(checksums)):
-            raise LearnerRankError(f"learner rank 0 published weight buckets {[b.index for b in buckets]} that are not "
-                                   f"the {len(checksums)} buckets it streamed")
-        return buckets
+    def _streamed(self, cmd: str, *args: object) -> tuple[Any, WeightStream]:
+        """``cmd`` ends an update: rank 0 streams the new weights, the driver copy loads them
+        (:class:`WeightStream`); :attr:`version` / :attr:`optimizer_steps` follow rank 0. Returns the
+        command's own reply and the stream."""
+        stream = WeightStream(self.model.state_dict(), self.version + 1)
+        self._published = []  # the store may drop them once the new ones arrive
+        self._on_bucket = stream.load
+        try:
+            payload, n_buckets, version, steps = self._call(cmd, *args)[0]
+        finally:
+            self._on_bucket = None
+        self._parked = None  # the ranks dropped the update's batch
+        stream.finish(n_buckets, version)
+        self._synced = self._fingerprint()
+        self.version, self.optimizer_steps = version, steps
+        self._published = _check_published(self._live().published(version), stream.checksums)
+        self.last_weights_checksum = stream.digest.hexdigest()
+        self.last_weight_buckets = int(n_buckets)
+        return payload, stream
 
     def weights_for_rollout(self) -> Mapping[str, torch.Tensor]:
         """The driver copy's state dict (live tensors, as PolicyLearner.weights_for_rollout); when the
@@ -397,6 +382,88 @@ class LearnerRanks:
         t.close(0.0 if kill else 5.0)
 
 
+class WeightStream:
+    """The driver copy's side of one weight stream: :meth:`load` checks each :class:`WeightBucket` of rank 0
+    (its index in order, ``version``, the packet's checksum, names and shapes that fit ``mine``) and copies
+    it into ``mine`` (the driver copy's state dict); :meth:`finish` checks the count and that every weight
+    arrived. ``digest``: blake2b over the bucket checksums; ``seconds``: first arrival to last load."""
+
+    def __init__(self, mine: Mapping[str, torch.Tensor], version: int) -> None:
+        self.mine, self.version = mine, version
+        self.got: list[str] = []
+        self.checksums: list[str] = []  # per bucket, as verified here
+        self.digest = hashlib.blake2b(digest_size=16)
+        self._t = [0.0, 0.0]
+
+    @property
+    def seconds(self) -> float:
+        """Monotonic seconds from the first bucket's arrival to the last bucket loaded."""
+        return self._t[1] - self._t[0]
+
+    def load(self, bucket: WeightBucket) -> None:
+        """Check one bucket and copy it into the driver copy (a ``LearnerRankError`` / ``ValueError`` otherwise)."""
+        received = len(self.checksums)
+        if received == 0:
+            self._t[0] = time.monotonic()
+        index, packet, checksum, version = bucket.index, bucket.packet, bucket.checksum, bucket.version
+        if index != received or version != self.version:
+            raise LearnerRankError(f"weight bucket {index} v{version} arrived, expected bucket {received} "
+                                   f"v{self.version}")
+        packet.verify(version=version, checksum=checksum, where=f"driver (weight bucket {index} from learner rank 0)")
+        sd = packet.tensors(read_only_views=True)  # only copied into the driver copy below
+        unexpected = sorted(k for k in sd if k not in self.mine or self.mine[k].shape != sd[k].shape)
+        if unexpected:
+            raise LearnerRankError(f"weight bucket {index} does not fit the model: {unexpected[:3]}")
+        with torch.no_grad():
+            for k, v in sd.items():
+                self.mine[k].copy_(v)
+        self.got.extend(sd)
+        self.checksums.append(checksum)
+        self._t[1] = time.monotonic()
+        self.digest.update(checksum.encode())
+
+    def finish(self, n_buckets: int, version: int) -> None:
+        """Rank 0's reply after streaming: its version is the expected one, it sent ``n_buckets`` buckets,
+        all of them arrived, and they cover every weight (a tied weight once)."""
+        if version != self.version:
+            raise LearnerRankError(f"learner rank 0 reports version {version} after an update to {self.version}")
+        if n_buckets != len(self.checksums):
+            raise LearnerRankError(f"learner rank 0 streamed {n_buckets} weight buckets, the driver got "
+                                   f"{len(self.checksums)}")
+        missing = set(self.mine) - set(self.got)
+        if len(self.got) != len(set(self.got)) or any(not _is_alias(self.mine, k) for k in missing):
+            raise LearnerRankError(f"learner rank 0 sent weights that do not cover the model: missing "
+                                   f"{sorted(missing)[:3]}")
+
+
+def _pickled_loss(loss: TokenLoss) -> bytes:
+    """``loss`` pickled for the ranks; one-line :class:`LearnerRankError` naming its type when it does not pickle."""
+    try:
+        return pickle.dumps(loss)
+    except Exception as e:  # noqa: BLE001 - PicklingError, TypeError, AttributeError: all say the same here
+        raise LearnerRankError(f"the token loss {type(loss).__name__} cannot be sent to the learner ranks: "
+                               f"it does not pickle ({type(e).__name__}: {e})".splitlines()[0][:500]) from None
+
+
+def _merged_output(outs: list[ForwardBackwardOutput]) -> ForwardBackwardOutput:
+    """Rank 0's output (loss and metrics are reduced over the ranks) with every rank's log-probs: each rank's
+    ``logprob`` is NaN off the rows it forwarded, and a row is forwarded by one rank."""
+    lp = outs[0].logprob
+    for o in outs[1:]:
+        if lp is not None and o.logprob is not None:
+            lp = torch.where(torch.isnan(lp), o.logprob, lp)
+    return ForwardBackwardOutput(logprob=lp, loss=outs[0].loss, metrics=outs[0].metrics)
+
+
+def _check_published(buckets: list[PublishedBucket], checksums: list[str]) -> list[PublishedBucket]:
+    """The transport's published buckets of this update, when they are exactly the buckets the
+    driver copy loaded (same count, order, version and checksums); else a failure."""
+    if buckets and [(b.index, b.checksum) for b in buckets] != list(enumerate(checksums)):
+        raise LearnerRankError(f"learner rank 0 published weight buckets {[b.index for b in buckets]} that are not "
+                               f"the {len(checksums)} buckets it streamed")
+    return buckets
+
+
 def placement_metrics(placement: Mapping[int, str]) -> dict[str, float]:
     """``learner/nodes`` (distinct places) and ``learner/rank<r>_node``: each rank's place as an index
     into the sorted distinct places (two ranks share a node iff their indices are equal)."""
@@ -417,4 +484,4 @@ def _is_alias(sd: Mapping[str, torch.Tensor], key: str) -> bool:
     return any(k != key and v.data_ptr() == t.data_ptr() for k, v in sd.items())
 
 
-__all__ = ["LearnerRankError", "LearnerRanks", "placement_metrics"]
+__all__ = ["LearnerRankError", "LearnerRanks", "WeightStream", "placement_metrics"]
