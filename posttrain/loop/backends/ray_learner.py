@@ -207,8 +207,8 @@ class RayRanks:
     def _fetch(self, bucket: PublishedBucket) -> RankMessage:
         """A published bucket as the bucket message the driver copy loads (its packet fetched from the
         store: zero-copy on this node); the reference is kept for :meth:`published`."""
-        if self._published and self._published[0].version != bucket.version:
-            self._published = []
+        if self._published and (self._published[0].version != bucket.version or bucket.index == 0):
+            self._published = []  # a new stream: a new version, or the same version again (a restore to it)
         self._published.append(bucket)
         packet: WeightPacket = self._ray.get(bucket.box[0], timeout=self._fetch_timeout_s)
         return "bucket", WeightBucket(bucket.index, packet, bucket.checksum, bucket.version)
