@@ -24,5 +24,6 @@ def test_a_second_stream_of_the_same_version_replaces_the_first() -> None:
     assert [b.index for b in ranks.published(1)] == [0, 1]
     stream(2, 1)
     assert [b.index for b in ranks.published(2)] == [0] and ranks.published(1) == []
-    stream(1, 2)  # restored to version 0, stepped to version 1 again
-    assert [b.index for b in ranks.published(1)] == [0, 1]
+    stream(3, 2)
+    stream(3, 2)  # restored to version 2, stepped to version 3 again: the same version streamed twice
+    assert [b.index for b in ranks.published(3)] == [0, 1]
