@@ -5,7 +5,9 @@ The RL recipe's policy samples ``K`` answers to each of ``N`` of its training pr
 them, and the correct ones (at most ``M`` per prompt, distinct first) become ``DIR/sft.jsonl`` for
 ``posttrain train sft sft.data=DIR/sft.jsonl``; every sample and its verdict goes to ``DIR/ledger/``, the counts
 to ``DIR/summary.json`` (:mod:`posttrain.loop.rejection_sampling`). An existing non-empty ``DIR`` is refused
-unless ``--force``.
+unless ``--resume`` (go on with the pass in it: the steps in its ledger are read back, not sampled again; the same
+recipe, overrides, ``--k`` and ``--keep-per-prompt``; ``--prompts`` may grow) or ``--force`` (start over). Ctrl-C
+ends with exit code 130 and one line naming the command that continues the pass.
 """
 
 from __future__ import annotations
@@ -16,6 +18,8 @@ import shlex
 import sys
 from collections.abc import Mapping
 from pathlib import Path
+
+from posttrain.commands.train import EXIT_INTERRUPTED
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -28,22 +32,31 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p.add_argument("--keep-per-prompt", type=int, default=1,
                    help="at most this many correct samples kept per prompt, distinct texts first (default 1)")
     p.add_argument("--out", required=True, help="output directory (ledger/, sft.jsonl, summary.json)")
-    p.add_argument("--force", action="store_true", help="write into an existing non-empty --out")
+    p.add_argument("--resume", action="store_true",
+                   help="go on with the pass in --out (interrupted, or with more --prompts): the steps in its ledger "
+                        "are read back, not sampled again; the same recipe, overrides, --k and --keep-per-prompt")
+    p.add_argument("--force", action="store_true", help="start over in an existing non-empty --out")
     p.add_argument("--no-progress", action="store_true", help="no progress lines")
     p.set_defaults(func=run)
 
 
-def check_out_dir(out: Path, force: bool) -> None:
+def check_out_dir(out: Path, force: bool, resume: bool = False) -> None:
     """``ValueError`` when ``out`` exists and is not an empty directory (a file, or a directory holding
-    anything) and ``force`` is not set: a second pass must not mix its ledger steps with an earlier one's."""
+    anything) and neither ``force`` nor ``resume`` is set: a second pass must not mix its ledger steps with an
+    earlier one's (``resume`` goes on with that pass: :func:`~posttrain.loop.rejection_sampling.resume_point`
+    checks it is the same); both set is refused."""
+    if force and resume:
+        raise ValueError("--resume and --force contradict: --resume goes on with the pass in --out, --force starts over")
     if out.exists() and not out.is_dir():
         raise ValueError(f"--out {out} is a file, not a directory")
-    if out.is_dir() and any(out.iterdir()) and not force:
-        raise ValueError(f"--out {out} exists and is not empty; choose a new directory or pass --force")
+    if out.is_dir() and any(out.iterdir()) and not (force or resume):
+        raise ValueError(f"--out {out} exists and is not empty; continue its pass with --resume, start over with "
+                         "--force, or choose a new directory")
 
 
 def run(args: argparse.Namespace) -> int:
-    """Load the recipe, check ``--out``, sample, print the summary as JSON; 0."""
+    """Load the recipe, check ``--out``, sample (or resume), print the summary as JSON; 0, or 130 after Ctrl-C
+    with one line naming the ``--resume`` command."""
     from posttrain.loop.rejection_sampling import rejection_sample
     from posttrain.loop.validate import load_run_config
 
@@ -51,12 +64,12 @@ def run(args: argparse.Namespace) -> int:
         if v < 1:
             raise ValueError(f"{flag} must be >= 1, got {v}")
     out = Path(args.out)
-    check_out_dir(out, args.force)
+    check_out_dir(out, args.force, args.resume)
     cfg = load_run_config(args.recipe, args.overrides)
     if args.force and out.is_dir():
         import shutil
 
-        for old in ("ledger", "sft.jsonl", "summary.json"):  # the files of an earlier pass; nothing else
+        for old in ("ledger", "sft.jsonl", "summary.json", "request.json"):  # an earlier pass's files; nothing else
             p = out / old
             if p.is_dir():
                 shutil.rmtree(p)
@@ -71,8 +84,13 @@ def run(args: argparse.Namespace) -> int:
             print(f"posttrain sample: step {step}/{steps}: {counts['samples']} sampled, {counts['correct']} correct, "
                   f"{counts['kept']} kept", file=sys.stderr, flush=True)
 
-    summary = rejection_sample(cfg, out, k=args.k, prompts=args.prompts, keep_per_prompt=args.keep_per_prompt,
-                               command=command, progress=progress)
+    try:
+        summary = rejection_sample(cfg, out, k=args.k, prompts=args.prompts, keep_per_prompt=args.keep_per_prompt,
+                                   command=command, progress=progress, resume=args.resume)
+    except KeyboardInterrupt:
+        print(f"posttrain sample: interrupted; the steps in {out / 'ledger'} are kept, continue with: {command} "
+              "--resume", file=sys.stderr)
+        return EXIT_INTERRUPTED
     print(json.dumps(summary.as_json(), indent=2))
     if summary.kept:
         print(f"wrote {out / 'sft.jsonl'} ({summary.kept} rows); next: posttrain train sft "

@@ -20,9 +20,24 @@ Output directory::
     ledger/metrics/step_000001.parquet        per-step counts (samples, kept, status/<name>)
     sft.jsonl                                 {"prompt", "completion", "source": traj_id} per kept sample
     summary.json                              prompts, samples, kept, per-status counts, pass rate, the command
+    request.json                              the resolved recipe and k / prompts / keep_per_prompt of the pass
 
 A step of the ledger is one draw of ``sampling.prompts_per_step`` prompts (the last may be smaller), as an RL
-step draws them.
+step draws them. ``sft.jsonl`` and ``summary.json`` are written once every step is in the ledger, so a directory
+holding ``summary.json`` is a complete pass.
+
+**Resume** (``resume=True``, ``posttrain sample --resume``): a pass stopped part-way (Ctrl-C, a crash) goes on
+from the first step whose metrics file is missing (metrics are written after their step's trajectories, so a
+step cut between the two is sampled again; its trajectories file is moved to ``ledger/discarded/``, as a resumed
+run's later steps are, :meth:`~posttrain.trajectory.Ledger.discard_after`). The steps before it are read back from the
+ledger, not sampled again: their kept rows, verdict counts and the texts already kept per prompt (the cap and
+the distinctness of :func:`select_kept` run across steps as in one pass). Each step's sampling seed is its own
+(``seed * 1_000_003 + step * 101``), so a resumed pass writes what an uninterrupted one writes (the builtin
+engine's samples, within float rounding of the thread count). Refused in one line: a directory without
+``request.json`` that holds a ledger, another recipe (:func:`~posttrain.loop.run_dir.recipe_diff` of the
+resolved configs: ``steps``, ``run_dir`` and the placement-only keys may differ), another ``k`` or
+``keep_per_prompt``, or a ``prompts`` that redraws a step already sampled (more prompts are fine: the pass is
+extended, provided its last step was full).
 """
 
 from __future__ import annotations
@@ -47,6 +62,9 @@ if TYPE_CHECKING:
 PROMPT_SEED_STRIDE = 7_919
 """The run's prompt seed is ``seed * PROMPT_SEED_STRIDE + cursor`` (:meth:`posttrain.loop.run.Run.next_prompts`)."""
 
+REQUEST_FILE = "request.json"
+"""What a pass was asked (the resolved recipe and the counts): a resume checks it is asked the same."""
+
 
 @dataclasses.dataclass(frozen=True)
 class SampleSummary:
@@ -54,7 +72,8 @@ class SampleSummary:
 
     ``pass_rate = correct / (samples - infra_error)``: the share of judged samples that are correct (an
     infra error says nothing about the policy); ``kept <= correct`` (``keep_per_prompt`` caps each prompt,
-    and a correct sample whose text is blank cannot be an SFT row: ``blank_correct``)."""
+    and a correct sample whose text is blank cannot be an SFT row: ``blank_correct``). ``wall_s`` is the last
+    invocation's; ``resumed_after_step``: the ledger steps it read back instead of sampling (0: none)."""
 
     prompts: int
     samples: int
@@ -67,6 +86,7 @@ class SampleSummary:
     keep_per_prompt: int
     wall_s: float
     command: str
+    resumed_after_step: int = 0
 
     def as_json(self) -> dict[str, Any]:
         """The summary as a JSON object (``summary.json``)."""
@@ -148,13 +168,123 @@ def _write_atomic(path: Path, text: str) -> None:
     os.replace(tmp, path)
 
 
+def step_plan(prompts: int, prompts_per_step: int) -> list[tuple[int, int]]:
+    """``(cursor, n)`` of each ledger step of a pass over ``prompts`` prompts: ``n = min(prompts_per_step,
+    prompts - cursor)`` prompts at data cursor ``cursor = (step - 1) * prompts_per_step``."""
+    return [(c, min(prompts_per_step, prompts - c)) for c in range(0, prompts, prompts_per_step)]
+
+
+def sample_request(cfg: RunConfig, *, k: int, prompts: int, keep_per_prompt: int) -> dict[str, Any]:
+    """What a pass is asked, as ``request.json`` holds it: ``{"config": the resolved recipe (JSON), "k",
+    "prompts", "keep_per_prompt"}`` (the config through a JSON round trip, so it compares equal to a read one)."""
+    config = json.loads(json.dumps(cfg.model_dump(mode="json")))
+    return {"config": config, "k": k, "prompts": prompts, "keep_per_prompt": keep_per_prompt}
+
+
+def resume_point(out: Path, request: Mapping[str, Any], plan: Sequence[tuple[int, int]]) -> int:
+    """How many ledger steps of the pass in ``out`` a resume asked ``request`` (:func:`sample_request`, with
+    steps ``plan``: :func:`step_plan`) reads back: the longest run ``1..d`` of steps with a metrics file. 0 for a
+    directory without a ledger or ``request.json``. ``ValueError`` (one line naming ``out``, the key and both
+    values) when a ledger has no ``request.json``, the recipe differs (:func:`~posttrain.loop.run_dir.recipe_diff`),
+    ``k`` or ``keep_per_prompt`` differ, or ``plan`` draws another number of prompts at a step already sampled."""
+    from posttrain.loop.run_dir import recipe_diff
+
+    ledger = Ledger(out / "ledger")
+    path = out / REQUEST_FILE
+    if not path.is_file():
+        if ledger.steps() or ledger.steps("metrics"):
+            raise ValueError(f"--out {out} holds a ledger but no {REQUEST_FILE} (not a pass this version can resume); "
+                             "pass --force to start over")
+        return 0
+    try:
+        old = json.loads(path.read_text(encoding="utf-8"))
+        if not isinstance(old, dict):
+            raise ValueError("not a JSON object")
+    except (OSError, ValueError) as e:
+        raise ValueError(f"{path}: unreadable ({e}); pass --force to start over") from None
+    for key, flag in (("k", "--k"), ("keep_per_prompt", "--keep-per-prompt")):
+        if old.get(key) != request[key]:
+            raise ValueError(f"--out {out} was sampled with {flag} {old.get(key)}, this command has {flag} "
+                             f"{request[key]}; resume with the same {flag}, or pass --force to start over")
+    diff = recipe_diff(old.get("config") or {}, request["config"])
+    if diff:
+        shown = "; ".join(diff[:3]) + ("; ..." if len(diff) > 3 else "")
+        raise ValueError(f"--out {out} was sampled with another recipe ({shown}); resume with that pass's recipe "
+                         "and overrides, or pass --force to start over")
+    metrics = {int(m["step"]): m for m in ledger.read_metrics()}
+    done = 0
+    while done + 1 in metrics:
+        done += 1
+    if done > len(plan):
+        raise ValueError(f"--out {out} holds {done} sampled steps, --prompts {request['prompts']} draws {len(plan)}; "
+                         f"resume with --prompts {old.get('prompts')}")
+    for step in range(1, done + 1):
+        had, n = int(metrics[step]["prompts"]), plan[step - 1][1]
+        if had != n:
+            raise ValueError(f"--prompts {request['prompts']} draws {n} prompts at step {step}, the ledger of --out "
+                             f"{out} holds {had} there (a pass is extended only after a full step); resume with "
+                             f"--prompts {old.get('prompts')}")
+    return done
+
+
+@dataclasses.dataclass
+class _Tally:
+    """A pass so far, sampled now or read back from its ledger: verdict counts, kept SFT rows, the texts kept
+    per prompt (for :func:`select_kept`'s ``already``), samples, correct-but-blank samples."""
+
+    statuses: Counter[str] = dataclasses.field(default_factory=Counter)
+    kept_texts: dict[str, list[str]] = dataclasses.field(default_factory=dict)
+    rows: list[dict[str, Any]] = dataclasses.field(default_factory=list)
+    samples: int = 0
+    blank: int = 0
+
+    def add(self, examples: Sequence[TaskExample], texts: Sequence[str], statuses: Sequence[Status],
+            keep: Sequence[bool], traj_ids: Sequence[str]) -> Counter[str]:
+        """Count one step's samples (``examples[i]`` the prompt of sample ``i``); the step's status counts."""
+        for ex, text, kp, tid in zip(examples, texts, keep, traj_ids, strict=True):
+            if kp:
+                self.kept_texts.setdefault(ex.prompt_id, []).append(text)
+                self.rows.append(sft_row(ex, text, tid))
+        counts = Counter(x.value for x in statuses)
+        self.statuses.update(counts)
+        self.blank += sum(x is Status.CORRECT and not t.strip() for x, t in zip(statuses, texts, strict=True))
+        self.samples += len(texts)
+        return counts
+
+    def progress(self) -> dict[str, int]:
+        """The counts a progress line shows."""
+        return {"samples": self.samples, "kept": len(self.rows), "correct": self.statuses[Status.CORRECT.value]}
+
+
+def _read_back(out: Path, cfg: RunConfig, task: Task, plan: Sequence[tuple[int, int]], done: int, k: int) -> _Tally:
+    """The :class:`_Tally` of ledger steps ``1..done`` of ``out``: each step's prompts drawn again
+    (:func:`train_prompts`, deterministic) and matched by id to its trajectories (``ValueError`` naming the step
+    when they are not the same prompts, ``k`` samples each); text = ``meta.response``, kept = ``meta.kept``."""
+    tally = _Tally()
+    ledger = Ledger(out / "ledger")
+    for step in range(1, done + 1):
+        exs = train_prompts(cfg, task, plan[step - 1][1], plan[step - 1][0])
+        by_id = {ex.prompt_id: ex for ex in exs}
+        trajs = ledger.read_trajectories([step])
+        statuses = [t.status for t in trajs if t.status is not None]
+        if Counter(t.prompt_id for t in trajs) != Counter({pid: k for pid in by_id}) or len(statuses) != len(trajs):
+            raise ValueError(f"--out {out}: ledger step {step} holds other prompts than the recipe draws there, or "
+                             f"samples without a verdict ({len(trajs)} samples); pass --force to start over")
+        tally.add([by_id[t.prompt_id] for t in trajs], [str(t.meta["response"]) for t in trajs], statuses,
+                  [bool(t.meta["kept"]) for t in trajs], [t.traj_id for t in trajs])
+    return tally
+
+
 def rejection_sample(cfg: RunConfig, out: Path, *, k: int, prompts: int, keep_per_prompt: int, command: str = "",
-                     progress: Callable[[int, int, Mapping[str, int]], None] | None = None) -> SampleSummary:
+                     progress: Callable[[int, int, Mapping[str, int]], None] | None = None,
+                     resume: bool = False) -> SampleSummary:
     """Sample ``k`` completions for each of ``prompts`` training prompts of run config ``cfg`` (a single-turn RL
     recipe), judge them with the run's verifier, keep the correct ones (:func:`select_kept`) and write ``out``
-    (module docstring). ``progress(step, steps, counts)`` after each ledger step. ``ValueError`` (one line) for a
-    recipe that samples no task, an ``env.name`` (multi-turn) recipe, a prompt that does not fit the model, or a
-    training prompt found in a held-out set (:func:`refuse_heldout`)."""
+    (module docstring). ``resume``: go on with the pass already in ``out`` (module docstring, "Resume";
+    :func:`resume_point`). ``progress(step, steps, counts)`` after each ledger step (and once after the steps read
+    back). ``ValueError`` (one line) for a recipe that samples no task, an ``env.name`` (multi-turn) recipe, a
+    prompt that does not fit the model, a training prompt found in a held-out set (:func:`refuse_heldout`), or a
+    resume :func:`resume_point` refuses."""
     import torch
 
     from posttrain.config.trainers import trainer_entry
@@ -175,12 +305,22 @@ def rejection_sample(cfg: RunConfig, out: Path, *, k: int, prompts: int, keep_pe
         raise ValueError(f"env.name={cfg.env.name}: multi-turn episodes are not rejection-sampled yet; "
                          "use a single-turn task")
     t0 = time.perf_counter()
+    s = cfg.sampling
+    plan = step_plan(prompts, s.prompts_per_step)
+    request = sample_request(cfg, k=k, prompts=prompts, keep_per_prompt=keep_per_prompt)
+    done = resume_point(out, request, plan) if resume else 0
+    out.mkdir(parents=True, exist_ok=True)
+    if resume:  # a step cut between its trajectories and its metrics: moved aside (the ledger is append-only)
+        Ledger(out / "ledger").discard_after(done)
+    _write_atomic(out / REQUEST_FILE, json.dumps(request, indent=1) + "\n")
+    if done < len(plan):  # written again at the end: until then the directory says it is not a complete pass
+        for name in ("sft.jsonl", "summary.json"):
+            (out / name).unlink(missing_ok=True)
     torch.manual_seed(cfg.seed)
     tok, model = build_model(cfg)
     task = build_task(cfg)
     renderer = build_renderer(cfg, tok)
     heldout = heldout_problems(cfg, task)
-    s = cfg.sampling
     # the builtin engine in this process, computing as the run's builtin engine does (as `posttrain eval`)
     precision = cfg.rollout.precision if cfg.rollout.engine == "builtin" else "auto"
     engine = build_engine(engine_copy(model, precision), tok)
@@ -188,15 +328,13 @@ def rejection_sample(cfg: RunConfig, out: Path, *, k: int, prompts: int, keep_pe
     verify = build_learned_rewards(cfg.reward, pool.verify_batch)
     spec = ScoringSpec.of(cfg.reward)
     ledger = Ledger(out / "ledger")
-    statuses: Counter[str] = Counter()
-    kept_texts: dict[str, list[str]] = {}
-    rows: list[dict[str, Any]] = []
-    samples = blank = 0
-    steps = -(-prompts // s.prompts_per_step)
+    tally = _read_back(out, cfg, task, plan, done, k)
+    if done and progress is not None:
+        progress(done, len(plan), tally.progress())
     try:
-        for step in range(1, steps + 1):
-            cursor = (step - 1) * s.prompts_per_step
-            exs = train_prompts(cfg, task, min(s.prompts_per_step, prompts - cursor), cursor)
+        for step in range(done + 1, len(plan) + 1):
+            cursor, n = plan[step - 1]
+            exs = train_prompts(cfg, task, n, cursor)
             refuse_heldout(exs, heldout, cfg.task.name)
             check_prompts(exs, tok, max_context=getattr(model.config, "max_position_embeddings", None),
                           max_new_tokens=s.max_new_tokens, renderer=renderer)
@@ -206,31 +344,26 @@ def rejection_sample(cfg: RunConfig, out: Path, *, k: int, prompts: int, keep_pe
                                renderer=renderer, verifier=task.verifier, tokenizer=tok, verify_batch=verify)
             st = [v.status for v in played.verdicts]
             pids = [ex.prompt_id for ex in played.examples]
-            keep = select_kept(st, pids, played.texts, keep_per_prompt, kept_texts)
+            keep = select_kept(st, pids, played.texts, keep_per_prompt, tally.kept_texts)
             metas: list[dict[str, JSONScalar]] = [{**renderer.record(ex), "kept": kp}
                                                   for ex, kp in zip(played.examples, keep, strict=True)]
             trajs = played.trajectories(verifier=task.verifier, spec=spec, metas=metas)
-            for t, ex, text, kp in zip(trajs, played.examples, played.texts, keep, strict=True):
-                if kp:
-                    kept_texts.setdefault(ex.prompt_id, []).append(text)
-                    rows.append(sft_row(ex, text, t.traj_id))
-            step_counts = Counter(x.value for x in st)
-            blank += sum(x is Status.CORRECT and not text.strip() for x, text in zip(st, played.texts, strict=True))
-            statuses.update(step_counts)
-            samples += len(trajs)
+            step_counts = tally.add(played.examples, played.texts, st, keep, [t.traj_id for t in trajs])
             ledger.write_trajectories(step, trajs)
             ledger.write_metrics(step, {"samples": len(trajs), "kept": sum(keep), "prompts": len(exs),
                                         **{f"status/{x.value}": step_counts.get(x.value, 0) for x in Status}})
             if progress is not None:
-                progress(step, steps, {"samples": samples, "kept": len(rows), "correct": statuses["correct"]})
+                progress(step, len(plan), tally.progress())
     finally:
         pool.close()
-    judged = samples - statuses[Status.INFRA_ERROR.value]
+    statuses = tally.statuses
+    judged = tally.samples - statuses[Status.INFRA_ERROR.value]
     summary = SampleSummary(
-        prompts=prompts, samples=samples, kept=len(rows), statuses={x.value: statuses.get(x.value, 0) for x in Status},
+        prompts=prompts, samples=tally.samples, kept=len(tally.rows),
+        statuses={x.value: statuses.get(x.value, 0) for x in Status},
         pass_rate=statuses[Status.CORRECT.value] / judged if judged else None,
-        prompts_with_kept=len(kept_texts), blank_correct=blank, k=k, keep_per_prompt=keep_per_prompt,
-        wall_s=round(time.perf_counter() - t0, 3), command=command)
-    _write_atomic(out / "sft.jsonl", "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows))
+        prompts_with_kept=len(tally.kept_texts), blank_correct=tally.blank, k=k, keep_per_prompt=keep_per_prompt,
+        wall_s=round(time.perf_counter() - t0, 3), command=command, resumed_after_step=done)
+    _write_atomic(out / "sft.jsonl", "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in tally.rows))
     _write_atomic(out / "summary.json", json.dumps(summary.as_json(), indent=2) + "\n")
     return summary

@@ -132,6 +132,10 @@ def _check_model_path(path: str) -> None:
         return
     d = Path(path).expanduser()
     if not d.is_dir():
+        if d.name == "actor" and d.parent.parent.name == "checkpoints":  # a later stage of a pipeline
+            run = d.parent.parent.parent
+            raise ValueError(f"{path!r} is not there yet: it is a checkpoint of the run {str(run)!r}, which has "
+                             f"not reached {d.parent.name} (train that stage first, or set model.path)")
         raise ValueError(f"{path!r} is not a local model directory (no such directory; builtin models are "
                          "'builtin:<preset>')")
     if not (d / "config.json").is_file():

@@ -1,7 +1,9 @@
 """Rejection sampling for expert iteration (posttrain/loop/rejection_sampling.py): with hand-built verdicts the kept
-rows are exactly the correct ones (distinct texts first, capped per prompt), infra errors are counted and never
-kept, the SFT data equals the ledger's kept rows and renders to the prompt ids the RL engine sampled after, the
-prompts are the RL run's, a held-out prompt is refused, and ``trainer: sft`` trains on the output."""
+rows are exactly the correct ones (distinct texts first, capped per prompt; wrong, invalid, timeout, env_failure and
+infra_error never kept, infra errors counted apart), the SFT data equals the ledger's kept rows (as written and as
+the SFT loader reads it back) and renders to the prompt ids the RL engine sampled after, the prompts are the RL
+run's, a held-out prompt is refused, ``trainer: sft`` trains on the output, and a pass cut between a step's
+trajectories and its metrics resumes to what an uninterrupted pass writes."""
 
 from __future__ import annotations
 
@@ -16,6 +18,7 @@ import pytest
 
 import posttrain.loop.rejection_sampling as rs
 from posttrain.cli import main
+from posttrain.envs.sft_data import load_sft_rows
 from posttrain.envs.task import TaskExample
 from posttrain.loop.builders import build_model, build_task
 from posttrain.loop.run import Run
@@ -25,6 +28,7 @@ from posttrain.rewards.verdict import Verdict, infra_error
 from posttrain.trajectory import Ledger, Status
 
 C, W, INFRA = Status.CORRECT, Status.WRONG, Status.INFRA_ERROR
+INV, TIME, ENV = Status.INVALID, Status.TIMEOUT, Status.ENV_FAILURE
 # The tiny model on chain sums, 3 prompts per ledger step, 6 samples per prompt.
 BASE = ["model.path=builtin:micro", "task.name=chain_sum", "sampling.prompts_per_step=3", "sampling.max_new_tokens=4",
         "eval.size=20", "logging.progress=false"]
@@ -46,6 +50,31 @@ def test_select_kept_keeps_correct_distinct_first_capped() -> None:
     assert rs.select_kept(st, pid, tx, 1, {"a": ["y"]}) == [False, False, False, False, False, False, True]
     with pytest.raises(ValueError, match="keep_per_prompt must be >= 1"):
         rs.select_kept(st, pid, tx, 0)
+
+
+# (statuses, prompt ids, texts, keep_per_prompt, already, kept): hand-built verdicts, one case per rule
+SELECT_CASES = {
+    "only_correct_kept": ([W, C, INV, TIME, ENV, INFRA], ["a"] * 6, ["1", "2", "3", "4", "5", "6"], 6, None,
+                          [False, True, False, False, False, False]),
+    "no_verdict_is_never_kept": ([INFRA, INFRA], ["a", "b"], ["1", "2"], 3, None, [False, False]),
+    "all_wrong_keeps_nothing": ([W, W, W], ["a", "a", "b"], ["1", "2", "3"], 3, None, [False, False, False]),
+    "duplicates_kept_once_under_the_cap": ([C, C, C], ["a"] * 3, ["x", "x", "x"], 1, None, [True, False, False]),
+    "repeats_fill_the_cap_in_sample_order": ([C, C, C, C], ["a"] * 4, ["x", "x", "y", "x"], 3, None,
+                                             [True, True, True, False]),
+    "distinct_first_whatever_the_order": ([C, C, C, C], ["a"] * 4, ["x", "x", "x", "y"], 2, None,
+                                          [True, False, False, True]),
+    "cap_per_prompt_interleaved": ([C, C, C, C, C, C], ["a", "b", "a", "b", "a", "b"], ["1", "2", "3", "4", "5", "6"],
+                                   2, None, [True, True, True, True, False, False]),
+    "blank_correct_is_no_row": ([C, C, C], ["a"] * 3, ["", " \n", "z"], 3, None, [False, False, True]),
+    "earlier_steps_fill_the_cap": ([C, C], ["a", "b"], ["1", "2"], 1, {"a": ["0"]}, [False, True]),
+    "earlier_text_is_a_repeat": ([C, C], ["a", "a"], ["0", "1"], 2, {"a": ["0"]}, [False, True]),
+}
+
+
+@pytest.mark.parametrize("case", list(SELECT_CASES))
+def test_select_kept_hand_built_verdicts(case: str) -> None:
+    statuses, pids, texts, cap, already, kept = SELECT_CASES[case]
+    assert rs.select_kept(statuses, pids, texts, cap, already) == kept
 
 
 def _hand_judged(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -139,3 +168,55 @@ def test_refuses_what_it_cannot_sample(tmp_path: Path) -> None:
                                       ("grpo", [*BASE, "env.name=calculator_tool"], "multi-turn episodes")):
         with pytest.raises(ValueError, match=needle):
             rs.rejection_sample(load_run_config(recipe, overrides), tmp_path, k=2, prompts=2, keep_per_prompt=1)
+
+
+def test_the_sft_loader_reads_back_exactly_the_ledgers_kept_rows(tmp_path: Path,
+                                                                monkeypatch: pytest.MonkeyPatch) -> None:
+    """What ``trainer: sft`` loads (posttrain/envs/sft_data.py) is the ledger's kept samples, in ledger order: each
+    row's user turn is the prompt of its trajectory, its one trained turn the sampled text, nothing else."""
+    cfg, summary, out = _sample(tmp_path, monkeypatch, keep=3)
+    kept = [t for t in Ledger(out / "ledger").read_trajectories() if t.meta["kept"]]
+    assert len(kept) == summary.kept == 15  # j = 0, 2, 4 of each of 5 prompts (j = 2 repeats j = 0's text)
+    prompts = {ex.prompt_id: ex.prompt for s, n in ((0, 3), (3, 2)) for ex in rs.train_prompts(cfg, build_task(cfg), n, s)}
+    rows = load_sft_rows(out / "sft.jsonl")
+    assert [(r.messages, r.trained, r.text) for r in rows] == [
+        (({"role": "user", "content": prompts[t.prompt_id]}, {"role": "assistant", "content": t.meta["response"]}),
+         (False, True), True) for t in kept]
+
+
+def test_a_pass_cut_between_a_steps_trajectories_and_metrics_resumes_to_the_same_output(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    _hand_judged(monkeypatch)
+    cfg = load_run_config("grpo", BASE)
+    straight = rs.rejection_sample(cfg, tmp_path / "straight", k=6, prompts=5, keep_per_prompt=2)
+    out = tmp_path / "rs"
+    real = Ledger.write_metrics
+
+    def crash_at_step_2(self: Ledger, step: int, metrics: Any) -> Path:
+        if step == 2:
+            raise RuntimeError("killed")
+        return real(self, step, metrics)
+
+    monkeypatch.setattr(Ledger, "write_metrics", crash_at_step_2)
+    with pytest.raises(RuntimeError, match="killed"):
+        rs.rejection_sample(cfg, out, k=6, prompts=5, keep_per_prompt=2)
+    led = Ledger(out / "ledger")
+    assert (led.steps(), led.steps("metrics")) == ([1, 2], [1])  # step 2's samples written, its metrics not
+    assert not (out / "sft.jsonl").exists() and not (out / "summary.json").exists()
+    monkeypatch.setattr(Ledger, "write_metrics", real)
+    resumed = rs.rejection_sample(cfg, out, k=6, prompts=5, keep_per_prompt=2, resume=True)
+    assert resumed.resumed_after_step == 1
+    assert [f.name.split(".")[0] for f in (out / "ledger" / "discarded" / "trajectories").iterdir()] == ["step_000002"]
+    assert dataclasses.replace(resumed, wall_s=0, resumed_after_step=0) == dataclasses.replace(straight, wall_s=0)
+    assert (out / "sft.jsonl").read_text() == (tmp_path / "straight" / "sft.jsonl").read_text()
+    a, b = led.read_trajectories(), Ledger(tmp_path / "straight" / "ledger").read_trajectories()
+    assert [(t.traj_id, t.token_ids.tolist(), t.status, t.meta["kept"]) for t in a] == [
+        (t.traj_id, t.token_ids.tolist(), t.status, t.meta["kept"]) for t in b]
+    assert led.read_metrics() == Ledger(tmp_path / "straight" / "ledger").read_metrics()
+    # the request is checked: another recipe is refused before anything is built or written
+    with pytest.raises(ValueError, match=r"was sampled with another recipe \(sampling\.temperature: 1\.0 -> 0\.5\)"):
+        rs.rejection_sample(load_run_config("grpo", [*BASE, "sampling.temperature=0.5"]), out, k=6, prompts=5,
+                            keep_per_prompt=2, resume=True)
+    (out / rs.REQUEST_FILE).unlink()
+    with pytest.raises(ValueError, match="holds a ledger but no request.json"):
+        rs.rejection_sample(cfg, out, k=6, prompts=5, keep_per_prompt=2, resume=True)
