@@ -105,7 +105,7 @@ def _where_to_go_on(cfg: RunConfig | None, args: argparse.Namespace) -> str:
     none of the run's files is there (the config never loaded, or the directory was never written), saying
     that nothing was written."""
     from posttrain.learner.checkpoint import latest_checkpoint
-    from posttrain.loop.run import run_dir_of
+    from posttrain.loop.lifecycle import run_dir_of
     from posttrain.loop.run_dir import holds_run_files
 
     keep = [o for o in args.overrides if not o.startswith("resume=")]
@@ -124,7 +124,7 @@ def _where_to_go_on(cfg: RunConfig | None, args: argparse.Namespace) -> str:
 def print_rise(cfg: RunConfig) -> None:
     """Print the measured held-out rise of the run (greedy, sampled, pass@k: first -> last evaluation)."""
     from posttrain.evaluation.report import heldout_series, rise_lines
-    from posttrain.loop.run import run_dir_of
+    from posttrain.loop.lifecycle import run_dir_of
 
     for line in rise_lines(heldout_series(run_dir_of(cfg)), cfg.eval.temperature, cfg.eval.sampled_temperature):
         print(f"  {line}")

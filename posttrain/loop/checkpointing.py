@@ -8,8 +8,11 @@ controller, or the learner ranks' shards; ``ref_model``; ``promoted``: the promo
 checks: :func:`check_teacher`). :func:`resume` restores the newest checkpoint that loads (an unreadable one falls back
 to the previous with a warning), moves ledger steps written after it to ``ledger/discarded/`` and
 drops the later ``metrics.jsonl`` lines, so the run continues without gaps or duplicates.
-:func:`check_resumable` refuses, before anything is built, a ``resume=true`` that would start afresh
-or change the recipe.
+The checkpoint walk (newest first, an unreadable one skipped) is every trainer's
+(:func:`~posttrain.loop.lifecycle.restore_newest`), as is :func:`~posttrain.loop.lifecycle.check_resumable`,
+which refuses, before anything is built, a ``resume=true`` that would start afresh or change the recipe.
+The run's own state (:class:`CheckpointedRun`) and its :class:`~posttrain.loop.parts.Parts` are given
+separately.
 """
 
 from __future__ import annotations
@@ -21,19 +24,15 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Protocol
 
 from posttrain.config import RunConfig
+from posttrain.loop.lifecycle import RunClock, restore_newest
 from posttrain.loop.promotion import Decision
 from posttrain.loop.run_dir import RunDirError
 
 if TYPE_CHECKING:
-    import torch
-
     from posttrain.learner.checkpoint import CheckpointState
-    from posttrain.learner.critic import CriticLearner
-    from posttrain.learner.protocol import Learner
     from posttrain.loop.metrics_log import MetricsLog
+    from posttrain.loop.parts import Parts
     from posttrain.loop.promotion import Promotion
-    from posttrain.models.tokenizer_protocol import Tokenizer
-    from posttrain.rollout.engine import RolloutEngine
     from posttrain.trajectory import Ledger
 
 log = logging.getLogger("posttrain")
@@ -65,9 +64,9 @@ class RunState:
 
 
 class CheckpointedRun(Protocol):
-    """What a checkpoint writes and a resume restores of a run: met by :class:`~posttrain.loop.run.Run`
-    (a structural type, so this module does not import the run that calls it). ``state`` is replaced on
-    resume; the rest is read (the parts' own state is loaded in place)."""
+    """What a checkpoint writes and a resume restores of a run's own state (its parts are given beside it):
+    met by :class:`~posttrain.loop.run.Run` (a structural type, so this module does not import the run that
+    calls it). ``state`` is replaced on resume; the rest is read."""
 
     state: RunState
 
@@ -76,21 +75,6 @@ class CheckpointedRun(Protocol):
 
     @property
     def dir(self) -> Path: ...
-
-    @property
-    def learner(self) -> Learner: ...
-
-    @property
-    def engine(self) -> RolloutEngine: ...
-
-    @property
-    def tokenizer(self) -> Tokenizer: ...
-
-    @property
-    def critic(self) -> CriticLearner | None: ...
-
-    @property
-    def ref_model(self) -> torch.nn.Module | None: ...
 
     @property
     def teacher_fingerprint(self) -> str | None: ...
@@ -107,101 +91,81 @@ class CheckpointedRun(Protocol):
     @property
     def inflight_count(self) -> Callable[[], int] | None: ...
 
-    def wall_seconds(self) -> float:
-        """Seconds of wall time of the run so far, every invocation counted."""
-
-    def restart_clock(self, wall_before: float) -> None:
-        """Count wall time from now, on top of ``wall_before`` seconds of earlier invocations."""
+    @property
+    def clock(self) -> RunClock: ...
 
 
-def write_checkpoint(run: CheckpointedRun) -> Path:
-    """Write ``run``'s checkpoint of its current step atomically (``checkpoints/step_<N>``); returns its path.
+def write_checkpoint(run: CheckpointedRun, parts: Parts) -> Path:
+    """Write ``run``'s checkpoint of its current step atomically (``checkpoints/step_<N>``) with its ``parts``'
+    weights and states; returns its path.
 
     The run's wall time and its samples in flight (queued / paused, not in the checkpoint: a resume
     discards and counts them) are recorded in its state first.
     """
     from posttrain.learner.checkpoint import checkpoint_path, save_checkpoint
 
-    run.state.wall_seconds = run.wall_seconds()
+    run.state.wall_seconds = run.clock.seconds()
     run.state.inflight_at_checkpoint = int(run.inflight_count()) if run.inflight_count is not None else 0
-    extra: dict[str, object] = {"run_state": dataclasses.asdict(run.state), "engine_version": run.engine.version}
-    if run.ref_model is not None:
+    extra: dict[str, object] = {"run_state": dataclasses.asdict(run.state), "engine_version": parts.engine.version}
+    if parts.ref_model is not None:
         extra["has_ref"] = True
     if run.teacher_fingerprint is not None and run.cfg.loss.distill is not None:
         extra["teacher"] = {"path": run.cfg.loss.distill.teacher, "fingerprint": run.teacher_fingerprint}
 
     def learner_state(directory: Path) -> LearnerState:
-        return run_learner_state(run, directory)
+        return run_learner_state(run, parts, directory)
 
     return save_checkpoint(
         checkpoint_path(run.dir, run.state.step),
-        step=run.state.step, actor=run.learner.model, tokenizer=run.tokenizer,
-        critic=None if run.critic is None else run.critic.model,
+        step=run.state.step, actor=parts.learner.model, tokenizer=parts.tokenizer,
+        critic=None if parts.critic is None else parts.critic.model,
         learner_state=learner_state, extra=extra,
     )
 
 
-def run_learner_state(run: CheckpointedRun, directory: Path) -> LearnerState:
+def run_learner_state(run: CheckpointedRun, parts: Parts, directory: Path) -> LearnerState:
     """The learner state of ``run``'s checkpoint in (temporary) ``directory``: ``learner`` (learner ranks
     write their model + optimizer shards into ``directory/learner_dcp/`` and give its manifest),
     ``ref_model``, ``promoted`` and ``critic`` when the run has them."""
     from posttrain.learner.sharded_checkpoint import SHARDED_DIR
 
-    save_sharded = getattr(run.learner, "save_sharded", None)
+    save_sharded = getattr(parts.learner, "save_sharded", None)
     s: LearnerState = {"learner": save_sharded(directory / SHARDED_DIR) if save_sharded is not None
-                       else run.learner.state_dict()}
-    if run.ref_model is not None:
-        s["ref_model"] = run.ref_model.state_dict()
+                       else parts.learner.state_dict()}
+    if parts.ref_model is not None:
+        s["ref_model"] = parts.ref_model.state_dict()
     if run.promotion.snapshot is not None:
         s["promoted"] = run.promotion.snapshot
-    if run.critic is not None:
-        s["critic"] = run.critic.state_dict()
+    if parts.critic is not None:
+        s["critic"] = parts.critic.state_dict()
     return s
 
 
-def resume(run: CheckpointedRun) -> bool:
-    """Restore the newest checkpoint of ``run`` that loads; returns False when there is no complete one.
-
-    A checkpoint that fails to load (truncated or corrupt file) is skipped with a warning and the
-    previous complete one is used; when none loads, ``RunDirError`` names the newest and why.
-    Ledger steps and ``metrics.jsonl`` lines after the restored step are set aside / dropped.
+def resume(run: CheckpointedRun, parts: Parts) -> bool:
+    """Restore the newest checkpoint of ``run`` that loads into it and its ``parts``
+    (:func:`~posttrain.loop.lifecycle.restore_newest`: an unreadable one falls back to the previous with a
+    warning; none loads: ``RunDirError``; another distillation teacher: :class:`TeacherChangedError`); False
+    when there is no complete one. Ledger steps and ``metrics.jsonl`` lines after the restored step are set
+    aside / dropped.
     """
-    from posttrain.learner.checkpoint import complete_checkpoints
-
-    paths = complete_checkpoints(run.dir / "checkpoints")
-    if not paths:
+    if restore_newest(run.dir, lambda path: restore(run, parts, path), fatal=(TeacherChangedError,)) is None:
         return False
-    first_err: str | None = None
-    for path in reversed(paths):
-        try:
-            restore(run, path)
-        except TeacherChangedError:
-            raise
-        except Exception as e:  # noqa: BLE001 - any unreadable checkpoint: fall back to the previous one
-            why = f"{type(e).__name__}: {e}".splitlines()[0][:300]
-            first_err = first_err or f"{path}: {why}"
-            log.warning("resume: checkpoint %s cannot be loaded (%s); falling back to the previous one", path, why)
-            continue
-        break
-    else:
-        from posttrain.loop.run_dir import RunDirError
-
-        raise RunDirError(f"resume: no checkpoint under {run.dir / 'checkpoints'} can be loaded ({first_err})")
     dropped = run.log.truncate_after(run.state.step)
     if dropped:
         log.warning("resume: dropped %d metrics.jsonl lines written after step %d", dropped, run.state.step)
     return True
 
 
-def restore(run: CheckpointedRun, path: Path) -> None:
-    """Load checkpoint ``path`` into ``run``'s learner, reference, critic, promotion, engine, state and the
-    RNGs, and set aside the ledger steps written after it (raises if it is unreadable)."""
+def restore(run: CheckpointedRun, parts: Parts, path: Path) -> Path:
+    """Load checkpoint ``path`` into ``parts``' learner, reference, critic and engine, ``run``'s promotion,
+    state and clock, and the RNGs, and set aside the ledger steps written after it (raises if it is
+    unreadable); returns ``path``."""
     from posttrain.learner.checkpoint import load_checkpoint, restore_actor, restore_rng
 
     ck = load_checkpoint(path)
     check_teacher(run, ck, path)
-    restore_actor(run.learner.model, ck)
-    _restore_learners(run, path, ck)
+    restore_actor(parts.learner.model, ck)
+    _restore_learners(parts, path, ck)
     snapshot = ck.learner_state.get("promoted")
     run.state = run_state_of(ck)
     run.promotion.record, run.promotion.snapshot = run.state, snapshot
@@ -210,13 +174,14 @@ def restore(run: CheckpointedRun, path: Path) -> None:
         log.warning("resume: %d samples that were queued or paused at the checkpoint are discarded (counted in "
                     "run_state.discarded_on_resume)", run.state.inflight_at_checkpoint)
         run.state.inflight_at_checkpoint = 0
-    run.restart_clock(run.state.wall_seconds)
-    run.engine.update_weights(run.learner.weights_for_rollout(), version=int(ck.extra["engine_version"]))
+    run.clock.restart(run.state.wall_seconds)
+    parts.engine.update_weights(parts.learner.weights_for_rollout(), version=int(ck.extra["engine_version"]))
     restore_rng(ck.rng)
     moved = run.ledger.discard_after(run.state.step)
     if moved:
         log.warning("resume: moved %d ledger files written after step %d to ledger/discarded/",
                     len(moved), run.state.step)
+    return path
 
 
 class TeacherChangedError(RunDirError):
@@ -243,23 +208,23 @@ def check_teacher(run: CheckpointedRun, ck: CheckpointState, path: Path) -> None
     log.warning("resume (resume_force): %s; training goes on against the new teacher", what)
 
 
-def _restore_learners(run: CheckpointedRun, path: Path, ck: CheckpointState) -> None:
+def _restore_learners(parts: Parts, path: Path, ck: CheckpointState) -> None:
     """The policy learner (its state dict, or the learner ranks' shards at any world size), the reference
     model and the critic of checkpoint ``ck`` at ``path``."""
     ls = ck.learner_state
     if "sharded" in ls["learner"]:  # learner ranks' DCP shards: any world size, or the embedded learner
         from posttrain.learner.sharded_checkpoint import load_sharded_into_learner
 
-        load_sharded_into_learner(run.learner, path / ls["learner"]["sharded"], ls["learner"])
+        load_sharded_into_learner(parts.learner, path / ls["learner"]["sharded"], ls["learner"])
     else:
-        run.learner.load_state_dict(ls["learner"])
-    if run.ref_model is not None and "ref_model" in ls:
-        run.ref_model.load_state_dict(ls["ref_model"])
-    if run.critic is not None:
+        parts.learner.load_state_dict(ls["learner"])
+    if parts.ref_model is not None and "ref_model" in ls:
+        parts.ref_model.load_state_dict(ls["ref_model"])
+    if parts.critic is not None:
         if ck.critic_dir is None:
             raise ValueError(f"{path}: checkpoint has no critic/ but this run has a critic")
-        run.critic.model.load(ck.critic_dir)
-        run.critic.load_state_dict(ls["critic"])
+        parts.critic.model.load(ck.critic_dir)
+        parts.critic.load_state_dict(ls["critic"])
 
 
 def run_state_of(ck: CheckpointState) -> RunState:
@@ -270,49 +235,5 @@ def run_state_of(ck: CheckpointState) -> RunState:
     return RunState(**rs)
 
 
-def check_resumable(cfg: RunConfig, run_dir: Path) -> str | None:
-    """Before building anything: refuse a ``resume=true`` that would start afresh or change the recipe.
-
-    Raises ``RunDirError`` (a ``UserError``) when there is no complete checkpoint, or when the resolved
-    config differs from the run's ``config.yaml`` outside :data:`~posttrain.loop.run_dir.RESUME_MAY_CHANGE`
-    and ``resume_force`` is off (the message lists ``key: old -> new``), and so does another ``steps`` with
-    a decaying learning-rate schedule (:func:`~posttrain.loop.run_dir.schedule_horizon_change`). Returns a
-    one-line summary of the differences a forced resume accepts, else None.
-    """
-    from posttrain.learner.checkpoint import complete_checkpoints
-    from posttrain.loop.run_dir import (
-        RunDirError,
-        placement_changes,
-        read_config_yaml,
-        recipe_diff,
-        schedule_horizon_change,
-    )
-
-    if not complete_checkpoints(run_dir / "checkpoints"):
-        raise RunDirError(f"resume=true but {run_dir / 'checkpoints'} holds no complete checkpoint; "
-                          "drop resume=true to start a new run there")
-    old = read_config_yaml(run_dir / "config.yaml")
-    if old is None:
-        log.warning("resume: %s is missing or unreadable; the recipe cannot be compared", run_dir / "config.yaml")
-        return None
-    new = cfg.model_dump(mode="json")
-    diff = recipe_diff(old, new)
-    if diff and not cfg.resume_force:
-        raise RunDirError(f"resume=true with a recipe that differs from {run_dir / 'config.yaml'}: "
-                          f"{'; '.join(diff)} (set resume_force=true to resume anyway)")
-    horizon = schedule_horizon_change(old, new)
-    if horizon is not None:
-        if not cfg.resume_force:
-            raise RunDirError(f"resume=true with {horizon} ({run_dir / 'config.yaml'}): the learning rate decays over "
-                              "steps, so the resumed steps would follow another curve than the steps already taken "
-                              "(its rate changes at the resumed step); keep steps as recorded, or set "
-                              "resume_force=true to decay over the new steps from there")
-        diff.append(f"{horizon} (the learning rate decays over the new steps from the resumed step)")
-    moved = placement_changes(old, new)  # change no arithmetic: resumed as is, config.yaml gets the new values
-    if moved:
-        log.warning("resume: placement-only keys changed (%s); config.yaml records the new values", "; ".join(moved))
-    return "; ".join(diff) if diff else None
-
-
-__all__ = ["LearnerState", "RunState", "TeacherChangedError", "check_resumable", "check_teacher", "restore", "resume", "run_learner_state",
-           "run_state_of", "write_checkpoint"]
+__all__ = ["CheckpointedRun", "LearnerState", "RunState", "TeacherChangedError", "check_teacher", "restore", "resume",
+           "run_learner_state", "run_state_of", "write_checkpoint"]

@@ -25,19 +25,26 @@ checkpoint that loads (an unreadable one falls back to the previous, with a warn
 (the cursor), the same optimiser state and RNG, so the same losses as an uninterrupted run. A Ctrl-C leaves
 the last complete checkpoint as it was (a checkpoint being written is discarded). The two halves on their own,
 :func:`save_run_checkpoint` and :func:`restore_run_checkpoint`, are what ``posttrain check`` round-trips.
+
+The trainers that sample their own data (RL in every ``system.mode``, online preference) have their own
+outer driver (:mod:`posttrain.loop.sampling_lifecycle`: warm-up, producer, weight sync), built on the same
+pieces of this module: the run directory's lock (:func:`open_run_dir`, :func:`check_resumable`), the resume
+walk (:func:`restore_newest`), the clock (:class:`RunClock`), the evaluation and checkpoint schedule
+(:func:`eval_due`, :func:`checkpoint_due`) and :class:`RunResult`.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import logging
+import os
 import shutil
 import time
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from pathlib import Path
 from types import TracebackType
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 import torch
 
@@ -50,9 +57,12 @@ from posttrain.loop.metrics_log import MetricsLog
 if TYPE_CHECKING:
     from rich.progress import Progress
 
+    from posttrain.loop.run_dir import RunDirLock
     from posttrain.models.tokenizer_protocol import Tokenizer
 
 log = logging.getLogger("posttrain")
+
+T = TypeVar("T")
 
 
 class Stateful(Protocol):
@@ -169,49 +179,185 @@ def save_run_checkpoint(run_dir: Path, parts: RunParts, step: int, extra: Mappin
 
 def restore_run_checkpoint(run_dir: Path, parts: RunParts) -> tuple[int, dict[str, Any]]:
     """Load the newest checkpoint of ``run_dir`` that reads into ``parts.model`` / ``parts.trainer`` and the
-    RNGs; ``(step, extra)``. An unreadable one falls back to the previous (a warning); none:
+    RNGs (:func:`restore_newest`); ``(step, extra)``. None complete:
     :class:`~posttrain.loop.run_dir.RunDirError`."""
-    from posttrain.learner.checkpoint import complete_checkpoints, load_checkpoint, restore_actor, restore_rng
+    from posttrain.learner.checkpoint import CheckpointState, load_checkpoint, restore_actor, restore_rng
     from posttrain.loop.run_dir import RunDirError
 
-    for path in reversed(complete_checkpoints(run_dir / "checkpoints")):
+    ck: CheckpointState | None = restore_newest(run_dir, load_checkpoint)
+    if ck is None:
+        raise RunDirError(f"resume=true but no checkpoint of {run_dir / 'checkpoints'} can be read")
+    restore_actor(parts.model, ck)
+    parts.trainer.load_state_dict(ck.learner_state[parts.state_key], owner=f"{parts.name} trainer")
+    restore_rng(ck)
+    return ck.step, ck.extra
+
+
+def restore_newest(run_dir: Path, restore: Callable[[Path], T], *,
+                   fatal: tuple[type[BaseException], ...] = ()) -> T | None:
+    """``restore(path)`` of the newest complete checkpoint of ``run_dir/checkpoints`` that loads, for every
+    trainer's resume: one that raises (a truncated or corrupt file) is skipped with a warning and the previous
+    one tried; an exception of ``fatal`` propagates. None when there is no complete checkpoint;
+    :class:`~posttrain.loop.run_dir.RunDirError` naming the newest failure when none loads."""
+    from posttrain.learner.checkpoint import complete_checkpoints
+    from posttrain.loop.run_dir import RunDirError
+
+    paths = complete_checkpoints(run_dir / "checkpoints")
+    if not paths:
+        return None
+    first_err: str | None = None
+    for path in reversed(paths):
         try:
-            ck = load_checkpoint(path)
-        except (OSError, ValueError, RuntimeError) as e:
-            log.warning("resume: checkpoint %s cannot be read (%s); trying the previous one", path, e)
-            continue
-        restore_actor(parts.model, ck)
-        parts.trainer.load_state_dict(ck.learner_state[parts.state_key], owner=f"{parts.name} trainer")
-        restore_rng(ck)
-        return ck.step, ck.extra
-    raise RunDirError(f"resume=true but no checkpoint of {run_dir / 'checkpoints'} can be read")
+            return restore(path)
+        except fatal:
+            raise
+        except Exception as e:  # noqa: BLE001 - any unreadable checkpoint: fall back to the previous one
+            why = f"{type(e).__name__}: {e}".splitlines()[0][:300]
+            first_err = first_err or f"{path}: {why}"
+            log.warning("resume: checkpoint %s cannot be loaded (%s); falling back to the previous one", path, why)
+    raise RunDirError(f"resume: no checkpoint under {run_dir / 'checkpoints'} can be loaded ({first_err})")
+
+
+def run_dir_of(cfg: RunConfig) -> Path:
+    """The run directory of ``cfg``: ``run_dir``, default ``runs/<name>``."""
+    return Path(cfg.run_dir or f"runs/{cfg.name}")
+
+
+@dataclasses.dataclass
+class OpenedRunDir:
+    """A run directory prepared and locked for one run (:func:`open_run_dir`): its ``path``, its ``lock``,
+    whether it was ``fresh`` (did not exist) and, for a forced resume, the recipe changes it accepted."""
+
+    path: Path
+    lock: RunDirLock
+    fresh: bool
+    forced: str | None
+
+    def abandon(self) -> None:
+        """Release the lock after a failure; a fresh directory whose run never started (no ``config.yaml``)
+        is removed, so it leaves nothing behind."""
+        self.lock.release()
+        if self.fresh and not (self.path / "config.yaml").exists():
+            shutil.rmtree(self.path, ignore_errors=True)
+
+    def write_config(self, cfg: RunConfig, step: int) -> None:
+        """Write ``config.yaml`` (atomic); a forced resume at ``step`` first keeps the old one as
+        ``config.step_<N>.yaml`` (with a warning naming the changes)."""
+        from posttrain.loop.run_dir import write_text_atomic
+
+        if self.forced:
+            keep = self.path / f"config.step_{step:06d}.yaml"
+            os.replace(self.path / "config.yaml", keep)
+            log.warning("resume_force: recipe changed (%s); the previous config is kept as %s", self.forced, keep)
+        write_text_atomic(self.path / "config.yaml", dump_config(cfg))
+
+
+def open_run_dir(cfg: RunConfig) -> OpenedRunDir:
+    """The run directory of ``cfg``, prepared and locked, for every trainer: a fresh run never writes into
+    another run's history (:func:`~posttrain.loop.run_dir.refuse_to_overwrite`); ``resume=true`` checks the
+    recipe against ``config.yaml`` first (:func:`check_resumable`). On a refusal the lock is released and a
+    fresh directory removed."""
+    from posttrain.loop.run_dir import RunDirLock, prepare_run_dir, refuse_to_overwrite
+
+    fresh = not run_dir_of(cfg).exists()
+    path = prepare_run_dir(run_dir_of(cfg))
+    opened = OpenedRunDir(path, RunDirLock(path), fresh, None)
+    try:
+        if cfg.resume:
+            opened.forced = check_resumable(cfg, path)
+        else:
+            refuse_to_overwrite(path)
+    except BaseException:
+        opened.abandon()
+        raise
+    return opened
 
 
 @contextmanager
 def locked_run_dir(cfg: RunConfig) -> Iterator[Path]:
-    """The run directory of ``cfg``, prepared and locked for the block (as the RL runs': a fresh run never
-    writes into another run's history; ``resume=true`` checks the recipe against ``config.yaml``). A fresh
-    directory is removed again when the block fails before ``config.yaml`` is written."""
-    from posttrain.loop.checkpointing import check_resumable
-    from posttrain.loop.run import run_dir_of
-    from posttrain.loop.run_dir import RunDirLock, prepare_run_dir, refuse_to_overwrite
-
-    fresh = not run_dir_of(cfg).exists()
-    run_dir = prepare_run_dir(run_dir_of(cfg))
-    lock = RunDirLock(run_dir)
+    """The run directory of ``cfg`` (:func:`open_run_dir`), locked for the block. A fresh directory is removed
+    again when the block fails before ``config.yaml`` is written."""
+    opened = open_run_dir(cfg)
     try:
-        if cfg.resume:
-            check_resumable(cfg, run_dir)
-        else:
-            refuse_to_overwrite(run_dir)
-        yield run_dir
+        yield opened.path
     except BaseException:
-        if fresh and not (run_dir / "config.yaml").exists():  # a run that never started leaves no directory
-            lock.release()
-            shutil.rmtree(run_dir, ignore_errors=True)
+        opened.abandon()
         raise
     finally:
-        lock.release()
+        opened.lock.release()
+
+
+def check_resumable(cfg: RunConfig, run_dir: Path) -> str | None:
+    """Before building anything: refuse a ``resume=true`` that would start afresh or change the recipe.
+
+    Raises ``RunDirError`` (a ``UserError``) when there is no complete checkpoint, or when the resolved
+    config differs from the run's ``config.yaml`` outside :data:`~posttrain.loop.run_dir.RESUME_MAY_CHANGE`
+    and ``resume_force`` is off (the message lists ``key: old -> new``), and so does another ``steps`` with
+    a decaying learning-rate schedule (:func:`~posttrain.loop.run_dir.schedule_horizon_change`). Returns a
+    one-line summary of the differences a forced resume accepts, else None.
+    """
+    from posttrain.learner.checkpoint import complete_checkpoints
+    from posttrain.loop.run_dir import RunDirError, read_config_yaml, recipe_diff
+
+    if not complete_checkpoints(run_dir / "checkpoints"):
+        raise RunDirError(f"resume=true but {run_dir / 'checkpoints'} holds no complete checkpoint; "
+                          "drop resume=true to start a new run there")
+    old = read_config_yaml(run_dir / "config.yaml")
+    if old is None:
+        log.warning("resume: %s is missing or unreadable; the recipe cannot be compared", run_dir / "config.yaml")
+        return None
+    new = cfg.model_dump(mode="json")
+    diff = recipe_diff(old, new)
+    if diff and not cfg.resume_force:
+        raise RunDirError(f"resume=true with a recipe that differs from {run_dir / 'config.yaml'}: "
+                          f"{'; '.join(diff)} (set resume_force=true to resume anyway)")
+    horizon = _horizon_change(cfg, run_dir, old, new)
+    if horizon is not None:
+        diff.append(horizon)
+    return "; ".join(diff) if diff else None
+
+
+def _horizon_change(cfg: RunConfig, run_dir: Path, old: Mapping[str, object], new: Mapping[str, object]) -> str | None:
+    """:func:`check_resumable`'s schedule and placement checks: another ``steps`` under a decaying schedule is
+    refused unless ``resume_force`` (then returned as an accepted change); placement-only changes are logged."""
+    from posttrain.loop.run_dir import RunDirError, placement_changes, schedule_horizon_change
+
+    horizon = schedule_horizon_change(old, new)
+    if horizon is not None and not cfg.resume_force:
+        raise RunDirError(f"resume=true with {horizon} ({run_dir / 'config.yaml'}): the learning rate decays over "
+                          "steps, so the resumed steps would follow another curve than the steps already taken "
+                          "(its rate changes at the resumed step); keep steps as recorded, or set "
+                          "resume_force=true to decay over the new steps from there")
+    moved = placement_changes(old, new)  # change no arithmetic: resumed as is, config.yaml gets the new values
+    if moved:
+        log.warning("resume: placement-only keys changed (%s); config.yaml records the new values", "; ".join(moved))
+    return None if horizon is None else f"{horizon} (the learning rate decays over the new steps from the resumed step)"
+
+
+def eval_due(cfg: RunConfig, step: int) -> bool:
+    """Held-out evaluation after ``step``: every ``eval.every`` steps and at the last step."""
+    return step % cfg.eval.every == 0 or step == cfg.steps
+
+
+def checkpoint_due(cfg: RunConfig, step: int) -> bool:
+    """A checkpoint after ``step``: every ``checkpoint_every`` steps (0: none between) and at the last step."""
+    return bool(cfg.checkpoint_every and step % cfg.checkpoint_every == 0) or step == cfg.steps
+
+
+class RunClock:
+    """The wall time of a run over all its tries: the earlier tries' seconds (restored from a checkpoint)
+    plus this one's, counted from the last :meth:`restart`."""
+
+    def __init__(self, before: float = 0.0) -> None:
+        self.restart(before)
+
+    def restart(self, before: float) -> None:
+        """Count this try's time from now, on top of ``before`` seconds of earlier tries."""
+        self._before, self._start = before, time.perf_counter()
+
+    def seconds(self) -> float:
+        """Seconds of the run so far, every try counted."""
+        return self._before + time.perf_counter() - self._start
 
 
 class RunLifecycle:
@@ -225,12 +371,12 @@ class RunLifecycle:
         self.cfg, self.run_dir, self.parts, self.curve_spec, self.after_save = cfg, run_dir, parts, curve, after_save
         self.step, self.cursor, self.resumed = 0, 0, False
         self.curve: list[tuple[int, float]] = []
-        self._before, self._start = 0.0, time.perf_counter()
+        self.clock = RunClock()
         self.metrics: MetricsLog | None = None
 
     def wall_seconds(self) -> float:
         """Seconds of this run over all its tries (a resume adds to the checkpoint's)."""
-        return self._before + time.perf_counter() - self._start
+        return self.clock.seconds()
 
     def __enter__(self) -> RunLifecycle:
         from posttrain.loop.run_dir import write_text_atomic
@@ -253,7 +399,7 @@ class RunLifecycle:
         """Load the newest readable checkpoint into the parts and the RNGs; step, cursor, clock and curve."""
         self.step, extra = restore_run_checkpoint(self.run_dir, self.parts)
         self.cursor, self.resumed = int(extra["cursor"]), True
-        self._before, self._start = float(extra["wall_seconds"]), time.perf_counter()
+        self.clock.restart(float(extra["wall_seconds"]))
         self.curve = [(int(s), float(v)) for s, v in extra["curve"]]
         assert self.metrics is not None
         self.metrics.truncate_after(self.step)
@@ -294,9 +440,9 @@ class RunLifecycle:
             self.step, self.cursor = self.step + 1, out.cursor
             self.record(self.step, {**out.metrics, self.curve_spec.cursor_key: self.cursor,
                                     "step_seconds": time.perf_counter() - t0})
-            if self.step % cfg.eval.every == 0 or self.step == cfg.steps:
+            if eval_due(cfg, self.step):
                 self.evaluate(evaluate)
-            if (cfg.checkpoint_every and self.step % cfg.checkpoint_every == 0) or self.step == cfg.steps:
+            if checkpoint_due(cfg, self.step):
                 self.checkpoint()
             if progress is not None and bar is not None:
                 loss = out.metrics.get("loss")
@@ -308,5 +454,7 @@ class RunLifecycle:
                          curve=list(self.curve))
 
 
-__all__ = ["Curve", "RunLifecycle", "RunParts", "RunResult", "Stateful", "StepOutput", "data_rows",
-           "locked_run_dir", "optimizer_settings", "restore_run_checkpoint", "save_run_checkpoint", "step_trainer"]
+__all__ = ["Curve", "OpenedRunDir", "RunClock", "RunLifecycle", "RunParts", "RunResult", "Stateful", "StepOutput",
+           "check_resumable", "checkpoint_due", "data_rows", "eval_due", "locked_run_dir", "open_run_dir",
+           "optimizer_settings", "restore_newest", "restore_run_checkpoint", "run_dir_of", "save_run_checkpoint",
+           "step_trainer"]

@@ -1,8 +1,8 @@
 """``trainer: preference`` with ``preference.online: true``: preference pairs from the run's own sampled groups.
 
 Each step samples ``sampling.prompts_per_step`` groups of ``sampling.group_size`` responses with the RL
-run's own parts (:func:`~posttrain.loop.run.open_run`: task, engine, verifier pool, ledger, checkpoints;
-:func:`~posttrain.loop.producer.build_producer`: the rollout of ``system.mode``), and the task's verifier
+run's own parts and the RL run's lifecycle (:func:`~posttrain.loop.sampling_lifecycle.run_sampling`: task,
+engine, verifier pool, ledger, checkpoints, the rollout of ``system.mode``), and the task's verifier
 labels them. Within a group, a ``correct`` response is preferred to a ``wrong`` or ``invalid`` one (an
 answer that is wrong, or that cannot be read): with ``preference.pairs_per_group: one`` the group gives
 one pair (its first correct response against its first wrong one, in sampling order), with ``all`` every
@@ -23,6 +23,7 @@ from __future__ import annotations
 import copy
 import time
 from collections.abc import Sequence
+from functools import partial
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -32,19 +33,23 @@ from posttrain.config import RunConfig
 from posttrain.errors import UserError
 from posttrain.learner.optim_step import StepTally
 from posttrain.loop.guards import check_guards
-from posttrain.loop.interrupt import raise_if_interrupted
+from posttrain.loop.lifecycle import eval_due
+from posttrain.loop.parts import Parts, sync_weights
 from posttrain.loop.preference_batch import EncodedPair, pair_logprobs
 from posttrain.loop.preference_loss import check_loss_kwargs, uses_reference
 from posttrain.loop.preference_step import PairBatch, PairBatchLoss, PreferenceRunResult
+from posttrain.loop.sampling_lifecycle import SamplingProgram, SamplingStep, heldout_result, run_sampling
 from posttrain.loop.step_metrics import length_metrics, status_counts
-from posttrain.loop.training_loop import consumption_metrics, eval_due
+from posttrain.loop.training_loop import consumption_metrics
 from posttrain.trajectory import Status, Trajectory
 
 if TYPE_CHECKING:
     from rich.progress import Progress
 
     from posttrain.learner.protocol import Learner
-    from posttrain.loop.run import Run
+    from posttrain.loop.checkpointing import RunState
+    from posttrain.loop.producer import Produced, Producer
+    from posttrain.loop.run import Run, StepMetrics
 
 REJECTED = (Status.WRONG, Status.INVALID)
 """Verdicts of a rejected response (a chosen one is ``correct``)."""
@@ -91,7 +96,7 @@ def _reference(run: Run, fresh: bool) -> torch.nn.Module | None:
         return None
     saved = run.dir / REFERENCE_DIR
     if fresh:
-        ref = copy.deepcopy(run.learner.model).eval().requires_grad_(False)
+        ref = copy.deepcopy(run.parts.learner.model).eval().requires_grad_(False)
         if cfg.sft.steps > 0:
             from posttrain.learner.checkpoint import quiet_hf_progress
 
@@ -135,68 +140,69 @@ def _reward_metrics(trajs: Sequence[Trajectory]) -> dict[str, float]:
 
 
 def train_online_preference(cfg: RunConfig, progress: Progress | None = None) -> PreferenceRunResult:
-    """Run ``cfg.steps`` online preference steps (module docstring); returns what the run did.
+    """Run ``cfg.steps`` online preference steps (module docstring) over the sampling trainers' lifecycle
+    (:func:`~posttrain.loop.sampling_lifecycle.run_sampling`, :data:`ONLINE_PREFERENCE`); returns what the run
+    did. ``preference.kwargs`` that the loss does not take: one-line :class:`~posttrain.errors.UserError`
+    before the run directory is touched.
 
     An interrupt (``KeyboardInterrupt``, or one :func:`~posttrain.loop.interrupt.interrupt_flag` recorded and
     a finalizer swallowed: raised before the next step) propagates after the producer and the run are closed;
     the checkpoints already written are untouched."""
-    from posttrain.loop.producer import build_producer
-    from posttrain.loop.run import open_run
-
     try:
         check_loss_kwargs(cfg.preference.loss, cfg.preference.kwargs)
     except ValueError as e:
         raise UserError(str(e)) from None
-    run = open_run(cfg)  # locks run_dir, builds the parts, resumes if asked, writes config.yaml
-    st = run.state
-    try:
-        fresh = st.step == 0
-        if fresh:
-            run.warmup_and_baseline(progress)  # SFT warm-up (if configured) and the step-0 held-out eval
-        ref = _reference(run, fresh)
-        learner = run.learner
-        bar = progress.add_task("preference", total=cfg.steps, completed=st.step) if progress else None
-        producer = build_producer(cfg, run)
-    except BaseException:
-        run.close()
-        raise
-    try:
-        while st.step < cfg.steps:
-            raise_if_interrupted()  # a Ctrl-C a finalizer swallowed stops the run here, between steps
-            step, t_step = st.step + 1, time.perf_counter()
-            produced = producer.next_batch(step)
-            trajs = produced.trajectories
-            metrics: dict[str, float | int | str | bool | None] = {**produced.info, **_reward_metrics(trajs),
-                                                                   **consumption_metrics(trajs, produced.dropped)}
-            pairs = group_pairs(trajs, cfg.preference.pairs_per_group)
-            metrics["preference/pairs"] = float(len(pairs))
-            if pairs:
-                t0 = time.perf_counter()
-                refs = (None, None) if ref is None else pair_logprobs(
-                    ref, pairs, pad_id=run.pad_token_id, microbatch_tokens=cfg.optim.microbatch_tokens)
-                loss = online_pair_loss(learner, PairBatch(pairs, *refs), cfg, run.pad_token_id)
-                metrics.update(train_pairs(learner, loss, len(pairs)))
-                metrics["time/learner_s"] = time.perf_counter() - t0
-            with producer.quiesce():
-                run.sync_weights()
-                if eval_due(cfg, step):
-                    metrics.update(run.evaluate_and_judge(step))
-            stop_reason = check_guards(cfg.guards, metrics)
-            run.finish_step(step, trajs, metrics, t_step)  # ledger, metrics.jsonl, checkpoint when due
-            if progress is not None and bar is not None:
-                progress.update(bar, completed=step, description=f"preference pairs {len(pairs)} held-out "
-                                f"{st.last_heldout_accuracy:.3f}")
-            if stop_reason:
-                run.stop(stop_reason)
-                break
-    finally:
-        try:
-            producer.close()
-        finally:
-            run.close()
-    run.verdicts.check(str(run.dir / "ledger"))  # every verification failed: an error, not "done"
-    return PreferenceRunResult(step=st.step, wall_seconds=st.wall_seconds, curve_name="held-out accuracy",
-                               curve=[(s, a) for s, a, _ in st.heldout_curve], stopped=st.stopped)
+    return heldout_result(run_sampling(cfg, ONLINE_PREFERENCE, progress))
 
 
-__all__ = ["REFERENCE_DIR", "group_pairs", "train_online_preference", "train_pairs"]
+def pair_update_step(ref: torch.nn.Module | None, run: Run, producer: Producer, step: int, produced: Produced,
+                     t_step: float) -> tuple[StepMetrics, str | None]:
+    """One online preference step (module docstring) against the frozen reference ``ref``: the step's pairs
+    (:func:`group_pairs`) train the policy (:func:`train_pairs`), the engine gets the new weights inside
+    ``producer.quiesce()`` and is evaluated when due, the guards are checked and the step recorded (every
+    sampled response with its verdict). Returns ``(metrics, stop_reason)``."""
+    cfg, parts = run.cfg, run.parts
+    trajs = produced.trajectories
+    metrics: StepMetrics = {**produced.info, **_reward_metrics(trajs), **consumption_metrics(trajs, produced.dropped)}
+    pairs = group_pairs(trajs, cfg.preference.pairs_per_group)
+    metrics["preference/pairs"] = float(len(pairs))
+    if pairs:
+        t0 = time.perf_counter()
+        metrics.update(_train_on_pairs(parts, ref, pairs))
+        metrics["time/learner_s"] = time.perf_counter() - t0
+    with producer.quiesce():
+        sync_weights(parts)
+        if eval_due(cfg, step):
+            metrics.update(run.evaluate_and_judge(step))
+    stop_reason = check_guards(cfg.guards, metrics)
+    run.finish_step(step, trajs, metrics, t_step)  # ledger, metrics.jsonl, checkpoint when due
+    return metrics, stop_reason
+
+
+def _train_on_pairs(parts: Parts, ref: torch.nn.Module | None, pairs: Sequence[EncodedPair]) -> dict[str, float]:
+    """The update on ``pairs``: their reference log-probs (none without a reference), then :func:`train_pairs`
+    through the policy learner."""
+    cfg, pad_id = parts.cfg, parts.pad_token_id
+    refs = (None, None) if ref is None else pair_logprobs(ref, pairs, pad_id=pad_id,
+                                                           microbatch_tokens=cfg.optim.microbatch_tokens)
+    loss = online_pair_loss(parts.learner, PairBatch(pairs, *refs), cfg, pad_id)
+    return train_pairs(parts.learner, loss, len(pairs))
+
+
+def _prepare(run: Run, fresh: bool) -> SamplingStep:
+    """The step of this run: :func:`pair_update_step` against its reference (:func:`_reference`)."""
+    return partial(pair_update_step, _reference(run, fresh))
+
+
+def _progress(step: int, metrics: StepMetrics, st: RunState) -> str:
+    """The progress line: the step's pairs and the last held-out accuracy."""
+    pairs = int(metrics.get("preference/pairs") or 0)
+    return f"preference pairs {pairs} held-out {st.last_heldout_accuracy:.3f}"
+
+
+ONLINE_PREFERENCE = SamplingProgram("preference", _prepare, _progress)
+"""Online preference over the sampling trainers' lifecycle."""
+
+
+__all__ = ["ONLINE_PREFERENCE", "REFERENCE_DIR", "group_pairs", "pair_update_step", "train_online_preference",
+           "train_pairs"]

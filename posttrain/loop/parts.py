@@ -4,8 +4,11 @@ The composition root of a run: tokenizer, prompt renderer, task and held-out set
 :class:`~posttrain.learner.protocol.Learner` (in process or learner ranks), the rollout engine (in
 process, or the Ray worker pool of ``system.backend=ray`` behind the same calls), the frozen
 reference, the frozen distillation teacher, the critic, the guarded verification path and the evaluation-only verifier. Each member
-is typed by what the loop calls on it; :class:`~posttrain.loop.run.Run` holds the parts beside the
-run's own state (ledger, metrics, checkpoints, promotion) and the modes compose them.
+is typed by what the loop calls on it. The parts carry their config, so they are what a held-out
+evaluation, the rollout players and the warm-up read (:class:`~posttrain.loop.heldout.EvaluatedRun`);
+:class:`~posttrain.loop.run.Run` is given them and keeps only the run directory's state (ledger, metrics,
+checkpoints, promotion, cursor). The operations on parts alone are functions here: the frozen reference's /
+teacher's log-probs (:func:`frozen_logprobs`), the weight sync (:func:`sync_weights`) and :func:`close_parts`.
 """
 
 from __future__ import annotations
@@ -41,6 +44,7 @@ if TYPE_CHECKING:
     from posttrain.rewards.scoring import VerifyBatch
     from posttrain.rewards.verifier import Verifier
     from posttrain.rollout.engine import RolloutEngine
+    from posttrain.trajectory import TrajectoryBatch
 
 
 @dataclasses.dataclass(frozen=True)
@@ -50,8 +54,10 @@ class Parts:
     ``plain_model``: the actor's architecture without LoRA (the engine, reference and critic are built
     from it); ``backend``: the Ray workers (None with the local backend); ``verify_batch``: the one
     guarded verification path (reward actors, or ``pool`` in this process); ``teacher_model``: the frozen
-    teacher of ``loss.distill`` (None without it), same tokenizer as the actor."""
+    teacher of ``loss.distill`` (None without it), same tokenizer as the actor; ``cfg``: the config they were
+    built from."""
 
+    cfg: RunConfig
     tokenizer: PreTrainedTokenizerBase
     renderer: PromptRenderer
     task: Task
@@ -66,6 +72,43 @@ class Parts:
     hidden_verifier: Verifier | None
     verify_batch: VerifyBatch
     pool: VerifierPool | None
+
+    @property
+    def pad_token_id(self) -> int:
+        """The tokenizer's pad id (0 when it has none): what collation pads with."""
+        return int(self.tokenizer.pad_token_id or 0)
+
+
+def frozen_logprobs(parts: Parts, model: torch.nn.Module, batch: TrajectoryBatch) -> torch.Tensor:
+    """Per-token log-probs of ``batch`` under a frozen ``model`` (the reference, or ``loss.distill``'s teacher),
+    computed as the learner computes pi_old: its sampling temperature and replayed top-k / top-p truncation,
+    micro-batches of ``optim.microbatch_tokens``; 0 off the action mask."""
+    from posttrain.learner.logprobs import token_logprobs
+
+    learner = parts.learner
+    lp, _ = token_logprobs(model, batch.input_ids, batch.attention_mask, temperature=learner.temperature,
+                           top_k=learner.top_k, top_p=learner.top_p,
+                           microbatch_tokens=parts.cfg.optim.microbatch_tokens, action_mask=batch.action_mask)
+    masked: torch.Tensor = lp * batch.action_mask.to(lp.dtype)
+    return masked
+
+
+def sync_weights(parts: Parts) -> None:
+    """Push the learner's weights to the engine under the learner's version."""
+    parts.engine.update_weights(parts.learner.weights_for_rollout(), version=parts.learner.version)
+
+
+def close_parts(parts: Parts) -> None:
+    """Stop what the parts started: the learner ranks, the verifier pool, then the Ray workers (and the Ray
+    session they started) or an engine server process (``rollout.engine=vllm``)."""
+    if hasattr(parts.learner, "close"):  # learner rank processes (learner.strategy ddp / fsdp2)
+        parts.learner.close()
+    if parts.pool is not None:
+        parts.pool.close()
+    if parts.backend is not None:
+        parts.backend.close()
+    elif hasattr(parts.engine, "close"):
+        parts.engine.close()
 
 
 def check_run_prompts(cfg: RunConfig, task: Task, heldout: Sequence[TaskExample], tokenizer: PreTrainedTokenizerBase,
@@ -165,7 +208,7 @@ def _build_rest(cfg: RunConfig, run_dir: Path, tokenizer: PreTrainedTokenizerBas
 
     # reward.model / reward.judge: their scores join each verdict as components (a failed score: infra_error).
     remote_verify = build_learned_rewards(cfg.reward, remote_verify)
-    return Parts(tokenizer=tokenizer, renderer=renderer, task=task, heldout=list(heldout), learner=learner,
+    return Parts(cfg=cfg, tokenizer=tokenizer, renderer=renderer, task=task, heldout=list(heldout), learner=learner,
                  plain_model=plain_model, engine=engine, backend=backend, ref_model=ref_model, critic=critic,
                  hidden_verifier=hidden, verify_batch=remote_verify, pool=pool, teacher_model=teacher)
 
@@ -188,4 +231,5 @@ def _ray_backend(cfg: RunConfig, plain_model: torch.nn.Module, tokenizer: PreTra
     return backend, (backend.reward.verify_batch if backend.reward is not None else None)
 
 
-__all__ = ["Parts", "build_critic", "build_parts", "check_run_prompts"]
+__all__ = ["Parts", "build_critic", "build_parts", "check_run_prompts", "close_parts", "frozen_logprobs",
+           "sync_weights"]

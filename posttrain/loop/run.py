@@ -1,14 +1,17 @@
-"""The run: its parts (:mod:`posttrain.loop.parts`) and its own state (:class:`Run`), built and locked
-in its run directory by :func:`open_run`.
+"""The run of a sampling trainer: its own state (:class:`Run`), opened in its locked run directory by
+:func:`open_run` beside its :class:`~posttrain.loop.parts.Parts`.
 
 ``open_run`` builds the parts (tokenizer, actor, frozen reference, critic, engine, learner, task and
-held-out set: :func:`~posttrain.loop.parts.build_parts`); with ``resume=true`` it restores the latest atomic checkpoint (weights, optimizer, scheduler,
-RNG, data cursor, versions, adaptive-KL state; :mod:`posttrain.loop.checkpointing`) and moves ledger
-steps written after that checkpoint to ``ledger/discarded/`` so the ledger continues without gaps or
-duplicates. ``Run`` delegates the revision judgement to :mod:`posttrain.loop.promotion` and the SFT
-warm-up to :mod:`posttrain.loop.warmup`; it records each step (ledger, metrics, checkpoint when due).
+held-out set: :func:`~posttrain.loop.parts.build_parts`) and gives them to the run; with ``resume=true`` it
+restores the latest atomic checkpoint (weights, optimizer, scheduler, RNG, data cursor, versions, adaptive-KL
+state; :mod:`posttrain.loop.checkpointing`) and moves ledger steps written after that checkpoint to
+``ledger/discarded/`` so the ledger continues without gaps or duplicates. ``Run`` keeps the run directory's
+state (ledger, metrics log, checkpoints, promotion, run state and data cursor, clock); it delegates the
+revision judgement to :mod:`posttrain.loop.promotion` and the SFT warm-up to :mod:`posttrain.loop.warmup`,
+and records each step (ledger, metrics, checkpoint when due).
 
-The run directory is protected (see :mod:`posttrain.loop.run_dir`): it is locked for the run's
+The run directory is protected (see :mod:`posttrain.loop.run_dir` and
+:func:`~posttrain.loop.lifecycle.open_run_dir`, shared with every trainer): it is locked for the run's
 lifetime; ``resume=true`` with no complete checkpoint is an error, as is a recipe that differs
 from the run's ``config.yaml`` unless ``resume_force=true``; a checkpoint that cannot be read
 falls back to the previous complete one (with a warning); ``metrics.jsonl`` lines after the
@@ -18,8 +21,6 @@ restored step are dropped so no step appears twice.
 from __future__ import annotations
 
 import logging
-import os
-import shutil
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -28,26 +29,28 @@ from typing import TYPE_CHECKING
 import torch
 
 from posttrain.algos.kl import AdaptiveKLController
-from posttrain.config import RunConfig, dump_config
+from posttrain.config import RunConfig
 from posttrain.learner.fingerprint import weights_fingerprint
-from posttrain.learner.protocol import KLCoefficient
+from posttrain.learner.protocol import KLCoefficient, Learner
 from posttrain.loop import checkpointing
-from posttrain.loop.checkpointing import RunState, check_resumable
+from posttrain.loop.checkpointing import RunState
 from posttrain.loop.guards import VerdictTally, check_guards
+from posttrain.loop.lifecycle import RunClock, checkpoint_due, open_run_dir, run_dir_of
 from posttrain.loop.metrics_log import MetricsLog
-from posttrain.loop.parts import build_parts
+from posttrain.loop.parts import Parts, build_parts, close_parts, sync_weights
 from posttrain.loop.promotion import Promotion
 from posttrain.loop.warmup import sft_warmup
-from posttrain.trajectory import Ledger, Trajectory, TrajectoryBatch
-from posttrain.trajectory.record import JSONScalar
+from posttrain.trajectory import Ledger, Trajectory
 
 if TYPE_CHECKING:
     from rich.progress import Progress
 
-    from posttrain.envs.task import TaskExample
-    from posttrain.loop.heldout import EvalResult
+    from posttrain.envs.prompt_render import PromptRenderer
+    from posttrain.envs.task import Task, TaskExample
     from posttrain.loop.run_dir import RunDirLock
     from posttrain.models.tokenizer_protocol import Tokenizer
+    from posttrain.rewards.scoring import VerifyBatch
+    from posttrain.rollout.engine import RolloutEngine
 
 log = logging.getLogger("posttrain")
 
@@ -62,34 +65,71 @@ def kl_coef_of(coef: float | KLCoefficient) -> float:
 
 
 class Run:
-    """One run: its :class:`~posttrain.loop.parts.Parts` (``run.parts``, also reachable by name:
-    ``run.learner``, ``run.engine``, ...) and its own state — data cursor, ledger, metrics, promotion,
-    checkpoints (built by :func:`open_run`)."""
+    """One run's own state in its run directory — data cursor, ledger, metrics, promotion, checkpoints, clock —
+    beside its :class:`~posttrain.loop.parts.Parts` (``run.parts``, given, never copied; built by
+    :func:`open_run`). The rollout side reads a run as one object (the prompt stream with the engine,
+    :class:`~posttrain.loop.producer.ProducerRun`), so the parts it samples with are readable by name:
+    ``engine``, ``learner``, ``task``, ``tokenizer``, ``renderer``, ``verify_batch``, ``plain_model``,
+    ``heldout``; the others are read from ``run.parts``."""
 
-    def __init__(self, cfg: RunConfig, lock: RunDirLock | None = None) -> None:
+    def __init__(self, cfg: RunConfig, parts: Parts, lock: RunDirLock | None = None) -> None:
         self.cfg = cfg
         self.dir = run_dir_of(cfg)
         self.dir.mkdir(parents=True, exist_ok=True)
         self._lock = lock  # a RunDirLock held by open_run; released by close()
-        self.parts = parts = build_parts(cfg, self.dir)  # the composition root (loop/parts.py)
-        self.tokenizer: Tokenizer = parts.tokenizer  # a Hugging Face tokenizer (scoring reads it as a Decoder)
-        self.renderer, self.task, self.heldout = parts.renderer, parts.task, parts.heldout
-        self.pad_token_id = int(self.tokenizer.pad_token_id or 0)
-        self.learner, self.plain_model, self.critic, self.ref_model = (parts.learner, parts.plain_model, parts.critic,
-                                                                       parts.ref_model)
-        self.teacher_model = parts.teacher_model  # loss.distill's frozen teacher, else None
+        self._closed = False
+        self.parts = parts  # the composition root's (loop/parts.py)
         # which teacher: recorded in each checkpoint, compared on resume (checkpointing.check_teacher)
         self.teacher_fingerprint = None if parts.teacher_model is None else weights_fingerprint(parts.teacher_model)
-        self.engine, self.backend = parts.engine, parts.backend
-        self.verify_batch, self._pool, self.hidden_verifier = parts.verify_batch, parts.pool, parts.hidden_verifier
         self.step_examples: dict[str, TaskExample] = {}  # prompt_id -> TaskExample drawn this step (see next_prompts)
         self.ledger = Ledger(self.dir / "ledger")
         self.log = MetricsLog.for_run(self.dir, cfg)  # metrics.jsonl + the trackers of cfg.logging
         self.state = RunState()
-        self.promotion = Promotion(self.learner.model, self.state, reject_drop=cfg.eval.reject_drop)
+        self.promotion = Promotion(parts.learner.model, self.state, reject_drop=cfg.eval.reject_drop)
         self.verdicts = VerdictTally()  # this invocation's verifications: nothing judged at all -> an error
         self.inflight_count: Callable[[], int] | None = None  # set by the loop: samples queued / paused
-        self.restart_clock(0.0)
+        self.clock = RunClock()
+
+    # ------------------------------------------------------------------ the parts the rollout side reads
+    @property
+    def engine(self) -> RolloutEngine:
+        """The parts' rollout engine."""
+        return self.parts.engine
+
+    @property
+    def learner(self) -> Learner:
+        """The parts' policy learner."""
+        return self.parts.learner
+
+    @property
+    def task(self) -> Task:
+        """The parts' task."""
+        return self.parts.task
+
+    @property
+    def tokenizer(self) -> Tokenizer:
+        """The parts' tokenizer (a Hugging Face one; scoring reads it as a Decoder)."""
+        return self.parts.tokenizer
+
+    @property
+    def renderer(self) -> PromptRenderer:
+        """The parts' prompt renderer."""
+        return self.parts.renderer
+
+    @property
+    def verify_batch(self) -> VerifyBatch:
+        """The parts' guarded verification path."""
+        return self.parts.verify_batch
+
+    @property
+    def plain_model(self) -> torch.nn.Module:
+        """The parts' actor architecture without LoRA (episodes read its context)."""
+        return self.parts.plain_model
+
+    @property
+    def heldout(self) -> list[TaskExample]:
+        """The parts' held-out set."""
+        return self.parts.heldout
 
     # ------------------------------------------------------------------ data
     def next_prompts(self, n: int) -> list[TaskExample]:
@@ -101,28 +141,7 @@ class Run:
         self.step_examples.update((ex.prompt_id, ex) for ex in out)
         return out
 
-    # ------------------------------------------------------------------ policy
-    def ref_logprobs(self, batch: TrajectoryBatch) -> torch.Tensor:
-        """Reference log-probs (frozen model, the learner's temperature and replayed truncation)."""
-        assert self.ref_model is not None
-        return self._frozen_logprobs(self.ref_model, batch)
-
-    def teacher_logprobs(self, batch: TrajectoryBatch) -> torch.Tensor:
-        """The distillation teacher's log-probs of ``batch``'s tokens (``loss.distill``), computed exactly
-        like the reference's: the learner's temperature and replayed truncation, 0 off the action mask."""
-        assert self.teacher_model is not None, "teacher_logprobs needs loss.distill"
-        return self._frozen_logprobs(self.teacher_model, batch)
-
-    def _frozen_logprobs(self, model: torch.nn.Module, batch: TrajectoryBatch) -> torch.Tensor:
-        from posttrain.learner.logprobs import token_logprobs
-
-        lp, _ = token_logprobs(model, batch.input_ids, batch.attention_mask,
-                               temperature=self.learner.temperature,
-                               top_k=self.learner.top_k, top_p=self.learner.top_p,
-                               microbatch_tokens=self.cfg.optim.microbatch_tokens, action_mask=batch.action_mask)
-        masked: torch.Tensor = lp * batch.action_mask.to(lp.dtype)
-        return masked
-
+    # ------------------------------------------------------------------ the KL coefficient and the engine
     def kl_coef_value(self) -> float:
         """beta for this step: ``loss.kl_coef`` or the adaptive controller's current value. The learner
         holds the coefficient in both placements (``builders.build_kl_coef``): this step's loss reads it,
@@ -148,7 +167,7 @@ class Run:
 
     def release_engine(self) -> bool:
         """``system.engine_sleep``: the engine's ``sleep()`` before an update (colocation); True when it
-        released its memory. An engine that cannot is logged once and keeps it (returns False)."""
+        released its memory. An engine that cannot is logged once per run and keeps it (returns False)."""
         from posttrain.rollout.engine import engine_sleep
 
         if not self.cfg.system.engine_sleep:
@@ -159,48 +178,25 @@ class Run:
             self._sleep_skip_logged = True
         return why is None
 
-    def sync_weights(self) -> None:
-        """Push the learner's weights to the engine under the learner's version."""
-        self.engine.update_weights(self.learner.weights_for_rollout(), version=self.learner.version)
-
-    def reject(self, step: int, reason: str) -> None:
-        """Reject the revision of ``step``: restore the promoted weights and record ``reason``
-        (:meth:`Promotion.reject <posttrain.loop.promotion.Promotion.reject>`)."""
-        self.promotion.reject(step, reason)
-
-    def evaluate(self, temperature: float | None = None, samples: int = 1) -> EvalResult:
-        """Held-out evaluation of the engine's current weights (default: ``eval.temperature``);
-        ``samples`` > 1 draws that many responses per prompt for pass@``eval.k``."""
-        from posttrain.loop.heldout import evaluate_run  # one path, shared with `posttrain eval`
-
-        return evaluate_run(self, temperature, samples=samples)
-
-    def evaluate_episodes(self, temperature: float | None = None, env_overrides: dict[str, JSONScalar] | None = None,
-                          samples: int = 1) -> EvalResult:
-        """Held-out evaluation of an ``env.name`` run: ``samples`` episodes per held-out start (default
-        temperature ``eval.temperature``; ``env_overrides`` e.g. ``{"use_tools": False}``)."""
-        from posttrain.loop.heldout import evaluate_run
-
-        return evaluate_run(self, temperature, samples=samples, env_overrides=env_overrides)
-
+    # ------------------------------------------------------------------ evaluation and warm-up
     def evaluate_and_judge(self, step: int) -> dict[str, float | str]:
-        """Evaluate; promote if best so far, reject (restore) on a collapse, else retain."""
+        """Evaluate the parts' engine on every held-out set; promote if best so far, reject (restore, and the
+        engine gets the restored weights) on a collapse, else retain."""
         from posttrain.loop.heldout import heldout_metrics  # shared with `posttrain eval`
 
-        res, metrics = heldout_metrics(self, step=step, run_dir=self.dir)  # + heldout_outcomes.jsonl
+        res, metrics = heldout_metrics(self.parts, step=step, run_dir=self.dir)  # + heldout_outcomes.jsonl
         decision, reason = self.promotion.judge(step, res.accuracy)  # (:mod:`posttrain.loop.promotion`)
         if decision == "rejected":
-            self.sync_weights()  # the engine gets the restored weights
+            sync_weights(self.parts)
         self.state.last_heldout_accuracy = res.accuracy
         self.state.heldout_curve.append((step, res.accuracy, res.reward_mean))
         return {**metrics, "revision": decision, "revision_reason": reason}
 
-    # ------------------------------------------------------------------ warm-up
     def warmup_and_baseline(self, progress: Progress | None = None) -> None:
         """SFT warm-up on reference answers (if ``sft.steps``, :func:`~posttrain.loop.warmup.sft_warmup`),
         then the step-0 held-out eval."""
         if self.cfg.sft.steps > 0:
-            sft_warmup(self, progress)
+            sft_warmup(self.parts, self.dir, progress)
         m = self.evaluate_and_judge(0)
         check_guards(self.cfg.guards, m)  # step 0: a breach (e.g. every verification failed) warns
         self.verdicts.add(m)
@@ -208,7 +204,8 @@ class Run:
 
     # ------------------------------------------------------------------ bookkeeping
     def finish_step(self, step: int, trajs: list[Trajectory], metrics: StepMetrics, t_step: float) -> None:
-        """Ledger + metrics for ``step``, advance the state, checkpoint when due."""
+        """Ledger + metrics for ``step``, advance the state, checkpoint when due
+        (:func:`~posttrain.loop.lifecycle.checkpoint_due`)."""
         metrics["time/step_s"] = time.perf_counter() - t_step
         self.state.step = step
         reward = metrics.get("reward/mean")
@@ -219,27 +216,17 @@ class Run:
         self.ledger.write_trajectories(step, trajs)
         self.ledger.write_metrics(step, scalars)
         self.log.log(step, scalars)
-        every = self.cfg.checkpoint_every
-        if (every and step % every == 0) or step == self.cfg.steps:
+        if checkpoint_due(self.cfg, step):
             self.checkpoint()
 
     def checkpoint(self) -> Path:
         """Atomic checkpoint of everything needed to resume exactly (:mod:`posttrain.loop.checkpointing`)."""
-        return checkpointing.write_checkpoint(self)
+        return checkpointing.write_checkpoint(self, self.parts)
 
     def resume(self) -> bool:
         """Restore the newest checkpoint that loads; False when there is no complete one
         (:func:`posttrain.loop.checkpointing.resume`)."""
-        return checkpointing.resume(self)
-
-    def restart_clock(self, wall_before: float) -> None:
-        """Count this invocation's wall time from now, on top of ``wall_before`` seconds of earlier ones."""
-        self._t_start = time.perf_counter()
-        self._wall_before = wall_before
-
-    def wall_seconds(self) -> float:
-        """Wall time of the run: earlier invocations (restored from a checkpoint) plus this one."""
-        return self._wall_before + time.perf_counter() - self._t_start
+        return checkpointing.resume(self, self.parts)
 
     def stop(self, reason: str) -> None:
         """Stop the run with a reason (logged, ledger-visible via metrics, checkpointed)."""
@@ -249,64 +236,48 @@ class Run:
         self.checkpoint()
 
     def close(self) -> None:
-        """Close the sinks, verifier pool, backend and learner ranks, then release the run-directory lock
-        (idempotent)."""
-        self.state.wall_seconds = self.wall_seconds()
+        """Close the metrics and the parts (:func:`~posttrain.loop.parts.close_parts`: learner ranks, verifier
+        pool, backend or engine), then release the run-directory lock (idempotent)."""
+        self.state.wall_seconds = self.clock.seconds()
+        if self._closed:
+            return
+        self._closed = True
         try:
-            if hasattr(self.learner, "close"):  # learner rank processes (learner.strategy ddp / fsdp2)
-                self.learner.close()
             self.log.close()
-            if self._pool is not None:
-                self._pool.close()
-            if self.backend is not None:
-                self.backend.close()
-                self.backend = None
-            elif hasattr(self.engine, "close"):  # an engine server process (rollout.engine=vllm)
-                self.engine.close()
+            close_parts(self.parts)
         finally:
             if self._lock is not None:
                 self._lock.release()
 
 
-def run_dir_of(cfg: RunConfig) -> Path:
-    """The run directory of ``cfg``: ``run_dir``, default ``runs/<name>``."""
-    return Path(cfg.run_dir or f"runs/{cfg.name}")
-
-
 def open_run(cfg: RunConfig) -> Run:
-    """Build the run in its locked run directory; resume from its latest checkpoint when ``cfg.resume``.
+    """Build the parts and the run in its locked run directory (:func:`~posttrain.loop.lifecycle.open_run_dir`);
+    resume from its latest checkpoint when ``cfg.resume``.
 
-    The lock is held until :meth:`Run.close` (released here if building fails). ``config.yaml``
-    is written atomically; a forced resume with a changed recipe first keeps the old one as
+    The lock is held until :meth:`Run.close` (released, and a fresh directory removed, if building fails).
+    ``config.yaml`` is written atomically; a forced resume with a changed recipe first keeps the old one as
     ``config.step_<N>.yaml``.
     """
-    from posttrain.loop.run_dir import RunDirLock, prepare_run_dir, refuse_to_overwrite, write_text_atomic
-
-    fresh = not run_dir_of(cfg).exists()
-    run_dir = prepare_run_dir(run_dir_of(cfg))
-    lock = RunDirLock(run_dir)
+    opened = open_run_dir(cfg)
     try:
-        forced = check_resumable(cfg, run_dir) if cfg.resume else None
-        if not cfg.resume:
-            refuse_to_overwrite(run_dir)
-        run = Run(cfg, lock=lock)
+        parts = build_parts(cfg, opened.path)
     except BaseException:
-        lock.release()
-        if fresh:  # a run that never started (bad data, model, ...) leaves no directory behind
-            shutil.rmtree(run_dir, ignore_errors=True)
+        opened.abandon()
+        raise
+    try:
+        run = Run(cfg, parts, lock=opened.lock)
+    except BaseException:
+        close_parts(parts)
+        opened.abandon()
         raise
     try:
         if cfg.resume:
             if not run.resume():  # the checkpoints vanished since check_resumable: still not a fresh start
                 from posttrain.loop.run_dir import RunDirError
 
-                raise RunDirError(f"resume=true but {run_dir / 'checkpoints'} holds no complete checkpoint")
+                raise RunDirError(f"resume=true but {run.dir / 'checkpoints'} holds no complete checkpoint")
             log.info("resumed %s at step %d", run.dir, run.state.step)
-            if forced:
-                keep = run.dir / f"config.step_{run.state.step:06d}.yaml"
-                os.replace(run.dir / "config.yaml", keep)
-                log.warning("resume_force: recipe changed (%s); the previous config is kept as %s", forced, keep)
-        write_text_atomic(run.dir / "config.yaml", dump_config(cfg))
+        opened.write_config(cfg, run.state.step)
     except BaseException:
         run.close()
         raise

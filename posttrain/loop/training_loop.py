@@ -19,15 +19,16 @@ from __future__ import annotations
 import dataclasses
 import math
 import time
-from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from posttrain.config import RunConfig
 from posttrain.loop.checkpointing import RunState
 from posttrain.loop.guards import check_guards
-from posttrain.loop.interrupt import raise_if_interrupted
+from posttrain.loop.lifecycle import eval_due
+from posttrain.loop.parts import Parts, frozen_logprobs, sync_weights
 from posttrain.loop.producer import Produced, Producer
-from posttrain.loop.run import Run, StepMetrics, open_run
+from posttrain.loop.run import Run, StepMetrics
+from posttrain.loop.sampling_lifecycle import SamplingProgram, SamplingStep, run_sampling
 from posttrain.loop.step_metrics import status_counts, step_metrics
 from posttrain.loop.targets import Targets, build_targets, distill_metrics, ref_token_kl, run_baseline
 from posttrain.rewards.hidden import judge_trajectories
@@ -44,9 +45,10 @@ if TYPE_CHECKING:
 def train(cfg: RunConfig, *, progress: Progress | None = None) -> RunState:
     """Run ``cfg.steps`` RL steps (after optional SFT warm-up) in ``cfg.system.mode``; returns the final state.
 
-    Contract: the producer of the mode hands over each step's trajectories; :func:`update_step`
-    trains on them and syncs the engine inside ``producer.quiesce()`` (no rollout call starts
-    meanwhile). Samples generated but never consumed when the run ends are counted in
+    The sampling trainers' lifecycle (:func:`~posttrain.loop.sampling_lifecycle.run_sampling`) with
+    :func:`update_step` as the step: the producer of the mode hands over each step's trajectories;
+    :func:`update_step` trains on them and syncs the engine inside ``producer.quiesce()`` (no rollout call
+    starts meanwhile). Samples generated but never consumed when the run ends are counted in
     ``RunState.unconsumed_samples``.
 
     Any exception (``KeyboardInterrupt`` included) propagates after the producer and the run are
@@ -55,50 +57,28 @@ def train(cfg: RunConfig, *, progress: Progress | None = None) -> RunState:
     interrupt recorded by :func:`~posttrain.loop.interrupt.interrupt_flag` whose ``KeyboardInterrupt`` was
     swallowed (a finalizer's) raises one before the next step.
     """
-    from posttrain.loop.producer import build_producer
-
-    run = open_run(cfg)  # locks run_dir, builds model/task/engine/learner, resumes if asked, writes config.yaml
-    st = run.state
-    try:
-        if st.step == 0:
-            run.warmup_and_baseline(progress)  # SFT (if configured) and the step-0 held-out eval
-        task_bar = progress.add_task("RL", total=cfg.steps, completed=st.step) if progress else None
-        producer = build_producer(cfg, run)  # after the warm-up: a worker thread samples from the warm weights
-    except BaseException:
-        run.close()
-        raise
-    run.inflight_count = producer_inflight(producer)
-    try:
-        while st.step < cfg.steps:
-            raise_if_interrupted()  # a Ctrl-C a finalizer swallowed stops the run here, between steps
-            step = st.step + 1
-            t_step = time.perf_counter()
-            produced = producer.next_batch(step)  # 1. rollout + 2. validate + 3. score (+ staleness filter)
-            metrics, stop_reason = update_step(run, producer, step, produced, t_step)
-            if progress is not None and task_bar is not None:
-                progress.update(task_bar, advance=1, description=(
-                    f"RL step {step} reward {metrics.get('reward/mean', float('nan')):.3f} "
-                    f"held-out {st.last_heldout_accuracy:.3f}"))
-            if stop_reason:
-                run.stop(stop_reason)
-                break
-    finally:
-        try:
-            st.unconsumed_samples = producer.close()
-        finally:
-            run.close()
-    run.verdicts.check(str(run.dir / "ledger"))  # every verification failed: NothingJudgedError, not "done"
-    return st
+    return run_sampling(cfg, RL_PROGRAM, progress)
 
 
-def producer_inflight(producer: Producer) -> Callable[[], int]:
-    """A callable counting the producer's samples in flight (queued, carried), for checkpoints."""
-    def count() -> int:
-        rollout = getattr(producer, "rollout", None)
-        queue = getattr(producer, "queue", None)
-        return (rollout.inflight() if rollout is not None else 0) + (queue.samples if queue is not None else 0)
+def _rl_step(run: Run, fresh: bool) -> SamplingStep:
+    """The RL step of every run: :func:`update_step`, looked up at each call (so a test may wrap it)."""
+    return _update_step
 
-    return count
+
+def _update_step(run: Run, producer: Producer, step: int, produced: Produced,
+                 t_step: float) -> tuple[StepMetrics, str | None]:
+    """:func:`update_step` as this module holds it now."""
+    return update_step(run, producer, step, produced, t_step)
+
+
+def _rl_progress(step: int, metrics: StepMetrics, st: RunState) -> str:
+    """The RL progress line: the step's mean reward and the last held-out accuracy."""
+    reward = metrics.get("reward/mean", float("nan"))
+    return f"RL step {step} reward {reward:.3f} held-out {st.last_heldout_accuracy:.3f}"
+
+
+RL_PROGRAM = SamplingProgram("RL", _rl_step, _rl_progress)
+"""``trainer: rl`` over the sampling trainers' lifecycle."""
 
 
 def update_step(run: Run, producer: Producer, step: int, produced: Produced,
@@ -108,10 +88,11 @@ def update_step(run: Run, producer: Producer, step: int, produced: Produced,
     Collates the usable trajectories once into one :class:`~posttrain.trajectory.TrajectoryBatch`;
     pi_old / pi_ref log-probs, critic values, advantages and returns are attached to it as tensors
     (``freeze`` / ``with_targets``: :func:`frozen_batch`, :func:`step_targets`) and the actor and critic
-    updates read them from it (:func:`train_batch`). Then judges the revision, syncs the engine's weights
-    (inside ``producer.quiesce()``) and evaluates every ``eval.every`` steps (:func:`sync_and_evaluate`),
-    checks the guards, rebuilds the records once (``with_update_record``) and writes ledger + metrics
-    (+ checkpoint) (:func:`record_step`). Returns ``(metrics, stop_reason)``.
+    updates read them from it (:func:`train_batch`), all over the run's parts (``run.parts``). Then judges
+    the revision, syncs the engine's weights (inside ``producer.quiesce()``) and evaluates every
+    ``eval.every`` steps (:func:`sync_and_evaluate`), checks the guards, rebuilds the records once
+    (``with_update_record``) and writes ledger + metrics (+ checkpoint) (:func:`record_step`). Returns
+    ``(metrics, stop_reason)``.
     """
     cfg = run.cfg
     trajs = produced.trajectories
@@ -121,24 +102,25 @@ def update_step(run: Run, producer: Producer, step: int, produced: Produced,
     metrics.update(consumption_metrics(trajs, produced.dropped))
     if not usable:
         return skipped_step(run, producer, step, trajs, metrics, t_step)
+    parts = run.parts
     t0 = time.perf_counter()
-    old_version = run.learner.version
+    old_version = parts.learner.version
     # One optimizer step per update and nothing before it that reads pi_old (no KL in the reward):
     # pi_old comes from the update's own forward, detached (no redundant no-grad forward).
-    fuse = (cfg.optim.fuse_old_logprob and run.learner.can_fuse_old_logprob() and not cfg.credit.kl_in_reward
+    fuse = (cfg.optim.fuse_old_logprob and parts.learner.can_fuse_old_logprob() and not cfg.credit.kl_in_reward
             and cfg.loss.distill is None)
-    batch = frozen_batch(run, usable, fuse, old_version)
+    batch = frozen_batch(parts, usable, fuse, old_version, run.state.ref_version)
     batch, tg = step_targets(run, batch, step, metrics)
     slept = run.release_engine()  # system.engine_sleep: the engine frees its weights while the learner updates
-    batch, tg, out = train_batch(run, batch, tg, fuse, old_version, metrics)
+    batch, tg, out = train_batch(parts, batch, tg, fuse, old_version, metrics)
     metrics["time/learner_s"] = time.perf_counter() - t0
     metrics.update(step_metrics(batch, trajs, tg, learner_version=old_version))
     metrics.update(distill_metrics(tg, batch))
-    if run.backend is not None:  # system.backend=ray: where the rollout / reward workers run (once)
-        metrics.update(run.backend.placement_once())
+    if parts.backend is not None:  # system.backend=ray: where the rollout / reward workers run (once)
+        metrics.update(parts.backend.placement_once())
     # 6. judge the revision; a NaN/inf loss is rejected and the promoted weights restored
     if not math.isfinite(float(out.metrics.get("loss", 0.0))):
-        run.reject(step, reason=f"non-finite loss {out.metrics.get('loss')}")
+        run.promotion.reject(step, f"non-finite loss {out.metrics.get('loss')}")
         metrics["revision"] = "rejected"
     else:
         metrics["revision"] = "candidate"
@@ -162,23 +144,22 @@ def skipped_step(run: Run, producer: Producer, step: int, trajs: list[Trajectory
     return metrics, stop_reason
 
 
-def frozen_batch(run: Run, usable: list[Trajectory], fuse: bool, old_version: int) -> TrajectoryBatch:
-    """Step 4: the usable trajectories collated once, with pi_old (unless the update fuses it), pi_ref,
-    the teacher's log-probs (``loss.distill``) and the critic's values frozen onto the batch. Each recorded
-    prompt is re-rendered first: pi_old must be computed on the ids the engine sampled from (a changed
-    template / system prompt is an error)."""
-    renderer = getattr(run, "renderer", None)
-    if renderer is not None:
-        renderer.verify(usable)
-    batch = collate(usable, pad_token_id=run.pad_token_id)
+def frozen_batch(parts: Parts, usable: list[Trajectory], fuse: bool, old_version: int,
+                 ref_version: int) -> TrajectoryBatch:
+    """Step 4: the usable trajectories collated once, with pi_old (unless the update fuses it), pi_ref (at
+    ``ref_version``), the teacher's log-probs (``loss.distill``) and the critic's values frozen onto the batch.
+    Each recorded prompt is re-rendered first: pi_old must be computed on the ids the engine sampled from (a
+    changed template / system prompt is an error)."""
+    parts.renderer.verify(usable)
+    batch = collate(usable, pad_token_id=parts.pad_token_id)
     if not fuse:
-        batch = batch.freeze("old", run.learner.compute_logprobs(batch), old_version)
-    if run.ref_model is not None:
-        batch = batch.freeze("ref", run.ref_logprobs(batch), run.state.ref_version)
-    if run.teacher_model is not None:  # loss.distill: the frozen teacher scores the student's own tokens
-        batch = batch.freeze("teacher", run.teacher_logprobs(batch))
-    if run.critic is not None:
-        values, final_values = run.critic.compute_values(batch)
+        batch = batch.freeze("old", parts.learner.compute_logprobs(batch), old_version)
+    if parts.ref_model is not None:
+        batch = batch.freeze("ref", frozen_logprobs(parts, parts.ref_model, batch), ref_version)
+    if parts.teacher_model is not None:  # loss.distill: the frozen teacher scores the student's own tokens
+        batch = batch.freeze("teacher", frozen_logprobs(parts, parts.teacher_model, batch))
+    if parts.critic is not None:
+        values, final_values = parts.critic.compute_values(batch)
         batch = batch.with_targets(values=values, final_values=final_values)
     return batch
 
@@ -201,22 +182,21 @@ def step_targets(run: Run, batch: TrajectoryBatch, step: int, metrics: StepMetri
     return batch.with_targets(advantages=tg.advantages, returns=tg.returns), tg
 
 
-def train_batch(run: Run, batch: TrajectoryBatch, tg: Targets, fuse: bool, old_version: int,
+def train_batch(parts: Parts, batch: TrajectoryBatch, tg: Targets, fuse: bool, old_version: int,
                 metrics: StepMetrics) -> tuple[TrajectoryBatch, Targets, UpdateOutput]:
     """Step 5: the actor (and critic) update under the recipe's reduction (correction: CORRECTIONS / decoupled
     PPO against the recorded behaviour log-probs, whatever the mode); both read the batch's tensors. A fused
     pi_old is frozen onto the batch afterwards, and the targets' KL recomputed from it."""
-    cfg = run.cfg
-    out = run.learner.update(batch, fuse_old=fuse)
+    out = parts.learner.update(batch, fuse_old=fuse)
     upd = dict(out.metrics)
     if fuse:
         assert out.old_logprob is not None
         batch = batch.freeze("old", out.old_logprob, old_version)
         tg = dataclasses.replace(tg, old_logprob=batch.old_logprob, ref_logprob=batch.ref_logprob, token_kl=ref_token_kl(
-            batch.old_logprob, batch.ref_logprob, batch.action_mask, cfg.loss.kl_estimator))
+            batch.old_logprob, batch.ref_logprob, batch.action_mask, parts.cfg.loss.kl_estimator))
     metrics["update/fused_old_logprob"] = float(fuse)
-    if run.critic is not None and batch.returns is not None:
-        upd.update({f"critic/{k}": v for k, v in run.critic.update(batch).items()})
+    if parts.critic is not None and batch.returns is not None:
+        upd.update({f"critic/{k}": v for k, v in parts.critic.update(batch).items()})
     metrics.update(upd)
     return batch, tg, out
 
@@ -230,8 +210,8 @@ def sync_and_evaluate(run: Run, producer: Producer, step: int, slept: bool, metr
         if slept:  # re-acquire; the sync below refills every weight
             from posttrain.rollout.engine import engine_wake
 
-            engine_wake(run.engine)
-        run.sync_weights()  # the engine gets the new weights with an incremented version
+            engine_wake(run.parts.engine)
+        sync_weights(run.parts)  # the engine gets the new weights with an incremented version
         metrics["time/weight_sync_s"] = time.perf_counter() - t1
         run.observe_kl(metrics)
         if eval_due(run.cfg, step):
@@ -248,14 +228,8 @@ def record_step(run: Run, step: int, batch: TrajectoryBatch, current_logprob: to
     it cannot reach the reward); then ledger + metrics (+ checkpoint)."""
     seen = with_update_record(batch, current_logprob, tg.advantages)
     ledger_trajs = seen + [t for t in trajs if t.status in (Status.INFRA_ERROR, Status.ENV_FAILURE)]
-    ledger_trajs = judge_trajectories(ledger_trajs, getattr(run, "hidden_verifier", None),
-                                      getattr(run, "verify_batch", None))
+    ledger_trajs = judge_trajectories(ledger_trajs, run.parts.hidden_verifier, run.parts.verify_batch)
     run.finish_step(step, ledger_trajs, metrics, t_step)
-
-
-def eval_due(cfg: RunConfig, step: int) -> bool:
-    """Held-out evaluation after ``step``: every ``eval.every`` steps and at the last step."""
-    return step % cfg.eval.every == 0 or step == cfg.steps
 
 
 def consumption_metrics(trajs: list[Trajectory], dropped: list[Trajectory]) -> dict[str, float]:
@@ -337,5 +311,5 @@ class RLProgram:
 PROGRAM = RLProgram()
 """The program ``trainer: rl`` names (posttrain/config/trainers.py)."""
 
-__all__ = ["PROGRAM", "RLProgram", "RLRunResult", "consumption_metrics", "eval_due", "frozen_batch", "producer_inflight",
-           "record_step", "skipped_step", "step_targets", "sync_and_evaluate", "train", "train_batch", "update_step"]
+__all__ = ["PROGRAM", "RLProgram", "RLRunResult", "RL_PROGRAM", "consumption_metrics", "frozen_batch", "record_step",
+           "skipped_step", "step_targets", "sync_and_evaluate", "train", "train_batch", "update_step"]

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING
 
 import torch
 
@@ -23,58 +23,8 @@ if TYPE_CHECKING:
     from rich.progress import Progress
 
     from posttrain.config import RunConfig
-    from posttrain.envs.prompt_render import PromptRenderer
     from posttrain.envs.task import Task, TaskExample
-    from posttrain.learner.protocol import Learner
-    from posttrain.models.tokenizer_protocol import Tokenizer
-    from posttrain.rewards.scoring import VerifyBatch
-    from posttrain.rewards.verifier import Verifier
-    from posttrain.rollout.engine import RolloutEngine
-
-
-class WarmedRun(Protocol):
-    """What the SFT warm-up reads of a run: met by :class:`~posttrain.loop.run.Run` (a structural type, so
-    this module does not import the run that calls it). It is also an
-    :class:`~posttrain.loop.heldout.EvaluatedRun` (the held-out sets the warm-up must not demonstrate)."""
-
-    @property
-    def cfg(self) -> RunConfig: ...
-
-    @property
-    def engine(self) -> RolloutEngine: ...
-
-    @property
-    def tokenizer(self) -> Tokenizer: ...
-
-    @property
-    def task(self) -> Task: ...
-
-    @property
-    def heldout(self) -> list[TaskExample]: ...
-
-    @property
-    def renderer(self) -> PromptRenderer: ...
-
-    @property
-    def verify_batch(self) -> VerifyBatch | None: ...
-
-    @property
-    def hidden_verifier(self) -> Verifier | None: ...
-
-    @property
-    def learner(self) -> Learner: ...
-
-    @property
-    def pad_token_id(self) -> int: ...
-
-    @property
-    def dir(self) -> Path: ...
-
-    @property
-    def ref_model(self) -> torch.nn.Module | None: ...
-
-    def sync_weights(self) -> None:
-        """Push the learner's weights to the engine."""
+    from posttrain.loop.parts import Parts
 
 
 def reference_answer(task: Task, ex: TaskExample) -> str:
@@ -95,25 +45,16 @@ def warmup_examples(task: Task, cfg: RunConfig, heldout: Sequence[TaskExample]) 
     return [ex for ex in task.examples("train", cfg.sft.examples, seed=cfg.seed + 12_345) if key(ex.prompt) not in held]
 
 
-def sft_warmup(run: WarmedRun, progress: Progress | None = None) -> None:
-    """``run.cfg.sft.steps`` SFT steps through ``run``'s learner (:func:`posttrain.learner.sft.run_sft`: its
+def sft_warmup(parts: Parts, run_dir: Path, progress: Progress | None = None) -> None:
+    """``parts.cfg.sft.steps`` SFT steps through the parts' learner (:func:`posttrain.learner.sft.run_sft`: its
     ``forward_backward`` with the answer NLL, the warm-up's own optimiser; a ``rich`` ``progress`` bar when
-    given); then the reference model and the engine get its weights."""
+    given), the losses written to ``run_dir/sft_losses.json``; then the reference model and the engine get
+    its weights."""
     from posttrain.learner.sft import run_sft
-    from posttrain.loop.heldout import eval_splits, split_examples
+    from posttrain.loop.parts import sync_weights
 
-    cfg = run.cfg
-    held = [ex for split in eval_splits(run.task) for ex in split_examples(run, split)]
-    pool = warmup_examples(run.task, cfg, held)
-    tok = run.tokenizer
-    eos = tok.eos_token_id
-    if cfg.env.name is not None:  # multi-turn: the environment's demonstrations, one pair per turn
-        from posttrain.loop.episode_rollout import EpisodeRollout, sft_pairs
-        from posttrain.loop.rollout_stage import RolloutStage
-
-        pairs = sft_pairs(EpisodeRollout(cfg, run, RolloutStage.from_config(cfg)), pool)
-    else:
-        pairs = [(run.renderer.ids(ex), tok(reference_answer(run.task, ex)).input_ids + [eos]) for ex in pool]
+    cfg = parts.cfg
+    pairs = warmup_pairs(parts)
     g = torch.Generator().manual_seed(cfg.seed)
     bar = progress.add_task("SFT warm-up", total=cfg.sft.steps) if progress else None
 
@@ -125,12 +66,31 @@ def sft_warmup(run: WarmedRun, progress: Progress | None = None) -> None:
         if progress is not None and bar is not None:
             progress.update(bar, advance=1, description=f"SFT warm-up loss {loss:.3f}")
 
-    losses = run_sft(run.learner, batches, steps=cfg.sft.steps, lr=cfg.sft.lr, pad_token_id=run.pad_token_id,
+    losses = run_sft(parts.learner, batches, steps=cfg.sft.steps, lr=cfg.sft.lr, pad_token_id=parts.pad_token_id,
                      on_step=on_step)
-    (run.dir / "sft_losses.json").write_text(json.dumps(losses))
-    if run.ref_model is not None:
-        run.ref_model.load_state_dict(run.learner.weights_for_rollout())  # plain names (LoRA merged)
-    run.sync_weights()
+    (run_dir / "sft_losses.json").write_text(json.dumps(losses))
+    if parts.ref_model is not None:
+        parts.ref_model.load_state_dict(parts.learner.weights_for_rollout())  # plain names (LoRA merged)
+    sync_weights(parts)
 
 
-__all__ = ["reference_answer", "sft_warmup", "warmup_examples"]
+def warmup_pairs(parts: Parts) -> list[tuple[list[int], list[int]]]:
+    """The warm-up's (prompt ids, response ids) pairs over :func:`warmup_examples` (none of the run's held-out
+    sets): single-turn, the rendered prompt and ``meta['answer']`` + EOS; with ``env.name``, the environment's
+    demonstrations, one pair per turn."""
+    from posttrain.loop.heldout import eval_splits, split_examples
+
+    cfg = parts.cfg
+    held = [ex for split in eval_splits(parts.task) for ex in split_examples(parts, split)]
+    pool = warmup_examples(parts.task, cfg, held)
+    if cfg.env.name is not None:  # multi-turn: the environment's demonstrations, one pair per turn
+        from posttrain.loop.episode_rollout import EpisodeRollout, sft_pairs
+        from posttrain.loop.rollout_stage import RolloutStage
+
+        return sft_pairs(EpisodeRollout(cfg, parts, RolloutStage.from_config(cfg)), pool)
+    tok = parts.tokenizer
+    return [(parts.renderer.ids(ex), tok(reference_answer(parts.task, ex)).input_ids + [tok.eos_token_id])
+            for ex in pool]
+
+
+__all__ = ["reference_answer", "sft_warmup", "warmup_examples", "warmup_pairs"]

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import time
 
@@ -34,12 +35,13 @@ def test_learner_side_rerendering_mismatch_is_caught_in_a_run(tmp_path) -> None:
         # the engine sampled from <|system|>Add.<|user|>...<|assistant|> (ids 7 = <|system|>, 5 = <|assistant|>)
         for t in trajs:
             assert t.meta["prompt_format"] == "chat" and t.token_ids[0] == 7 and t.token_ids[t.prompt_length - 1] == 5
-        run.renderer = PromptRenderer(run.tokenizer, chat=True, system_prompt="Sum.")  # the learner's side differs
+        learner_side = PromptRenderer(run.tokenizer, chat=True, system_prompt="Sum.")  # the learner's side differs
+        run.parts = dataclasses.replace(run.parts, renderer=learner_side)
         version = run.learner.version
         with pytest.raises(PromptMismatchError, match=r"prompt '.+' \(trajectory .+\).* at token 1 "):
             update_step(run, producer, 1, produced, time.perf_counter())
         assert run.learner.version == version  # caught before pi_old and the update
-        run.renderer = engine_side
+        run.parts = dataclasses.replace(run.parts, renderer=engine_side)
         update_step(run, producer, 1, produced, time.perf_counter())
         assert run.learner.version == version + 1
     finally:

@@ -135,7 +135,7 @@ def test_the_warmup_makes_the_tiny_model_call_the_tool(tmp_path: Path) -> None:
     run = open_run(cfg)
     try:
         calls0, _ = held_out_tool_calls(run)
-        sft_warmup(run)
+        sft_warmup(run.parts, run.dir)
         calls1, _ = held_out_tool_calls(run)
     finally:
         run.close()
