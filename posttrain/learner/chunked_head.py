@@ -155,6 +155,36 @@ class _ChunkedHead(torch.autograd.Function):
         return grad_h, (grad_w.to(w.dtype) if grad_w is not None else None), None, None
 
 
+def head_weight(head: torch.nn.Module) -> torch.Tensor | None:
+    """The ``[V, D]`` weight ``W`` with ``head(h) = h W^T`` for the active adapters, or ``None``.
+
+    A bias-free ``nn.Linear``: its weight. A peft LoRA ``Linear`` (Hu et al. 2021, arXiv:2106.09685) over
+    one (not merged, adapters enabled, no DoRA / LoRA bias, not ``fan_in_fan_out``): the folded weight
+    ``W_0 + sum_a (alpha_a/r_a) B_a A_a`` over its active adapters that adapt it (peft's
+    ``get_delta_weight``), differentiable in ``A`` and ``B``, so :func:`chunked_token_logprobs` runs a
+    LoRA-adapted head too. Anything else: ``None`` (the caller runs the model's own forward).
+    """
+    if type(head) is torch.nn.Linear:
+        return head.weight if head.bias is None else None
+    if not type(head).__module__.startswith("peft."):  # not a peft layer: no need (or peft) to look further
+        return None
+    from peft.tuners.lora import Linear as LoraLinear
+
+    if type(head) is not LoraLinear or head.merged or head.disable_adapters or head.fan_in_fan_out:
+        return None
+    base = head.base_layer
+    if type(base) is not torch.nn.Linear or base.bias is not None:
+        return None
+    w: torch.Tensor = base.weight
+    for a in head.active_adapters:
+        if a not in head.lora_A.keys():
+            continue
+        if a in head.lora_variant or head.lora_bias.get(a, False):
+            return None
+        w = w + head.get_delta_weight(a)
+    return w
+
+
 def chunk_tokens_for(vocab: int, cap: int | None = None) -> int:
     """Tokens per chunk: ``CHUNK_LOGITS // vocab`` (at least 1), at most ``cap`` when given."""
     n = max(1, CHUNK_LOGITS // max(int(vocab), 1))

@@ -26,8 +26,15 @@ from typing import Protocol
 
 import torch
 
+from posttrain.learner.chunked_head import chunk_tokens_for, chunked_token_logprobs, head_weight
 from posttrain.learner.grad_sync import GradientSync
-from posttrain.learner.logprobs import first_scored_position, forward_logprobs
+from posttrain.learner.logprobs import (
+    HEAD_IS_LM_HEAD_OF_LAST_HIDDEN,
+    LinearHead,
+    first_scored_position,
+    forward_logprobs,
+)
+from posttrain.learner.lora import is_peft_model
 from posttrain.learner.microbatch import Microbatch, RowTensors, microbatches
 from posttrain.learner.optim_step import StepOutcome
 
@@ -38,15 +45,20 @@ class ForwardSpec:
 
     ``sampler_replay``: ``log softmax(z / T)`` over the sampler's kept set (the learner's temperature,
     top-k, top-p; :func:`~posttrain.learner.logprobs.forward_logprobs`, cast to the compute dtype) — the
-    RL losses; False: the model's own untruncated ``log_softmax(logits.float())`` at temperature 1 over
-    the full logits (the SFT negative log-likelihood, Tinker's ``cross_entropy``). ``with_entropy`` /
-    ``entropy_grad``: the token entropy too, with or without its graph (replay only). ``autocast``: run
-    the forward under the learner's mixed precision."""
+    RL losses; False: the model's own untruncated ``log_softmax(z)`` at temperature 1 over the whole
+    vocabulary (:func:`plain_logprobs`: the SFT negative log-likelihood, the Tinker losses). ``with_entropy``
+    / ``entropy_grad``: the token entropy too, with or without its graph (replay only). ``autocast``: run
+    the forward under the learner's mixed precision. Plain only: ``targets``, the batch tensor ``[B, T]`` of
+    the tokens scored at each position (a Tinker datum's target tokens are not its shifted input; ``None``:
+    ``input_ids``); ``chunked_head``, the log-probs through the chunked LM head where the model allows
+    (:func:`plain_logprobs`; False: the full logits, whose exact numbers the SFT warm-up's goldens hold)."""
 
     sampler_replay: bool = True
     with_entropy: bool = False
     entropy_grad: bool = False
     autocast: bool = True
+    targets: str | None = None
+    chunked_head: bool = False
 
 
 @dataclasses.dataclass
@@ -133,12 +145,56 @@ class ForwardContext:
     params: Sequence[torch.nn.Parameter]
 
 
-def plain_logprobs(model: torch.nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
-    """``[B, T]``: 0 at ``t = 0``, then ``log_softmax(z[:, t-1].float())[input_ids[:, t]]`` from the model's
-    full logits (temperature 1, no truncation; padding not masked: the caller's mask does it)."""
-    logits = model(input_ids=input_ids, attention_mask=attention_mask).logits[:, :-1]
-    lp = torch.log_softmax(logits.float(), -1).gather(-1, input_ids[:, 1:, None]).squeeze(-1)
-    return torch.cat([lp.new_zeros(lp.shape[0], 1), lp], dim=1)
+def _plain_head(model: torch.nn.Module) -> LinearHead | None:
+    """The backbone and head weight of ``model`` (through a peft wrapper) when its logits are ``last_hidden @ W^T``
+    (:data:`~posttrain.learner.logprobs.HEAD_IS_LM_HEAD_OF_LAST_HIDDEN`), its head a bias-free linear layer or
+    a LoRA-adapted one (:func:`~posttrain.learner.chunked_head.head_weight`: the folded weight), not an FSDP
+    ``DTensor``; else ``None``."""
+    base: object = model.get_base_model() if is_peft_model(model) else model  # type: ignore[operator]
+    get_head, get_decoder = getattr(base, "get_output_embeddings", None), getattr(base, "get_decoder", None)
+    if getattr(getattr(base, "config", None), "model_type", None) not in HEAD_IS_LM_HEAD_OF_LAST_HIDDEN or not (
+            callable(get_head) and callable(get_decoder)):
+        return None
+    head, backbone = get_head(), get_decoder()
+    w = head_weight(head) if isinstance(head, torch.nn.Module) else None
+    if w is None or not isinstance(backbone, torch.nn.Module):
+        return None
+    if torch.distributed.is_available():
+        from torch.distributed.tensor import DTensor
+
+        if isinstance(w, DTensor):  # sharded: gathered only in the model's own forward hooks
+            return None
+    return LinearHead(backbone=backbone, weight=w)
+
+
+def plain_logprobs(model: torch.nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor, *,
+                   targets: torch.Tensor | None = None, chunked: bool = True,
+                   chunk_tokens: int | None = None) -> torch.Tensor:
+    """``[B, T]``: 0 at ``t = 0``, then ``log_softmax(z[:, t-1])[targets[:, t]]`` (``targets``: ``input_ids``
+    when ``None``): the model's own distribution at temperature 1, untruncated.
+
+    ``chunked`` and :func:`_plain_head` splits the model (a plain or LoRA-adapted linear head over the last
+    hidden state): the backbone runs on columns ``0 .. T-2`` (the last column's logits are never read) and
+    its hidden states go through :func:`~posttrain.learner.chunked_head.chunked_token_logprobs` on the real
+    tokens only (at most ``chunk_tokens`` per chunk when given): no ``[tokens x V]`` logits, the same values
+    up to the rounding of the chunked GEMMs, 0 on padding, the softmax in float32 for float32 / half models
+    (float64 stays exact). Otherwise the model's full logits, ``log_softmax(z.float())`` (padding not masked:
+    the caller's mask does it).
+    """
+    tg = input_ids if targets is None else targets
+    head = _plain_head(model) if chunked else None
+    if head is None:
+        logits = model(input_ids=input_ids, attention_mask=attention_mask).logits[:, :-1]
+        lp = torch.log_softmax(logits.float(), -1).gather(-1, tg[:, 1:, None]).squeeze(-1)
+        return torch.cat([lp.new_zeros(lp.shape[0], 1), lp], dim=1)
+    b, t = input_ids.shape
+    if t < 2:
+        return torch.zeros(b, t, dtype=torch.float32, device=input_ids.device)
+    out = head.backbone(input_ids=input_ids[:, :-1], attention_mask=attention_mask[:, :-1], use_cache=False)
+    rows, cols = attention_mask[:, 1:].ne(0).nonzero(as_tuple=True)
+    lp, _ = chunked_token_logprobs(out.last_hidden_state[rows, cols], head.weight, tg[:, 1:][rows, cols],
+                                   chunk_tokens=chunk_tokens_for(head.weight.shape[0], chunk_tokens))
+    return lp.new_zeros(b, t).index_put((rows, cols + 1), lp)
 
 
 def _forward(ctx: ForwardContext, mb: Microbatch, spec: ForwardSpec,
@@ -147,7 +203,9 @@ def _forward(ctx: ForwardContext, mb: Microbatch, spec: ForwardSpec,
     amp = ctx.autocast() if spec.autocast else contextlib.nullcontext()
     with amp, ctx.grad_mode(), no_grad:
         if not spec.sampler_replay:
-            return plain_logprobs(ctx.model, mb["input_ids"], mb["attention_mask"]), None
+            targets = mb[spec.targets] if spec.targets is not None else None
+            return plain_logprobs(ctx.model, mb["input_ids"], mb["attention_mask"], targets=targets,
+                                  chunked=spec.chunked_head, chunk_tokens=ctx.entropy_chunk_size), None
         lp, ent = forward_logprobs(
             ctx.model, mb["input_ids"], mb["attention_mask"], first_position=first_scored_position(mb["action_mask"]),
             temperature=ctx.temperature, top_k=ctx.top_k, top_p=ctx.top_p, with_entropy=spec.with_entropy,

@@ -7,20 +7,30 @@ Adapters of a snapshot (sampler weights, a checkpoint) are plain tensors; :meth:
 turns one into full model weights ``W + (alpha/r) B A`` through a scratch adapter of the same shape,
 so live training adapters are never touched by sampling.
 
-Memory of a long datum (docs/tinker.md, "Long data are bounded"): the per-token log-probs come from the learner's
-chunked LM head (:func:`posttrain.learner.chunked_head.chunked_token_logprobs`: at most ``chunk x V``
-logits at a time, never ``[tokens x V]``), with the LoRA-adapted head folded into one weight
-``W + (alpha/r) B A``; a datum of more than ``checkpoint_above_tokens`` tokens runs its backbone with
-transformers' activation checkpointing (Chen et al. 2016, arXiv:1604.06174: each layer's activations
-are recomputed in the backward instead of kept), as the RL learner's ``optim.gradient_checkpointing``
-does. Both give the values of the plain forward up to the rounding of the chunked GEMMs
+The hub is a wire adapter over the RL learner's parts: :meth:`ModelHub.forward_backward` checks the data
+and runs :func:`posttrain.learner.primitives.forward_backward` with the Tinker loss
+(:class:`posttrain.learner.tinker_loss.TinkerLoss`, one batch row per datum); :meth:`ModelHub.optim_step`
+is the learner's :class:`~posttrain.learner.optim_step.OptimizerStepper` with the SDK's Adam parameters of
+the call.
+
+Memory of a long datum (docs/tinker.md, "Long data are bounded"): the per-token log-probs come from the
+learner's chunked LM head (:func:`posttrain.learner.primitives.plain_logprobs` through
+:func:`posttrain.learner.chunked_head.chunked_token_logprobs`: at most ``chunk x V`` logits at a time,
+never ``[tokens x V]``), with the LoRA-adapted head folded into one weight ``W + (alpha/r) B A``; the
+micro-batches hold at most ``checkpoint_above_tokens + 1`` padded tokens, so a longer datum runs alone,
+with transformers' activation checkpointing (Chen et al. 2016, arXiv:1604.06174: each layer's activations
+are recomputed in the backward instead of kept), as the RL learner's ``optim.gradient_checkpointing`` does.
+Both give the values of the plain forward up to the rounding of the chunked GEMMs
 (``tests/serve/test_tinker_models.py``). A model whose head is not a plain linear layer over the last
 hidden state (:data:`posttrain.learner.logprobs.HEAD_IS_LM_HEAD_OF_LAST_HIDDEN`) takes the plain path.
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import functools
+import math
 import warnings
 from collections.abc import Callable, Mapping
 
@@ -28,10 +38,11 @@ import torch
 
 from posttrain.algos.tinker_losses import datum_loss, resolve_loss
 from posttrain.errors import UserError
-from posttrain.learner.chunked_head import chunked_token_logprobs
-from posttrain.learner.logprobs import HEAD_IS_LM_HEAD_OF_LAST_HIDDEN
+from posttrain.learner.grad_sync import LocalSync
 from posttrain.learner.lora import merged_state_dict
-from posttrain.learner.primitives import train_mode_if
+from posttrain.learner.optim_step import OptimizerStepper
+from posttrain.learner.primitives import ForwardContext, forward_backward, train_mode_if
+from posttrain.learner.tinker_loss import TinkerLoss, tinker_batch
 from posttrain.serve.wire import DatumIn
 
 CHECKPOINT_ABOVE_TOKENS = 512
@@ -63,13 +74,15 @@ class AdamStep:
 
 @dataclasses.dataclass
 class TrainedModel:
-    """One training model: its adapter name, LoRA spec, optimizer and the optimizer steps taken."""
+    """One training model: its adapter name, LoRA spec, optimizer (its learning rate set by each
+    ``optim_step``: ``schedule`` keeps it) and the optimizer steps taken."""
 
     model_id: str
     adapter: str
     lora: LoraSpec
     params: list[torch.nn.Parameter]
     optimizer: torch.optim.AdamW
+    schedule: torch.optim.lr_scheduler.LRScheduler
     steps: int = 0
 
 
@@ -109,32 +122,6 @@ def has_dropout(model: torch.nn.Module) -> bool:
     return any("dropout" in k and isinstance(v, (int, float)) and v > 0 for k, v in rates.items())
 
 
-def head_weight(head: torch.nn.Module) -> torch.Tensor | None:
-    """The ``[V, D]`` weight ``W`` with ``head(h) = h W^T`` for the active adapters, or ``None``.
-
-    A bias-free ``nn.Linear``: its weight. A peft LoRA ``Linear`` over one (not merged, adapters enabled,
-    no DoRA / LoRA bias, not ``fan_in_fan_out``): ``W_0 + sum_a (alpha_a/r_a) B_a A_a`` over its active
-    adapters that adapt it (peft's ``get_delta_weight``), differentiable in ``A`` and ``B``. Else ``None``.
-    """
-    if type(head) is torch.nn.Linear:
-        return head.weight if head.bias is None else None
-    from peft.tuners.lora import Linear as LoraLinear
-
-    if type(head) is not LoraLinear or head.merged or head.disable_adapters or head.fan_in_fan_out:
-        return None
-    base = head.base_layer
-    if type(base) is not torch.nn.Linear or base.bias is not None:
-        return None
-    w: torch.Tensor = base.weight
-    for a in head.active_adapters:
-        if a not in head.lora_A.keys():
-            continue
-        if a in head.lora_variant or head.lora_bias.get(a, False):
-            return None
-        w = w + head.get_delta_weight(a)
-    return w
-
-
 def target_modules(groups: Mapping[str, list[str]], spec: LoraSpec) -> list[str]:
     """The leaf names ``spec`` adapts (``train_attn`` / ``train_mlp`` / ``train_unembed``)."""
     names = [n for g, on in (("attn", spec.train_attn), ("mlp", spec.train_mlp), ("unembed", spec.train_unembed))
@@ -162,10 +149,6 @@ class ModelHub:
         self._groups = layer_groups(model)
         self.checkpoint_above_tokens = checkpoint_above_tokens
         self.head_chunk_tokens = head_chunk_tokens
-        cfg = getattr(model, "config", None)
-        split = getattr(cfg, "model_type", None) in HEAD_IS_LM_HEAD_OF_LAST_HIDDEN and callable(
-            getattr(model, "get_decoder", None))
-        self._backbone: torch.nn.Module | None = model.get_decoder() if split else None  # type: ignore[operator]
         self.checkpointing = bool(getattr(model, "supports_gradient_checkpointing", False)) and not has_dropout(model)
         if self.checkpointing:  # acts only in train mode, which forward_backward turns on for a long datum
             # transformers >= 5 names it activation_checkpointing_enable (the old name warns)
@@ -211,7 +194,9 @@ class ModelHub:
         params = [p for n, p in self._peft.named_parameters() if f".{adapter}." in n]
         for p in params:
             p.requires_grad_(True)
-        tm = TrainedModel(model_id, adapter, spec, params, torch.optim.AdamW(params, lr=1e-4))
+        opt = torch.optim.AdamW(params, lr=1e-4)
+        keep_lr = torch.optim.lr_scheduler.MultiplicativeLR(opt, lambda _: 1.0)  # each call sets the lr
+        tm = TrainedModel(model_id, adapter, spec, params, opt, keep_lr)
         self.models[model_id] = tm
         return tm
 
@@ -226,61 +211,73 @@ class ModelHub:
                          config: Mapping[str, float | str], *, forward_only: bool) -> ForwardResult:
         """Target log-probs of every datum and the summed loss; unless ``forward_only``, its gradient is
         added to the model's accumulated gradients. Datum ``i``'s log-prob at position ``t`` is
-        ``log p(target_tokens[t] | tokens[:t+1])``."""
+        ``log p(target_tokens[t] | tokens[:t+1])``.
+
+        Every datum is checked before anything runs (``UserError`` naming the datum: token counts and ids,
+        its ``loss_fn_inputs``); then one :func:`~posttrain.learner.primitives.forward_backward` of the
+        data's :func:`~posttrain.learner.tinker_loss.tinker_batch` with :class:`TinkerLoss` on the active
+        adapter, in micro-batches of at most ``checkpoint_above_tokens + 1`` padded tokens; the data longer
+        than ``checkpoint_above_tokens`` run in a second call, each alone, in train mode (activation
+        checkpointing; the model has no dropout when it is on)."""
         tm = self.get(model_id)
         spec, cfg = resolve_loss(loss_fn, config)
         net = self._activate(tm.adapter)
         vocab = int(net.get_output_embeddings().weight.shape[0])  # type: ignore[operator]
-        out: list[torch.Tensor] = []
+        inputs = []
+        for i, d in enumerate(data):
+            targets = d.inputs["target_tokens"]
+            if len(d.tokens) != targets.shape[0]:
+                raise UserError(f"datum {i}: {len(d.tokens)} input tokens but {targets.shape[0]} target_tokens")
+            if not d.tokens or max(d.tokens + targets.tolist()) >= vocab or min(d.tokens + targets.tolist()) < 0:
+                raise UserError(f"datum {i}: token ids must be in [0, {vocab}) and the input non-empty")
+            inputs.append({k: v for k, v in d.inputs.items() if k != "target_tokens"})
+            # its inputs' names and shapes (the loss of zero log-probs: nothing runs before every datum passes)
+            datum_loss(spec, loss_fn, torch.zeros(len(d.tokens)), {k: v.float() for k, v in inputs[-1].items()}, cfg, i)
+        if not data:
+            return ForwardResult([], 0.0)
+        loss = TinkerLoss(loss_fn, spec, cfg, forward_only=forward_only)
+        device = next(iter(tm.params)).device
+        batch = tinker_batch([d.tokens for d in data], [d.inputs["target_tokens"] for d in data], inputs, loss.keys,
+                             device)
+        long = [i for i, d in enumerate(data) if len(d.tokens) > self.checkpoint_above_tokens]
+        short = [i for i in batch.rows if i not in set(long)]
+        checkpoint = self.checkpointing and not forward_only
+        parts = [(short, False), (long, checkpoint)] if checkpoint else [(list(batch.rows), False)]
+        lp: torch.Tensor | None = None
         total = 0.0
-        with torch.set_grad_enabled(not forward_only):
-            for i, d in enumerate(data):
-                targets = d.inputs["target_tokens"]
-                if len(d.tokens) != targets.shape[0]:
-                    raise UserError(f"datum {i}: {len(d.tokens)} input tokens but {targets.shape[0]} target_tokens")
-                if not d.tokens or max(d.tokens + targets.tolist()) >= vocab or min(d.tokens + targets.tolist()) < 0:
-                    raise UserError(f"datum {i}: token ids must be in [0, {vocab}) and the input non-empty")
-                with train_mode_if(net, self.checkpointing and not forward_only
-                                 and len(d.tokens) > self.checkpoint_above_tokens):
-                    lp = self._datum_logprobs(net, d.tokens, targets)
-                    inputs = {k: v.to(lp.dtype) for k, v in d.inputs.items() if k != "target_tokens"}
-                    loss = datum_loss(spec, loss_fn, lp, inputs, cfg, i)
-                    if not forward_only:
-                        torch.autograd.backward(loss)
-                total += float(loss.detach())
-                out.append(lp.detach())
-                del lp, loss
-        return ForwardResult(out, total)
-
-    def _datum_logprobs(self, net: torch.nn.Module, tokens: list[int], targets: torch.Tensor) -> torch.Tensor:
-        """``lp[t] = log softmax(z_t)[targets[t]]`` ``[N]`` of the active adapter: the backbone's hidden
-        states through the chunked head (the plain forward's logits when the model has no linear head)."""
-        ids = torch.tensor([tokens])
-        head = self._plain.get_output_embeddings()  # type: ignore[operator]
-        w = head_weight(head) if self._backbone is not None else None
-        if self._backbone is None or w is None:
-            logits = net(input_ids=ids, use_cache=False).logits[0]
-            logits = logits.float() if logits.dtype in (torch.float16, torch.bfloat16) else logits
-            return torch.log_softmax(logits, dim=-1).gather(-1, targets.view(-1, 1)).squeeze(-1)
-        hidden = self._backbone(input_ids=ids, use_cache=False).last_hidden_state[0]
-        lp, _ = chunked_token_logprobs(hidden, w, targets, chunk_tokens=self.head_chunk_tokens)
-        return lp
+        for rows, train in parts:
+            if not rows:
+                continue
+            ctx = ForwardContext(
+                model=net, temperature=1.0, top_k=0, top_p=1.0, microbatch_tokens=self.checkpoint_above_tokens + 1,
+                entropy_chunk_size=self.head_chunk_tokens, compute_dtype=torch.float32,
+                autocast=contextlib.nullcontext, grad_mode=functools.partial(train_mode_if, net, train),
+                grad_sync=LocalSync(), params=tm.params)
+            out = forward_backward(ctx, dataclasses.replace(batch, rows=rows), loss)
+            assert out.logprob is not None
+            lp = out.logprob if lp is None else torch.where(out.logprob.isnan(), lp, out.logprob)
+            total += out.loss
+        assert lp is not None
+        return ForwardResult([lp[i, 1:len(d.tokens) + 1].float() for i, d in enumerate(data)], total)
 
     def optim_step(self, model_id: str, step: AdamStep) -> dict[str, float]:
-        """One AdamW step on the accumulated gradients (clipped to ``grad_clip_norm`` when > 0), then
-        zero them. Returns ``{"grad_norm:mean": ...}`` (the norm before clipping)."""
+        """One AdamW step on the accumulated gradients, then zero them: the learner's
+        :class:`~posttrain.learner.optim_step.OptimizerStepper` (clipped to ``grad_clip_norm`` when > 0) with
+        the call's Adam parameters. Tinker steps on a zero gradient too (AdamW's moments and weight decay
+        still move the weights), so a step the stepper skips as ``zero_grad`` is taken here; a non-finite
+        norm takes none (the gradient is dropped). Returns ``{"grad_norm:mean": ...}`` (the norm before
+        clipping; NaN when not finite)."""
         tm = self.get(model_id)
         for g in tm.optimizer.param_groups:
             g.update(lr=step.learning_rate, betas=(step.beta1, step.beta2), eps=step.eps,
                      weight_decay=step.weight_decay)
-        grads = [p.grad for p in tm.params if p.grad is not None]
-        norm = float(torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(g) for g in grads]))) if grads else 0.0
-        if step.grad_clip_norm > 0:
-            torch.nn.utils.clip_grad_norm_(tm.params, step.grad_clip_norm)
-        tm.optimizer.step()
+        clip = step.grad_clip_norm if step.grad_clip_norm > 0 else None
+        outcome = OptimizerStepper(tm.params, tm.optimizer, tm.schedule, clip).apply()
+        if outcome.skipped == "zero_grad":
+            tm.optimizer.step()
         tm.optimizer.zero_grad(set_to_none=True)
         tm.steps += 1
-        return {"grad_norm:mean": norm}
+        return {"grad_norm:mean": outcome.grad_norm if outcome.grad_norm is not None else math.nan}
 
     def adapter_state(self, model_id: str) -> dict[str, torch.Tensor]:
         """A copy of the model's adapter tensors (peft names without the adapter name)."""

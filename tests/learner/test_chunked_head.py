@@ -246,3 +246,79 @@ def test_smollm2_one_sequence_matches_full_logits():
     rtol = shape_rtol(model.config.hidden_size)
     grads = _compare_paths(model, _B, dtype=torch.float32, f=5, T=0.7, k=50, p=0.95, rtol=rtol)
     assert set(grads) == {"model.embed_tokens.weight", "model.layers.3.self_attn.v_proj.weight"}
+
+
+# ---------------------------------------------------------------- through plain_logprobs (SFT, the Tinker losses)
+
+
+def _plain_reference(model, ids, am, targets):
+    """Full ``[B, T, V]`` logits of the model's own forward; 0 at column 0 and on padding."""
+    logits = model(input_ids=ids, attention_mask=am).logits[:, :-1]
+    lp = torch.log_softmax(logits, -1).gather(-1, targets[:, 1:, None]).squeeze(-1) * am[:, 1:].to(logits.dtype)
+    return torch.cat([lp.new_zeros(lp.shape[0], 1), lp], dim=1)
+
+
+@pytest.mark.parametrize("head", ["plain", "lora", "lora_inactive"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_plain_logprobs_runs_the_chunked_head(make_batch, monkeypatch, head, dtype):
+    """plain_logprobs never forms ``[tokens x V]`` logits (the LM head module never runs) and gives the full
+    logits' log-probs and parameter gradients, for a plain head, a LoRA-adapted one (folded), and one whose
+    adapter is not the active one; ``targets`` other than the shifted input are scored."""
+    import posttrain.learner.primitives as primitives
+    from posttrain.learner.lora import wrap_lora
+
+    model = build_tiny_model("micro", seed=0).to(dtype)
+    if head != "plain":
+        model = wrap_lora(model, rank=2, target_modules=["lm_head", "q_proj"])
+        for n, prm in model.named_parameters():  # B != 0: the adapter changes the head
+            if "lora_B" in n:
+                torch.nn.init.normal_(prm, std=0.3, generator=torch.Generator().manual_seed(1))
+        if head == "lora_inactive":
+            model.add_adapter("other", model.peft_config["default"])
+            model.set_adapter("other")
+    b = make_batch(n=5)
+    ids, am = b.input_ids, b.attention_mask
+    g = torch.Generator().manual_seed(4)
+    targets = torch.randint(0, model.config.vocab_size, ids.shape, generator=g)
+    a = torch.randn(ids.shape, generator=g, dtype=torch.float64).to(dtype) * am
+    calls = {"chunked": 0, "lm_head": 0}
+
+    def spy(*args, **kw):
+        calls["chunked"] += 1
+        return chunked_token_logprobs(*args, **kw)
+
+    monkeypatch.setattr(primitives, "chunked_token_logprobs", spy)
+    base = model.get_base_model() if head != "plain" else model
+    hook = base.get_output_embeddings().register_forward_hook(lambda *_: calls.__setitem__("lm_head", 1))
+    try:
+        lp = primitives.plain_logprobs(model, ids, am, targets=targets, chunk_tokens=3)
+    finally:
+        hook.remove()
+    assert calls == {"chunked": 1, "lm_head": 0}
+    ref = _plain_reference(model, ids, am, targets)
+    assert lp.dtype == dtype and lp.shape == ids.shape
+    assert ((lp == 0) == (ref == 0)).all()  # column 0 and padding
+    rtol = shape_rtol(max(ids.shape[1], ids.numel(), model.config.vocab_size), dtype)
+    assert_scaled_close(lp, ref, rtol, "plain log-probs")
+    grads, ref_grads = _param_grads(model, (a * lp).sum()), _param_grads(model, (a * ref).sum())
+    assert_grads_close(grads, ref_grads, rtol, "param grad")
+    if head == "lora":
+        assert max(float(v.abs().max()) for k, v in grads.items() if "lm_head.lora_A" in k) > 0
+
+
+def test_plain_logprobs_without_a_plain_head_or_unchunked_runs_the_model(make_batch):
+    """A model whose logits are not ``lm_head(last hidden)``, or ``chunked=False`` (the SFT warm-up's spec),
+    keeps the full-logits path exactly (the model's own forward, bit for bit); the split path gives the same
+    values within tolerance, the default ``targets`` being the input itself."""
+    from posttrain.learner.primitives import plain_logprobs
+
+    model = build_tiny_model("micro", seed=0)
+    b = make_batch(n=4)
+    ids, am = b.input_ids, b.attention_mask
+    with torch.no_grad():
+        logits = model(input_ids=ids, attention_mask=am).logits[:, :-1]
+        own = torch.log_softmax(logits.float(), -1).gather(-1, ids[:, 1:, None]).squeeze(-1)
+        full = plain_logprobs(FullLogits(model), ids, am)
+        assert torch.equal(full[:, 1:], own) and torch.equal(plain_logprobs(model, ids, am, chunked=False), full)
+        split = plain_logprobs(model, ids, am)
+    assert_scaled_close(split, full * am, shape_rtol(max(ids.numel(), model.config.vocab_size)), "split vs full")

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import torch
 
-import posttrain.serve.tinker_models as tinker_models
+import posttrain.learner.primitives as primitives
 from posttrain.learner.chunked_head import chunked_token_logprobs
 from posttrain.serve.tinker_app import load_base
 from posttrain.serve.tinker_models import AdamStep, LoraSpec, ModelHub
@@ -82,7 +82,7 @@ def test_a_long_datum_chunked_and_checkpointed_equals_the_plain_forward(
         calls["head"] += 1
         return chunked_token_logprobs(*args, **kw)  # type: ignore[arg-type]
 
-    monkeypatch.setattr(tinker_models, "chunked_token_logprobs", spy)
+    monkeypatch.setattr(primitives, "chunked_token_logprobs", spy)
     # the attention module runs inside the checkpointed layer: once more in the backward when checkpointed
     hook = net.get_decoder().layers[0].self_attn.register_forward_hook(
         lambda *_: calls.__setitem__("layer0", calls["layer0"] + 1))
@@ -99,3 +99,39 @@ def test_a_long_datum_chunked_and_checkpointed_equals_the_plain_forward(
     assert all(p.grad is not None for p in tm.params)
     assert_grads_close({n: p.grad for n, p in zip(names, tm.params, strict=True)},  # type: ignore[misc]
                        dict(zip(names, ref_grads, strict=True)), shape_rtol(300), "LoRA gradients")
+
+
+def test_short_data_share_a_micro_batch_and_a_long_one_runs_alone(monkeypatch: pytest.MonkeyPatch) -> None:
+    """One request of two short data and one long: the short ones run as one padded micro-batch without
+    checkpointing, the long one alone and checkpointed (the head runs twice, attention layer 0 three
+    times); each datum's log-probs and the summed loss and gradient are those of the data run one by one."""
+    _, net = load_base("builtin:tiny")
+    assert isinstance(net, torch.nn.Module)
+    hub = ModelHub("builtin:tiny", net, checkpoint_above_tokens=16, head_chunk_tokens=7)
+    tm = hub.create("a", LoraSpec(rank=4, seed=0))
+    hub.forward_backward("a", [_datum()], "cross_entropy", {}, forward_only=False)
+    hub.optim_step("a", AdamStep(learning_rate=0.05))
+    data = [_datum(TOKENS[:6]), _datum([5 + (3 * i) % 90 for i in range(41)]), _datum(TOKENS[:8])]
+    alone = [hub.forward_backward("a", [d], "cross_entropy", {}, forward_only=False) for d in data]
+    ref_grads = {str(i): p.grad.clone() for i, p in enumerate(tm.params)}  # type: ignore[union-attr]
+    for p in tm.params:
+        p.grad = None
+    calls = {"head": 0, "layer0": 0}
+
+    def spy(*args: object, **kw: object) -> tuple[torch.Tensor, torch.Tensor | None]:
+        calls["head"] += 1
+        return chunked_token_logprobs(*args, **kw)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(primitives, "chunked_token_logprobs", spy)
+    hook = net.get_decoder().layers[0].self_attn.register_forward_hook(
+        lambda *_: calls.__setitem__("layer0", calls["layer0"] + 1))
+    try:
+        res = hub.forward_backward("a", data, "cross_entropy", {}, forward_only=False)
+    finally:
+        hook.remove()
+    assert calls == {"head": 2, "layer0": 3}
+    for got, one in zip(res.logprobs, alone, strict=True):
+        assert_scaled_close(got, one.logprobs[0], shape_rtol(40), "log-probs in a shared micro-batch")
+    assert res.loss_sum == pytest.approx(sum(r.loss_sum for r in alone), rel=shape_rtol(40))
+    assert_grads_close({str(i): p.grad for i, p in enumerate(tm.params)},  # type: ignore[misc]
+                       ref_grads, shape_rtol(40), "accumulated gradient")
