@@ -12,6 +12,7 @@
 # Needs: .venv (make venv, CUDA torch) and .venv-vllm (make vllm-env VLLM_BUILD=cuda) already built on
 # the machine (the device machine has no network: build them where there is one, or carry them).
 # Not run in CI (no GPU there). Usage: bash scripts/gpu_check.sh [PEAK_BF16_TFLOPS, default 989 (H100/H200 dense)]
+# Then, as a second call: bash scripts/gpu_precision_matrix.sh (the bf16/fp32 learner x correction matrix, issue 41).
 set -u
 cd "$(dirname "$0")/.."
 OUT_DIR="${OUT:-$PWD/gpu_check_out}"
