@@ -8,13 +8,16 @@ On the first ``prompts`` training rows and the model of ``model.path`` (no train
    decode to text found in the row's assistant turns (completion), never in its prompt-only text;
 3. ``packing_invariance``: each row's summed negative log-likelihood is the same padded alone, padded beside the
    other rows and packed into one block with them (position ids restarting per row, no cross-row attention);
-4. ``microbatch_split``: the gradient of the token-mean cross-entropy of the rows with one row per micro-batch
-   equals the whole-batch gradient (the loss is reduced with the mini-batch's token count, Trainer contract).
+4. ``microbatch_split``: through the learner's ``forward_backward`` (the path a training step runs), padded and
+   packed (blocks of at most the longest checked row's tokens: at least two blocks), the loss and gradient of the
+   token-mean cross-entropy with one batch row per micro-batch equal the whole batch's in one micro-batch (the
+   loss is reduced with the mini-batch's token count, Trainer contract).
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 import torch
 
@@ -22,6 +25,9 @@ from posttrain.commands.check_result import CheckResult, gradients, max_rel
 from posttrain.config import RunConfig
 from posttrain.envs.sft_data import EncodedRow, SFTRow
 from posttrain.errors import UserError
+
+if TYPE_CHECKING:
+    from posttrain.loop.sft_training import Layout
 
 GRAD_RTOL = 1e-4
 """Largest relative gradient difference accepted between micro-batch splits (float32 reductions)."""
@@ -67,27 +73,38 @@ def check_packing_invariance(model: torch.nn.Module, enc: Sequence[EncodedRow], 
             f"{len(enc)} rows alone / padded together / packed in one block: max rel |d NLL| = {worst:.2e}")
 
 
-def _grads(model: torch.nn.Module, enc: Sequence[EncodedRow], cfg: RunConfig, pad_id: int,
-           budget: int) -> tuple[float, dict[str, torch.Tensor]]:
-    from posttrain.loop.sft_training import Layout, SFTStepLoss
+def _grads(model: torch.nn.Module, enc: Sequence[EncodedRow], layout: Layout) -> tuple[float, dict[str, torch.Tensor]]:
+    """The step loss of ``enc`` and its gradient through a learner's ``forward_backward`` in ``layout``'s batch
+    and micro-batches (:func:`~posttrain.loop.sft_training.sft_step` without the optimiser step)."""
+    from posttrain.learner.actor import PolicyLearner
+    from posttrain.learner.settings import BatchingSettings
+    from posttrain.loop.sft_training import SFTTokenLoss
 
-    loss = SFTStepLoss(model, enc, Layout(cfg.sft.packing, cfg.sft.max_length, budget, pad_id))
-    rows = list(range(len(enc)))
+    learner = PolicyLearner(model, batching=BatchingSettings(microbatch_tokens=layout.budget))
     model.zero_grad(set_to_none=True)
-    loss.backward(rows, loss.normaliser(rows))
+    out = learner.forward_backward(layout.batch(enc, learner.device), SFTTokenLoss())
     g = gradients(model)
     model.zero_grad(set_to_none=True)
-    return loss.metrics["loss"], g
+    return out.loss, g
 
 
 def check_microbatch_split(model: torch.nn.Module, enc: Sequence[EncodedRow], cfg: RunConfig,
                            pad_id: int) -> CheckResult:
-    """Check 4 of the module docstring."""
-    la, ga = _grads(model, enc, cfg, pad_id, 10**9)
-    lb, gb = _grads(model, enc, cfg, pad_id, 1)
-    rel = max_rel(ga, gb)
-    return ("microbatch_split", rel < GRAD_RTOL and abs(la - lb) <= 1e-5 * max(1.0, abs(la)),
-            f"1 row vs whole batch: |d loss| = {abs(la - lb):.2e}, max rel |d grad| = {rel:.2e}")
+    """Check 4 of the module docstring (``cfg``: unused, the checks' common signature; the block is the longest
+    checked row, so the packed batch has at least two blocks)."""
+    from posttrain.loop.sft_training import Layout
+
+    block = max(len(e.input_ids) for e in enc)
+    worst_loss = worst_grad = 0.0
+    ok = True
+    for packing in (False, True):
+        la, ga = _grads(model, enc, Layout(packing, block, 10**9, pad_id))
+        lb, gb = _grads(model, enc, Layout(packing, block, 1, pad_id))
+        d_loss, rel = abs(la - lb), max_rel(ga, gb)
+        ok = ok and rel < GRAD_RTOL and d_loss <= 1e-5 * max(1.0, abs(la))
+        worst_loss, worst_grad = max(worst_loss, d_loss), max(worst_grad, rel)
+    return ("microbatch_split", ok, f"1 row / 1 block vs whole batch, padded and packed: |d loss| <= "
+            f"{worst_loss:.2e}, max rel |d grad| = {worst_grad:.2e}")
 
 
 def sft_checks(cfg: RunConfig, prompts: int = 4) -> list[CheckResult]:

@@ -51,7 +51,10 @@ class ForwardSpec:
     the forward under the learner's mixed precision. Plain only: ``targets``, the batch tensor ``[B, T]`` of
     the tokens scored at each position (a Tinker datum's target tokens are not its shifted input; ``None``:
     ``input_ids``); ``chunked_head``, the log-probs through the chunked LM head where the model allows
-    (:func:`plain_logprobs`; False: the full logits, whose exact numbers the SFT warm-up's goldens hold)."""
+    (:func:`plain_logprobs`; False: the full logits, whose exact numbers the SFT warm-up's goldens hold). A
+    batch that carries a ``position_ids`` tensor ``[B, T]`` holds packed rows (several sequences per row,
+    position ids restarting at 0 at each): the plain forward runs them through the model's packed-sequence
+    mask (:func:`plain_logits`); the sampler replay refuses them."""
 
     sampler_replay: bool = True
     with_entropy: bool = False
@@ -167,34 +170,73 @@ def _plain_head(model: torch.nn.Module) -> LinearHead | None:
     return LinearHead(backbone=backbone, weight=w)
 
 
+def _model_inputs(attention_mask: torch.Tensor, position_ids: torch.Tensor | None) -> dict[str, torch.Tensor | None]:
+    """The mask arguments of a plain forward: ``attention_mask`` (padded rows), or packed rows' ``position_ids``
+    with ``attention_mask=None`` (:func:`plain_logits`)."""
+    if position_ids is None:
+        return {"attention_mask": attention_mask}
+    return {"attention_mask": None, "position_ids": position_ids}
+
+
+def plain_logits(model: torch.nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor,
+                 position_ids: torch.Tensor | None = None) -> torch.Tensor:
+    """The model's logits ``[B, T, V]`` as the plain forward runs it.
+
+    Padded rows (``position_ids`` None): ``model(input_ids, attention_mask)``. Packed rows: ``position_ids``
+    ``[B, T]`` restarting at 0 at each sequence of a row, with ``attention_mask=None`` and no KV cache: then
+    transformers (``masking_utils.find_packed_sequence_indices``, taken only with no attention mask and no
+    cache) starts a new sequence wherever ``position_ids[t] != position_ids[t-1] + 1`` and builds a
+    block-diagonal causal mask, so no sequence attends to another, and the rotary positions are each
+    sequence's own: each sequence's logits are those it has alone. ``attention_mask`` then only marks the
+    real tokens for the caller (a row's tail padding is one more sequence, positions from 0)."""
+    if position_ids is None:
+        return model(input_ids=input_ids, attention_mask=attention_mask).logits  # type: ignore[no-any-return]
+    out = model(input_ids=input_ids, use_cache=False, **_model_inputs(attention_mask, position_ids))
+    return out.logits  # type: ignore[no-any-return]
+
+
 def plain_logprobs(model: torch.nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor, *,
-                   targets: torch.Tensor | None = None, chunked: bool = True,
-                   chunk_tokens: int | None = None) -> torch.Tensor:
+                   targets: torch.Tensor | None = None, position_ids: torch.Tensor | None = None,
+                   chunked: bool = True, chunk_tokens: int | None = None) -> torch.Tensor:
     """``[B, T]``: 0 at ``t = 0``, then ``log_softmax(z[:, t-1])[targets[:, t]]`` (``targets``: ``input_ids``
-    when ``None``): the model's own distribution at temperature 1, untruncated.
+    when ``None``): the model's own distribution at temperature 1, untruncated. ``position_ids``: packed rows
+    (:func:`plain_logits`); 0 also at each sequence's first token (``position_ids == 0``: no context of its own).
 
     ``chunked`` and :func:`_plain_head` splits the model (a plain or LoRA-adapted linear head over the last
-    hidden state): the backbone runs on columns ``0 .. T-2`` (the last column's logits are never read) and
-    its hidden states go through :func:`~posttrain.learner.chunked_head.chunked_token_logprobs` on the real
-    tokens only (at most ``chunk_tokens`` per chunk when given): no ``[tokens x V]`` logits, the same values
-    up to the rounding of the chunked GEMMs, 0 on padding, the softmax in float32 for float32 / half models
-    (float64 stays exact). Otherwise the model's full logits, ``log_softmax(z.float())`` (padding not masked:
-    the caller's mask does it).
+    hidden state): the backbone runs on columns ``0 .. T-2`` (the last column's logits are never read; packed:
+    with their position ids, no attention mask) and its hidden states go through
+    :func:`~posttrain.learner.chunked_head.chunked_token_logprobs` on the real tokens only (at most
+    ``chunk_tokens`` per chunk when given): no ``[tokens x V]`` logits, the same values up to the rounding of
+    the chunked GEMMs, 0 on padding, the softmax in float32 for float32 / half models (float64 stays exact).
+    Otherwise the model's full logits, ``log_softmax(z.float())`` (padding not masked: the caller's mask does it).
     """
     tg = input_ids if targets is None else targets
     head = _plain_head(model) if chunked else None
     if head is None:
-        logits = model(input_ids=input_ids, attention_mask=attention_mask).logits[:, :-1]
+        logits = plain_logits(model, input_ids, attention_mask, position_ids)[:, :-1]
         lp = torch.log_softmax(logits.float(), -1).gather(-1, tg[:, 1:, None]).squeeze(-1)
-        return torch.cat([lp.new_zeros(lp.shape[0], 1), lp], dim=1)
+        lp = torch.cat([lp.new_zeros(lp.shape[0], 1), lp], dim=1)
+        return lp if position_ids is None else lp.masked_fill(position_ids == 0, 0.0)
     b, t = input_ids.shape
     if t < 2:
         return torch.zeros(b, t, dtype=torch.float32, device=input_ids.device)
-    out = head.backbone(input_ids=input_ids[:, :-1], attention_mask=attention_mask[:, :-1], use_cache=False)
-    rows, cols = attention_mask[:, 1:].ne(0).nonzero(as_tuple=True)
+    pos = None if position_ids is None else position_ids[:, :-1]
+    out = head.backbone(input_ids=input_ids[:, :-1], use_cache=False, **_model_inputs(attention_mask[:, :-1], pos))
+    scored = attention_mask[:, 1:].ne(0)
+    if position_ids is not None:
+        scored &= position_ids[:, 1:].ne(0)
+    rows, cols = scored.nonzero(as_tuple=True)
     lp, _ = chunked_token_logprobs(out.last_hidden_state[rows, cols], head.weight, tg[:, 1:][rows, cols],
                                    chunk_tokens=chunk_tokens_for(head.weight.shape[0], chunk_tokens))
     return lp.new_zeros(b, t).index_put((rows, cols + 1), lp)
+
+
+def _positions(mb: Microbatch) -> torch.Tensor | None:
+    """The micro-batch's ``position_ids`` (packed rows), or None when the batch has none."""
+    try:
+        return mb.optional("position_ids")
+    except KeyError:
+        return None
 
 
 def _forward(ctx: ForwardContext, mb: Microbatch, spec: ForwardSpec,
@@ -205,7 +247,11 @@ def _forward(ctx: ForwardContext, mb: Microbatch, spec: ForwardSpec,
         if not spec.sampler_replay:
             targets = mb[spec.targets] if spec.targets is not None else None
             return plain_logprobs(ctx.model, mb["input_ids"], mb["attention_mask"], targets=targets,
-                                  chunked=spec.chunked_head, chunk_tokens=ctx.entropy_chunk_size), None
+                                  position_ids=_positions(mb), chunked=spec.chunked_head,
+                                  chunk_tokens=ctx.entropy_chunk_size), None
+        if _positions(mb) is not None:
+            raise ValueError("packed rows (a position_ids tensor) go through the plain forward only "
+                             "(ForwardSpec(sampler_replay=False))")
         lp, ent = forward_logprobs(
             ctx.model, mb["input_ids"], mb["attention_mask"], first_position=first_scored_position(mb["action_mask"]),
             temperature=ctx.temperature, top_k=ctx.top_k, top_p=ctx.top_p, with_entropy=spec.with_entropy,
@@ -345,5 +391,6 @@ def train_mode_if(model: torch.nn.Module, flag: bool) -> Iterator[None]:
 
 
 __all__ = ["ForwardBackwardOutput", "ForwardContext", "ForwardSpec", "LossBatch", "LossTerms", "StepOutcome",
-           "TokenLoss", "UpdateOutput", "forward_backward", "merge_metrics", "plain_logprobs", "train_mode_if"]
+           "TokenLoss", "UpdateOutput", "forward_backward", "merge_metrics", "plain_logits", "plain_logprobs",
+           "train_mode_if"]
 

@@ -10,21 +10,22 @@ rows: :func:`~posttrain.loop.lifecycle.data_rows`) and is a short program over t
 (:mod:`posttrain.learner.primitives`; a :class:`~posttrain.learner.actor.PolicyLearner` of ``optim.*``: AdamW,
 schedule over the run's ``steps``, gradient clip, micro-batches of ``optim.microbatch_tokens`` tokens)::
 
-    out = learner.forward_backward(step rows, SFTTokenLoss())   # padded; packed: forward_backward_custom
-    learner.optim_step()                                        # clip / skip / AdamW + schedule
+    out = learner.forward_backward(layout.batch(step rows), SFTTokenLoss())   # padded or packed
+    learner.optim_step()                                                      # clip / skip / AdamW + schedule
 
 on the token-mean cross-entropy of the step's target tokens (:class:`SFTTokenLoss`, the math of
-:func:`~posttrain.algos.sft.sft_cross_entropy`; ``N`` the step's target-token count). Padded, the rows go
-through the primitives' plain forward (full-vocabulary ``log_softmax`` at temperature 1). ``sft.packing`` lays
-the same rows out as blocks of ``sft.max_length`` tokens (whole rows; position ids restart at each row, and
-transformers' packed-sequence mask keeps attention within a row): the same loss, fewer padded tokens. The
-primitives' plain forward takes no position ids, so a packed step runs this module's own forward
-(:class:`SFTStepLoss`, :func:`forward_logprobs`) through ``learner.forward_backward_custom``. The model stays
-in eval mode (no dropout), as in the preference trainers.
+:func:`~posttrain.algos.sft.sft_cross_entropy`; ``N`` the step's target-token count), on the
+primitives' plain forward (full-vocabulary ``log_softmax`` at temperature 1). Padded (:func:`padded_batch`), a
+batch row is a step row, right-padded. ``sft.packing`` (:func:`packed_batch`) lays the same rows out as blocks of
+``sft.max_length`` tokens (whole rows), a batch row per block, with ``position_ids`` restarting at each row: the
+plain forward then runs without an attention mask, and transformers' packed-sequence mask keeps attention within
+a row (:func:`~posttrain.learner.primitives.plain_logits`); the learner's micro-batches hold whole blocks. The
+same loss, fewer padded tokens. The model stays in eval mode (no dropout), as in the preference trainers.
 
 Held-out rows are evaluated at step 0, every ``eval.every`` steps and at the end: ``heldout/loss`` (the
 token-mean NLL of their target tokens), ``heldout/token_accuracy`` (the share of target tokens that are the
-model's argmax) and ``heldout/tokens``. Step metrics: ``loss``, ``tokens``, ``rows``, the optimiser's,
+model's argmax) and ``heldout/tokens``, from the logits of the same plain forward over the same layout
+(:func:`row_losses`, no gradient). Step metrics: ``loss``, ``tokens``, ``rows``, the optimiser's,
 ``lr``, ``rows_seen``, ``step_seconds``. The run directory, checkpoints (``actor/`` loads with
 ``from_pretrained`` and ``posttrain eval``), ``resume=true`` and Ctrl-C are the shared lifecycle's
 (:mod:`posttrain.loop.lifecycle`); the learner state is its optimiser's (``learner_state["sft"]``: the
@@ -49,10 +50,9 @@ from posttrain.config import RunConfig
 from posttrain.envs.sft_data import EncodedRow, SFTRow, encode_row, load_sft_rows, pack_rows, split_rows
 from posttrain.errors import UserError
 from posttrain.learner.actor import PolicyLearner
-from posttrain.learner.microbatch import Microbatch as RowsMicrobatch
-from posttrain.learner.microbatch import split_by_token_budget
+from posttrain.learner.microbatch import Microbatch, microbatches
 from posttrain.learner.optim_step import StepTally
-from posttrain.learner.primitives import ForwardSpec, LossBatch, LossTerms
+from posttrain.learner.primitives import ForwardSpec, LossBatch, LossTerms, plain_logits
 from posttrain.learner.settings import BatchingSettings
 from posttrain.loop.lifecycle import (
     Curve,
@@ -73,114 +73,81 @@ log = logging.getLogger("posttrain")
 
 
 @dataclasses.dataclass(frozen=True)
-class Microbatch:
-    """One forward: ``input_ids`` / ``loss_mask`` ``[N, T]``, ``attention_mask`` ``[N, T]`` (padded layout) or
-    None, ``position_ids`` ``[N, T]`` (packed layout: restarting at each row) or None, and ``spans``: row
-    ``r``'s tokens are ``[b, start:end]`` for each ``(r, b, start, end)``."""
-
-    input_ids: torch.Tensor
-    loss_mask: torch.Tensor
-    attention_mask: torch.Tensor | None
-    position_ids: torch.Tensor | None
-    spans: tuple[tuple[int, int, int, int], ...]
-
-
-def microbatches(rows: Sequence[EncodedRow], *, packing: bool, max_length: int, budget: int,
-                 pad_id: int) -> list[Microbatch]:
-    """``rows`` laid out for the model. Padded: micro-batches of rows within ``budget`` padded tokens
-    (:func:`~posttrain.learner.microbatch.split_by_token_budget`), right-padded to their longest row. Packed:
-    blocks of at most ``max_length`` tokens (:func:`~posttrain.envs.sft_data.pack_rows`), micro-batches of
-    blocks within ``budget``; a block's tail padding is one more sequence (positions from 0, no target)."""
-    units = pack_rows([len(r.input_ids) for r in rows], max_length) if packing else [[i] for i in range(len(rows))]
-    widths = [sum(len(rows[i].input_ids) for i in u) for u in units]
-    out: list[Microbatch] = []
-    for group in split_by_token_budget(widths, budget):
-        T = max(widths[g] for g in group)
-        ids = torch.full((len(group), T), pad_id, dtype=torch.long)
-        mask = torch.zeros((len(group), T), dtype=torch.long)
-        attn = torch.zeros((len(group), T), dtype=torch.long)
-        pos = torch.zeros((len(group), T), dtype=torch.long)
-        spans: list[tuple[int, int, int, int]] = []
-        for b, g in enumerate(group):
-            at = 0
-            for r in units[g]:
-                n = len(rows[r].input_ids)
-                ids[b, at:at + n] = torch.tensor(rows[r].input_ids)
-                mask[b, at:at + n] = torch.tensor(rows[r].loss_mask)
-                pos[b, at:at + n] = torch.arange(n)
-                spans.append((r, b, at, at + n))
-                at += n
-            attn[b, :at] = 1
-            pos[b, at:] = torch.arange(T - at)
-        out.append(Microbatch(ids, mask, None if packing else attn, pos if packing else None, tuple(spans)))
-    return out
-
-
-def forward_logprobs(model: torch.nn.Module, mb: Microbatch) -> tuple[torch.Tensor, torch.Tensor]:
-    """``(lp, hit)`` ``[N, T]`` of a micro-batch: each token's log-prob under ``model`` given the tokens of its
-    own row before it (:func:`~posttrain.algos.sft.token_logprobs`), and whether it is the model's argmax."""
-    dev = next(model.parameters()).device
-    ids, am, pos = (None if t is None else t.to(dev) for t in (mb.input_ids, mb.attention_mask, mb.position_ids))
-    assert ids is not None
-    logits = model(input_ids=ids, attention_mask=am, position_ids=pos, use_cache=False).logits
-    hit = torch.zeros_like(ids, dtype=torch.bool)
-    hit[:, 1:] = logits[:, :-1].argmax(-1) == ids[:, 1:]
-    return token_logprobs(logits, ids), hit
-
-
-@dataclasses.dataclass(frozen=True)
 class Layout:
-    """How rows become micro-batches: ``packing``, ``max_length`` (a block), ``budget``
-    (``optim.microbatch_tokens``) and ``pad_id``."""
+    """How a step's rows become the learner's batch: ``packing`` (blocks of whole rows) or right-padded rows,
+    ``max_length`` (a block's capacity), ``budget`` (``optim.microbatch_tokens``, the learner's micro-batches)
+    and ``pad_id``."""
 
     packing: bool
     max_length: int
     budget: int
     pad_id: int
 
-    def split(self, rows: Sequence[EncodedRow]) -> list[Microbatch]:
-        """:func:`microbatches` of ``rows``."""
-        return microbatches(rows, packing=self.packing, max_length=self.max_length, budget=self.budget,
-                            pad_id=self.pad_id)
+    def units(self, rows: Sequence[EncodedRow]) -> list[list[int]]:
+        """The rows each batch row holds: packed, blocks of at most ``max_length`` tokens
+        (:func:`~posttrain.envs.sft_data.pack_rows`); padded, one row each."""
+        if self.packing:
+            return pack_rows([len(r.input_ids) for r in rows], self.max_length)
+        return [[i] for i in range(len(rows))]
+
+    def batch(self, rows: Sequence[EncodedRow], device: torch.device) -> LossBatch:
+        """``rows`` as one mini-batch: :func:`packed_batch` or :func:`padded_batch`."""
+        if self.packing:
+            return packed_batch(rows, self.max_length, self.pad_id, device)
+        return padded_batch(rows, self.pad_id, device)
 
 
-class SFTStepLoss:
-    """The loss of one step's rows on this module's forward (:func:`forward_logprobs`, position ids restarting
-    per packed row), for ``learner.forward_backward_custom`` (a
-    :class:`~posttrain.learner.trainer.MinibatchLoss`): :class:`SFTTokenLoss`'s token-mean cross-entropy over
-    the mini-batch's target tokens, accumulated over micro-batches; ``metrics`` (``loss``, ``tokens``,
-    ``rows``) after :meth:`backward`."""
+def _laid_out(rows: Sequence[EncodedRow], units: Sequence[Sequence[int]], pad_id: int, device: torch.device,
+              packed: bool) -> LossBatch:
+    """Batch row ``b`` holds ``rows[i]`` for ``i`` in ``units[b]``, one after the other, then padding to the
+    longest batch row; ``position_ids`` (packed only) restart at 0 at each row and at the tail padding."""
+    widths = [sum(len(rows[i].input_ids) for i in u) for u in units]
+    T = max(widths)
+    ids = torch.full((len(units), T), pad_id, dtype=torch.long)
+    attn, mask, pos = torch.zeros_like(ids), torch.zeros_like(ids), torch.zeros_like(ids)
+    for b, u in enumerate(units):
+        at = 0
+        for i in u:
+            n = len(rows[i].input_ids)
+            ids[b, at:at + n], mask[b, at:at + n] = torch.tensor(rows[i].input_ids), torch.tensor(rows[i].loss_mask)
+            pos[b, at:at + n] = torch.arange(n)
+            at += n
+        attn[b, :at] = 1
+        pos[b, at:] = torch.arange(T - at)
+    tensors = {"input_ids": ids, "attention_mask": attn, "loss_mask": mask, "position_ids": pos if packed else None}
+    return LossBatch({k: None if v is None else v.to(device) for k, v in tensors.items()}, list(range(len(units))),
+                     float(sum(r.targets for r in rows)))
 
-    def __init__(self, model: torch.nn.Module, rows: Sequence[EncodedRow], layout: Layout) -> None:
-        self.model, self.rows, self.layout = model, list(rows), layout
-        self.metrics: dict[str, float] = {}
 
-    def normaliser(self, rows: Sequence[int]) -> float:
-        """Target tokens of the mini-batch's rows."""
-        return float(sum(self.rows[i].targets for i in rows))
+def padded_batch(rows: Sequence[EncodedRow], pad_id: int, device: torch.device) -> LossBatch:
+    """``rows`` as one mini-batch on ``device``: ``input_ids`` / ``attention_mask`` / ``loss_mask`` ``[B, T]``
+    right-padded to the longest row (``position_ids`` None), ``num_tokens`` their target tokens (the primitives micro-batch it by
+    ``optim.microbatch_tokens``, trimming each micro-batch to its longest row)."""
+    return _laid_out(rows, [[i] for i in range(len(rows))], pad_id, device, packed=False)
 
-    def backward(self, rows: Sequence[int], normaliser: float) -> None:
-        """Forward and backward of ``rows`` in micro-batches, each reduced with the mini-batch's ``normaliser``."""
-        total = 0.0
-        for mb in self.layout.split([self.rows[i] for i in rows]):
-            lp, _ = forward_logprobs(self.model, mb)
-            loss = sft_cross_entropy(lp, mb.loss_mask.to(lp.device), normaliser)
-            loss.backward()  # type: ignore[no-untyped-call]
-            total += float(loss.detach())
-        self.metrics = {"loss": total, "tokens": normaliser, "rows": float(len(rows))}
+
+def packed_batch(rows: Sequence[EncodedRow], max_length: int, pad_id: int, device: torch.device) -> LossBatch:
+    """``rows`` packed into blocks of at most ``max_length`` tokens (:func:`~posttrain.envs.sft_data.pack_rows`,
+    whole rows), one batch row per block: ``input_ids`` / ``loss_mask`` ``[blocks, T]``, ``attention_mask`` 1 on
+    each block's tokens (the learner's micro-batches of ``optim.microbatch_tokens`` hold whole blocks, trimmed to
+    their longest), ``position_ids`` restarting at 0 at each row (and at a block's tail padding, one more
+    sequence): the primitives' plain forward then keeps each row's attention within the row
+    (:func:`~posttrain.learner.primitives.plain_logits`). ``num_tokens``: the rows' target tokens."""
+    units = pack_rows([len(r.input_ids) for r in rows], max_length)
+    return _laid_out(rows, units, pad_id, device, packed=True)
 
 
 class SFTTokenLoss:
     """The SFT cross-entropy as the learner's :class:`~posttrain.learner.primitives.TokenLoss`: on each
     micro-batch, :func:`~posttrain.algos.sft.sft_cross_entropy` of the primitives' plain log-probs (full
-    vocabulary, temperature 1) and the ``loss_mask`` tensor, normalised by the mini-batch's ``num_tokens``
-    ``N``: ``L_mb = -sum_{mb} m * lp / N``. One step is one mini-batch of every row of the step, so ``N`` is the
-    step's target-token count and the micro-batch losses add up to the mean NLL over the step's assistant
-    (completion) tokens, each token weighing the same whatever its row's length."""
+    vocabulary, temperature 1; packed blocks with their position ids) and the ``loss_mask`` tensor, normalised by
+    the mini-batch's ``num_tokens`` ``N``: ``L_mb = -sum_{mb} m * lp / N``. One step is one mini-batch of every
+    row of the step, so ``N`` is the step's target-token count and the micro-batch losses add up to the mean
+    NLL over the step's assistant (completion) tokens, each token weighing the same whatever its row's length."""
 
     spec = ForwardSpec(sampler_replay=False, autocast=False)
 
-    def __call__(self, logprob: torch.Tensor, entropy: torch.Tensor | None, mb: RowsMicrobatch,
+    def __call__(self, logprob: torch.Tensor, entropy: torch.Tensor | None, mb: Microbatch,
                  batch: LossBatch) -> LossTerms:
         """The micro-batch's share of the step's mean NLL (``logprob`` ``[b, t]``, 0 at column 0)."""
         return LossTerms(loss=sft_cross_entropy(logprob, mb["loss_mask"], batch.num_tokens))
@@ -194,45 +161,49 @@ class SFTTokenLoss:
         return []
 
 
-def padded_batch(rows: Sequence[EncodedRow], pad_id: int, device: torch.device) -> LossBatch:
-    """``rows`` as one mini-batch on ``device``: ``input_ids`` / ``attention_mask`` / ``loss_mask`` ``[B, T]``
-    right-padded to the longest row, ``num_tokens`` their target tokens (the primitives micro-batch it by
-    ``optim.microbatch_tokens``, trimming each micro-batch to its longest row)."""
-    T = max(len(r.input_ids) for r in rows)
-    ids = torch.full((len(rows), T), pad_id, dtype=torch.long)
-    attn, mask = torch.zeros_like(ids), torch.zeros_like(ids)
-    for b, r in enumerate(rows):
-        n = len(r.input_ids)
-        ids[b, :n], attn[b, :n], mask[b, :n] = torch.tensor(r.input_ids), 1, torch.tensor(r.loss_mask)
-    tensors = {"input_ids": ids.to(device), "attention_mask": attn.to(device), "loss_mask": mask.to(device)}
-    return LossBatch(tensors, list(range(len(rows))), float(sum(r.targets for r in rows)))
-
-
 def sft_step(learner: PolicyLearner, rows: Sequence[EncodedRow], layout: Layout) -> dict[str, float | None]:
-    """One optimiser step on ``rows`` (module docstring): ``learner.forward_backward`` of their
-    :func:`padded_batch` with :class:`SFTTokenLoss` (packed: ``learner.forward_backward_custom`` with
-    :class:`SFTStepLoss`, the same loss on this module's forward), then ``learner.optim_step()``. Metrics:
-    ``loss`` (the step's mean NLL), ``tokens``, ``rows``, the optimiser's and ``lr`` (None: no step taken)."""
-    if layout.packing:
-        out = learner.forward_backward_custom(list(range(len(rows))), SFTStepLoss(learner.model, rows, layout))
-    else:
-        out = learner.forward_backward(padded_batch(rows, layout.pad_id, learner.device), SFTTokenLoss())
+    """One optimiser step on ``rows`` (module docstring): ``learner.forward_backward`` of their batch
+    (:meth:`Layout.batch`: :func:`padded_batch` or :func:`packed_batch`) with :class:`SFTTokenLoss`, then
+    ``learner.optim_step()``. Metrics: ``loss`` (the step's mean NLL), ``tokens``, ``rows``, the optimiser's and
+    ``lr`` (None: no step taken)."""
+    out = learner.forward_backward(layout.batch(rows, learner.device), SFTTokenLoss())
     steps = StepTally()
     steps.record(learner.optim_step())
     return {"loss": out.loss, "tokens": float(sum(r.targets for r in rows)), "rows": float(len(rows)),
             **steps.metrics(), "lr": steps.lr}
 
 
+def scored_tokens(model: torch.nn.Module, mb: Microbatch) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(lp, hit)`` ``[b, t]`` of a micro-batch of :meth:`Layout.batch`: each token's log-prob given the tokens
+    of its own row before it, from the logits of the primitives' plain forward
+    (:func:`~posttrain.learner.primitives.plain_logits`; :func:`~posttrain.algos.sft.token_logprobs`), and
+    whether it is the model's argmax (held-out token accuracy needs the logits, not only the log-probs)."""
+    ids = mb["input_ids"]
+    logits = plain_logits(model, ids, mb["attention_mask"], mb.optional("position_ids"))
+    hit = torch.zeros_like(ids, dtype=torch.bool)
+    hit[:, 1:] = logits[:, :-1].argmax(-1) == ids[:, 1:]
+    return token_logprobs(logits, ids), hit
+
+
 @torch.no_grad()
 def row_losses(model: torch.nn.Module, rows: Sequence[EncodedRow], layout: Layout) -> list[tuple[float, int, int]]:
-    """Per row ``(summed NLL of its target tokens, target tokens, of them the model's argmax)``, without grad."""
+    """Per row ``(summed NLL of its target tokens, target tokens, of them the model's argmax)``, without grad:
+    :func:`scored_tokens` of ``layout``'s batch in the learner's micro-batches
+    (:func:`~posttrain.learner.microbatch.microbatches` of ``layout.budget`` tokens)."""
+    device = next(model.parameters()).device
+    batch, units = layout.batch(rows, device), layout.units(rows)
     out: list[tuple[float, int, int]] = [(0.0, 0, 0)] * len(rows)
-    for mb in layout.split(rows):
-        lp, hit = forward_logprobs(model, mb)
-        m = mb.loss_mask.to(lp.device).bool()
-        for r, b, s, e in mb.spans:
-            keep = m[b, s:e]
-            out[r] = (-float(lp[b, s:e][keep].double().sum()), int(keep.sum()), int(hit[b, s:e][keep].sum()))
+    for mb in microbatches(batch.tensors, batch.rows, layout.budget):
+        lp, hit = scored_tokens(model, mb)
+        m = mb["loss_mask"].bool()
+        for k, b in enumerate(mb.rows):
+            at = 0
+            for r in units[b]:
+                n = len(rows[r].input_ids)
+                keep = m[k, at:at + n]
+                out[r] = (-float(lp[k, at:at + n][keep].double().sum()), int(keep.sum()),
+                          int(hit[k, at:at + n][keep].sum()))
+                at += n
     return out
 
 
@@ -325,5 +296,5 @@ PROGRAM = SFTProgram()
 """The registry's entry point (``posttrain/config/trainers.py``: ``sft`` -> ``posttrain.loop.sft_training:PROGRAM``)."""
 
 
-__all__ = ["PROGRAM", "Layout", "Microbatch", "SFTProgram", "SFTStepLoss", "SFTTokenLoss", "heldout_metrics",
-           "load_rows", "microbatches", "padded_batch", "row_losses", "sft_step"]
+__all__ = ["PROGRAM", "Layout", "SFTProgram", "SFTTokenLoss", "heldout_metrics", "load_rows", "packed_batch",
+           "padded_batch", "row_losses", "scored_tokens", "sft_step"]

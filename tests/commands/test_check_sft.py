@@ -56,12 +56,13 @@ def test_packing_invariance_catches_attention_across_rows(parts: tuple[object, .
     cfg, _, tok, model, enc = parts
     pad = int(tok.pad_token_id or 0)
     assert C.check_packing_invariance(model, enc, cfg, pad)[1] is True
-    real = S.forward_logprobs
+    real = S.plain_logits
 
-    def no_position_restart(m: torch.nn.Module, mb: S.Microbatch) -> tuple[torch.Tensor, torch.Tensor]:
-        return real(m, dataclasses.replace(mb, position_ids=None))  # one causal sequence per block: rows see rows
+    def no_position_restart(m: torch.nn.Module, ids: torch.Tensor, am: torch.Tensor,
+                            pos: torch.Tensor | None = None) -> torch.Tensor:
+        return real(m, ids, am)  # the attention mask, no position ids: one causal sequence per block, rows see rows
 
-    monkeypatch.setattr(S, "forward_logprobs", no_position_restart)
+    monkeypatch.setattr(S, "plain_logits", no_position_restart)
     name, ok, detail = C.check_packing_invariance(model, enc, cfg, pad)
     assert ok is False, detail
 
@@ -75,3 +76,25 @@ def test_microbatch_split_catches_a_micro_batch_local_mean(parts: tuple[object, 
     monkeypatch.setattr(S, "sft_cross_entropy", lambda lp, m, n=None: real(lp, m, None))  # local token count
     name, ok, detail = C.check_microbatch_split(model, enc, cfg, pad)
     assert ok is False, detail
+
+
+def test_microbatch_split_runs_padded_and_packed_through_the_learner(parts: tuple[object, ...],
+                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    """The check's forwards are the learner's ``forward_backward`` (the path a training step runs): a padded
+    and a packed batch of at least two blocks, each whole and in one-row micro-batches."""
+    from posttrain.learner.actor import PolicyLearner
+
+    cfg, _, tok, model, enc = parts
+    seen: list[tuple[bool, int, int | None]] = []
+    real = PolicyLearner.forward_backward
+
+    def spy(self: PolicyLearner, batch: object, loss: object) -> object:
+        tensors = batch.tensors  # type: ignore[attr-defined]
+        seen.append((tensors["position_ids"] is not None, int(tensors["input_ids"].shape[0]), self.microbatch_tokens))
+        return real(self, batch, loss)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(PolicyLearner, "forward_backward", spy)
+    assert C.check_microbatch_split(model, enc, cfg, int(tok.pad_token_id or 0))[1] is True
+    assert [(p, b) for p, _, b in seen] == [(False, 10**9), (False, 1), (True, 10**9), (True, 1)]
+    assert [n for p, n, _ in seen if not p] == [len(enc)] * 2  # padded: a batch row per row
+    assert all(2 <= n <= len(enc) for p, n, _ in seen if p)  # packed: at least two blocks

@@ -1,6 +1,6 @@
 """``trainer: sft`` (posttrain/loop/sft_training.py over the learner's primitives and posttrain/loop/lifecycle.py):
-packing against padding, no attention across packed rows, micro-batch invariance, the padded step through
-``learner.forward_backward`` equal to the packed step's own forward, a tiny run whose held-out loss falls and whose
+packing against padding, no attention across packed rows, micro-batch invariance, padded and packed steps
+through ``learner.forward_backward`` equal to a reference loss on the model's own forward, a tiny run whose held-out loss falls and whose
 checkpoint loads, SIGINT (in-process, and a real signal to a ``posttrain train`` process) then resume equal to an
 uninterrupted run, and the checks before the run directory, down to the command's one-line errors."""
 
@@ -18,26 +18,27 @@ import pytest
 import torch
 
 import posttrain.loop.sft_training as sft_training
+from posttrain.algos.sft import sft_cross_entropy, token_logprobs
 from posttrain.cli import main
 from posttrain.config import RECIPES_DIR, ConfigError, RunConfig
 from posttrain.errors import UserError
 from posttrain.learner.actor import PolicyLearner
 from posttrain.learner.checkpoint import complete_checkpoints
+from posttrain.learner.microbatch import microbatches
 from posttrain.learner.settings import BatchingSettings
 from posttrain.loop.builders import build_model, load_model
 from posttrain.loop.interrupt import interrupt_flag
 from posttrain.loop.sft_training import (
     PROGRAM,
     Layout,
-    Microbatch,
-    SFTStepLoss,
     SFTTokenLoss,
     encode_rows,
-    forward_logprobs,
     heldout_metrics,
     load_rows,
+    packed_batch,
     padded_batch,
     row_losses,
+    scored_tokens,
     sft_step,
 )
 from posttrain.loop.validate import load_run_config
@@ -71,7 +72,7 @@ def model() -> torch.nn.Module:
 def test_packing_gives_each_row_the_loss_padding_gives(model: torch.nn.Module) -> None:
     rows = _rows()
     packed = Layout(True, 128, 4096, 0)
-    assert len(packed.split(rows)[0].input_ids) < len(rows)  # rows share blocks
+    assert len(packed.units(rows)) < len(rows)  # rows share blocks
     pad = row_losses(model, rows, Layout(False, 128, 4096, 0))
     pack = row_losses(model, rows, packed)
     rtol = shape_rtol(128)
@@ -83,71 +84,88 @@ def test_packing_gives_each_row_the_loss_padding_gives(model: torch.nn.Module) -
 def test_packed_rows_do_not_attend_to_each_other(model: torch.nn.Module) -> None:
     a, b = _rows(2)
     other = sft_training.EncodedRow(tuple(reversed(a.input_ids)), a.loss_mask, a.source)
-    layout = Layout(True, 256, 4096, 0)
-    mbs = [layout.split([first, b])[0] for first in (a, other)]
-    assert all(len(mb.spans) == 2 and mb.input_ids.shape[0] == 1 for mb in mbs)  # one block, two rows
+    batches = [packed_batch([first, b], 256, 0, torch.device("cpu")) for first in (a, other)]
+    assert all(x.shape[0] == 1 for x in batches)  # one block, two rows
+    s, e = len(a.input_ids), len(a.input_ids) + len(b.input_ids)
 
-    def b_logprobs(mb: Microbatch) -> torch.Tensor:
+    def b_logprobs(tensors: dict[str, torch.Tensor | None]) -> torch.Tensor:
         """Row b's token log-probs after its first token (which no row trains: it has no context of its own)."""
-        _, bb, s, e = mb.spans[1] if mb.spans[1][0] == 1 else mb.spans[0]
-        assert int(mb.loss_mask[bb, s]) == 0
+        mb = microbatches(tensors, [0], None)[0]
+        assert int(mb["loss_mask"][0, s]) == 0
         with torch.no_grad():
-            return forward_logprobs(model, mb)[0][bb, s + 1:e]
+            return scored_tokens(model, mb)[0][0, s + 1:e]
 
-    same = b_logprobs(mbs[0]), b_logprobs(mbs[1])
+    same = [b_logprobs(dict(x.tensors)) for x in batches]
     assert float((same[0] - same[1]).abs().max()) <= shape_rtol(256) * float(same[1].abs().max())
-    # the same block with one causal mask over both rows (no packing mask): row b sees row a, and it shows
-    naive = [Microbatch(mb.input_ids, mb.loss_mask, torch.ones_like(mb.input_ids), None, mb.spans) for mb in mbs]
-    seen = b_logprobs(naive[0]), b_logprobs(naive[1])
+    # the same block with one causal mask over both rows (no position ids: no packing mask): row b sees row a
+    seen = [b_logprobs({**x.tensors, "position_ids": None}) for x in batches]
     assert float((seen[0] - seen[1]).abs().max()) > 1e-3
-
-
-def test_step_loss_is_the_same_in_any_micro_batches(model: torch.nn.Module) -> None:
-    rows = _rows(8)
-    grads = []
-    for layout in (Layout(False, 128, 100_000, 0), Layout(False, 128, 64, 0), Layout(True, 128, 128, 0)):
-        model.zero_grad()
-        loss = SFTStepLoss(model, rows, layout)
-        loss.backward(range(8), loss.normaliser(range(8)))
-        grads.append(({k: p.grad.clone() for k, p in model.named_parameters() if p.grad is not None}, loss.metrics))
-    model.zero_grad()
-    (g0, m0), *rest = grads
-    for g, m in rest:
-        assert_grads_close(g, g0, shape_rtol(128))
-        assert m["loss"] == pytest.approx(m0["loss"], rel=shape_rtol(128)) and m["tokens"] == m0["tokens"]
 
 
 def _grads(model: torch.nn.Module) -> dict[str, torch.Tensor]:
     return {k: p.grad.clone() for k, p in model.named_parameters() if p.grad is not None}
 
 
-def test_padded_step_through_the_primitives_is_the_step_loss_of_the_local_forward() -> None:
-    """``learner.forward_backward(padded_batch, SFTTokenLoss)`` (the primitives' plain forward, micro-batched by
-    the learner) gives the loss and gradient of :class:`SFTStepLoss` on the module's own forward, in any
-    micro-batches; and :func:`sft_step` takes exactly one optimiser step through the learner."""
-    rows = _rows(8)
+def _reference_step(rows: list[sft_training.EncodedRow]) -> tuple[float, dict[str, torch.Tensor]]:
+    """The step's token-mean cross-entropy and gradient by hand: each row alone through the model's full logits
+    (:func:`~posttrain.algos.sft.token_logprobs`), reduced with the step's target-token count."""
     ref_model = build_tiny_model("micro", vocab_size=len(build_char_tokenizer()), seed=1)
-    ref = SFTStepLoss(ref_model, rows, Layout(False, 128, 100_000, 0))
-    ref.backward(range(8), ref.normaliser(range(8)))
-    g_ref = _grads(ref_model)
+    n, total = float(sum(r.targets for r in rows)), 0.0
+    for r in rows:
+        ids = torch.tensor([r.input_ids])
+        loss = sft_cross_entropy(token_logprobs(ref_model(input_ids=ids).logits, ids), torch.tensor([r.loss_mask]), n)
+        loss.backward()  # type: ignore[no-untyped-call]
+        total += float(loss.detach())
+    return total, _grads(ref_model)
+
+
+@pytest.mark.parametrize("packing", [False, True])
+def test_a_step_through_the_primitives_is_the_step_loss_in_any_micro_batches(packing: bool) -> None:
+    """``learner.forward_backward(layout.batch(rows), SFTTokenLoss)`` (the primitives' plain forward, padded rows or
+    packed blocks micro-batched by the learner, blocks whole) gives the loss and gradient of the step's token-mean
+    cross-entropy over each row alone, in any micro-batches; and :func:`sft_step` takes exactly one optimiser step
+    through ``learner.forward_backward``."""
+    rows = _rows(8)
+    ref_loss, g_ref = _reference_step(rows)
     for budget in (100_000, 64):
         model = build_tiny_model("micro", vocab_size=len(build_char_tokenizer()), seed=1)
         learner = PolicyLearner(model, batching=BatchingSettings(microbatch_tokens=budget))
-        batch = padded_batch(rows, 0, learner.device)
-        assert batch.num_tokens == sum(r.targets for r in rows) and batch.shape[0] == 8
+        layout = Layout(packing, 128, budget, 0)
+        batch = layout.batch(rows, learner.device)
+        assert batch.num_tokens == sum(r.targets for r in rows)
+        assert batch.shape[0] == len(layout.units(rows)) and (batch.shape[0] < 8) == packing  # packed: rows share
         out = learner.forward_backward(batch, SFTTokenLoss())
-        assert out.loss == pytest.approx(ref.metrics["loss"], rel=shape_rtol(128)), budget
+        assert out.loss == pytest.approx(ref_loss, rel=shape_rtol(128)), budget
         assert_grads_close(_grads(model), g_ref, shape_rtol(128), f"budget {budget}")
     calls: list[str] = []
     for name in ("forward_backward", "forward_backward_custom", "optim_step"):
         real = getattr(learner, name)
         setattr(learner, name, lambda *a, _r=real, _n=name, **k: (calls.append(_n), _r(*a, **k))[1])
     learner.optimizer.zero_grad(set_to_none=True)
-    m = sft_step(learner, rows, Layout(False, 128, 64, 0))
-    m_packed = sft_step(learner, rows, Layout(True, 128, 256, 0))
-    assert calls == ["forward_backward", "optim_step", "forward_backward_custom", "optim_step"]
-    assert m["optimizer_steps"] == m_packed["optimizer_steps"] == 1.0 and learner.optimizer_steps == 2
+    m = sft_step(learner, rows, Layout(packing, 128, 64, 0))
+    assert calls == ["forward_backward", "optim_step"]
+    assert m["optimizer_steps"] == 1.0 and learner.optimizer_steps == 1
     assert m["tokens"] == sum(r.targets for r in rows) and m["rows"] == 8.0 and m["lr"] is not None
+
+
+def test_packed_and_padded_batches_hold_the_same_rows() -> None:
+    """:func:`packed_batch` lays each row's ids and loss mask out as :func:`padded_batch` does, in blocks of whole
+    rows with position ids restarting at each row (and at the tail padding), attention mask 1 on the tokens."""
+    rows = _rows(8)
+    cpu = torch.device("cpu")
+    pad, packed = padded_batch(rows, 0, cpu).tensors, packed_batch(rows, 128, 0, cpu).tensors
+    assert pad["position_ids"] is None and packed["position_ids"] is not None
+    units = Layout(True, 128, 1, 0).units(rows)
+    for b, u in enumerate(units):
+        at = 0
+        for i in u:
+            n = len(rows[i].input_ids)
+            for k in ("input_ids", "loss_mask"):
+                assert torch.equal(packed[k][b, at:at + n], pad[k][i, :n]), (b, i, k)
+            assert torch.equal(packed["position_ids"][b, at:at + n], torch.arange(n))
+            at += n
+        assert int(packed["attention_mask"][b].sum()) == at and int(packed["position_ids"][b, at:].sum()) == sum(
+            range(packed["input_ids"].shape[1] - at))
 
 
 def test_tiny_run_lowers_heldout_loss_and_its_checkpoint_loads(tmp_path: Path) -> None:
