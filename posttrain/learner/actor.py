@@ -23,22 +23,22 @@ from typing import Unpack
 
 import torch
 
-from posttrain.algos.policy_objective import PolicyObjective, logkappa_metrics
-from posttrain.algos.registry import CORRECTIONS, KL_ESTIMATORS, POLICY_LOSSES, REDUCTIONS
+from posttrain.algos.policy_objective import PolicyObjective
 from posttrain.learner.grad_sync import GradientSync, LocalSync
 from posttrain.learner.logprobs import token_logprobs
-from posttrain.learner.lora import is_peft_model, merged_state_dict, wrap_lora
+from posttrain.learner.lora import is_peft_model, merged_state_dict
 from posttrain.learner.microbatch import minibatch_rows
 from posttrain.learner.optim_step import StepOutcome, StepTally
 from posttrain.learner.policy_loss import (
     Correction,
     PolicyTokenLoss,
-    check_advantages,
-    policy_tensors,
+    fused_old_logprob,
     token_diag_keys,
     update_metrics,
+    update_tensors,
     zero_at_zero_advantage,
 )
+from posttrain.learner.policy_setup import autocast_dtype, prepare_model, resolve_policy_loss
 from posttrain.learner.primitives import (
     ForwardBackwardOutput,
     ForwardContext,
@@ -64,8 +64,6 @@ from posttrain.learner.settings import (
 )
 from posttrain.learner.trainer import MinibatchLoss, Trainer
 from posttrain.trajectory.collate import TrajectoryBatch
-
-_AUTOCAST = {"bfloat16": torch.bfloat16, "bf16": torch.bfloat16, "float16": torch.float16, "fp16": torch.float16}
 
 
 class PolicyLearner:
@@ -95,38 +93,22 @@ class PolicyLearner:
             compute=compute or ComputeSettings(), lora=lora or LoraSettings()), flat)
         self.settings = s
         ls, cs = s.loss, s.compute
-        if cs.autocast_dtype is not None and cs.autocast_dtype not in _AUTOCAST:
-            raise ValueError(f"unknown autocast_dtype {cs.autocast_dtype!r}; valid: {', '.join(_AUTOCAST)} or None")
-        # Resolve names once: an unknown name, a wrong key or type fails here, not mid-update.
-        self._policy_loss, self._reduction = POLICY_LOSSES[ls.policy_loss], REDUCTIONS[ls.reduction]
-        self._kl = KL_ESTIMATORS[ls.kl_estimator] if ls.kl_estimator is not None else None
-        self._correction = CORRECTIONS[ls.correction] if ls.correction is not None else None
-        self.policy_loss_kwargs = POLICY_LOSSES.validate_kwargs(ls.policy_loss, ls.policy_loss_kwargs,
-                                                                key="policy_loss_kwargs")
-        self.reduction_kwargs = REDUCTIONS.validate_kwargs(ls.reduction, ls.reduction_kwargs, key="reduction_kwargs")
-        self.correction_kwargs = (CORRECTIONS.validate_kwargs(ls.correction, ls.correction_kwargs,
-                                                              key="correction_kwargs") if ls.correction else {})
-        self._reduction(torch.ones(1, 1), num_sequences=1, num_tokens=1.0, **self.reduction_kwargs)  # e.g. max_len
+        self.autocast_dtype = autocast_dtype(cs.autocast_dtype)
+        r = resolve_policy_loss(ls)  # names resolved once: a wrong name, key or type fails here, not mid-update
+        self._policy_loss, self._reduction, self._kl, self._correction = r.policy_loss, r.reduction, r.kl, r.correction
+        self.policy_loss_kwargs, self.reduction_kwargs = r.policy_loss_kwargs, r.reduction_kwargs
+        self.correction_kwargs = r.correction_kwargs
         self.kl_estimator_name, self.kl_coef = ls.kl_estimator, kl_coef
         self.entropy_coef = float(ls.entropy_coef)
         self.temperature = float(s.sampler.temperature)
         self.top_k, self.top_p = int(s.sampler.top_k), float(s.sampler.top_p)  # truncated sampling, replayed
         self.microbatch_tokens = s.batching.microbatch_tokens
-        self.autocast_dtype = _AUTOCAST[cs.autocast_dtype] if cs.autocast_dtype is not None else None
         self.entropy_chunk_size, self.compute_entropy = cs.entropy_chunk_size, ls.compute_entropy
         self.skip_no_signal_rows, self.mask_truncated = bool(ls.skip_no_signal_rows), bool(ls.mask_truncated)
         self._zero_at_zero_adv: bool | None = None  # probed lazily (no_signal_rows_skippable)
         self._diag_keys: list[str] | None = None
-        if s.lora.rank > 0:
-            model = wrap_lora(model, rank=s.lora.rank, alpha=s.lora.alpha, target_modules=s.lora.target_modules,
-                              dropout=s.lora.dropout)
         self.gradient_checkpointing = cs.gradient_checkpointing
-        if cs.gradient_checkpointing:
-            dropout = _dropout_rates(model)  # train mode for the gradient forward is exact only without dropout
-            if dropout:
-                raise ValueError(f"gradient_checkpointing needs a model without dropout (pi_theta must equal "
-                                 f"pi_old); found {dropout[:3]}")
-            model.gradient_checkpointing_enable()  # type: ignore[operator]
+        model = prepare_model(model, s.lora, cs)  # LoRA adapters; checkpointing (refused with dropout)
         self.model = model.eval()
         self.trainer = Trainer(list(model.parameters()), s.optim, s.batching)
         self.params = self.trainer.params
@@ -231,6 +213,9 @@ class PolicyLearner:
         (:func:`~posttrain.learner.primitives.forward_backward`)."""
         return forward_backward(self.forward_context(), batch, loss)
 
+    #: The driver copy's context (the Learner protocol): here :attr:`model` itself, as :meth:`forward_context`.
+    driver_context = forward_context
+
     def forward_backward_custom(self, rows: list[int], loss: MinibatchLoss) -> ForwardBackwardOutput:
         """Forward + backward of a loss that runs its own forward (a pair loss over sequence log-probs, after
         Tinker's ``forward_backward_custom``): ``loss.backward(rows, loss.normaliser(rows))`` under
@@ -282,18 +267,9 @@ class PolicyLearner:
     # ------------------------------------------------------------------ the RL program
     def _prepare(self, batch: TrajectoryBatch, advantages: torch.Tensor | None, old_logprob: torch.Tensor | None,
                  fuse_old: bool) -> tuple[dict[str, torch.Tensor | None], dict[str, float]]:
-        """The batch's tensors on the device (:func:`~posttrain.learner.policy_loss.policy_tensors`): pi_old is
-        ``old_logprob``, else ``batch.old_logprob``, else recomputed now (on-policy), or None when fused."""
-        adv = check_advantages(batch, advantages)
-        if old_logprob is None and not fuse_old:
-            old_logprob = batch.old_logprob if batch.old_logprob is not None else self.compute_logprobs(batch)
-        shape = tuple(batch.input_ids.shape)
-        if old_logprob is not None and tuple(old_logprob.shape) != shape:
-            raise ValueError(f"old_logprob has shape {tuple(old_logprob.shape)}, batch is {shape}")
-        if self._kl is not None and batch.ref_logprob is None:
-            raise ValueError(f"kl_estimator={self.kl_estimator_name!r} needs ref_logprob: freeze it with "
-                             "batch.freeze('ref', ...) before the update")
-        return policy_tensors(batch, adv, old_logprob, device=self.device, dtype=self.compute_dtype,
+        """The batch's tensors (:func:`~posttrain.learner.policy_loss.update_tensors`; pi_old recomputed if absent)."""
+        return update_tensors(batch, advantages, old_logprob, frozen=None if fuse_old else self.compute_logprobs,
+                              kl_estimator=self.kl_estimator_name, device=self.device, dtype=self.compute_dtype,
                               correction=Correction(self._correction, self.correction_kwargs, self.mask_truncated),
                               version=self.version)
 
@@ -345,16 +321,12 @@ class PolicyLearner:
             current[seen] = out.logprob[seen]
             merge_metrics(sums, out.metrics)
             steps.record(self.optim_step(ends_update=False))
-        am = batch.action_mask.to(torch.float64)
-        old = None
+        am, old, loss_mask = batch.action_mask.to(torch.float64), None, t["loss_mask"]
         if fuse_old:
-            loss_mask = t["loss_mask"]
             assert loss_mask is not None
-            old = torch.where(torch.isnan(current), 0.0, current) * loss_mask.to("cpu", torch.float64) * am
-            dt = self.compute_dtype
-            m = batch.action_mask.to(self.device, dt)
-            info.update(logkappa_metrics(batch.behavior_logprob.to(self.device, dt) * m, old.to(self.device, dt), m,
-                                         batch.behavior_version.to(self.device), self.version))
+            old, kappa = fused_old_logprob(batch, current, loss_mask, device=self.device, dtype=self.compute_dtype,
+                                           version=self.version)
+            info.update(kappa)
         self.version += 1
         metrics = update_metrics(sums, steps, trained=minibatches - empty, empty=empty,
                                  lr=steps.lr if steps.lr is not None else self.current_lr(),
@@ -392,17 +364,6 @@ class PolicyLearner:
             controller_state = state["kl_controller"]
             assert isinstance(controller_state, Mapping)
             self.kl_coef.load_state_dict(controller_state)
-
-
-def _dropout_rates(model: torch.nn.Module) -> list[str]:
-    """``name=p`` of every ``nn.Dropout`` with p > 0 and every ``*dropout`` config value > 0."""
-    found = [f"{n}={m.p}" for n, m in model.named_modules() if isinstance(m, torch.nn.Dropout) and m.p > 0]
-    cfg = getattr(model, "config", None)
-    if cfg is not None:
-        for k, v in cfg.to_dict().items():
-            if "dropout" in k and isinstance(v, (int, float)) and v > 0:
-                found.append(f"config.{k}={v}")
-    return found
 
 
 __all__ = ["PolicyLearner", "UpdateOutput"]

@@ -37,7 +37,7 @@ import re
 import shutil
 from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any, NoReturn, Protocol
 
 import numpy as np
 import safetensors.torch
@@ -201,6 +201,67 @@ def _write_learner_state(learner_state: Mapping[str, Any], tmp: Path) -> None:
     torch.save(dict(learner_state), tmp / "learner_state.pt")
 
 
+def _fresh_temp(final: Path) -> Path:
+    """The hidden temp sibling ``.<name>.tmp-<pid>`` of ``final`` (not yet created; one left by this pid is
+    removed), after creating the parent and removing stale temps of dead writers."""
+    final.parent.mkdir(parents=True, exist_ok=True)
+    _remove_stale_temps(final.parent)
+    tmp = final.parent / f".{final.name}.tmp-{os.getpid()}"
+    if tmp.exists():
+        shutil.rmtree(tmp)
+    return tmp
+
+
+def _write_parts(tmp: Path, writing: list[Path], *, actor: torch.nn.Module, tokenizer: Tokenizer | None,
+                 critic: _Saveable | None, learner_state: Mapping[str, Any] | Callable[[Path], Mapping[str, Any]],
+                 extra_json: str) -> None:
+    """Every file of the checkpoint into ``tmp`` in order (actor, tokenizer, critic, learner state, RNG,
+    ``meta.json`` last); ``writing[0]`` names the part being written at each point."""
+    writing[0] = tmp / "actor"
+    _save_actor(actor, tmp)
+    if tokenizer is not None:
+        tokenizer.save_pretrained(str(tmp / "actor"))
+    if critic is not None:
+        writing[0] = tmp / "critic"
+        with quiet_hf_progress():
+            critic.save(tmp / "critic")
+    writing[0] = tmp / "learner_state.pt"
+    state = learner_state(tmp) if callable(learner_state) else learner_state  # learner_dcp/ shards
+    _write_learner_state(state, tmp)
+    writing[0] = tmp / "rng.pt"
+    torch.save(capture_rng(), tmp / "rng.pt")
+    writing[0] = tmp / "meta.json"
+    (tmp / "meta.json").write_text(extra_json)
+
+
+def _publish(tmp: Path, final: Path) -> None:
+    """``tmp`` flushed to disk, then renamed onto ``final`` (an existing ``final`` moved aside first and removed
+    after), then the parent directory flushed."""
+    _fsync_tree(tmp)
+    if final.exists():
+        old = final.parent / f".{final.name}.old-{os.getpid()}"
+        os.replace(final, old)
+        os.replace(tmp, final)
+        shutil.rmtree(old, ignore_errors=True)
+    else:
+        os.replace(tmp, final)
+    _fsync_dir(final.parent)
+
+
+def _raise_write_error(e: BaseException, final: Path, tmp: Path, writing: Path) -> NoReturn:
+    """Remove ``tmp`` and re-raise ``e``; a write failure as :class:`CheckpointWriteError` naming the file being
+    written (the newest one under ``writing``, e.g. ``actor/model.safetensors``) under ``final``."""
+    try:
+        failed = final / _newest_file(writing).relative_to(tmp)
+    except (OSError, ValueError):  # naming the file must not hide the error
+        failed = final
+    shutil.rmtree(tmp, ignore_errors=True)
+    err = write_error(e, failed) if isinstance(e, Exception) else None
+    if err is not None:
+        raise err from e
+    raise e
+
+
 def save_checkpoint(
     path: str | Path,
     *,
@@ -229,50 +290,16 @@ def save_checkpoint(
     extra_json = json.dumps(
         {"format": FORMAT_VERSION, "step": int(step), "extra": dict(extra or {})}, indent=1
     )
-    final.parent.mkdir(parents=True, exist_ok=True)
-    _remove_stale_temps(final.parent)
-    tmp = final.parent / f".{final.name}.tmp-{os.getpid()}"
-    if tmp.exists():
-        shutil.rmtree(tmp)
-    writing = tmp  # what is being written, for the error (its name under the final path)
+    tmp = _fresh_temp(final)
+    writing = [tmp]  # what is being written, for the error (its name under the final path)
     try:
         tmp.mkdir()
-        writing = tmp / "actor"
-        _save_actor(actor, tmp)
-        if tokenizer is not None:
-            tokenizer.save_pretrained(str(tmp / "actor"))
-        if critic is not None:
-            writing = tmp / "critic"
-            with quiet_hf_progress():
-                critic.save(tmp / "critic")
-        writing = tmp / "learner_state.pt"
-        state = learner_state(tmp) if callable(learner_state) else learner_state  # learner_dcp/ shards
-        _write_learner_state(state, tmp)
-        writing = tmp / "rng.pt"
-        torch.save(capture_rng(), tmp / "rng.pt")
-        writing = tmp / "meta.json"
-        (tmp / "meta.json").write_text(extra_json)
-        writing = tmp
-        _fsync_tree(tmp)
-        if final.exists():
-            old = final.parent / f".{final.name}.old-{os.getpid()}"
-            os.replace(final, old)
-            os.replace(tmp, final)
-            shutil.rmtree(old, ignore_errors=True)
-        else:
-            os.replace(tmp, final)
-        _fsync_dir(final.parent)
+        _write_parts(tmp, writing, actor=actor, tokenizer=tokenizer, critic=critic, learner_state=learner_state,
+                     extra_json=extra_json)
+        writing[0] = tmp
+        _publish(tmp, final)
     except BaseException as e:
-        # The file being written: the newest one under the current part (e.g. actor/model.safetensors).
-        try:
-            failed = final / _newest_file(writing).relative_to(tmp)
-        except (OSError, ValueError):  # naming the file must not hide the error
-            failed = final
-        shutil.rmtree(tmp, ignore_errors=True)
-        err = write_error(e, failed) if isinstance(e, Exception) else None
-        if err is not None:
-            raise err from e
-        raise
+        _raise_write_error(e, final, tmp, writing[0])
     return final
 
 

@@ -195,14 +195,7 @@ def forward_logprobs(
     from ``first_position`` on only, at most ``entropy_chunk_size`` tokens per chunk when given:
     the same values up to the rounding of the chunked GEMMs, without ``[tokens x vocab]`` tensors.
     """
-    if input_ids.shape != attention_mask.shape or input_ids.dim() != 2:
-        raise ValueError(
-            f"input_ids {tuple(input_ids.shape)} and attention_mask {tuple(attention_mask.shape)} must be equal [B, T]"
-        )
-    if not temperature > 0:
-        raise ValueError(f"temperature must be > 0, got {temperature}")
-    T = input_ids.shape[1]
-    f = min(max(int(first_position), 1), max(T - 1, 1))
+    f = _scored_from(input_ids, attention_mask, first_position, temperature)
     head = linear_head_of(model)
     if head is not None:
         return _chunked_head_logprobs(head, input_ids, attention_mask, f, temperature=temperature,
@@ -211,6 +204,20 @@ def forward_logprobs(
     return _full_logits_logprobs(model, input_ids, attention_mask, f, temperature=temperature,
                                  with_entropy=with_entropy, entropy_grad=entropy_grad,
                                  entropy_chunk_size=entropy_chunk_size, top_k=top_k, top_p=top_p)
+
+
+def _scored_from(input_ids: torch.Tensor, attention_mask: torch.Tensor, first_position: int,
+                 temperature: float) -> int:
+    """:func:`forward_logprobs`'s first scored column ``f``: ``first_position`` clamped to ``1 .. max(T - 1, 1)``,
+    after checking the inputs (``ValueError``: shapes not one equal ``[B, T]``, a temperature not > 0)."""
+    if input_ids.shape != attention_mask.shape or input_ids.dim() != 2:
+        raise ValueError(
+            f"input_ids {tuple(input_ids.shape)} and attention_mask {tuple(attention_mask.shape)} must be equal [B, T]"
+        )
+    if not temperature > 0:
+        raise ValueError(f"temperature must be > 0, got {temperature}")
+    T = input_ids.shape[1]
+    return min(max(int(first_position), 1), max(T - 1, 1))
 
 
 def _chunked_head_logprobs(

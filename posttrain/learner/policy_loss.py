@@ -85,6 +85,40 @@ def policy_tensors(batch: TrajectoryBatch, advantages: torch.Tensor, old_logprob
     return t, info
 
 
+def update_tensors(batch: TrajectoryBatch, advantages: torch.Tensor | None, old_logprob: torch.Tensor | None, *,
+                   frozen: Callable[[TrajectoryBatch], torch.Tensor] | None, kl_estimator: str | None,
+                   device: torch.device, dtype: torch.dtype, correction: Correction,
+                   version: int) -> tuple[dict[str, torch.Tensor | None], dict[str, float]]:
+    """The RL update's :func:`policy_tensors` after checking its inputs: advantages by :func:`check_advantages`;
+    pi_old is ``old_logprob``, else ``batch.old_logprob``, else ``frozen(batch)`` (recomputed now, on-policy),
+    or None when ``frozen`` is None (fused: each forward's own); its shape must be the batch's; a KL term
+    (``kl_estimator`` not None) needs the batch's frozen ``ref_logprob``. ``ValueError`` naming what is wrong."""
+    adv = check_advantages(batch, advantages)
+    if old_logprob is None and frozen is not None:
+        old_logprob = batch.old_logprob if batch.old_logprob is not None else frozen(batch)
+    shape = tuple(batch.input_ids.shape)
+    if old_logprob is not None and tuple(old_logprob.shape) != shape:
+        raise ValueError(f"old_logprob has shape {tuple(old_logprob.shape)}, batch is {shape}")
+    if kl_estimator is not None and batch.ref_logprob is None:
+        raise ValueError(f"kl_estimator={kl_estimator!r} needs ref_logprob: freeze it with "
+                         "batch.freeze('ref', ...) before the update")
+    return policy_tensors(batch, adv, old_logprob, device=device, dtype=dtype, correction=correction,
+                          version=version)
+
+
+def fused_old_logprob(batch: TrajectoryBatch, current: torch.Tensor, loss_mask: torch.Tensor, *,
+                      device: torch.device, dtype: torch.dtype, version: int) -> tuple[torch.Tensor, dict[str, float]]:
+    """pi_old of a fused update: the update's own forward ``current`` ``[B, T]`` (NaN where no forward ran,
+    taken as 0), times the loss mask and the action mask (float64, CPU); and its log-kappa metrics against the
+    behaviour log-probs mu (:func:`~posttrain.algos.policy_objective.logkappa_metrics`, in ``dtype`` on
+    ``device``)."""
+    am = batch.action_mask.to(torch.float64)
+    old = torch.where(torch.isnan(current), 0.0, current) * loss_mask.to("cpu", torch.float64) * am
+    m = batch.action_mask.to(device, dtype)
+    return old, logkappa_metrics(batch.behavior_logprob.to(device, dtype) * m, old.to(device, dtype), m,
+                                 batch.behavior_version.to(device), version)
+
+
 class PolicyTokenLoss:
     """The :class:`~posttrain.learner.primitives.TokenLoss` of the RL update: ``objective`` over each
     micro-batch (its ``mb[...]`` tensors from :func:`policy_tensors`). Without ``old_logprob`` (fused) pi_old
@@ -208,5 +242,5 @@ def token_diag_keys(policy_loss: Callable[..., Any], kwargs: Mapping[str, object
     return sorted(k for k, v in out.diagnostics.items() if torch.as_tensor(v).shape == z.shape)
 
 
-__all__ = ["POLICY_SUMS", "Correction", "PolicyTokenLoss", "check_advantages", "policy_tensors", "token_diag_keys",
-           "update_metrics", "zero_at_zero_advantage"]
+__all__ = ["POLICY_SUMS", "Correction", "PolicyTokenLoss", "check_advantages", "fused_old_logprob", "policy_tensors",
+           "token_diag_keys", "update_metrics", "update_tensors", "zero_at_zero_advantage"]

@@ -19,6 +19,11 @@ Tinker primitive            here
                             the engine loads under :attr:`Learner.version`
 ``save_state``/``load_state`` :meth:`Learner.state_dict` / :meth:`Learner.load_state_dict`
 ==========================  =====================================================================
+
+:meth:`Learner.forward_backward` trains the learner's own weights (on learner ranks: the ranks' replicas,
+whatever the driver does with its copy). A phase that trains the driver's copy :attr:`Learner.model` with its
+own optimiser (the SFT warm-up, :func:`~posttrain.learner.sft.run_sft`) says so: it runs
+:func:`~posttrain.learner.primitives.forward_backward` on :meth:`Learner.driver_context`.
 """
 
 from __future__ import annotations
@@ -29,7 +34,13 @@ from typing import Protocol, runtime_checkable
 import torch
 
 from posttrain.learner.optim_step import StepOutcome
-from posttrain.learner.primitives import ForwardBackwardOutput, LossBatch, TokenLoss, UpdateOutput
+from posttrain.learner.primitives import (
+    ForwardBackwardOutput,
+    ForwardContext,
+    LossBatch,
+    TokenLoss,
+    UpdateOutput,
+)
 from posttrain.learner.trainer import MinibatchLoss
 from posttrain.trajectory import TrajectoryBatch
 
@@ -68,6 +79,11 @@ class Learner(Protocol):
 
     def forward_backward(self, batch: LossBatch, loss: TokenLoss) -> ForwardBackwardOutput:
         """One mini-batch's forward and backward with ``loss``; gradients accumulate until :meth:`optim_step`."""
+        ...
+
+    def driver_context(self) -> ForwardContext:
+        """The forward context of the driver's copy :attr:`model` (the in-process learner's own context): its
+        gradients land in :attr:`model`, for a phase that steps it with its own optimiser (the SFT warm-up)."""
         ...
 
     def forward_backward_custom(self, rows: list[int], loss: MinibatchLoss) -> ForwardBackwardOutput:

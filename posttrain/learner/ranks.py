@@ -27,8 +27,9 @@ batch's tensors parked on the ranks once, then each mini-batch's message is its 
 pickled loss; gradients reduced among the ranks and kept there) and :meth:`LearnerRanks.optim_step`; so a
 trainer program runs on them unchanged. :meth:`LearnerRanks.update` is that RL program as ONE command
 (no message per mini-batch; the same result, tests/learner/test_rank_primitives.py). A loss with its own
-forward (``forward_backward_custom``) is refused. While the driver copy is in train mode (the SFT warm-up
-trains it with its own optimiser), ``forward_backward`` runs on the driver copy instead.
+forward (``forward_backward_custom``) is refused. ``forward_backward`` always runs on the ranks; a phase
+that trains the driver copy itself with its own optimiser (the SFT warm-up) runs the primitive on
+:meth:`LearnerRanks.driver_context`, explicitly.
 
 After an update (or an ``optim_step`` that ends one) the ranks stream the weights to the driver in buckets of at most
 ``weight_bucket_bytes`` (:func:`~posttrain.learner.rank_process.weight_buckets`; FSDP: each bucket's shards all-gathered with
@@ -75,7 +76,6 @@ from posttrain.learner.primitives import (
     LossBatch,
     TokenLoss,
     UpdateOutput,
-    forward_backward,
 )
 from posttrain.learner.protocol import KLCoefficient
 from posttrain.learner.rank_process import RankLearnerFactory, RankSpec, WeightBucket
@@ -209,27 +209,24 @@ class LearnerRanks:
         over ranks) and the log-probs of every rank's rows. The batch's tensors go to the ranks once (a
         ``prepare`` when ``batch.tensors`` holds other tensor objects than the last batch's; they must not be
         changed in place in between), then each call sends only the rows, ``num_tokens`` and the pickled loss
-        (:class:`LearnerRankError` naming the loss type when it does not pickle).
-
-        While the driver copy is in train mode — a phase that trains :attr:`model` itself with its own
-        optimiser: the SFT warm-up (:func:`~posttrain.learner.sft.run_sft`) — it runs on the driver copy
-        instead (one process, no mixed precision), the gradients landing in :attr:`model`; the changed
-        weights reach the ranks before their next call."""
-        if self.model.training:
-            return self._driver_forward_backward(batch, loss)
+        (:class:`LearnerRankError` naming the loss type when it does not pickle). Always on the ranks, whatever
+        mode the driver copy is in (a phase that trains the driver copy uses :meth:`driver_context`)."""
         blob = _pickled_loss(loss)
         batch_id = self._park(batch.tensors)
         outs: list[ForwardBackwardOutput] = self._call("forward_backward", batch_id, list(batch.rows),
                                                        float(batch.num_tokens), blob)
         return _merged_output(outs)
 
-    def _driver_forward_backward(self, batch: LossBatch, loss: TokenLoss) -> ForwardBackwardOutput:
-        ctx = ForwardContext(model=self.model, temperature=self.temperature, top_k=self.top_k, top_p=self.top_p,
-                             microbatch_tokens=self.microbatch_tokens, entropy_chunk_size=None,
-                             compute_dtype=_compute_dtype(self.model), autocast=contextlib.nullcontext,
-                             grad_mode=contextlib.nullcontext, grad_sync=LocalSync(),
-                             params=[p for p in self.model.parameters() if p.requires_grad])
-        return forward_backward(ctx, batch, loss)
+    def driver_context(self) -> ForwardContext:
+        """The driver copy's side of :func:`~posttrain.learner.primitives.forward_backward`, for a phase that
+        trains :attr:`model` itself with its own optimiser (the SFT warm-up,
+        :func:`~posttrain.learner.sft.run_sft`): one process, no mixed precision, the gradients landing in
+        :attr:`model`; the changed weights reach the ranks before their next call."""
+        return ForwardContext(model=self.model, temperature=self.temperature, top_k=self.top_k, top_p=self.top_p,
+                              microbatch_tokens=self.microbatch_tokens, entropy_chunk_size=None,
+                              compute_dtype=_compute_dtype(self.model), autocast=contextlib.nullcontext,
+                              grad_mode=contextlib.nullcontext, grad_sync=LocalSync(),
+                              params=[p for p in self.model.parameters() if p.requires_grad])
 
     def _park(self, tensors: RowTensors) -> int:
         """The ranks' id of ``tensors``: sent once (``prepare``, replacing the batch parked before)."""

@@ -3,12 +3,15 @@
 Loss: mean negative log-likelihood of the answer tokens (and the closing eos) given the prompt,
 token-mean over the batch: ``L = -sum_{i,t} m_it log pi(y_it | x_i, y_i,<t) / sum m_it`` (the model's own
 softmax at temperature 1, untruncated: :class:`AnswerNLL`, a
-:class:`~posttrain.learner.primitives.TokenLoss`). Each step is one ``learner.forward_backward`` of the
-step's pairs (micro-batches of at most the learner's ``microbatch_tokens`` padded tokens) and one step of
-the warm-up's own :class:`~posttrain.learner.trainer.Trainer` (:func:`sft_optimizer_settings`: the same
-AdamW, schedule and step rules as the RL learners, other settings). The warm-up keeps its own optimiser
-because its AdamW moments and linear schedule belong to the phase: RL starts from a fresh optimiser state,
-as every recorded run did (tests/loop/golden).
+:class:`~posttrain.learner.primitives.TokenLoss`). Each step is one
+:func:`~posttrain.learner.primitives.forward_backward` of the step's pairs on the learner's *driver copy*
+(``learner.driver_context()``: micro-batches of at most the learner's ``microbatch_tokens`` padded tokens)
+and one step of the warm-up's own :class:`~posttrain.learner.trainer.Trainer` (:func:`sft_optimizer_settings`:
+the same AdamW, schedule and step rules as the RL learners, other settings). The warm-up keeps its own
+optimiser because its AdamW moments and linear schedule belong to the phase: RL starts from a fresh optimiser
+state, as every recorded run did (tests/loop/golden). Because that optimiser steps the driver's copy of the
+model, the gradients must land there: the warm-up asks for the driver copy's context explicitly, and the
+learner ranks' ``forward_backward`` (which trains the ranks' replicas) is never used here.
 """
 
 from __future__ import annotations
@@ -19,7 +22,7 @@ from typing import Protocol
 import torch
 
 from posttrain.learner.microbatch import Microbatch
-from posttrain.learner.primitives import ForwardBackwardOutput, ForwardSpec, LossBatch, LossTerms, TokenLoss
+from posttrain.learner.primitives import ForwardContext, ForwardSpec, LossBatch, LossTerms, forward_backward
 from posttrain.learner.settings import BatchingSettings, OptimizerSettings
 from posttrain.learner.trainer import Trainer
 from posttrain.trajectory import collate, make_trajectory
@@ -29,12 +32,11 @@ SFTPair = tuple[list[int], list[int]]
 
 
 class SupervisedLearner(Protocol):
-    """What the warm-up needs of a learner: its model and its ``forward_backward`` primitive (met by
-    :class:`~posttrain.learner.actor.PolicyLearner` and :class:`~posttrain.learner.ranks.LearnerRanks`)."""
+    """What the warm-up needs of a learner: the forward context of the driver's copy of the model (met by
+    :class:`~posttrain.learner.actor.PolicyLearner`, whose model is that copy, and by
+    :class:`~posttrain.learner.ranks.LearnerRanks`, whose ranks then get the warmed weights)."""
 
-    model: torch.nn.Module
-
-    def forward_backward(self, batch: LossBatch, loss: TokenLoss) -> ForwardBackwardOutput: ...
+    def driver_context(self) -> ForwardContext: ...
 
 
 def sft_optimizer_settings(steps: int, lr: float) -> OptimizerSettings:
@@ -85,10 +87,12 @@ def run_sft(
     pad_token_id: int,
     on_step: Callable[[int, float], None] | None = None,
 ) -> list[float]:
-    """``steps`` SFT steps on ``batches(step)``: ``learner.forward_backward`` with :class:`AnswerNLL`, then one
-    step of the warm-up's optimiser (:func:`sft_optimizer_settings`), the model in train mode (eval mode after);
+    """``steps`` SFT steps on ``batches(step)``: :func:`~posttrain.learner.primitives.forward_backward` with
+    :class:`AnswerNLL` on ``learner.driver_context()`` (the driver's copy of the model), then one step of the
+    warm-up's optimiser (:func:`sft_optimizer_settings`) over that copy, in train mode (eval mode after);
     returns the loss curve (one float per step) and calls ``on_step(step, loss)``."""
-    model = learner.model
+    ctx = learner.driver_context()
+    model = ctx.model
     trainer = Trainer(list(model.parameters()), sft_optimizer_settings(steps, lr), BatchingSettings())
     device = next(model.parameters()).device
     model.train()
@@ -96,7 +100,7 @@ def run_sft(
     for s in range(steps):
         batch = sft_batch(batches(s), pad_token_id, device)
         trainer.optimizer.zero_grad(set_to_none=True)
-        loss = learner.forward_backward(batch, AnswerNLL()).loss if batch.num_tokens else 0.0
+        loss = forward_backward(ctx, batch, AnswerNLL()).loss if batch.num_tokens else 0.0
         if batch.num_tokens:
             trainer.step()
         losses.append(loss)

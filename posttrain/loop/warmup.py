@@ -46,10 +46,10 @@ def warmup_examples(task: Task, cfg: RunConfig, heldout: Sequence[TaskExample]) 
 
 
 def sft_warmup(parts: Parts, run_dir: Path, progress: Progress | None = None) -> None:
-    """``parts.cfg.sft.steps`` SFT steps through the parts' learner (:func:`posttrain.learner.sft.run_sft`: its
-    ``forward_backward`` with the answer NLL, the warm-up's own optimiser; a ``rich`` ``progress`` bar when
-    given), the losses written to ``run_dir/sft_losses.json``; then the reference model and the engine get
-    its weights."""
+    """``parts.cfg.sft.steps`` SFT steps on the driver's copy of the model (:func:`posttrain.learner.sft.run_sft`
+    over the learner's ``driver_context()``: the answer NLL, the warm-up's own optimiser; with learner ranks
+    the warmed weights reach them before their next call; a ``rich`` ``progress`` bar when given), the losses
+    written to ``run_dir/sft_losses.json``; then the reference model and the engine get its weights."""
     from posttrain.learner.sft import run_sft
     from posttrain.loop.parts import sync_weights
 

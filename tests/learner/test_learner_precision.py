@@ -47,7 +47,7 @@ def test_cpu_bf16_learner_trains_and_the_ledger_shows_the_mismatch(tmp_path: Pat
 
     monkeypatch.setattr(P, "cpu_flags", lambda *a: frozenset({"avx512_bf16"}))  # the config check, not the numerics
     run = tmp_path / "bf16"
-    assert main(["train", "grpo", "model.path=builtin:tiny", "steps=1", "eval.every=100", "eval.size=8",
+    assert main(["train", "grpo", "model.path=builtin:tiny", "steps=1", "sft.steps=0", "eval.every=100", "eval.size=8",
                  "learner.precision=bf16", f"run_dir={run}", "--no-progress"]) == 0
     rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
     kappa = [r["logkappa_abs_mean"] for r in rows if "logkappa_abs_mean" in r]

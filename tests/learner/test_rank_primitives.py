@@ -142,16 +142,28 @@ def on_ranks(request: pytest.FixtureRequest, in_process: dict[str, Any]) -> Iter
             ranks.forward_backward_custom([0], object())  # type: ignore[arg-type]
         got["custom"] = str(e.value)
         got["alive_after_refusals"] = ranks.minibatch_plan(3)
+        got["train_mode"] = _in_train_mode(ranks, got["program"]["last"])
         got["driver_path"] = _driver_copy_path(ranks)
         yield got
     finally:
         ranks.close()
 
 
+def _in_train_mode(ranks: LearnerRanks, last: tuple[LossBatch, Any]) -> dict[str, Any]:
+    """``forward_backward`` with the driver copy in train mode: still on the ranks (no gradient on the driver
+    copy; the loss is the ranks' loss of the same batch and weights just before), the mode restored after."""
+    ranks.model.train()
+    try:
+        out = ranks.forward_backward(*last)
+    finally:
+        ranks.model.eval()
+    return {"loss": out.loss, "no_driver_grads": all(p.grad is None for p in ranks.model.parameters())}
+
+
 def _driver_copy_path(ranks: LearnerRanks) -> dict[str, Any]:
-    """The SFT warm-up through the ranks' handle (run_sft puts the driver copy in train mode: its gradients land
-    there and its own optimiser steps it) against the same warm-up of an in-process learner from the same weights;
-    then the ranks' log-probs show they got the warmed-up weights."""
+    """The SFT warm-up through the ranks' handle (run_sft runs on ``ranks.driver_context()``, the driver copy:
+    its gradients land there and the warm-up's own optimiser steps it) against the same warm-up of an in-process
+    learner from the same weights; then the ranks' log-probs show they got the warmed-up weights."""
     from posttrain.learner.sft import run_sft
 
     def pairs(step: int) -> list[tuple[list[int], list[int]]]:
@@ -230,6 +242,14 @@ def test_refusals_are_one_line_and_leave_the_ranks_running(on_ranks: dict[str, A
     assert "_Unpicklable" in on_ranks["unpicklable"] and "pickle" in on_ranks["unpicklable"]
     assert "object" in on_ranks["custom"] and "in-process learner" in on_ranks["custom"]
     assert sorted(r for mb in on_ranks["alive_after_refusals"] for r in mb) == [0, 0, 1, 1, 2, 2]
+
+
+def test_forward_backward_runs_on_the_ranks_whatever_the_driver_copys_mode(on_ranks: dict[str, Any]) -> None:
+    """The driver copy in train mode no longer diverts ``forward_backward`` to it (the SFT warm-up asks for
+    ``driver_context()`` instead): the gradients stay on the ranks, the loss is theirs, bitwise."""
+    got = on_ranks["train_mode"]
+    assert got["no_driver_grads"]
+    assert got["loss"] == on_ranks["after_update"][-1].loss  # the same ranks, weights and batch
 
 
 def test_sft_warmup_through_the_ranks_trains_the_driver_copy(on_ranks: dict[str, Any],
