@@ -51,4 +51,5 @@ def test_cpu_bf16_learner_trains_and_the_ledger_shows_the_mismatch(tmp_path: Pat
                  "learner.precision=bf16", f"run_dir={run}", "--no-progress"]) == 0
     rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
     kappa = [r["logkappa_abs_mean"] for r in rows if "logkappa_abs_mean" in r]
-    assert kappa and min(kappa) > 1e-3, kappa
+    # bf16 learner vs fp32 engine: ~1e-3 on the untrained tiny model; an fp32 pair gives ~3e-7 (float32 rounding)
+    assert kappa and min(kappa) > 2e-4, kappa
