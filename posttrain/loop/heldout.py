@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING, Protocol
 from posttrain.diagnostics.heldout_outcomes import SetOutcomes, append_outcomes
 from posttrain.loop.episode_rollout import EpisodeRollout, context_limit, run_episodes, turn_seed
 from posttrain.loop.heldout_breakdown import constraint_rates, has_tools, tool_calls_per_episode
-from posttrain.loop.single_turn import Renderer, Sampler, play_once
+from posttrain.loop.single_turn import Played, Renderer, Sampler, play_once
 from posttrain.rewards.scoring import HasVerifier, VerifyBatch
 from posttrain.rewards.verifier import Verifier
 from posttrain.trajectory import Status
@@ -133,7 +133,8 @@ def evaluate(
     accuracy, reward and length are then means over all responses.
     ``verify_batch`` is the run's guarded verification (``VerifierPool.verify_batch`` or reward
     workers); None verifies in-process through a ``VerifierPool(workers=0)`` (default time limit).
-    Never raises for a verifier's failure: such a sample is an ``infra_error``.
+    Never raises for a verifier's failure nor for a request that failed in a distributed rollout
+    backend (:func:`~posttrain.loop.single_turn.play_once`): such a sample is an ``infra_error``.
     ``hidden_verifier`` (``eval.hidden_verifier``) re-judges the same responses through ``verify_batch``;
     its figures go to :attr:`EvalResult.hidden` only (accuracy and the rest are the training verifier's).
     ``renderer`` (:class:`~posttrain.envs.prompt_render.PromptRenderer`, the run's) turns examples into
@@ -141,7 +142,6 @@ def evaluate(
     """
     from posttrain.envs.prompt_render import PromptRenderer
     from posttrain.rewards import VerifierPool
-    from posttrain.rewards.scoring import judge
     from posttrain.rollout.sampling import SamplingParams
 
     if not 1 <= k <= samples:
@@ -153,20 +153,37 @@ def evaluate(
                        request_ids=[f"eval{i}-{ex.prompt_id}" for i, ex in enumerate(examples)],
                        renderer=renderer if renderer is not None else PromptRenderer(tokenizer),
                        verifier=task.verifier, tokenizer=tokenizer, verify_batch=verify_batch)
-    verdicts = played.verdicts
-    hidden: dict[str, float] = {}
-    if hidden_verifier is not None:
-        from posttrain.rewards.hidden import heldout_metrics
+    hidden = ({} if hidden_verifier is None
+              else hidden_figures(played, hidden_verifier, tokenizer=tokenizer, verify_batch=verify_batch))
+    return eval_result(played, len(examples), k=k, hidden=hidden)
 
-        _, hv = judge(played.completions, played.examples, verifier=hidden_verifier, tokenizer=tokenizer,
-                      verify_batch=verify_batch)
-        hidden = heldout_metrics([v.status for v in verdicts], [v.status for v in hv])
+
+def hidden_figures(played: Played, hidden_verifier: Verifier, *, tokenizer: Tokenizer,
+                   verify_batch: VerifyBatch) -> dict[str, float]:
+    """``eval.hidden_verifier``'s figures over ``played``'s responses
+    (:func:`posttrain.rewards.hidden.heldout_metrics`, paired with the training verdicts by position):
+    every response re-judged through ``verify_batch`` in one batch; a sample whose request failed in the
+    backend has no response and is left out of both sides."""
+    from posttrain.rewards.hidden import heldout_metrics
+    from posttrain.rewards.scoring import judge
+
+    idx = [i for i, bad in enumerate(played.failed) if not bad]
+    _, hv = judge([played.completions[i] for i in idx], [played.examples[i] for i in idx],
+                  verifier=hidden_verifier, tokenizer=tokenizer, verify_batch=verify_batch)
+    return heldout_metrics([played.verdicts[i].status for i in idx], [v.status for v in hv])
+
+
+def eval_result(played: Played, n_examples: int, *, k: int, hidden: dict[str, float]) -> EvalResult:
+    """The :class:`EvalResult` of ``played`` (samples of ``n_examples`` prompts; ``rows[i]`` the prompt of
+    sample ``i``): accuracy = ``correct / (samples - infra_error)`` (NaN with none judged), ``reward_mean``
+    the mean ``task`` component and the constraint rates over judged samples, ``mean_length`` the mean
+    completion length over all samples, ``per_prompt`` (judged, correct) per prompt for pass@``k``."""
     statuses: Counter[str] = Counter()
     rewards: list[float] = []
     lengths: list[int] = []
     judged: list[Mapping[str, float]] = []
-    n_valid, n_correct = [0] * len(examples), [0] * len(examples)
-    for row, c, v in zip(played.rows, played.completions, verdicts, strict=True):
+    n_valid, n_correct = [0] * n_examples, [0] * n_examples
+    for row, c, v in zip(played.rows, played.completions, played.verdicts, strict=True):
         statuses[v.status.value] += 1
         lengths.append(len(c.token_ids))
         if v.status is not Status.INFRA_ERROR:  # an infra error says nothing about the policy: not in n
@@ -180,7 +197,7 @@ def evaluate(
         reward_mean=sum(rewards) / len(rewards) if rewards else float("nan"),
         mean_length=sum(lengths) / len(lengths) if lengths else 0.0,
         status_counts=dict(statuses),
-        n=len(examples),
+        n=n_examples,
         per_prompt=tuple(zip(n_valid, n_correct, strict=True)),
         k=k,
         hidden=hidden,

@@ -55,8 +55,14 @@ from posttrain.loop.single_turn import play_once
 from posttrain.trajectory import Ledger, Status
 
 if TYPE_CHECKING:
+    import torch
+
     from posttrain.config import RunConfig
+    from posttrain.envs.prompt_render import PromptRenderer
     from posttrain.envs.task import Task, TaskExample
+    from posttrain.rewards import VerifierPool
+    from posttrain.rewards.scoring import ScoringSpec, VerifyBatch
+    from posttrain.rollout.engine import RolloutEngine
     from posttrain.trajectory.record import JSONScalar
 
 PROMPT_SEED_STRIDE = 7_919
@@ -285,77 +291,23 @@ def rejection_sample(cfg: RunConfig, out: Path, *, k: int, prompts: int, keep_pe
     back). ``ValueError`` (one line) for a recipe that samples no task, an ``env.name`` (multi-turn) recipe, a
     prompt that does not fit the model, a training prompt found in a held-out set (:func:`refuse_heldout`), or a
     resume :func:`resume_point` refuses."""
-    import torch
-
-    from posttrain.config.trainers import trainer_entry
-    from posttrain.envs.task import check_prompts
-    from posttrain.loop.builders import build_engine, build_model, build_renderer, build_task
-    from posttrain.rewards import VerifierPool
-    from posttrain.rewards.learned import build_learned_rewards
-    from posttrain.rewards.scoring import ScoringSpec
-    from posttrain.rollout.precision import engine_copy
-    from posttrain.rollout.sampling import SamplingParams
-
-    for name, v in (("k", k), ("prompts", prompts), ("keep_per_prompt", keep_per_prompt)):
-        if v < 1:
-            raise ValueError(f"{name} must be >= 1, got {v}")
-    if not trainer_entry(cfg.trainer).samples(cfg):
-        raise ValueError(f"trainer={cfg.trainer} samples no task; rejection sampling needs an RL recipe's task")
-    if cfg.env.name is not None:
-        raise ValueError(f"env.name={cfg.env.name}: multi-turn episodes are not rejection-sampled yet; "
-                         "use a single-turn task")
+    check_sample_request(cfg, k=k, prompts=prompts, keep_per_prompt=keep_per_prompt)
     t0 = time.perf_counter()
-    s = cfg.sampling
-    plan = step_plan(prompts, s.prompts_per_step)
+    plan = step_plan(prompts, cfg.sampling.prompts_per_step)
     request = sample_request(cfg, k=k, prompts=prompts, keep_per_prompt=keep_per_prompt)
-    done = resume_point(out, request, plan) if resume else 0
-    out.mkdir(parents=True, exist_ok=True)
-    if resume:  # a step cut between its trajectories and its metrics: moved aside (the ledger is append-only)
-        Ledger(out / "ledger").discard_after(done)
-    _write_atomic(out / REQUEST_FILE, json.dumps(request, indent=1) + "\n")
-    if done < len(plan):  # written again at the end: until then the directory says it is not a complete pass
-        for name in ("sft.jsonl", "summary.json"):
-            (out / name).unlink(missing_ok=True)
-    torch.manual_seed(cfg.seed)
-    tok, model = build_model(cfg)
-    task = build_task(cfg)
-    renderer = build_renderer(cfg, tok)
-    heldout = heldout_problems(cfg, task)
-    # the builtin engine in this process, computing as the run's builtin engine does (as `posttrain eval`)
-    precision = cfg.rollout.precision if cfg.rollout.engine == "builtin" else "auto"
-    engine = build_engine(engine_copy(model, precision), tok)
-    pool = VerifierPool(workers=cfg.reward.workers, timeout_s=cfg.reward.timeout_s, retries=cfg.reward.retries)
-    verify = build_learned_rewards(cfg.reward, pool.verify_batch)
-    spec = ScoringSpec.of(cfg.reward)
+    done = _open_out(out, request, plan, resume)
+    sampler = _PassSampler.build(cfg)
     ledger = Ledger(out / "ledger")
-    tally = _read_back(out, cfg, task, plan, done, k)
+    tally = _read_back(out, cfg, sampler.task, plan, done, k)
     if done and progress is not None:
         progress(done, len(plan), tally.progress())
     try:
         for step in range(done + 1, len(plan) + 1):
-            cursor, n = plan[step - 1]
-            exs = train_prompts(cfg, task, n, cursor)
-            refuse_heldout(exs, heldout, cfg.task.name)
-            check_prompts(exs, tok, max_context=getattr(model.config, "max_position_embeddings", None),
-                          max_new_tokens=s.max_new_tokens, renderer=renderer)
-            params = SamplingParams(temperature=s.temperature, top_p=s.top_p, top_k=s.top_k,
-                                    max_new_tokens=s.max_new_tokens, n=k, seed=cfg.seed * 1_000_003 + step * 101)
-            played = play_once(engine, exs, params, request_ids=[f"s{step}p{i}" for i in range(len(exs))],
-                               renderer=renderer, verifier=task.verifier, tokenizer=tok, verify_batch=verify)
-            st = [v.status for v in played.verdicts]
-            pids = [ex.prompt_id for ex in played.examples]
-            keep = select_kept(st, pids, played.texts, keep_per_prompt, tally.kept_texts)
-            metas: list[dict[str, JSONScalar]] = [{**renderer.record(ex), "kept": kp}
-                                                  for ex, kp in zip(played.examples, keep, strict=True)]
-            trajs = played.trajectories(verifier=task.verifier, spec=spec, metas=metas)
-            step_counts = tally.add(played.examples, played.texts, st, keep, [t.traj_id for t in trajs])
-            ledger.write_trajectories(step, trajs)
-            ledger.write_metrics(step, {"samples": len(trajs), "kept": sum(keep), "prompts": len(exs),
-                                        **{f"status/{x.value}": step_counts.get(x.value, 0) for x in Status}})
+            sampler.sample_step(ledger, step, plan[step - 1], k=k, keep_per_prompt=keep_per_prompt, tally=tally)
             if progress is not None:
                 progress(step, len(plan), tally.progress())
     finally:
-        pool.close()
+        sampler.pool.close()
     statuses = tally.statuses
     judged = tally.samples - statuses[Status.INFRA_ERROR.value]
     summary = SampleSummary(
@@ -367,3 +319,104 @@ def rejection_sample(cfg: RunConfig, out: Path, *, k: int, prompts: int, keep_pe
     _write_atomic(out / "sft.jsonl", "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in tally.rows))
     _write_atomic(out / "summary.json", json.dumps(summary.as_json(), indent=2) + "\n")
     return summary
+
+
+def check_sample_request(cfg: RunConfig, *, k: int, prompts: int, keep_per_prompt: int) -> None:
+    """``ValueError`` (one line naming the key) unless ``k``, ``prompts`` and ``keep_per_prompt`` are >= 1 and
+    ``cfg`` is a single-turn recipe whose trainer samples a task (no ``env.name``)."""
+    from posttrain.config.trainers import trainer_entry
+
+    for name, v in (("k", k), ("prompts", prompts), ("keep_per_prompt", keep_per_prompt)):
+        if v < 1:
+            raise ValueError(f"{name} must be >= 1, got {v}")
+    if not trainer_entry(cfg.trainer).samples(cfg):
+        raise ValueError(f"trainer={cfg.trainer} samples no task; rejection sampling needs an RL recipe's task")
+    if cfg.env.name is not None:
+        raise ValueError(f"env.name={cfg.env.name}: multi-turn episodes are not rejection-sampled yet; "
+                         "use a single-turn task")
+
+
+def _open_out(out: Path, request: Mapping[str, Any], plan: Sequence[tuple[int, int]], resume: bool) -> int:
+    """Make ``out`` ready for the pass and return the ledger steps to read back (0 unless ``resume``:
+    :func:`resume_point`): a step cut between its trajectories and metrics is moved aside, ``request.json``
+    written, and, with steps left to sample, ``sft.jsonl`` / ``summary.json`` removed (written again at the end:
+    until then the directory says it is not a complete pass)."""
+    done = resume_point(out, request, plan) if resume else 0
+    out.mkdir(parents=True, exist_ok=True)
+    if resume:  # a step cut between its trajectories and its metrics: moved aside (the ledger is append-only)
+        Ledger(out / "ledger").discard_after(done)
+    _write_atomic(out / REQUEST_FILE, json.dumps(request, indent=1) + "\n")
+    if done < len(plan):
+        for name in ("sft.jsonl", "summary.json"):
+            (out / name).unlink(missing_ok=True)
+    return done
+
+
+@dataclasses.dataclass
+class _PassSampler:
+    """What a pass samples and judges with, built once from the recipe (:meth:`build`)."""
+
+    cfg: RunConfig
+    tok: Any  # build_model's tokenizer (typed as it returns it)
+    model: torch.nn.Module
+    task: Task
+    renderer: PromptRenderer
+    heldout: dict[str, tuple[set[str], set[str]]]  # heldout_problems
+    engine: RolloutEngine
+    pool: VerifierPool  # closed by the pass
+    verify: VerifyBatch
+    spec: ScoringSpec
+
+    @classmethod
+    def build(cls, cfg: RunConfig) -> _PassSampler:
+        """Seed torch with ``cfg.seed``, then build the run's model, task, renderer and held-out sets, the builtin
+        engine in this process computing as the run's builtin engine does (as ``posttrain eval``), and the
+        run's guarded verification (``reward.workers`` / ``timeout_s`` / ``retries``, learned components)."""
+        import torch
+
+        from posttrain.loop.builders import build_engine, build_model, build_renderer, build_task
+        from posttrain.rewards import VerifierPool
+        from posttrain.rewards.learned import build_learned_rewards
+        from posttrain.rewards.scoring import ScoringSpec
+        from posttrain.rollout.precision import engine_copy
+
+        torch.manual_seed(cfg.seed)
+        tok, model = build_model(cfg)
+        task = build_task(cfg)
+        renderer = build_renderer(cfg, tok)
+        heldout = heldout_problems(cfg, task)
+        precision = cfg.rollout.precision if cfg.rollout.engine == "builtin" else "auto"
+        engine = build_engine(engine_copy(model, precision), tok)
+        pool = VerifierPool(workers=cfg.reward.workers, timeout_s=cfg.reward.timeout_s, retries=cfg.reward.retries)
+        verify = build_learned_rewards(cfg.reward, pool.verify_batch)
+        return cls(cfg, tok, model, task, renderer, heldout, engine, pool, verify, ScoringSpec.of(cfg.reward))
+
+    def sample_step(self, ledger: Ledger, step: int, cursor_n: tuple[int, int], *, k: int, keep_per_prompt: int,
+                    tally: _Tally) -> None:
+        """Ledger step ``step``: ``n`` prompts at data cursor ``cursor`` (:func:`train_prompts`; refused when
+        held-out or too long for the model), ``k`` samples each with seed ``seed * 1_000_003 + step * 101``
+        played and judged by :func:`play_once`, kept by :func:`select_kept`, counted into ``tally``, written to
+        ``ledger`` (trajectories, then metrics)."""
+        from posttrain.envs.task import check_prompts
+        from posttrain.rollout.sampling import SamplingParams
+
+        cfg, s, task, renderer = self.cfg, self.cfg.sampling, self.task, self.renderer
+        cursor, n = cursor_n
+        exs = train_prompts(cfg, task, n, cursor)
+        refuse_heldout(exs, self.heldout, cfg.task.name)
+        check_prompts(exs, self.tok, max_context=getattr(self.model.config, "max_position_embeddings", None),
+                      max_new_tokens=s.max_new_tokens, renderer=renderer)
+        params = SamplingParams(temperature=s.temperature, top_p=s.top_p, top_k=s.top_k,
+                                max_new_tokens=s.max_new_tokens, n=k, seed=cfg.seed * 1_000_003 + step * 101)
+        played = play_once(self.engine, exs, params, request_ids=[f"s{step}p{i}" for i in range(len(exs))],
+                           renderer=renderer, verifier=task.verifier, tokenizer=self.tok, verify_batch=self.verify)
+        st = [v.status for v in played.verdicts]
+        pids = [ex.prompt_id for ex in played.examples]
+        keep = select_kept(st, pids, played.texts, keep_per_prompt, tally.kept_texts)
+        metas: list[dict[str, JSONScalar]] = [{**renderer.record(ex), "kept": kp}
+                                              for ex, kp in zip(played.examples, keep, strict=True)]
+        trajs = played.trajectories(verifier=task.verifier, spec=self.spec, metas=metas)
+        step_counts = tally.add(played.examples, played.texts, st, keep, [t.traj_id for t in trajs])
+        ledger.write_trajectories(step, trajs)
+        ledger.write_metrics(step, {"samples": len(trajs), "kept": sum(keep), "prompts": len(exs),
+                                    **{f"status/{x.value}": step_counts.get(x.value, 0) for x in Status}})

@@ -6,15 +6,17 @@ request of ``group_size`` samples per fresh group, one request per resumed sampl
 engine call, returning at the driver's finish target) and scored (one verification batch for the
 groups a call completes).
 
-:func:`play_once` sends one request of ``params.n`` samples per prompt, waits for all of them,
-puts the completions in request order and judges them in one guarded verification batch
-(:func:`posttrain.rewards.scoring.judge`). Held-out evaluation
+:func:`play_once` is a thin call through the same player: one group per prompt, named by its
+request id and sampled with the caller's ``params`` (:meth:`SingleTurn.request`), one engine call
+without a finish target (:meth:`SingleTurn.advance`, so a request that failed in a distributed
+backend — a :class:`~posttrain.loop.backends.base.FailedRequest`, or the
+:class:`~posttrain.loop.backends.base.RolloutInfraError` of a plain ``generate`` — ends as
+``infra_error`` samples, as in training), then one guarded verification batch
+(:meth:`SingleTurn.played`, :func:`posttrain.rewards.scoring.judge`). Held-out evaluation
 (:func:`posttrain.loop.heldout.evaluate`), ReMax's greedy baseline
-(:func:`posttrain.loop.targets.greedy_baseline`) and ``posttrain check`` call it with their own
-request ids and sampling settings, and it scores through the same
-:func:`~posttrain.rewards.scoring.judge` as :class:`SingleTurn`.
+(:func:`posttrain.loop.targets.greedy_baseline`), rejection sampling and ``posttrain check`` call it
+with their own request ids and sampling settings.
 """
-
 from __future__ import annotations
 
 import dataclasses
@@ -23,7 +25,7 @@ from collections.abc import Mapping, Sequence
 from typing import Protocol
 
 from posttrain.envs.task import TaskExample
-from posttrain.loop.backends.base import generate_detailed
+from posttrain.loop.backends.base import FailedRequest, RolloutInfraError, generate_detailed
 from posttrain.loop.rollout import Advanced, Group
 from posttrain.rewards.scoring import (
     Decoder,
@@ -34,7 +36,7 @@ from posttrain.rewards.scoring import (
     judge,
     to_trajectories,
 )
-from posttrain.rewards.verdict import Verdict
+from posttrain.rewards.verdict import Verdict, infra_error
 from posttrain.rewards.verifier import Verifier
 from posttrain.rollout.engine import RolloutEngine
 from posttrain.rollout.sampling import SamplingParams
@@ -72,7 +74,9 @@ class Renderer(Protocol):
 
 @dataclasses.dataclass(frozen=True)
 class Played:
-    """The judged samples of :func:`play_once`, in request order (``rows[i]``: the prompt of sample ``i``)."""
+    """The judged samples of :func:`play_once`, in request order, each request's samples by sample index
+    (``rows[i]``: the prompt of sample ``i``). A sample whose request failed in the backend
+    (``failed[i]``) has an empty completion, an empty text and an ``infra_error`` verdict."""
 
     completions: list[Sampled]
     rows: list[int]
@@ -80,6 +84,7 @@ class Played:
     request_ids: list[str]  # the request of each sample
     texts: list[str]
     verdicts: list[Verdict]
+    failed: list[bool]  # failed[i]: sample i's request failed in the backend (no response)
 
     def trajectories(self, *, verifier: Verifier, spec: ScoringSpec,
                      metas: Sequence[Mapping[str, JSONScalar]] | None = None) -> list[Trajectory]:
@@ -94,32 +99,44 @@ class Played:
                                spec=spec, group_ids=self.request_ids, traj_ids=tids, metas=metas)
 
 
+@dataclasses.dataclass(frozen=True)
+class _Engine:
+    """A bare engine as the player's run (:class:`_Source`)."""
+
+    engine: Sampler
+
+
+@dataclasses.dataclass(frozen=True)
+class _Verifying:
+    """A bare verifier as the player's task (:class:`~posttrain.rewards.scoring.HasVerifier`)."""
+
+    verifier: Verifier
+
+
 def play_once(engine: Sampler, examples: Sequence[TaskExample], params: SamplingParams, *, request_ids: Sequence[str],
               renderer: Renderer, verifier: Verifier, tokenizer: Decoder, verify_batch: VerifyBatch | None = None
               ) -> Played:
     """One request of ``params.n`` samples per example (``request_ids[i]`` names example ``i``'s), played
-    to the end under the engine's current weights and judged in one verification batch.
+    to the end under the engine's current weights by the single-turn player and judged in one
+    verification batch (see the module docstring).
 
-    Completions come back in request order whatever order the engine returns them in (an engine
-    may reorder), so ``rows`` maps each to its example. ``RuntimeError`` when the engine returns
-    other than ``params.n`` completions per request. A verifier's failure is an ``infra_error``
-    verdict, never an exception (:func:`~posttrain.rewards.scoring.judge`).
+    Completions come back in request order, each request's by sample index, whatever order the
+    engine returns them in (an engine may reorder), so ``rows`` maps each to its example.
+    ``RuntimeError`` when the engine returns other than ``params.n`` completions per request. Neither
+    a verifier's failure nor a request that failed in the backend raises: each is an ``infra_error``
+    verdict (:func:`~posttrain.rewards.scoring.judge`, :meth:`SingleTurn.played`).
     """
-    reqs = [GenerationRequest(request_id=rid, prompt_ids=renderer.ids(ex), params=params)
-            for rid, ex in zip(request_ids, examples, strict=True)]
-    comps = list(engine.generate(reqs))
-    if len(comps) != params.n * len(reqs):
-        raise RuntimeError(f"engine returned {len(comps)} completions for {len(reqs)} requests x {params.n} samples")
-    row_of = {r.request_id: i for i, r in enumerate(reqs)}
-
-    def row(c: Sampled) -> int:
-        return row_of[c.request_id]
-
-    comps.sort(key=row)  # stable: a request's samples keep the engine's order
-    rows = [row(c) for c in comps]
-    exs = [examples[i] for i in rows]
-    texts, verdicts = judge(comps, exs, verifier=verifier, tokenizer=tokenizer, verify_batch=verify_batch)
-    return Played(comps, rows, exs, [reqs[i].request_id for i in rows], texts, verdicts)
+    player = SingleTurn(_Engine(engine), renderer=renderer, task=_Verifying(verifier), tokenizer=tokenizer,
+                        spec=ScoringSpec(weights={}), params=params, seed=0, verify_batch=verify_batch)
+    groups: list[Group[_Sample]] = [Group(rid, ex, 0, []) for rid, ex in zip(request_ids, examples, strict=True)]
+    for g in groups:
+        g.members = player.request(g, params)
+    fresh = [s for g in groups for s in g.members]
+    adv = player.advance([], fresh, None, 0)
+    if len(adv.members) != len(fresh) or any(s.completion is None for s in fresh):
+        raise RuntimeError(f"engine returned {len(adv.members)} completions for {len(groups)} requests x "
+                           f"{params.n} samples")
+    return player.played(groups)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -127,8 +144,11 @@ def play_once(engine: Sampler, examples: Sequence[TaskExample], params: Sampling
 
 
 class _Source(Protocol):
+    """What the player reads of a run: its engine (a :class:`~posttrain.rollout.engine.RolloutEngine`, a
+    worker set with ``generate_detailed``, or :func:`play_once`'s :class:`Sampler`)."""
+
     @property
-    def engine(self) -> RolloutEngine: ...
+    def engine(self) -> RolloutEngine | Sampler: ...
 
 
 @dataclasses.dataclass(eq=False)
@@ -174,6 +194,45 @@ def _mean(xs: list[int] | list[float]) -> float:
     return float(sum(xs)) / len(xs) if xs else 0.0
 
 
+def engine_call(engine: RolloutEngine | Sampler, requests: Sequence[GenerationRequest], finish_target: int | None
+                ) -> tuple[list[Completion], list[FailedRequest]]:
+    """``(completions, failed requests)`` of one engine call over ``requests``.
+
+    A worker set's ``generate_detailed`` gives both (:func:`~posttrain.loop.backends.base.generate_detailed`);
+    a plain engine's ``generate`` gives completions only (``finish_target`` passed only when set), and a
+    :class:`~posttrain.loop.backends.base.RolloutInfraError` it raises (some request failed after
+    retries) gives back the completions and failed requests it carries: never an exception for a
+    request that failed in the backend (the caller turns it into ``infra_error`` samples).
+    """
+    try:
+        if finish_target is None and getattr(engine, "generate_detailed", None) is None:
+            # a plain engine (or play_once's Sampler): its completions are the Completion-shaped records
+            return list(engine.generate(list(requests))), []  # type: ignore[arg-type]
+        return generate_detailed(engine, requests, finish_target)  # type: ignore[arg-type]  # a RolloutEngine
+    except RolloutInfraError as e:
+        return list(e.result.completions), list(e.result.failed)
+
+
+_Result = tuple["_Sample", "Completion | _InfraCompletion", int]  # (sample, its result, new tokens this call)
+
+
+def _call_metrics(results: list[_Result]) -> dict[str, float]:
+    """The player's metrics of one engine call over ``results`` (see :class:`SingleTurn`)."""
+    new_tokens = [n for _, _, n in results]
+    finished_lens = [len(c.token_ids) for _, c, _ in results if isinstance(c, Completion) and c.finished]
+    paused_lens = [len(c.token_ids) for _, c, _ in results if isinstance(c, Completion) and not c.finished]
+    rows, longest = len(results), max(new_tokens, default=0)
+    return {
+        "rollout/new_tokens": float(sum(new_tokens)),
+        "rollout/rows": float(rows),
+        # Fraction of the call's sample-slots (rows x decode steps of its longest sample) in which
+        # a sample had already finished and waited for the call's stragglers (the barrier's idle).
+        "rollout/group_idle_frac": 1.0 - sum(new_tokens) / (rows * longest) if rows and longest else 0.0,
+        "partial/finished_len_mean": _mean(finished_lens),
+        "partial/paused_len_mean": _mean(paused_lens),
+    }
+
+
 class SingleTurn:
     """The single-turn :class:`~posttrain.loop.rollout.Player` (see the module docstring).
 
@@ -191,12 +250,17 @@ class SingleTurn:
         self._requests: dict[str, GenerationRequest] = {}  # fresh requests of the coming call
 
     def start(self, group: Group[_Sample], index: int, step: int, round_idx: int) -> list[_Sample]:
-        """One request of ``params.n`` samples for ``group``; its samples are requested."""
+        """One request of ``params.n`` samples for ``group`` with seed
+        ``seed * 1_000_003 + step * 101 + round_idx + index`` (:meth:`request`)."""
         seed = self.seed * 1_000_003 + step * 101 + round_idx
+        return self.request(group, dataclasses.replace(self.params, seed=seed + index))
+
+    def request(self, group: Group[_Sample], params: SamplingParams) -> list[_Sample]:
+        """Register the request of the coming call for ``group`` (request id = group id, the rendered
+        prompt of its example, ``params``); its ``params.n`` samples, requested, in sample-index order."""
         self._requests[group.group_id] = GenerationRequest(
-            request_id=group.group_id, prompt_ids=self.renderer.ids(group.example),
-            params=dataclasses.replace(self.params, seed=seed + index))
-        return [_Sample(group.group_id, j) for j in range(self.params.n)]
+            request_id=group.group_id, prompt_ids=self.renderer.ids(group.example), params=params)
+        return [_Sample(group.group_id, j) for j in range(params.n)]
 
     def versions(self, member: _Sample) -> list[int]:
         """The versions of the sample's tokens so far."""
@@ -218,9 +282,24 @@ class SingleTurn:
 
     def advance(self, resumed: list[_Sample], fresh: list[_Sample], finish_target: int | None, call: int
                 ) -> Advanced[_Sample]:
-        """One engine call over the fresh requests, then the resumed samples."""
+        """One engine call over the fresh requests, then the resumed samples (:func:`engine_call`): each
+        sample it answered gets its completion, or an ``infra_error`` stand-in when its request failed."""
+        resumed_reqs, by_rid, before = self._resumed_requests(resumed)
+        fresh_of = {(s.group_id, s.index): s for s in fresh}
+        fresh_reqs = [self._requests.pop(gid) for gid in dict.fromkeys(s.group_id for s in fresh)]
+        comps, failed = engine_call(self.run.engine, fresh_reqs + resumed_reqs, finish_target)
+        results = self._answered(comps, by_rid, before, fresh_of) + self._failed(failed, by_rid, fresh_of)
+        for s, c, _ in results:
+            s.completion = c
+        return Advanced([s for s, _, _ in results], sum(isinstance(c, Completion) and c.finished
+                                                        for _, c, _ in results), _call_metrics(results))
+
+    def _resumed_requests(self, resumed: list[_Sample]
+                          ) -> tuple[list[GenerationRequest], dict[str, _Sample], dict[str, int]]:
+        """One request ``{request id}#{sample index}`` per resumed sample, continuing its paused completion:
+        ``(requests, sample of each request id, tokens each had before the call)``."""
         by_rid: dict[str, _Sample] = {}
-        resumed_reqs: list[GenerationRequest] = []
+        reqs: list[GenerationRequest] = []
         before: dict[str, int] = {}
         for s in resumed:
             c = s.completion
@@ -229,19 +308,34 @@ class SingleTurn:
             by_rid[rid] = s
             before[rid] = len(c.token_ids)
             params = c.params if c.params is not None else self.params  # engines record the request's params
-            resumed_reqs.append(GenerationRequest(request_id=rid, prompt_ids=list(c.prompt_ids), params=params,
-                                                  resume=dataclasses.replace(c, request_id=rid)))
-        fresh_of = {(s.group_id, s.index): s for s in fresh}
-        fresh_reqs = [self._requests.pop(gid) for gid in dict.fromkeys(s.group_id for s in fresh)]
-        comps, failed = generate_detailed(self.run.engine, fresh_reqs + resumed_reqs, finish_target)
-        results: list[tuple[_Sample, Completion | _InfraCompletion, int]] = []  # (sample, result, new tokens)
+            reqs.append(GenerationRequest(request_id=rid, prompt_ids=list(c.prompt_ids), params=params,
+                                          resume=dataclasses.replace(c, request_id=rid)))
+        return reqs, by_rid, before
+
+    @staticmethod
+    def _answered(comps: list[Completion], by_rid: dict[str, _Sample], before: dict[str, int],
+                  fresh_of: dict[tuple[str, int], _Sample]) -> list[_Result]:
+        """``(sample, completion, new tokens)`` of each completion: a resumed sample's under its original
+        request id; a fresh one matched by (request id, sample index), ``RuntimeError`` for none."""
+        results: list[_Result] = []
         for c in comps:
             if c.request_id in by_rid:
                 s = by_rid[c.request_id]
                 orig = s.completion.request_id  # type: ignore[union-attr]  # resumed: set
                 results.append((s, dataclasses.replace(c, request_id=orig), len(c.token_ids) - before[c.request_id]))
-            else:
+            elif (c.request_id, c.sample_index) in fresh_of:
                 results.append((fresh_of[(c.request_id, c.sample_index)], c, len(c.token_ids)))
+            else:
+                raise RuntimeError(f"engine returned a completion for request {c.request_id!r} sample "
+                                   f"{c.sample_index}, which it was not asked for")
+        return results
+
+    @staticmethod
+    def _failed(failed: list[FailedRequest], by_rid: dict[str, _Sample], fresh_of: dict[tuple[str, int], _Sample]
+                ) -> list[_Result]:
+        """``(sample, infra_error stand-in, 0)`` for each sample of a failed request: a resumed sample keeps
+        its paused completion, a fresh request's ``params.n`` samples get empty ones."""
+        results: list[_Result] = []
         for f in failed:
             r = f.request
             if r.request_id in by_rid:
@@ -251,21 +345,7 @@ class SingleTurn:
             else:
                 results.extend((fresh_of[(r.request_id, j)], _InfraCompletion(_empty_completion(r, j), f.reason), 0)
                                for j in range(int(r.params.n)))
-        new_tokens = [n for _, _, n in results]
-        finished_lens = [len(c.token_ids) for _, c, _ in results if isinstance(c, Completion) and c.finished]
-        paused_lens = [len(c.token_ids) for _, c, _ in results if isinstance(c, Completion) and not c.finished]
-        for s, c, _ in results:
-            s.completion = c
-        rows, longest = len(results), max(new_tokens, default=0)
-        return Advanced([s for s, _, _ in results], len(finished_lens), {
-            "rollout/new_tokens": float(sum(new_tokens)),
-            "rollout/rows": float(rows),
-            # Fraction of the call's sample-slots (rows x decode steps of its longest sample) in which
-            # a sample had already finished and waited for the call's stragglers (the barrier's idle).
-            "rollout/group_idle_frac": 1.0 - sum(new_tokens) / (rows * longest) if rows and longest else 0.0,
-            "partial/finished_len_mean": _mean(finished_lens),
-            "partial/paused_len_mean": _mean(paused_lens),
-        })
+        return results
 
     def emit(self, groups: list[Group[_Sample]], call: int, step: int
              ) -> tuple[list[list[Trajectory]], dict[str, float]]:
@@ -311,3 +391,23 @@ class SingleTurn:
             "partial/pause_age_mean": _mean(pause_ages),
             "partial/pause_age_max": float(max(pause_ages)) if pause_ages else 0.0,
         }
+
+    def played(self, groups: list[Group[_Sample]]) -> Played:
+        """The ended samples of ``groups`` as :func:`play_once` returns them: in group order, each group's
+        members in order, judged in one verification batch (:func:`~posttrain.rewards.scoring.judge`; the
+        samples of a failed request are not judged: empty text, ``infra_error`` verdict)."""
+        rows = [i for i, g in enumerate(groups) for _ in g.members]
+        members = [s for g in groups for s in g.members]
+        exs = [groups[i].example for i in rows]
+        failed = [isinstance(s.completion, _InfraCompletion) for s in members]
+        comps: list[Sampled] = [s.completion.completion if isinstance(s.completion, _InfraCompletion)
+                                else s.completion for s in members]  # type: ignore[misc]  # all ended
+        ok = [k for k, bad in enumerate(failed) if not bad]
+        texts, verdicts = judge([comps[k] for k in ok], [exs[k] for k in ok], verifier=self.task.verifier,
+                                tokenizer=self.tokenizer, verify_batch=self.verify_batch)
+        text_of, verdict_of = dict(zip(ok, texts, strict=True)), dict(zip(ok, verdicts, strict=True))
+        reasons = {k: s.completion.reason for k, s in enumerate(members) if isinstance(s.completion, _InfraCompletion)}
+        return Played(comps, rows, exs, [groups[i].group_id for i in rows],
+                      [text_of.get(k, "") for k in range(len(members))],
+                      [verdict_of[k] if k in verdict_of else infra_error(f"rollout infra error: {reasons[k]}"[:500])
+                       for k in range(len(members))], failed)

@@ -260,53 +260,97 @@ def build_targets(
     ``batch`` (:meth:`TrajectoryBatch.freeze`, ``with_targets``). ``token_kl`` (pi_old vs pi_ref,
     :func:`ref_token_kl`) is ``None`` while either is missing — the fused pi_old path builds its
     advantages before pi_old exists, which is only allowed without ``kl_in_reward``.
-    On-policy distillation (``distill_coef`` set: ``loss.distill.coef``): each action token's advantage
-    gets ``-distill_coef * (log pi_old - log pi_teacher)`` (:func:`posttrain.algos.distill.reverse_kl_advantage`;
-    Agarwal et al. 2024, GKD, arXiv:2306.13649), added to the estimator's advantages broadcast over the
-    tokens, or with ``distill_only`` in their place (the estimator is not run: ``returns`` is None).
-    ``teacher_logprob`` defaults to the one frozen on ``batch`` (``batch.freeze('teacher', ...)``); both
-    it and pi_old are required then (a ``ValueError`` otherwise). ``Targets.teacher_kl`` holds the
-    per-token estimate ``log pi_old - log pi_teacher``.
+    On-policy distillation (``distill_coef`` set: ``loss.distill.coef``; :func:`distill_terms`, which needs
+    pi_old and ``teacher_logprob``, default the one frozen on ``batch``): each action token's advantage gets
+    ``-distill_coef * (log pi_old - log pi_teacher)`` (Agarwal et al. 2024, GKD, arXiv:2306.13649), added to
+    the estimator's advantages broadcast over the tokens, or with ``distill_only`` in their place (the
+    estimator is not run: ``returns`` is None); ``Targets.teacher_kl`` holds ``log pi_old - log pi_teacher``.
     The result is not attached to the batch: the caller does (``batch.with_targets``)."""
-    old_logprob = old_logprob if old_logprob is not None else getattr(batch, "old_logprob", None)
-    ref_logprob = ref_logprob if ref_logprob is not None else getattr(batch, "ref_logprob", None)
-    values = values if values is not None else getattr(batch, "values", None)
-    final_values = final_values if final_values is not None else getattr(batch, "final_values", None)
-    teacher_logprob = teacher_logprob if teacher_logprob is not None else getattr(batch, "teacher_logprob", None)
+    old_logprob, ref_logprob, values, final_values, teacher_logprob = (
+        given if given is not None else getattr(batch, name, None) for name, given in (
+            ("old_logprob", old_logprob), ("ref_logprob", ref_logprob), ("values", values),
+            ("final_values", final_values), ("teacher_logprob", teacher_logprob)))
     mask = batch.action_mask.to(torch.float64)
     rewards = torch.tensor([float(t.reward.total) for t in batch.trajectories], dtype=torch.float64)  # type: ignore[arg-type]
     token_kl = ref_token_kl(old_logprob, ref_logprob, batch.action_mask, kl_estimator)
-    # The sequence reward enters once: the estimators place ``rewards`` on the last action token
-    # themselves; ``token_rewards`` carries only the per-token KL penalty (KL in the reward).
-    token_rewards = None
-    if kl_in_reward and token_kl is None and ref_logprob is not None and kl_estimator is not None:
-        raise ValueError("credit.kl_in_reward needs pi_old frozen before the targets (batch.freeze('old', ...))")
-    if kl_in_reward and token_kl is not None:
-        if not (math.isfinite(kl_coef) and kl_coef >= 0):
-            raise ValueError(f"credit.kl_in_reward: the KL coefficient must be finite and >= 0, got {kl_coef}")
-        if estimator not in TOKEN_LEVEL_ESTIMATORS:
-            raise ValueError(f"credit.kl_in_reward needs a token-level estimator ({', '.join(sorted(TOKEN_LEVEL_ESTIMATORS))})")
-        token_rewards = -kl_coef * token_kl
-    teacher_kl: torch.Tensor | None = None
-    distill_adv: torch.Tensor | None = None
-    if distill_coef is not None:
-        if old_logprob is None or teacher_logprob is None:
-            raise ValueError("loss.distill needs pi_old and the teacher's log-probs frozen before the targets "
-                             "(batch.freeze('old', ...), batch.freeze('teacher', ...))")
-        from posttrain.algos.distill import reverse_kl_advantage
+    token_rewards = kl_token_rewards(token_kl, ref_logprob is not None, kl_in_reward=kl_in_reward,
+                                     kl_estimator=kl_estimator, kl_coef=kl_coef, estimator=estimator)
+    distill_adv, teacher_kl = distill_terms(old_logprob, teacher_logprob, batch.action_mask, distill_coef,
+                                            distill_only)
+    if distill_only and distill_adv is not None:  # (distill_terms refuses distill_only without distill_coef)
+        return Targets(old_logprob=old_logprob, ref_logprob=ref_logprob, advantages=distill_adv, returns=None,
+                       values=values, rewards=rewards, token_kl=token_kl, teacher_kl=teacher_kl)
+    inputs = advantage_inputs(batch, mask, rewards, token_rewards, values=values, final_values=final_values,
+                              baseline=baseline, estimator=estimator)
+    hyper = A.ADVANTAGES.validate_kwargs(estimator, estimator_kwargs or {}, key="credit.kwargs")  # typed values
+    out = A.ADVANTAGES[estimator](inputs, **hyper)
+    advantages = out.advantages
+    if distill_adv is not None:  # the verifiable reward's advantage plus the teacher's per-token signal
+        base = advantages.to(torch.float64)
+        advantages = (base[:, None] if base.dim() == 1 else base) * mask + distill_adv
+    return Targets(old_logprob=old_logprob, ref_logprob=ref_logprob, advantages=advantages, returns=out.returns,
+                   values=values, rewards=rewards, token_kl=token_kl, teacher_kl=teacher_kl)
 
-        distill_adv = reverse_kl_advantage(old_logprob, teacher_logprob, batch.action_mask, distill_coef)
-        teacher_kl = -reverse_kl_advantage(old_logprob, teacher_logprob, batch.action_mask)
+
+def kl_token_rewards(token_kl: torch.Tensor | None, has_ref: bool, *, kl_in_reward: bool, kl_estimator: str | None,
+                     kl_coef: float, estimator: str) -> torch.Tensor | None:
+    """The per-token reward of KL in the reward, ``-kl_coef * token_kl`` ``[B, T]`` (Ouyang et al. 2022,
+    arXiv:2203.02155), or None without ``kl_in_reward`` or a ``token_kl``.
+
+    The sequence reward enters once: the estimators place ``rewards`` on the last action token
+    themselves; these token rewards carry only the KL penalty. ``ValueError`` with ``kl_in_reward``
+    when pi_ref (``has_ref``) and the estimator are set but pi_old is missing (``token_kl`` None), when
+    ``kl_coef`` is not finite and >= 0, or when ``estimator`` is not token-level
+    (:data:`TOKEN_LEVEL_ESTIMATORS`).
+    """
+    if kl_in_reward and token_kl is None and has_ref and kl_estimator is not None:
+        raise ValueError("credit.kl_in_reward needs pi_old frozen before the targets (batch.freeze('old', ...))")
+    if not (kl_in_reward and token_kl is not None):
+        return None
+    if not (math.isfinite(kl_coef) and kl_coef >= 0):
+        raise ValueError(f"credit.kl_in_reward: the KL coefficient must be finite and >= 0, got {kl_coef}")
+    if estimator not in TOKEN_LEVEL_ESTIMATORS:
+        raise ValueError(f"credit.kl_in_reward needs a token-level estimator ({', '.join(sorted(TOKEN_LEVEL_ESTIMATORS))})")
+    return -kl_coef * token_kl
+
+
+def distill_terms(old_logprob: torch.Tensor | None, teacher_logprob: torch.Tensor | None, action_mask: torch.Tensor,
+                  distill_coef: float | None, distill_only: bool) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+    """``(distill advantage, teacher_kl)`` of on-policy distillation (``loss.distill``; Agarwal et al. 2024,
+    GKD, arXiv:2306.13649), both ``[B, T]`` float64 and 0 off ``action_mask``, or ``(None, None)`` without
+    ``distill_coef``: the advantage is ``-distill_coef * (log pi_old - log pi_teacher)``
+    (:func:`posttrain.algos.distill.reverse_kl_advantage`), ``teacher_kl`` the estimate
+    ``log pi_old - log pi_teacher``. ``ValueError`` when ``distill_coef`` is set without both log-probs,
+    or ``distill_only`` without ``distill_coef``.
+    """
+    if distill_coef is None:
         if distill_only:
-            return Targets(old_logprob=old_logprob, ref_logprob=ref_logprob, advantages=distill_adv, returns=None,
-                           values=values, rewards=rewards, token_kl=token_kl, teacher_kl=teacher_kl)
-    elif distill_only:
-        raise ValueError("distill_only needs distill_coef (loss.distill)")
+            raise ValueError("distill_only needs distill_coef (loss.distill)")
+        return None, None
+    if old_logprob is None or teacher_logprob is None:
+        raise ValueError("loss.distill needs pi_old and the teacher's log-probs frozen before the targets "
+                         "(batch.freeze('old', ...), batch.freeze('teacher', ...))")
+    from posttrain.algos.distill import reverse_kl_advantage
+
+    distill_adv = reverse_kl_advantage(old_logprob, teacher_logprob, action_mask, distill_coef)
+    return distill_adv, -reverse_kl_advantage(old_logprob, teacher_logprob, action_mask)
+
+
+def advantage_inputs(batch: TrajectoryBatch, mask: torch.Tensor, rewards: torch.Tensor,
+                     token_rewards: torch.Tensor | None, *, values: torch.Tensor | None,
+                     final_values: torch.Tensor | None, baseline: torch.Tensor | None, estimator: str
+                     ) -> AdvantageInputs:
+    """The estimator's :class:`~posttrain.algos.advantages.AdvantageInputs` of ``batch``: ``mask`` (the action
+    mask, float64), sequence ``rewards`` [B], ``token_rewards`` (KL penalty) [B, T], group ids
+    (:func:`group_index`), ``values`` / ``final_values`` (a truncated row bootstraps from the critic's value
+    of the state after its last token) / ReMax ``baseline`` as float64, ``terminal`` [B] bool
+    (``Finish.TERMINAL``), and GiGPO's step fields (:func:`step_fields`) when ``estimator`` needs ``step_ids``.
+    """
     terminal = torch.tensor([t.finish is Finish.TERMINAL for t in batch.trajectories])
     steps: dict[str, torch.Tensor] = {}
     if "step_ids" in A.ADVANTAGES.needs(estimator):  # GiGPO: the episodes' step record
         steps = dict(zip(("step_index", "step_anchor", "step_rewards"), step_fields(batch), strict=True))
-    inputs = AdvantageInputs(
+    return AdvantageInputs(
         action_mask=mask,
         rewards=rewards,
         token_rewards=token_rewards,
@@ -317,22 +361,6 @@ def build_targets(
         bootstrap_value=None if final_values is None else final_values.to(torch.float64),
         baseline=None if baseline is None else baseline.to(torch.float64),
         **steps,
-    )
-    hyper = A.ADVANTAGES.validate_kwargs(estimator, estimator_kwargs or {}, key="credit.kwargs")  # typed values
-    out = A.ADVANTAGES[estimator](inputs, **hyper)
-    advantages = out.advantages
-    if distill_adv is not None:  # the verifiable reward's advantage plus the teacher's per-token signal
-        base = advantages.to(torch.float64)
-        advantages = (base[:, None] if base.dim() == 1 else base) * mask + distill_adv
-    return Targets(
-        old_logprob=old_logprob,
-        ref_logprob=ref_logprob,
-        advantages=advantages,
-        returns=out.returns,
-        values=values,
-        rewards=rewards,
-        token_kl=token_kl,
-        teacher_kl=teacher_kl,
     )
 
 

@@ -48,6 +48,7 @@ class _Tok:
 class _Comp:
     token_ids: list[int]
     request_id: str  # evaluation matches completions to requests by id (engines may reorder)
+    sample_index: int = 0  # ... and sample index (one sample per request here)
 
 
 class _Engine:

@@ -221,86 +221,25 @@ class RayRolloutWorkers:
 
         ``finish_target`` (partial rollout) is shared out over the worker calls in proportion to
         their expected completions (rounded up), so at least ``finish_target`` finish overall.
+        The requests are split over the live workers, then each round submits the queued chunks
+        (:meth:`_Generation.dispatch`), takes the answered calls (:meth:`_Generation.collect`) and
+        abandons the calls past ``generate_timeout_s`` (:meth:`_Generation.expire`) until nothing is
+        queued or in flight.
         """
         reqs = list(requests)
         if len({r.request_id for r in reqs}) != len(reqs):
             raise ValueError("generate: duplicate request_id in one call")
-        total = sum(expected_completions(r) for r in reqs)
-        attempts: collections.Counter[str] = collections.Counter()
-        completions: list[Completion] = []
-        failed: list[FailedRequest] = []
-        queue: collections.deque[list[GenerationRequest]] = collections.deque(
-            split_requests(reqs, max(1, len(self._alive())))
-        )
-        inflight: dict[ObjectRef[list[Completion]], tuple[int, list[GenerationRequest], float]] = {}
-        load: collections.Counter[int] = collections.Counter()
-        requeued = failures = 0
-        timeout = self.cfg.generate_timeout_s
-
-        def target_of(chunk: list[GenerationRequest]) -> int | None:
-            if finish_target is None:
-                return None
-            n = sum(expected_completions(r) for r in chunk)
-            return max(1, min(n, math.ceil(finish_target * n / max(total, 1))))
-
-        def on_failure(i: int, chunk: list[GenerationRequest], reason: str) -> None:
-            nonlocal requeued, failures
-            failures += 1
-            self.counts["rollout/worker_failures"] += 1
-            self._check_alive(i)
-            retry = []
-            for r in chunk:
-                if attempts[r.request_id] <= self.cfg.request_retries:
-                    retry.append(r)
-                else:
-                    failed.append(FailedRequest(r, reason, attempts[r.request_id]))
-                    self.counts["rollout/failed_requests"] += 1
-            if retry:
-                requeued += len(retry)
-                self.counts["rollout/requeued_requests"] += len(retry)
-                queue.append(retry)
-
-        while queue or inflight:
-            while queue:
-                chunk = queue.popleft()
-                alive = self._alive()
-                if not alive:
-                    for r in chunk:
-                        failed.append(FailedRequest(r, "no live rollout worker", attempts[r.request_id]))
-                        self.counts["rollout/failed_requests"] += 1
-                    continue
-                i = min(alive, key=lambda k: (load[k], k))
-                for r in chunk:
-                    attempts[r.request_id] += 1
-                ref: ObjectRef[list[Completion]] = self.actors[i].generate.remote(chunk, target_of(chunk),
-                                                                                  self._sync())
-                inflight[ref] = (i, chunk, time.monotonic())
-                load[i] += 1
-            if not inflight:
+        call = _Generation(self, reqs, finish_target)
+        while call.queue or call.inflight:
+            call.dispatch()
+            if not call.inflight:
                 break
-            oldest = min(t for _, _, t in inflight.values())
-            ready, _ = self._ray.wait(list(inflight), num_returns=1,
-                                      timeout=max(0.0, oldest + timeout - time.monotonic()))
-            for done in ready:
-                i, chunk, _t = inflight.pop(done)
-                load[i] -= 1
-                try:
-                    completions.extend(self._ray.get(done, timeout=timeout))
-                except self._errors as e:
-                    on_failure(i, chunk, f"rollout worker {self.names[i]} died mid-generation ({type(e).__name__})")
-            now = time.monotonic()
-            for late, (i, chunk, t) in list(inflight.items()):
-                if now - t >= timeout:
-                    inflight.pop(late)
-                    load[i] -= 1
-                    self.counts["rollout/timeouts"] += 1
-                    # Its call is abandoned: restart the worker so it cannot answer later (no double count).
-                    self._ray.kill(self.actors[i], no_restart=False)
-                    on_failure(i, chunk, f"rollout worker {self.names[i]} gave no answer within {timeout:g}s (restarted)")
-        completions = order_completions(reqs, completions)
-        check_exactly_once(reqs, completions, failed)
+            call.collect()
+            call.expire()
+        completions = order_completions(reqs, call.completions)
+        check_exactly_once(reqs, completions, call.failed)
         self.counts["rollout/requests"] += len(reqs)
-        return RolloutResult(completions, failed, requeued=requeued, worker_failures=failures)
+        return RolloutResult(completions, call.failed, requeued=call.requeued, worker_failures=call.failures)
 
     def generate(self, requests: Sequence[GenerationRequest], *, finish_target: int | None = None) -> list[Completion]:
         """Engine protocol: raises :class:`RolloutInfraError` (with the full result) if any request failed."""
@@ -429,3 +368,100 @@ class RayRolloutWorkers:
 
 
 __all__ = ["FactoryHolder", "RayRolloutWorkers", "RolloutActor"]
+
+
+class _Generation:
+    """One :meth:`RayRolloutWorkers.generate_detailed` call in progress: the chunks queued, the worker calls
+    in flight (worker, chunk, start time), each worker's load, each request's attempts, and what has ended
+    (completions, failed requests, requeue and failure counts)."""
+
+    def __init__(self, workers: RayRolloutWorkers, reqs: list[GenerationRequest], finish_target: int | None) -> None:
+        self.w, self.finish_target = workers, finish_target
+        self.total = sum(expected_completions(r) for r in reqs)
+        self.timeout = workers.cfg.generate_timeout_s
+        self.attempts: collections.Counter[str] = collections.Counter()
+        self.completions: list[Completion] = []
+        self.failed: list[FailedRequest] = []
+        self.queue: collections.deque[list[GenerationRequest]] = collections.deque(
+            split_requests(reqs, max(1, len(workers._alive())))
+        )
+        self.inflight: dict[ObjectRef[list[Completion]], tuple[int, list[GenerationRequest], float]] = {}
+        self.load: collections.Counter[int] = collections.Counter()
+        self.requeued = self.failures = 0
+
+    def target_of(self, chunk: list[GenerationRequest]) -> int | None:
+        """The chunk's share of the finish target: ``ceil(finish_target * n / total)`` of its ``n`` expected
+        completions, clamped to ``[1, n]``; None without a target."""
+        if self.finish_target is None:
+            return None
+        n = sum(expected_completions(r) for r in chunk)
+        return max(1, min(n, math.ceil(self.finish_target * n / max(self.total, 1))))
+
+    def dispatch(self) -> None:
+        """Submit every queued chunk to the least-loaded live worker (lowest index on ties), one attempt more
+        for each of its requests; with no live worker, each request of the chunk fails."""
+        w = self.w
+        while self.queue:
+            chunk = self.queue.popleft()
+            alive = w._alive()
+            if not alive:
+                for r in chunk:
+                    self.failed.append(FailedRequest(r, "no live rollout worker", self.attempts[r.request_id]))
+                    w.counts["rollout/failed_requests"] += 1
+                continue
+            i = min(alive, key=lambda k: (self.load[k], k))
+            for r in chunk:
+                self.attempts[r.request_id] += 1
+            ref: ObjectRef[list[Completion]] = w.actors[i].generate.remote(chunk, self.target_of(chunk), w._sync())
+            self.inflight[ref] = (i, chunk, time.monotonic())
+            self.load[i] += 1
+
+    def collect(self) -> None:
+        """Wait for the first in-flight call to answer (at most until the oldest one times out) and take the
+        completions of every answered call; a call whose worker died goes to :meth:`on_failure`."""
+        w = self.w
+        oldest = min(t for _, _, t in self.inflight.values())
+        ready, _ = w._ray.wait(list(self.inflight), num_returns=1,
+                               timeout=max(0.0, oldest + self.timeout - time.monotonic()))
+        for done in ready:
+            i, chunk, _t = self.inflight.pop(done)
+            self.load[i] -= 1
+            try:
+                self.completions.extend(w._ray.get(done, timeout=self.timeout))
+            except w._errors as e:
+                self.on_failure(i, chunk, f"rollout worker {w.names[i]} died mid-generation ({type(e).__name__})")
+
+    def expire(self) -> None:
+        """Abandon every in-flight call older than ``generate_timeout_s``: its worker is killed with restart (so
+        it cannot answer later: no double count) and its chunk goes to :meth:`on_failure`."""
+        w = self.w
+        now = time.monotonic()
+        for late, (i, chunk, t) in list(self.inflight.items()):
+            if now - t >= self.timeout:
+                self.inflight.pop(late)
+                self.load[i] -= 1
+                w.counts["rollout/timeouts"] += 1
+                # Its call is abandoned: restart the worker so it cannot answer later (no double count).
+                w._ray.kill(w.actors[i], no_restart=False)
+                self.on_failure(i, chunk, f"rollout worker {w.names[i]} gave no answer within {self.timeout:g}s "
+                                "(restarted)")
+
+    def on_failure(self, i: int, chunk: list[GenerationRequest], reason: str) -> None:
+        """Worker ``i`` failed ``chunk``: check it is alive again (:meth:`RayRolloutWorkers._check_alive`), then
+        re-queue each request with attempts left (at most ``request_retries`` re-runs) as one chunk; the others
+        fail with ``reason``."""
+        w = self.w
+        self.failures += 1
+        w.counts["rollout/worker_failures"] += 1
+        w._check_alive(i)
+        retry = []
+        for r in chunk:
+            if self.attempts[r.request_id] <= w.cfg.request_retries:
+                retry.append(r)
+            else:
+                self.failed.append(FailedRequest(r, reason, self.attempts[r.request_id]))
+                w.counts["rollout/failed_requests"] += 1
+        if retry:
+            self.requeued += len(retry)
+            w.counts["rollout/requeued_requests"] += len(retry)
+            self.queue.append(retry)
