@@ -351,7 +351,7 @@ RULES: tuple[Rule, ...] = (
     # posttrain/rewards/judge.py parse_reply: the pattern is read by parse=score only.
     Rule(("reward.judge.score_pattern",), lambda c: c.reward.judge is not None and c.reward.judge.parse != "score",
          "reward.judge.parse is not score (a yes/no reply is read without a pattern)"),
-    # posttrain/loop/training_loop.py: pi_old is fused only with exactly one optimizer step per update.
+    # posttrain/loop/targets.py fuses_old_logprob: pi_old fused only with one optimizer step per update.
     Rule(("optim.fuse_old_logprob",), lambda c: c.optim.ppo_epochs > 1 or c.optim.num_minibatches > 1
          or c.correction.name is not None or c.credit.kl_in_reward or c.learner.world_size > 1,
          "the update takes more than one optimizer step (or has a correction, KL in the reward or several "

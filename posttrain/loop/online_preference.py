@@ -38,9 +38,9 @@ from posttrain.loop.parts import Parts, sync_weights
 from posttrain.loop.preference_batch import EncodedPair, pair_logprobs
 from posttrain.loop.preference_loss import check_loss_kwargs, uses_reference
 from posttrain.loop.preference_step import PairBatch, PairBatchLoss, PreferenceRunResult
+from posttrain.loop.producer import consumption_metrics
 from posttrain.loop.sampling_lifecycle import SamplingProgram, SamplingStep, heldout_result, run_sampling
 from posttrain.loop.step_metrics import length_metrics, status_counts
-from posttrain.loop.training_loop import consumption_metrics
 from posttrain.trajectory import Status, Trajectory
 
 if TYPE_CHECKING:

@@ -43,7 +43,7 @@ from posttrain.config import RunConfig
 from posttrain.envs.task import TaskExample
 from posttrain.loop.rollout import Rollout, merge_infos
 from posttrain.loop.rollout_stage import RolloutRun, RolloutStage, build_rollout
-from posttrain.trajectory import Trajectory
+from posttrain.trajectory import Status, Trajectory
 
 _WAIT_S = 0.05  # granularity of every bounded wait (stop flags are checked at least this often)
 
@@ -144,6 +144,52 @@ def tag_and_filter(trajs: list[Trajectory], learner_version: int, max_staleness:
         t = t.replace(policy_lag=lag)
         (stale if max_staleness is not None and lag > max_staleness else kept).append(t)
     return kept, stale
+
+
+def consume(produced: Produced) -> tuple[list[Trajectory], dict[str, float]]:
+    """The learner's side of a produced batch: ``(usable, metrics)``.
+
+    ``usable``: its trajectories less the ``infra_error`` and ``env_failure`` ones (no reward to learn from:
+    counted in the step's ``status/*``, never trained); ``metrics``: the step's first figures, the rollout's
+    ``info`` then :func:`consumption_metrics` of every trajectory and the stale ones dropped.
+    """
+    trajs = produced.trajectories
+    usable = [t for t in trajs if t.status not in (Status.INFRA_ERROR, Status.ENV_FAILURE)]
+    return usable, {**produced.info, **consumption_metrics(trajs, produced.dropped)}
+
+
+def consumption_metrics(trajs: list[Trajectory], dropped: list[Trajectory]) -> dict[str, float]:
+    """Policy lag, version span and staleness drops of one consumed batch.
+
+    ``lag/mean|max`` and ``lag/count_0|1|2|3plus`` (histogram of ``policy_lag`` = learner version
+    at consumption - oldest behaviour version of the sample); ``version_span/mean|max``
+    (newest - oldest behaviour version within a sample); ``staleness/dropped_samples`` and
+    ``staleness/dropped_tokens`` (samples over ``max_staleness``, not trained);
+    ``staleness/accepted_token_frac`` = consumed action tokens / (consumed + dropped).
+    """
+    import numpy as np
+
+    lags = [int(t.policy_lag or 0) for t in trajs]
+    spans = []
+    for t in trajs:
+        v = t.behavior_version[t.action_mask.astype(bool)]
+        spans.append(int(v.max() - v.min()) if v.size else 0)
+    m: dict[str, float] = {
+        "lag/mean": float(np.mean(lags)) if lags else 0.0,
+        "lag/max": float(max(lags)) if lags else 0.0,
+        "lag/count_0": float(sum(x == 0 for x in lags)),
+        "lag/count_1": float(sum(x == 1 for x in lags)),
+        "lag/count_2": float(sum(x == 2 for x in lags)),
+        "lag/count_3plus": float(sum(x >= 3 for x in lags)),
+        "version_span/mean": float(np.mean(spans)) if spans else 0.0,
+        "version_span/max": float(max(spans)) if spans else 0.0,
+    }
+    kept_tok = sum(t.num_actions for t in trajs)
+    drop_tok = sum(t.num_actions for t in dropped)
+    m["staleness/dropped_samples"] = float(len(dropped))
+    m["staleness/dropped_tokens"] = float(drop_tok)
+    m["staleness/accepted_token_frac"] = kept_tok / (kept_tok + drop_tok) if kept_tok + drop_tok else 1.0
+    return m
 
 
 # ---------------------------------------------------------------------------------------------

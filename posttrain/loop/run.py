@@ -10,6 +10,11 @@ state (ledger, metrics log, checkpoints, promotion, run state and data cursor, c
 revision judgement to :mod:`posttrain.loop.promotion` and the SFT warm-up to :mod:`posttrain.loop.warmup`,
 and records each step (ledger, metrics, checkpoint when due).
 
+The RL step's last stages are functions here, over the run (``update_step`` calls them in this order after
+the learner's): :func:`judge_update` (the step's data figures and the revision's first verdict),
+:func:`sync_and_evaluate` (weight sync, the KL controller, held-out evaluation when due) and
+:func:`record_step` (guards, the ledger's records rebuilt once and judged, :meth:`Run.finish_step`).
+
 The run directory is protected (see :mod:`posttrain.loop.run_dir` and
 :func:`~posttrain.loop.lifecycle.open_run_dir`, shared with every trainer): it is locked for the run's
 lifetime; ``resume=true`` with no complete checkpoint is an error, as is a recipe that differs
@@ -21,6 +26,7 @@ restored step are dropped so no step appears twice.
 from __future__ import annotations
 
 import logging
+import math
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -35,19 +41,25 @@ from posttrain.learner.protocol import KLCoefficient, Learner
 from posttrain.loop import checkpointing
 from posttrain.loop.checkpointing import RunState
 from posttrain.loop.guards import VerdictTally, check_guards
-from posttrain.loop.lifecycle import RunClock, checkpoint_due, open_run_dir, run_dir_of
+from posttrain.loop.lifecycle import RunClock, checkpoint_due, eval_due, open_run_dir, run_dir_of
 from posttrain.loop.metrics_log import MetricsLog
 from posttrain.loop.parts import Parts, build_parts, close_parts, sync_weights
 from posttrain.loop.promotion import Promotion
+from posttrain.loop.step_metrics import step_metrics
 from posttrain.loop.warmup import sft_warmup
-from posttrain.trajectory import Ledger, Trajectory
+from posttrain.rewards.hidden import judge_trajectories
+from posttrain.trajectory import Ledger, Status, Trajectory, TrajectoryBatch
+from posttrain.trajectory.collate import with_update_record
 
 if TYPE_CHECKING:
     from rich.progress import Progress
 
     from posttrain.envs.prompt_render import PromptRenderer
     from posttrain.envs.task import Task, TaskExample
+    from posttrain.learner.primitives import UpdateOutput
+    from posttrain.loop.producer import Producer
     from posttrain.loop.run_dir import RunDirLock
+    from posttrain.loop.targets import Targets
     from posttrain.models.tokenizer_protocol import Tokenizer
     from posttrain.rewards.scoring import VerifyBatch
     from posttrain.rollout.engine import RolloutEngine
@@ -248,6 +260,64 @@ class Run:
         finally:
             if self._lock is not None:
                 self._lock.release()
+
+
+# ---------------------------------------------------------------------------------------------
+# the RL step's last stages
+
+
+def judge_update(run: Run, step: int, batch: TrajectoryBatch, tg: Targets, out: UpdateOutput,
+                 trajs: list[Trajectory], metrics: StepMetrics) -> None:
+    """After the update: the step's data figures (:func:`~posttrain.loop.step_metrics.step_metrics` of the
+    trained batch and every trajectory, tokens sampled under ``batch.old_version`` counting as same-version),
+    the Ray backend's placement (once) and step 6, the revision's first verdict: ``candidate``, or
+    ``rejected`` with the promoted weights restored when the loss is NaN / inf."""
+    metrics.update(step_metrics(batch, trajs, tg, learner_version=batch.old_version))
+    parts = run.parts
+    if parts.backend is not None:  # system.backend=ray: where the rollout / reward workers run (once)
+        metrics.update(parts.backend.placement_once())
+    if not math.isfinite(float(out.metrics.get("loss", 0.0))):
+        run.promotion.reject(step, f"non-finite loss {out.metrics.get('loss')}")
+        metrics["revision"] = "rejected"
+    else:
+        metrics["revision"] = "candidate"
+
+
+def sync_and_evaluate(run: Run, producer: Producer, step: int, slept: bool, metrics: StepMetrics) -> None:
+    """Inside ``producer.quiesce()`` (no rollout call starts): wake a slept engine, push the new weights (the
+    engine's version + 1, :func:`~posttrain.loop.parts.sync_weights`), observe the KL controller
+    (:meth:`Run.observe_kl`) and (step 7) evaluate held-out every ``eval.every`` steps -> promote / retain /
+    reject (:meth:`Run.evaluate_and_judge`). Adds ``time/weight_sync_s``, ``kl_coef(_next)``, the held-out
+    figures and ``time/eval_s``."""
+    with producer.quiesce():
+        t1 = time.perf_counter()
+        if slept:  # re-acquire; the sync below refills every weight
+            from posttrain.rollout.engine import engine_wake
+
+            engine_wake(run.parts.engine)
+        sync_weights(run.parts)  # the engine gets the new weights with an incremented version
+        metrics["time/weight_sync_s"] = time.perf_counter() - t1
+        run.observe_kl(metrics)
+        if eval_due(run.cfg, step):
+            t2 = time.perf_counter()
+            metrics.update(run.evaluate_and_judge(step))
+            metrics["time/eval_s"] = time.perf_counter() - t2
+
+
+def record_step(run: Run, step: int, batch: TrajectoryBatch, current_logprob: torch.Tensor | None, tg: Targets,
+                trajs: list[Trajectory], metrics: StepMetrics, t_step: float) -> str | None:
+    """The record stage; returns the guards' stop reason (:func:`~posttrain.loop.guards.check_guards` of the
+    step's metrics, None: go on). The ledger records are rebuilt once from the batch
+    (:func:`~posttrain.trajectory.collate.with_update_record`): pi_old / pi_ref and their versions, pi_theta
+    per token as the update saw it (|log rho| audits) and the advantage it trained on, plus the step's infra
+    errors and environment failures; ``eval.hidden_verifier`` re-judges every response after the update (so it
+    cannot reach the reward); then ledger + metrics (+ checkpoint): :meth:`Run.finish_step`."""
+    stop_reason = check_guards(run.cfg.guards, metrics)
+    seen = with_update_record(batch, current_logprob, tg.advantages)
+    ledger_trajs = seen + [t for t in trajs if t.status in (Status.INFRA_ERROR, Status.ENV_FAILURE)]
+    ledger_trajs = judge_trajectories(ledger_trajs, run.parts.hidden_verifier, run.parts.verify_batch)
+    run.finish_step(step, ledger_trajs, metrics, t_step)
+    return stop_reason
 
 
 def open_run(cfg: RunConfig) -> Run:

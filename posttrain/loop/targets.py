@@ -1,9 +1,12 @@
 """Freeze old coordinates and build targets: pi_old / pi_ref log-probs, values, advantages.
 
-Runs after scoring and before the update. The reward of a sequence enters the estimator once
-(``rewards [B]`` for sequence-level estimators, or placed on the last action token for
-token-level ones); it is never copied to every token and then summed. On-policy distillation
-(``loss.distill``) adds its per-token reverse-KL advantage to the estimator's (or, with
+Runs after scoring and before the update: two stages of the RL step (``update_step``), :func:`frozen_batch`
+(the usable trajectories collated once, pi_old / pi_ref / the teacher's log-probs and the critic's values
+frozen onto the batch) then :func:`step_targets` (advantages and returns attached, with the distillation
+figures); a pi_old fused into the update is frozen afterwards by :func:`with_fused_old`. The reward of a
+sequence enters the estimator once (``rewards [B]`` for sequence-level estimators, or placed on the last
+action token for token-level ones); it is never copied to every token and then summed. On-policy
+distillation (``loss.distill``) adds its per-token reverse-KL advantage to the estimator's (or, with
 ``loss.distill.only``, is the whole advantage): :func:`build_targets`.
 """
 
@@ -18,11 +21,12 @@ import torch
 
 import posttrain.algos as A
 from posttrain.algos.advantages import AdvantageInputs
-from posttrain.trajectory import Finish, TrajectoryBatch
+from posttrain.trajectory import Finish, Trajectory, TrajectoryBatch, collate
 
 if TYPE_CHECKING:
     from posttrain.config import RunConfig
     from posttrain.envs.task import TaskExample
+    from posttrain.loop.parts import Parts
     from posttrain.loop.single_turn import Renderer, Sampler
     from posttrain.models.tokenizer_protocol import Tokenizer
     from posttrain.rewards.scoring import HasVerifier, ScoringSpec, VerifyBatch
@@ -172,6 +176,84 @@ def run_baseline(run: BaselineRun, batch: TrajectoryBatch, step: int) -> tuple[t
                                verify_batch=run.verify_batch, renderer=run.renderer)
     finally:
         run.step_examples.clear()
+
+
+# ---------------------------------------------------------------------------------------------
+# the RL step's stages
+
+
+def fuses_old_logprob(cfg: RunConfig, parts: Parts) -> bool:
+    """True when this step's pi_old comes from the update's own forward, detached (no separate no-grad
+    forward): ``optim.fuse_old_logprob``, one optimiser step per update (the learner's
+    ``can_fuse_old_logprob``) and nothing before the update that reads pi_old (no ``credit.kl_in_reward``, no
+    ``loss.distill``)."""
+    return bool(cfg.optim.fuse_old_logprob and parts.learner.can_fuse_old_logprob() and not cfg.credit.kl_in_reward
+                and cfg.loss.distill is None)
+
+
+def frozen_batch(cfg: RunConfig, parts: Parts, usable: list[Trajectory], ref_version: int
+                 ) -> tuple[TrajectoryBatch, bool]:
+    """The batch-preparation stage: ``(batch, fuse)``, the usable trajectories collated once with pi_old (at
+    the learner's version; not when ``fuse``: :func:`fuses_old_logprob`, then the update freezes it), pi_ref
+    (at ``ref_version``), the teacher's log-probs (``loss.distill``) and the critic's values frozen onto it.
+
+    Each recorded prompt is re-rendered first: pi_old must be computed on the ids the engine sampled from (a
+    changed template / system prompt is an error). The reference's and teacher's log-probs are
+    :func:`~posttrain.loop.parts.frozen_logprobs` (the learner's temperature and truncation replayed)."""
+    from posttrain.loop.parts import frozen_logprobs
+
+    fuse = fuses_old_logprob(cfg, parts)
+    old_version = parts.learner.version
+    parts.renderer.verify(usable)
+    batch = collate(usable, pad_token_id=parts.pad_token_id)
+    if not fuse:
+        batch = batch.freeze("old", parts.learner.compute_logprobs(batch), old_version)
+    if parts.ref_model is not None:
+        batch = batch.freeze("ref", frozen_logprobs(parts, parts.ref_model, batch), ref_version)
+    if parts.teacher_model is not None:  # loss.distill: the frozen teacher scores the student's own tokens
+        batch = batch.freeze("teacher", frozen_logprobs(parts, parts.teacher_model, batch))
+    if parts.critic is not None:
+        values, final_values = parts.critic.compute_values(batch)
+        batch = batch.with_targets(values=values, final_values=final_values)
+    return batch, fuse
+
+
+class TargetsRun(BaselineRun, Protocol):
+    """What :func:`step_targets` reads of a run (met by :class:`~posttrain.loop.run.Run`): ReMax's baseline
+    inputs and this step's beta."""
+
+    def kl_coef_value(self) -> float: ...
+
+
+def step_targets(run: TargetsRun, batch: TrajectoryBatch, step: int
+                 ) -> tuple[TrajectoryBatch, Targets, dict[str, float]]:
+    """The targets stage: ``(batch, targets, metrics)``, the step's advantages and returns
+    (:func:`build_targets` with the recipe's estimator, KL placement, ReMax baseline (:func:`run_baseline`)
+    and distillation) attached to the batch, and the figures they produced: ``remax/*`` and
+    :func:`distill_metrics`. Fused (no pi_old yet): the advantages need none (no KL in the reward); the
+    token KL waits for :func:`with_fused_old`."""
+    cfg = run.cfg
+    baseline, metrics = run_baseline(run, batch, step)  # ReMax: one greedy rollout per prompt
+    tg = build_targets(
+        batch, estimator=cfg.credit.estimator, estimator_kwargs=cfg.credit.kwargs,
+        kl_in_reward=cfg.credit.kl_in_reward, kl_estimator=cfg.loss.kl_estimator,
+        kl_coef=run.kl_coef_value(), baseline=baseline,
+        distill_coef=None if cfg.loss.distill is None else cfg.loss.distill.coef,
+        distill_only=cfg.loss.distill is not None and cfg.loss.distill.only,
+    )
+    batch = batch.with_targets(advantages=tg.advantages, returns=tg.returns)
+    return batch, tg, {**metrics, **distill_metrics(tg, batch)}
+
+
+def with_fused_old(batch: TrajectoryBatch, tg: Targets, old_logprob: torch.Tensor, version: int,
+                   kl_estimator: str | None) -> tuple[TrajectoryBatch, Targets]:
+    """A pi_old the update fused into its own forward (``UpdateOutput.old_logprob``) frozen onto the batch
+    at ``version`` (the learner's before the update) and into the targets, whose token KL to pi_ref
+    (:func:`ref_token_kl`) is computed from it."""
+    batch = batch.freeze("old", old_logprob, version)
+    token_kl = ref_token_kl(batch.old_logprob, batch.ref_logprob, batch.action_mask, kl_estimator)
+    return batch, dataclasses.replace(tg, old_logprob=batch.old_logprob, ref_logprob=batch.ref_logprob,
+                                      token_kl=token_kl)
 
 
 def step_fields(batch: TrajectoryBatch) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:

@@ -45,13 +45,14 @@ def capture(name: str, run_dir: Path) -> dict[str, np.ndarray]:
     """Train case ``name`` into ``run_dir`` and return its arrays (keys prefixed ``name/``)."""
     from safetensors.torch import load_file
 
+    import posttrain.loop.run as run_module
     import posttrain.loop.training_loop as training_loop
     from posttrain.loop.validate import load_run_config
     from posttrain.trajectory import Ledger
 
     recipe, over = CASES[name]
     seen: list[tuple[list[str], np.ndarray, np.ndarray | None]] = []
-    real = training_loop.step_metrics
+    real = run_module.step_metrics  # called by the stage loop/run.py judge_update
 
     def spy(batch: Any, trajs: Any, tg: Any, *args: Any, **kwargs: Any) -> Any:
         mask = batch.action_mask.double()
@@ -60,11 +61,11 @@ def capture(name: str, run_dir: Path) -> dict[str, np.ndarray]:
         return real(batch, trajs, tg, *args, **kwargs)
 
     sys.path.insert(0, str(HERE))  # flaky_task
-    training_loop.step_metrics = spy
+    run_module.step_metrics = spy
     try:
         training_loop.train(load_run_config(recipe, [*_BASE, *over, f"run_dir={run_dir}"]))
     finally:
-        training_loop.step_metrics = real
+        run_module.step_metrics = real
         sys.path.remove(str(HERE))
     led = Ledger(run_dir / "ledger")
     trajs = led.read_trajectories()

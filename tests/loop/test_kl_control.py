@@ -13,7 +13,7 @@ import pytest
 
 from posttrain.algos.kl import AdaptiveKLController
 from posttrain.learner.actor import PolicyLearner
-from posttrain.loop import training_loop
+from posttrain.loop import targets as targets_module
 from posttrain.loop.builders import build_learner, build_model
 from posttrain.loop.run import Run
 from posttrain.loop.training_loop import train
@@ -49,7 +49,7 @@ def _record_applied(monkeypatch: pytest.MonkeyPatch) -> list[float]:
     """The beta each step applied: the ``kl_coef`` handed to build_targets (KL in the reward) or the
     learner's coefficient when its update starts (KL in the loss; the update reads it per micro-batch)."""
     applied: list[float] = []
-    real_targets, real_update = training_loop.build_targets, PolicyLearner.update
+    real_targets, real_update = targets_module.build_targets, PolicyLearner.update
 
     def targets(batch: Any, **kw: Any) -> Any:
         if kw.get("kl_in_reward"):
@@ -61,7 +61,7 @@ def _record_applied(monkeypatch: pytest.MonkeyPatch) -> list[float]:
             applied.append(self.current_kl_coef())
         return real_update(self, *a, **kw)
 
-    monkeypatch.setattr(training_loop, "build_targets", targets)
+    monkeypatch.setattr(targets_module, "build_targets", targets)
     monkeypatch.setattr(PolicyLearner, "update", update)
     return applied
 
