@@ -104,8 +104,7 @@ def run_rl_checks(cfg: RunConfig, prompts: int = 4) -> list[CheckResult]:
     from posttrain.rollout.precision import engine_copy
 
     # sampled at the recipe's rollout.precision (builtin engine), so behavior_vs_old reports that choice's mismatch
-    engine = build_engine(engine_copy(learner.model, cfg.rollout.precision if cfg.rollout.engine == "builtin"
-                                      else "auto"), tok)
+    engine = build_engine(engine_copy(learner.model, cfg.rollout.builtin_precision()), tok)
     trajs = sample_trajectories(cfg, prompts, tok, model, task, engine)
     batch = collate(trajs, pad_token_id=int(tok.pad_token_id or 0))
     old = learner.compute_logprobs(batch)

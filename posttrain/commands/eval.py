@@ -336,6 +336,8 @@ def _chat(v: str) -> bool | str:
 
 def _as_the_run_line(cfg_path: Path, cfg: RunConfig, overridden: list[str], no_tools: bool) -> str:
     """``evaluating as the run RUN did (config.yaml): ...; overridden: ...`` (one line)."""
+    from posttrain.config.engines import engine_entry
+
     e = cfg.eval
     budget = e.max_new_tokens or cfg.sampling.max_new_tokens
     if cfg.env.name is not None:
@@ -350,7 +352,7 @@ def _as_the_run_line(cfg_path: Path, cfg: RunConfig, overridden: list[str], no_t
     sampled = f", sampled at {e.sampled_temperature}" if e.sampled_temperature is not None else ""
     line = (f"evaluating as the run {cfg_path.parent} did ({cfg_path.name}): {what}, max_new_tokens {budget}, "
             f"eval.size {e.size}, temperature {e.temperature}{sampled}, samples {e.samples} (k {e.k}), seed {cfg.seed}")
-    if cfg.rollout.engine != "builtin":
+    if not engine_entry(cfg.rollout.engine).samples_as_builtin:
         line += f", engine builtin (the run used rollout.engine={cfg.rollout.engine})"
     return line + ("; overridden: " + ", ".join(overridden) if overridden else "; no flag overrides")
 

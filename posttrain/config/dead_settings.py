@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING, Any, Literal, Protocol, cast
 
 from pydantic import BaseModel
 
+from posttrain.config.engines import ENGINES
 from posttrain.config.trainers import trainer_entry
 
 if TYPE_CHECKING:
@@ -128,6 +129,11 @@ def _samples(c: RunConfigView) -> bool:
     return trainer_entry(c.trainer).samples(c)
 
 
+def _engine_is_not(name: str) -> Callable[[RunConfigView], bool]:
+    """The predicate ``rollout.engine != name`` (the section of engine ``name`` is dead under any other)."""
+    return lambda c: c.rollout.engine != name
+
+
 def _not_builtin_tiny(c: RunConfigView) -> bool:
     p = c.model.path
     return not p.startswith("builtin:") or p.split(":", 1)[1].startswith("smollm2")
@@ -180,7 +186,7 @@ RULES: tuple[Rule, ...] = (
     Rule(("system.ray.verify_timeout_s", "system.ray.verify_retries", "system.ray.cpus_per_reward_worker"),
          lambda c: c.system.ray.num_reward_workers == 0,
          "system.ray.num_reward_workers=0 starts no reward actor (the driver verifies with reward.*)"),
-    # posttrain/loop/run.py Run.release_engine -> rollout/engine.py engine_sleep: the Ray rollout workers' pool
+    # posttrain/loop/update.py release_engine -> rollout/engine.py engine_sleep: the Ray rollout workers' pool
     # has no sleep() hook, so the run logged that the engine keeps its memory and went on.
     Rule(("system.engine_sleep",), lambda c: c.system.backend == "ray",
          "the Ray rollout workers (system.backend=ray) have no sleep hook: their engines keep their memory"),
@@ -193,9 +199,10 @@ RULES: tuple[Rule, ...] = (
          "learner.strategy=single runs the learner in the driver (no Ray learner actor)"),
     Rule(("system.ray.learner_timeout_s",), lambda c: True,
          "Ray learner ranks are bounded by learner.rank_timeout_s"),
-    # posttrain/loop/builders.py engine_factory: each engine section is read by its engine only.
-    Rule(("rollout.vllm",), lambda c: c.rollout.engine != "vllm", "rollout.engine is not vllm"),
-    Rule(("rollout.http",), lambda c: c.rollout.engine != "http", "rollout.engine is not http"),
+    # posttrain/loop/builders.py engine_factory: each engine section is read by its engine's factory only
+    # (the sections of posttrain/config/engines.py ENGINES).
+    *(Rule((f"rollout.{e.section}",), _engine_is_not(e.name), f"rollout.engine is not {e.name}")
+      for e in ENGINES.values() if e.section is not None),
     # builders.py engine_factory: rollout.server is read only when the built-in engine runs as a server.
     Rule(("rollout.server",), lambda c: c.rollout.process != "server", "rollout.process is not server"),
     # posttrain/loop/builders.py build_learner_ranks: rank settings exist only when ranks run. The bounds

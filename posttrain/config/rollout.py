@@ -1,20 +1,20 @@
 """``RolloutConfig``: the keys of the recipe's ``rollout`` section (which engine samples, and how).
 
-``rollout.engine`` picks the engine every system mode and backend builds
-(:func:`posttrain.loop.builders.build_engine` / ``engine_factory``); the engine-specific keys sit in
-their own sub-sections. ``rollout.process: server`` runs the built-in engine in its own process
+``rollout.engine`` names an entry of the engine registry (:data:`posttrain.config.engines.ENGINES`), the
+engine every system mode and backend builds (:func:`posttrain.loop.builders.build_engine` / ``engine_factory``);
+the engine-specific keys sit in their own sub-sections. ``rollout.process: server`` runs the built-in engine in its own process
 (:mod:`posttrain.rollout.builtin_server`). Whether the vLLM environment exists on this machine is checked by
 :func:`posttrain.loop.validate.validate_run`. See docs/rollout.md.
 """
 
 from __future__ import annotations
 
-import urllib.parse
 from pathlib import Path
 from typing import Literal
 
-from pydantic import Field, model_validator
+from pydantic import Field, field_validator, model_validator
 
+from posttrain.config.engines import engine_entry, engines_description, engines_with
 from posttrain.config.section import Section
 
 
@@ -74,11 +74,7 @@ class ServerSettings(Section):
 class RolloutConfig(Section):
     """``rollout``: the engine that samples (every system mode and backend builds it from here)."""
 
-    engine: Literal["builtin", "vllm", "http"] = Field(
-        default="builtin",
-        description="builtin: the PyTorch engine in this process (bit-exact log-probs); vllm: vLLM (rollout.vllm); "
-        "http: a running posttrain engine server (rollout.http)",
-    )
+    engine: str = Field(default="builtin", description=engines_description())
     process: Literal["in_process", "server"] = Field(
         default="in_process",
         description="where the builtin engine runs: in_process (the trainer's process; its rollout thread shares "
@@ -96,21 +92,28 @@ class RolloutConfig(Section):
     http: HTTPSettings = Field(default_factory=HTTPSettings)
     server: ServerSettings = Field(default_factory=ServerSettings)
 
+    @field_validator("engine")
+    @classmethod
+    def _known_engine(cls, name: str) -> str:
+        engine_entry(name)  # one line listing the known names (posttrain.config.engines.ENGINES)
+        return name
+
     @model_validator(mode="after")
     def _check_engine(self) -> RolloutConfig:
-        if self.process == "server" and self.engine != "builtin":
-            where = ("vllm runs as a server process by rollout.vllm.python" if self.engine == "vllm"
-                     else "http is a server process already")
-            raise ValueError(f"rollout.process=server applies to rollout.engine=builtin only ({where})")
-        if self.precision != "auto" and self.engine != "builtin":
-            where = "rollout.vllm.dtype" if self.engine == "vllm" else "the server's own model dtype"
-            raise ValueError(f"rollout.precision={self.precision} applies to rollout.engine=builtin only "
-                             f"(rollout.engine={self.engine} computes in {where})")
-        if self.engine == "http":
-            url = self.http.url
-            if url is None:
-                raise ValueError("rollout.http.url is required with rollout.engine=http (http://127.0.0.1:PORT)")
-            u = urllib.parse.urlsplit(url)
-            if u.scheme != "http" or not u.hostname or u.port is None:
-                raise ValueError(f"rollout.http.url must look like http://host:port, got {url!r}")
+        entry = engine_entry(self.engine)
+        if self.process == "server" and not entry.runs_as_server_option:
+            raise ValueError(f"rollout.process=server applies to rollout.engine={engines_with('runs_as_server_option')}"
+                             f" only ({entry.no_server_why})")
+        if self.precision != "auto" and not entry.has_precision_axis:
+            raise ValueError(f"rollout.precision={self.precision} applies to rollout.engine="
+                             f"{engines_with('has_precision_axis')} only "
+                             f"(rollout.engine={self.engine} computes in {entry.computes_in})")
+        entry.check_config(self)  # the engine's own checks of this section (posttrain.config.engines)
         return self
+
+    def builtin_precision(self) -> Literal["auto", "fp32", "bf16"]:
+        """The precision at which the in-process built-in engine samples as this section's engine did (held-out
+        evaluation, ``posttrain check``, rejection sampling): ``rollout.precision`` for an engine it applies to
+        (:attr:`~posttrain.config.engines.EngineEntry.has_precision_axis`), else ``auto`` (the model's dtype;
+        the others sample at their own)."""
+        return self.precision if engine_entry(self.engine).has_precision_axis else "auto"

@@ -21,6 +21,7 @@ from posttrain.config.algorithm import (
     SFTConfig,
 )
 from posttrain.config.dead_settings import GivenKeys, check_dead_settings
+from posttrain.config.engines import engine_entry
 from posttrain.config.feedback import EnvConfig, RewardConfig, TaskConfig
 from posttrain.config.learner import LearnerConfig
 from posttrain.config.model import CriticConfig, LoraConfig, ModelConfig
@@ -137,8 +138,7 @@ def check_new_run(cfg: RunConfig, given: GivenKeys | None = None) -> None:
     if cfg.system.max_queue is not None and cfg.system.max_queue < cfg.sampling.group_size:
         raise ValueError(f"system.max_queue={cfg.system.max_queue} cannot hold one group of "
                          f"sampling.group_size={cfg.sampling.group_size} samples")
-    if cfg.rollout.engine == "vllm" and cfg.rollout.vllm.dtype == "auto" and cfg.model.dtype == "float64":
-        raise ValueError("rollout.vllm.dtype: vLLM has no float64; set model.dtype=float32 or rollout.vllm.dtype")
+    engine_entry(cfg.rollout.engine).check_run(cfg)  # the engine's own checks (posttrain.config.engines)
     if cfg.loss.kl_coef > 0 and cfg.loss.kl_estimator is None:
         raise ValueError("loss.kl_coef > 0 needs loss.kl_estimator (k1, k2 or k3)")
     if cfg.learner.strategy != "single" and cfg.lora.rank > 0:

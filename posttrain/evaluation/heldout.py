@@ -79,8 +79,7 @@ class HeldoutRun:
 
         # the engine computes as the run's did (rollout.precision of the builtin engine; others sampled at
         # their own dtype, evaluated here by the builtin engine at the model's)
-        precision = cfg.rollout.precision if cfg.rollout.engine == "builtin" else "auto"
-        engine = build_engine(engine_copy(model, precision), tokenizer)
+        engine = build_engine(engine_copy(model, cfg.rollout.builtin_precision()), tokenizer)
         return cls(cfg=cfg, engine=engine, tokenizer=tokenizer, task=task, heldout=heldout,
                    renderer=renderer, verify_batch=pool.verify_batch, hidden_verifier=hidden, plain_model=model,
                    _pool=pool)

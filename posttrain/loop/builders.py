@@ -7,7 +7,6 @@ never leak into the classes below the loop.
 from __future__ import annotations
 
 import copy
-import os
 from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypedDict, Unpack
@@ -16,6 +15,7 @@ import torch
 
 from posttrain.algos.kl import AdaptiveKLController
 from posttrain.config import RunConfig
+from posttrain.config.engines import engine_entry
 from posttrain.dotted import import_dotted
 from posttrain.learner.grad_sync import GradientSync
 from posttrain.learner.protocol import Learner
@@ -228,8 +228,9 @@ def build_engine(model: torch.nn.Module, tokenizer: PreTrainedTokenizerBase, cfg
                  workdir: Path | None = None) -> RolloutEngine:
     """The rollout engine of ``cfg.rollout.engine`` in this process (the local backend, every system mode).
 
-    builtin (also with ``cfg=None``: evaluation and checks): a :class:`BuiltinEngine` over its own
-    copy of the weights (synced after each update); vllm / http: see :func:`engine_factory`.
+    builtin in process (also with ``cfg=None``: evaluation and checks): a :class:`BuiltinEngine` over its own
+    copy of the weights (synced after each update), with the tokenizer; any other engine of the registry
+    (``rollout.process: server`` too): its :func:`engine_factory` called here, then :func:`probe_engine`.
     ``workdir``: the run directory (the vLLM engine's model export and server log go under it).
     """
     if cfg is None or (cfg.rollout.engine == "builtin" and cfg.rollout.process == "in_process"):
@@ -276,93 +277,15 @@ def engine_factory(cfg: RunConfig, model: torch.nn.Module, tokenizer: PreTrained
     """A picklable zero-argument factory of the ``cfg.rollout.engine`` engine (the Ray rollout workers
     call it once per process, again after a restart; :func:`build_engine` calls it locally).
 
-    builtin: a copy of ``model``, or with ``rollout.process: server`` ``model`` exported now to
-    ``workdir/engine_model`` and a built-in engine server started on it per call
-    (:func:`posttrain.rollout.builtin_server.builtin_server_factory`); vllm: ``model`` is exported
-    now to ``workdir/engine_model`` (safetensors) and each call starts a vLLM engine on it (a 127.0.0.1 server in
-    ``rollout.vllm.python``'s environment, or in-process when that is null); http: each call connects
-    to ``rollout.http.url`` and loads ``model``'s weights into it as version 0.
+    The engine's registry entry (:data:`posttrain.config.engines.ENGINES`) names its factory function
+    ``(cfg, model, tokenizer, workdir) -> Callable[[], RolloutEngine]`` by ``"module:attr"``; it is imported
+    here (:func:`~posttrain.dotted.import_dotted`; ``ValueError`` naming the engine when the path does not
+    resolve) and called: the built-in, vLLM and HTTP engines' are in :mod:`posttrain.loop.engine_factories`.
     """
-    rc = cfg.rollout
-    eos, pad = tokenizer.eos_token_id, tokenizer.pad_token_id or 0
-    if rc.engine == "builtin":
-        from posttrain.rollout.precision import engine_copy
-
-        model = engine_copy(model, rc.precision)  # both factories snapshot the weights now
-        # Stop strings (env.stop_strings of multi-turn episodes) need the tokenizer on the worker side;
-        # otherwise the factory stays tokenizer-free (less to pickle per worker start).
-        stops = cfg.env.name is not None and bool(cfg.env.stop_strings)
-        if rc.process == "server":
-            from posttrain.rollout.builtin_server import builtin_server_factory
-
-            s = rc.server
-            return builtin_server_factory(model, workdir, eos_token_id=eos, pad_token_id=pad,
-                                          tokenizer=tokenizer if stops else None, threads=s.threads,
-                                          startup_timeout_s=s.startup_timeout_s, timeout_s=s.timeout_s)
-        from posttrain.loop.backends import builtin_engine_factory
-
-        extra = {"tokenizer": tokenizer} if stops else {}
-        return builtin_engine_factory(model, eos_token_id=eos, pad_token_id=pad, **extra)
-    if rc.engine == "http":
-        return _HTTPEngineFactory(rc.http.model_dump(), {k: v.detach().cpu().clone() for k, v in model.state_dict().items()})
-    export = Path(workdir) / "engine_model"
-    export.mkdir(parents=True, exist_ok=True)
-    model.save_pretrained(str(export), safe_serialization=True)  # type: ignore[operator]  # a transformers model
-    v = rc.vllm
-    dtype = v.dtype if v.dtype != "auto" else cfg.model.dtype
-    kwargs = dict(model=str(export), dtype=dtype, max_model_len=v.max_model_len, kv_cache_gib=v.kv_cache_gib,
-                  gpu_memory_utilization=v.gpu_memory_utilization, enforce_eager=v.enforce_eager,
-                  seed=cfg.seed if v.seed is None else v.seed, eos_token_id=eos, sleep_mode=cfg.system.engine_sleep)
-    py = v.python_path()
-    return _VLLMEngineFactory(None if py is None else str(py), kwargs, str(Path(workdir) / "engine_server.log"),
-                              v.startup_timeout_s, v.timeout_s)
-
-
-class _VLLMEngineFactory:
-    """Picklable: starts ``build_vllm_engine(**kwargs)`` in ``python``'s environment (a server), or here."""
-
-    def __init__(self, python: str | None, kwargs: dict[str, Any], log_path: str, startup_timeout_s: float,
-                 timeout_s: float) -> None:
-        self.python, self.kwargs, self.log_path = python, kwargs, log_path
-        self.startup_timeout_s, self.timeout_s = startup_timeout_s, timeout_s
-        self.creator_pid = os.getpid()
-
-    def server_log(self) -> str:
-        """The server's log file: ``engine_server.log`` in the process that built the factory (the
-        local backend); ``engine_server.<pid>.log`` in any other (each Ray rollout worker, and each
-        restart of one, starts its own server: one log per server, never two writers in one file)."""
-        if os.getpid() == self.creator_pid:
-            return self.log_path
-        stem, dot, ext = self.log_path.rpartition(".")
-        return f"{stem}.{os.getpid()}{dot}{ext}" if dot else f"{self.log_path}.{os.getpid()}"
-
-    def __call__(self) -> Any:
-        if self.python is None:
-            from posttrain.rollout.vllm_engine import build_vllm_engine
-
-            return build_vllm_engine(**self.kwargs)
-        from posttrain.rollout.server_process import SpawnedEngine
-
-        return SpawnedEngine(self.python, "posttrain.rollout.vllm_engine:build_vllm_engine", self.kwargs,
-                             log_path=self.server_log(), startup_timeout_s=self.startup_timeout_s,
-                             timeout_s=self.timeout_s, weights_timeout_s=self.timeout_s)
-
-
-class _HTTPEngineFactory:
-    """Picklable: connects to a running engine server and loads the run's initial weights (version 0)."""
-
-    def __init__(self, settings: dict[str, Any], state: dict[str, torch.Tensor]) -> None:
-        self.settings, self.state = settings, state
-
-    def __call__(self) -> Any:
-        from posttrain.rollout.http_engine import HTTPEngine
-
-        s = self.settings
-        eng = HTTPEngine(s["url"], timeout_s=s["timeout_s"], weights_timeout_s=s["weights_timeout_s"])
-        eng.wait_ready(s["connect_timeout_s"])
-        # The server may hold other weights: the run starts from its own (checksummed on arrival).
-        eng.update_weights(self.state, version=0)
-        return eng
+    entry = engine_entry(cfg.rollout.engine)
+    make = import_dotted(entry.factory, what=f"rollout engine {entry.name!r} factory")
+    built: Callable[[], RolloutEngine] = make(cfg, model, tokenizer, workdir)
+    return built
 
 
 def _sampler_replay(cfg: RunConfig) -> SamplerReplay:
@@ -383,7 +306,7 @@ def build_kl_coef(cfg: RunConfig) -> float | AdaptiveKLController:
     One object serves both placements: the learner holds it (and checkpoints its state) whether the KL
     enters the loss or, with ``credit.kl_in_reward``, the token rewards (then the learner has no KL
     estimator and the loop reads ``learner.kl_coef`` for :func:`~posttrain.loop.targets.build_targets`);
-    the loop updates it once per step from the KL it observed (``RunState.observe_kl``)."""
+    the loop updates it once per step from the KL it observed (``posttrain.loop.kl_control.observe_kl``)."""
     if cfg.loss.kl_target is None:
         return float(cfg.loss.kl_coef)
     return AdaptiveKLController(cfg.loss.kl_coef, cfg.loss.kl_target, cfg.loss.kl_horizon)

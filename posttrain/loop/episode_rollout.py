@@ -38,6 +38,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Protocol
 
 from posttrain.config import RunConfig
+from posttrain.config.engines import engine_entry
 from posttrain.envs.multiturn import EpisodeState
 from posttrain.loop.backends.base import generate_detailed
 from posttrain.loop.rollout import Advanced, Group
@@ -70,10 +71,10 @@ def env_seed(example: TaskExample) -> int:
 
 def engine_context(cfg: RunConfig | None, model: object) -> int | None:
     """Positions a prompt and its response may fill: ``model``'s ``max_position_embeddings``, capped by
-    ``rollout.vllm.max_model_len`` with ``rollout.engine=vllm`` (vLLM stops a sample there without an
-    error, and refuses a longer prompt); None when neither is known."""
+    the engine entry's ``context_cap`` (``rollout.vllm.max_model_len`` with ``rollout.engine=vllm`` (vLLM stops a sample there without an
+    error, and refuses a longer prompt)); None when neither is known."""
     ctx: int | None = getattr(getattr(model, "config", None), "max_position_embeddings", None)
-    cap = cfg.rollout.vllm.max_model_len if cfg is not None and cfg.rollout.engine == "vllm" else None
+    cap = engine_entry(cfg.rollout.engine).context_cap(cfg.rollout) if cfg is not None else None
     if cap is None:
         return ctx
     return cap if ctx is None else min(ctx, cap)

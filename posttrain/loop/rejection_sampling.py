@@ -385,8 +385,7 @@ class _PassSampler:
         task = build_task(cfg)
         renderer = build_renderer(cfg, tok)
         heldout = heldout_problems(cfg, task)
-        precision = cfg.rollout.precision if cfg.rollout.engine == "builtin" else "auto"
-        engine = build_engine(engine_copy(model, precision), tok)
+        engine = build_engine(engine_copy(model, cfg.rollout.builtin_precision()), tok)
         pool = VerifierPool(workers=cfg.reward.workers, timeout_s=cfg.reward.timeout_s, retries=cfg.reward.retries)
         verify = build_learned_rewards(cfg.reward, pool.verify_batch)
         return cls(cfg, tok, model, task, renderer, heldout, engine, pool, verify, ScoringSpec.of(cfg.reward))

@@ -36,6 +36,8 @@ import torch
 import posttrain.algos as A
 from posttrain.config import RunConfig, log_warnings, parse_config, parse_recorded_config, read_recipe
 from posttrain.config.dead_settings import GivenKeys
+from posttrain.config.engines import engine_entry
+from posttrain.dotted import import_dotted
 from posttrain.envs.episodes import ENVS, check_env_reward_weights, check_tool_prompt, check_tool_switch
 from posttrain.errors import ConfigError
 from posttrain.loop.algo_kwargs import check_algo_kwargs
@@ -113,7 +115,7 @@ def _section_checks(cfg: RunConfig, recorded: bool) -> list[tuple[str, Callable[
         checks.append((f"reward.functions.{i}", functools.partial(_check_reward_function, f.path)))
     if recorded:
         return [*checks, ("eval", lambda: _check_hidden_verifier(cfg))]
-    checks += [("learner", lambda: _check_learner_device(cfg)), ("rollout", lambda: _check_vllm_env(cfg)),
+    checks += [("learner", lambda: _check_learner_device(cfg)), ("rollout", lambda: _check_engine_env(cfg)),
                ("eval", lambda: _check_hidden_verifier(cfg)), ("logging", lambda: _check_trackers(cfg))]
     if cfg.system.backend == "ray":  # bundles a local cluster can never hold: refused now, not after startup_timeout_s
         ranks = cfg.learner.world_size if cfg.learner.strategy != "single" else 0
@@ -177,14 +179,23 @@ def check_learner_cpu_bf16(strategy: str, flags: frozenset[str] | None = None) -
     return feature
 
 
-def _check_vllm_env(cfg: RunConfig) -> None:
+def _check_engine_env(cfg: RunConfig) -> None:
+    """This machine can run ``rollout.engine``: a bf16 ``rollout.precision`` of an engine it applies to on this
+    CPU, and the engine's own ``machine_check`` (:data:`posttrain.config.engines.ENGINES`), one-line ``ValueError``."""
     ro = cfg.rollout
-    if ro.engine == "builtin" and ro.precision == "bf16":
+    entry = engine_entry(ro.engine)
+    if entry.has_precision_axis and ro.precision == "bf16":
         from posttrain.rollout.precision import check_engine_precision
 
         check_engine_precision(ro.precision, "cpu")  # the builtin engine samples on the driver's CPU
-    if ro.engine != "vllm":
-        return
+    if entry.machine_check is not None:
+        import_dotted(entry.machine_check, what=f"rollout engine {entry.name!r} machine check")(cfg)
+
+
+def check_vllm_env(cfg: RunConfig) -> None:
+    """``rollout.engine: vllm``'s machine check: ``rollout.vllm.python`` is an executable interpreter, or with
+    ``null`` vllm imports here; ``ValueError`` (one line naming the key and :data:`VLLM_ENV_HINT`) otherwise."""
+    ro = cfg.rollout
     p = ro.vllm.python_path()
     if p is not None and not (p.is_file() and os.access(p, os.X_OK)):
         raise ValueError(f"rollout.vllm.python: no vLLM environment at {ro.vllm.python!r}; {VLLM_ENV_HINT}")
