@@ -186,8 +186,8 @@ def prepare_sft(cfg: Any, work: Path, fresh: bool = False) -> tuple[Path, float]
     try:
         run.warmup_and_baseline(None)
         out.mkdir(parents=True, exist_ok=True)
-        run.learner.model.save_pretrained(str(out))
-        run.tokenizer.save_pretrained(str(out))
+        run.parts.learner.model.save_pretrained(str(out))
+        run.parts.tokenizer.save_pretrained(str(out))
     finally:
         run.close()
     secs = time.perf_counter() - t0

@@ -11,7 +11,8 @@ evaluation plays and judges through the rollout's one single-turn path
 the rollout's episode player (:func:`evaluate_episodes`); verification goes through the same
 guarded path as training (``verify_batch``, a :class:`~posttrain.rewards.VerifierPool`): a
 verifier that raises, hangs or returns garbage on a held-out sample is an infra error there too,
-never a crash or a freeze. The trainer (:class:`~posttrain.loop.run.Run`) and
+never a crash or a freeze. The trainer (:meth:`Run.evaluate_and_judge
+<posttrain.loop.run.Run.evaluate_and_judge>`, over the run's :class:`~posttrain.loop.parts.Parts`) and
 ``posttrain eval`` (:mod:`posttrain.evaluation.heldout`) both call :func:`heldout_metrics`.
 """
 
@@ -206,7 +207,7 @@ def eval_result(played: Played, n_examples: int, *, k: int, hidden: dict[str, fl
 
 
 class EvaluatedRun(Protocol):
-    """What a held-out evaluation reads of a run: met by :class:`~posttrain.loop.run.Run` (training)
+    """What a held-out evaluation reads of a run: met by its :class:`~posttrain.loop.parts.Parts` (training)
     and :class:`HeldoutRun` (``posttrain eval`` of a checkpoint)."""
 
     @property
@@ -313,8 +314,8 @@ def evaluate_run(run: EvaluatedRun, temperature: float | None = None, samples: i
                  examples: Sequence[TaskExample] | None = None) -> EvalResult:
     """A run's held-out evaluation of its engine's current weights: the one path of training and ``posttrain eval``.
 
-    ``run`` is a :class:`~posttrain.loop.run.Run` or a :class:`HeldoutRun` (the same attributes:
-    ``cfg``, ``engine``, ``tokenizer``, ``task``, ``heldout``, ``renderer``, ``verify_batch``,
+    ``run`` is a training run's :class:`~posttrain.loop.parts.Parts` or a :class:`HeldoutRun` (the same
+    attributes: ``cfg``, ``engine``, ``tokenizer``, ``task``, ``heldout``, ``renderer``, ``verify_batch``,
     ``hidden_verifier``, ``plain_model``). ``examples`` default to ``run.heldout`` (another held-out set:
     :func:`split_examples`). Single-turn (``env.name`` unset): :func:`evaluate` on
     them rendered by ``run.renderer`` (task.chat_template / task.system_prompt), judged by

@@ -81,8 +81,9 @@ class PausableEngine(Protocol):
 
 
 class ProducerRun(Protocol):
-    """What a producer reads and writes of a run (met by :class:`~posttrain.loop.run.Run`):
-    the engine, the learner's version, the rollout counters and the prompt stream."""
+    """What a producer reads and writes of a run (met by a training run's
+    :class:`~posttrain.loop.sampling_lifecycle.SamplingSource`): the engine, the learner's version, the
+    rollout counters and the prompt stream."""
 
     @property
     def engine(self) -> PausableEngine: ...

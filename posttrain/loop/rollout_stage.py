@@ -22,9 +22,9 @@ if TYPE_CHECKING:
 
 
 class RolloutRun(RolloutSource, Protocol):
-    """What building a run's rollout reads of it besides the engine and prompts (met by
-    :class:`~posttrain.loop.run.Run`). Read when present: ``renderer`` (default raw text),
-    ``verify_batch`` (default in-process), ``state.rollout_dropped``, ``plain_model`` (episodes)."""
+    """What building a run's rollout reads of it besides the engine and prompts (met by a training run's
+    :class:`~posttrain.loop.sampling_lifecycle.SamplingSource`). Read when present: ``renderer`` (default raw
+    text), ``verify_batch`` (default in-process), ``state.rollout_dropped``, ``plain_model`` (episodes)."""
 
     @property
     def engine(self) -> RolloutEngine: ...

@@ -12,8 +12,9 @@ and records each step (ledger, metrics, checkpoint when due).
 
 The RL step's last stages are functions here, over the run (``update_step`` calls them in this order after
 the learner's): :func:`judge_update` (the step's data figures and the revision's first verdict),
-:func:`sync_and_evaluate` (weight sync, the KL controller, held-out evaluation when due) and
-:func:`record_step` (guards, the ledger's records rebuilt once and judged, :meth:`Run.finish_step`).
+:func:`sync_and_evaluate` (weight sync, the KL controller of :mod:`posttrain.loop.kl_control`, held-out
+evaluation when due) and :func:`record_step` (guards, the ledger's records rebuilt once and judged,
+:meth:`Run.finish_step`).
 
 The run directory is protected (see :mod:`posttrain.loop.run_dir` and
 :func:`~posttrain.loop.lifecycle.open_run_dir`, shared with every trainer): it is locked for the run's
@@ -34,13 +35,12 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from posttrain.algos.kl import AdaptiveKLController
 from posttrain.config import RunConfig
 from posttrain.learner.fingerprint import weights_fingerprint
-from posttrain.learner.protocol import KLCoefficient, Learner
 from posttrain.loop import checkpointing
 from posttrain.loop.checkpointing import RunState
 from posttrain.loop.guards import VerdictTally, check_guards
+from posttrain.loop.kl_control import observe_kl
 from posttrain.loop.lifecycle import RunClock, checkpoint_due, eval_due, open_run_dir, run_dir_of
 from posttrain.loop.metrics_log import MetricsLog
 from posttrain.loop.parts import Parts, build_parts, close_parts, sync_weights
@@ -54,15 +54,11 @@ from posttrain.trajectory.collate import with_update_record
 if TYPE_CHECKING:
     from rich.progress import Progress
 
-    from posttrain.envs.prompt_render import PromptRenderer
     from posttrain.envs.task import Task, TaskExample
     from posttrain.learner.primitives import UpdateOutput
     from posttrain.loop.producer import Producer
     from posttrain.loop.run_dir import RunDirLock
     from posttrain.loop.targets import Targets
-    from posttrain.models.tokenizer_protocol import Tokenizer
-    from posttrain.rewards.scoring import VerifyBatch
-    from posttrain.rollout.engine import RolloutEngine
 
 log = logging.getLogger("posttrain")
 
@@ -71,18 +67,14 @@ log = logging.getLogger("posttrain")
 StepMetrics = dict[str, float | int | str | bool | None]
 
 
-def kl_coef_of(coef: float | KLCoefficient) -> float:
-    """beta of a learner's ``kl_coef``: the fixed float, or the controller's current ``value``."""
-    return float(coef) if isinstance(coef, (int, float)) else float(coef.value)
-
-
 class Run:
     """One run's own state in its run directory — data cursor, ledger, metrics, promotion, checkpoints, clock —
     beside its :class:`~posttrain.loop.parts.Parts` (``run.parts``, given, never copied; built by
-    :func:`open_run`). The rollout side reads a run as one object (the prompt stream with the engine,
-    :class:`~posttrain.loop.producer.ProducerRun`), so the parts it samples with are readable by name:
-    ``engine``, ``learner``, ``task``, ``tokenizer``, ``renderer``, ``verify_batch``, ``plain_model``,
-    ``heldout``; the others are read from ``run.parts``."""
+    :func:`open_run`). Its operations take the parts they use explicitly (:meth:`next_prompts` the task); the
+    stages of the step read ``run.parts`` and pass each callee the parts it needs. The rollout side reads the
+    parts with the run's prompt stream and counters as one
+    :class:`~posttrain.loop.sampling_lifecycle.SamplingSource`. ``logged_once``: the warnings this invocation
+    logs once per run (:func:`~posttrain.loop.update.release_engine`)."""
 
     def __init__(self, cfg: RunConfig, parts: Parts, lock: RunDirLock | None = None) -> None:
         self.cfg = cfg
@@ -97,98 +89,24 @@ class Run:
         self.ledger = Ledger(self.dir / "ledger")
         self.log = MetricsLog.for_run(self.dir, cfg)  # metrics.jsonl + the trackers of cfg.logging
         self.state = RunState()
-        self.promotion = Promotion(parts.learner.model, self.state, reject_drop=cfg.eval.reject_drop)
+        self.promotion = Promotion(parts.learner.model, self.state, reject_drop=cfg.eval.reject_drop,
+                                   learner=parts.learner)
         self.verdicts = VerdictTally()  # this invocation's verifications: nothing judged at all -> an error
         self.inflight_count: Callable[[], int] | None = None  # set by the loop: samples queued / paused
         self.clock = RunClock()
-
-    # ------------------------------------------------------------------ the parts the rollout side reads
-    @property
-    def engine(self) -> RolloutEngine:
-        """The parts' rollout engine."""
-        return self.parts.engine
-
-    @property
-    def learner(self) -> Learner:
-        """The parts' policy learner."""
-        return self.parts.learner
-
-    @property
-    def task(self) -> Task:
-        """The parts' task."""
-        return self.parts.task
-
-    @property
-    def tokenizer(self) -> Tokenizer:
-        """The parts' tokenizer (a Hugging Face one; scoring reads it as a Decoder)."""
-        return self.parts.tokenizer
-
-    @property
-    def renderer(self) -> PromptRenderer:
-        """The parts' prompt renderer."""
-        return self.parts.renderer
-
-    @property
-    def verify_batch(self) -> VerifyBatch:
-        """The parts' guarded verification path."""
-        return self.parts.verify_batch
-
-    @property
-    def plain_model(self) -> torch.nn.Module:
-        """The parts' actor architecture without LoRA (episodes read its context)."""
-        return self.parts.plain_model
-
-    @property
-    def heldout(self) -> list[TaskExample]:
-        """The parts' held-out set."""
-        return self.parts.heldout
+        self.logged_once: set[str] = set()  # one-time warnings this invocation has logged
 
     # ------------------------------------------------------------------ data
-    def next_prompts(self, n: int) -> list[TaskExample]:
-        """``n`` training prompts at the data cursor (deterministic by seed and cursor)."""
+    def next_prompts(self, task: Task, n: int) -> list[TaskExample]:
+        """``n`` training prompts of ``task`` (the parts' task) at the data cursor, deterministic by seed and
+        cursor: ``task.examples("train", n, seed=cfg.seed * 7919 + cursor)``, then ``cursor += n``. The
+        rollout side draws them through :class:`~posttrain.loop.sampling_lifecycle.SamplingSource`."""
         seed = self.cfg.seed * 7_919 + self.state.cursor
         self.state.cursor += n
-        out = list(self.task.examples("train", n, seed=seed))
+        out = list(task.examples("train", n, seed=seed))
         # ReMax's greedy baseline looks this step's prompts up by id (loop/targets.py run_baseline clears it).
         self.step_examples.update((ex.prompt_id, ex) for ex in out)
         return out
-
-    # ------------------------------------------------------------------ the KL coefficient and the engine
-    def kl_coef_value(self) -> float:
-        """beta for this step: ``loss.kl_coef`` or the adaptive controller's current value. The learner
-        holds the coefficient in both placements (``builders.build_kl_coef``): this step's loss reads it,
-        or with ``credit.kl_in_reward`` the token rewards (``build_targets(kl_coef=...)``) do."""
-        return kl_coef_of(self.learner.kl_coef)
-
-    def observe_kl(self, metrics: StepMetrics) -> None:
-        """Feed this step's observed KL to an adaptive controller (Ziegler et al. 2019; bounded update,
-        :class:`~posttrain.algos.kl.AdaptiveKLController`) with the step's sample count
-        (``prompts_per_step * group_size``, the unit of ``loss.kl_horizon``).
-
-        The observed KL is the one the coefficient multiplied: the mean token KL to the reference
-        in the reward (``kl/ref_mean``, pi_old vs pi_ref) with ``credit.kl_in_reward``, else the
-        loss's ``kl``. ``metrics["kl_coef"]`` is set to the beta this step applied (read before the
-        update); the updated one, which the next step applies, goes to ``kl_coef_next``."""
-        ctl = self.learner.kl_coef
-        metrics["kl_coef"] = kl_coef_of(ctl)  # what this step applied (the learner's too)
-        key = "kl/ref_mean" if self.cfg.credit.kl_in_reward else "kl"
-        observed = metrics.get(key)
-        if isinstance(ctl, AdaptiveKLController) and observed is not None:
-            ctl.update(float(observed), self.cfg.sampling.prompts_per_step * self.cfg.sampling.group_size)
-            metrics["kl_coef_next"] = ctl.value
-
-    def release_engine(self) -> bool:
-        """``system.engine_sleep``: the engine's ``sleep()`` before an update (colocation); True when it
-        released its memory. An engine that cannot is logged once per run and keeps it (returns False)."""
-        from posttrain.rollout.engine import engine_sleep
-
-        if not self.cfg.system.engine_sleep:
-            return False
-        why = engine_sleep(self.engine)
-        if why is not None and not getattr(self, "_sleep_skip_logged", False):
-            log.warning("system.engine_sleep: the engine keeps its memory during updates (%s)", why)
-            self._sleep_skip_logged = True
-        return why is None
 
     # ------------------------------------------------------------------ evaluation and warm-up
     def evaluate_and_judge(self, step: int) -> dict[str, float | str]:
@@ -286,9 +204,9 @@ def judge_update(run: Run, step: int, batch: TrajectoryBatch, tg: Targets, out: 
 def sync_and_evaluate(run: Run, producer: Producer, step: int, slept: bool, metrics: StepMetrics) -> None:
     """Inside ``producer.quiesce()`` (no rollout call starts): wake a slept engine, push the new weights (the
     engine's version + 1, :func:`~posttrain.loop.parts.sync_weights`), observe the KL controller
-    (:meth:`Run.observe_kl`) and (step 7) evaluate held-out every ``eval.every`` steps -> promote / retain /
-    reject (:meth:`Run.evaluate_and_judge`). Adds ``time/weight_sync_s``, ``kl_coef(_next)``, the held-out
-    figures and ``time/eval_s``."""
+    (:func:`~posttrain.loop.kl_control.observe_kl` of the learner's ``kl_coef``) and (step 7) evaluate
+    held-out every ``eval.every`` steps -> promote / retain / reject (:meth:`Run.evaluate_and_judge`). Adds
+    ``time/weight_sync_s``, ``kl_coef(_next)``, the held-out figures and ``time/eval_s``."""
     with producer.quiesce():
         t1 = time.perf_counter()
         if slept:  # re-acquire; the sync below refills every weight
@@ -297,7 +215,7 @@ def sync_and_evaluate(run: Run, producer: Producer, step: int, slept: bool, metr
             engine_wake(run.parts.engine)
         sync_weights(run.parts)  # the engine gets the new weights with an incremented version
         metrics["time/weight_sync_s"] = time.perf_counter() - t1
-        run.observe_kl(metrics)
+        observe_kl(run.parts.learner.kl_coef, run.cfg, metrics)
         if eval_due(run.cfg, step):
             t2 = time.perf_counter()
             metrics.update(run.evaluate_and_judge(step))

@@ -6,7 +6,8 @@ every such trainer::
 
     open (lock, build the parts, resume, config.yaml)         open_run: lifecycle.open_run_dir, the offline
     warm-up and the step-0 held-out evaluation (a fresh run)   trainers' lock / resume / clock
-    producer of system.mode                                    producer.build_producer
+    producer of system.mode                                    producer.build_producer over the
+                                                               run's SamplingSource
     for step in state.step + 1 .. steps:
         produced = producer.next_batch(step)                   rollout, validate, score, staleness filter
         metrics, stop = step_fn(run, producer, step, produced, t_step)   the trainer's: update, sync inside
@@ -38,7 +39,15 @@ from posttrain.loop.producer import Produced, Producer, build_producer
 from posttrain.loop.run import Run, StepMetrics, open_run
 
 if TYPE_CHECKING:
+    import torch
     from rich.progress import Progress
+    from transformers import PreTrainedTokenizerBase
+
+    from posttrain.envs.prompt_render import PromptRenderer
+    from posttrain.envs.task import Task, TaskExample
+    from posttrain.learner.protocol import Learner
+    from posttrain.rewards.scoring import VerifyBatch
+    from posttrain.rollout.engine import RolloutEngine
 
 
 class SamplingStep(Protocol):
@@ -59,6 +68,44 @@ class SamplingProgram:
     label: str
     prepare: Callable[[Run, bool], SamplingStep]
     describe: Callable[[int, StepMetrics, RunState], str]
+
+
+@dataclasses.dataclass(frozen=True)
+class SamplingSource:
+    """A training run as its rollout side reads it (:class:`~posttrain.loop.producer.TrainingRun`: the
+    producers, the rollout driver and its players), given explicitly by :meth:`of`: the parts it samples,
+    renders, scores and versions with, by name (``cfg``, ``engine``, ``learner``, ``task``, ``tokenizer``,
+    ``renderer``, ``verify_batch``, ``plain_model``: the run's :class:`~posttrain.loop.parts.Parts`' own), and
+    ``run``, whose data cursor draws the prompts (:meth:`next_prompts`) and whose ``state`` holds the rollout
+    counters a checkpoint keeps."""
+
+    cfg: RunConfig
+    engine: RolloutEngine
+    learner: Learner
+    task: Task
+    tokenizer: PreTrainedTokenizerBase
+    renderer: PromptRenderer
+    verify_batch: VerifyBatch
+    plain_model: torch.nn.Module
+    run: Run
+
+    @classmethod
+    def of(cls, run: Run) -> SamplingSource:
+        """The source of ``run``: its parts' members and the run itself."""
+        p = run.parts
+        return cls(cfg=p.cfg, engine=p.engine, learner=p.learner, task=p.task, tokenizer=p.tokenizer,
+                   renderer=p.renderer, verify_batch=p.verify_batch, plain_model=p.plain_model, run=run)
+
+    @property
+    def state(self) -> RunState:
+        """The run's state (rollout counters ``rollout_calls`` / ``rollout_dropped``, read and advanced by the
+        producer); read at each access, as a resume replaces it."""
+        return self.run.state
+
+    def next_prompts(self, n: int) -> list[TaskExample]:
+        """The next ``n`` training prompts of the task at the run's data cursor
+        (:meth:`Run.next_prompts <posttrain.loop.run.Run.next_prompts>`)."""
+        return self.run.next_prompts(self.task, n)
 
 
 def producer_inflight(producer: Producer) -> Callable[[], int]:
@@ -82,7 +129,8 @@ def run_sampling(cfg: RunConfig, program: SamplingProgram, progress: Progress | 
             run.warmup_and_baseline(progress)  # SFT warm-up (if configured) and the step-0 held-out eval
         step_fn = program.prepare(run, fresh)
         bar = progress.add_task(program.label, total=cfg.steps, completed=st.step) if progress else None
-        producer = build_producer(cfg, run)  # after the warm-up: a worker thread samples from the warm weights
+        # after the warm-up: a worker thread samples from the warm weights
+        producer = build_producer(cfg, SamplingSource.of(run))
     except BaseException:
         run.close()
         raise
@@ -114,4 +162,5 @@ def heldout_result(state: RunState) -> RunResult:
                      curve=[(s, a) for s, a, _ in state.heldout_curve], stopped=state.stopped)
 
 
-__all__ = ["SamplingProgram", "SamplingStep", "heldout_result", "producer_inflight", "run_sampling"]
+__all__ = ["SamplingProgram", "SamplingSource", "SamplingStep", "heldout_result", "producer_inflight",
+           "run_sampling"]

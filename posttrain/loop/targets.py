@@ -21,6 +21,7 @@ import torch
 
 import posttrain.algos as A
 from posttrain.algos.advantages import AdvantageInputs
+from posttrain.loop.kl_control import kl_coef_of
 from posttrain.trajectory import Finish, Trajectory, TrajectoryBatch, collate
 
 if TYPE_CHECKING:
@@ -133,14 +134,11 @@ def greedy_baseline(
     }
 
 
-class BaselineRun(Protocol):
-    """What ReMax's baseline reads of a run (met by :class:`~posttrain.loop.run.Run`)."""
+class BaselineParts(Protocol):
+    """What ReMax's baseline reads of a run's parts (met by :class:`~posttrain.loop.parts.Parts`)."""
 
     @property
     def cfg(self) -> RunConfig: ...
-
-    @property
-    def step_examples(self) -> dict[str, TaskExample]: ...  # prompt_id -> example drawn this step
 
     @property
     def engine(self) -> Sampler: ...
@@ -158,24 +156,28 @@ class BaselineRun(Protocol):
     def renderer(self) -> Renderer: ...
 
 
-def run_baseline(run: BaselineRun, batch: TrajectoryBatch, step: int) -> tuple[torch.Tensor | None, dict[str, float]]:
-    """The ``baseline`` input of ``run``'s estimator when it declared that need, else ``(None, {})``.
+def run_baseline(parts: BaselineParts, step_examples: dict[str, TaskExample], batch: TrajectoryBatch,
+                 step: int) -> tuple[torch.Tensor | None, dict[str, float]]:
+    """The ``baseline`` input of the estimator of ``parts.cfg`` when it declared that need, else
+    ``(None, {})``: :func:`greedy_baseline` with the parts' engine, tokenizer, task, verification and
+    renderer.
 
-    Uses the prompts this step drew (``run.step_examples``, then cleared: in sync mode every prompt
-    drawn for a step is consumed or dropped by its end; :func:`check_estimator_needs`).
+    Uses the prompts this step drew (``step_examples``: the run's prompt id -> example, filled by
+    :meth:`~posttrain.loop.run.Run.next_prompts`, then cleared: in sync mode every prompt drawn for a step is
+    consumed or dropped by its end; :func:`check_estimator_needs`).
     """
-    cfg = run.cfg
+    cfg = parts.cfg
     if "baseline" not in A.ADVANTAGES.needs(cfg.credit.estimator):
         return None, {}
     from posttrain.rewards.scoring import ScoringSpec
 
     spec = ScoringSpec.of(cfg.reward)
     try:
-        return greedy_baseline(batch, run.step_examples, engine=run.engine, tokenizer=run.tokenizer, task=run.task,
-                               spec=spec, max_new_tokens=cfg.sampling.max_new_tokens, step=step,
-                               verify_batch=run.verify_batch, renderer=run.renderer)
+        return greedy_baseline(batch, step_examples, engine=parts.engine, tokenizer=parts.tokenizer,
+                               task=parts.task, spec=spec, max_new_tokens=cfg.sampling.max_new_tokens,
+                               step=step, verify_batch=parts.verify_batch, renderer=parts.renderer)
     finally:
-        run.step_examples.clear()
+        step_examples.clear()
 
 
 # ---------------------------------------------------------------------------------------------
@@ -218,26 +220,20 @@ def frozen_batch(cfg: RunConfig, parts: Parts, usable: list[Trajectory], ref_ver
     return batch, fuse
 
 
-class TargetsRun(BaselineRun, Protocol):
-    """What :func:`step_targets` reads of a run (met by :class:`~posttrain.loop.run.Run`): ReMax's baseline
-    inputs and this step's beta."""
-
-    def kl_coef_value(self) -> float: ...
-
-
-def step_targets(run: TargetsRun, batch: TrajectoryBatch, step: int
+def step_targets(parts: Parts, step_examples: dict[str, TaskExample], batch: TrajectoryBatch, step: int
                  ) -> tuple[TrajectoryBatch, Targets, dict[str, float]]:
     """The targets stage: ``(batch, targets, metrics)``, the step's advantages and returns
-    (:func:`build_targets` with the recipe's estimator, KL placement, ReMax baseline (:func:`run_baseline`)
-    and distillation) attached to the batch, and the figures they produced: ``remax/*`` and
-    :func:`distill_metrics`. Fused (no pi_old yet): the advantages need none (no KL in the reward); the
-    token KL waits for :func:`with_fused_old`."""
-    cfg = run.cfg
-    baseline, metrics = run_baseline(run, batch, step)  # ReMax: one greedy rollout per prompt
+    (:func:`build_targets` with the estimator of ``parts.cfg``, its KL placement, ReMax baseline
+    (:func:`run_baseline` over ``step_examples``, the prompts the run drew this step) and distillation)
+    attached to the batch, and the figures they produced: ``remax/*`` and :func:`distill_metrics`. beta is the
+    learner's ``kl_coef`` now (:func:`~posttrain.loop.kl_control.kl_coef_of`). Fused (no pi_old yet): the
+    advantages need none (no KL in the reward); the token KL waits for :func:`with_fused_old`."""
+    cfg = parts.cfg
+    baseline, metrics = run_baseline(parts, step_examples, batch, step)  # ReMax: one greedy rollout a prompt
     tg = build_targets(
         batch, estimator=cfg.credit.estimator, estimator_kwargs=cfg.credit.kwargs,
         kl_in_reward=cfg.credit.kl_in_reward, kl_estimator=cfg.loss.kl_estimator,
-        kl_coef=run.kl_coef_value(), baseline=baseline,
+        kl_coef=kl_coef_of(parts.learner.kl_coef), baseline=baseline,
         distill_coef=None if cfg.loss.distill is None else cfg.loss.distill.coef,
         distill_only=cfg.loss.distill is not None and cfg.loss.distill.only,
     )
@@ -336,7 +332,7 @@ def build_targets(
 
     ``kl_in_reward``: each action token's reward gets ``-kl_coef * token_kl`` (Ouyang et al. 2022,
     arXiv:2203.02155); ``kl_coef`` is this step's beta, in a run the learner's fixed coefficient or its
-    adaptive controller's current value (``RunState.kl_coef_value``), finite and >= 0.
+    adaptive controller's current value (:func:`~posttrain.loop.kl_control.kl_coef_of`), finite and >= 0.
 
     ``old_logprob`` / ``ref_logprob`` / ``values`` / ``final_values`` default to the ones frozen on
     ``batch`` (:meth:`TrajectoryBatch.freeze`, ``with_targets``). ``token_kl`` (pi_old vs pi_ref,

@@ -89,6 +89,8 @@ def update_step(run: Run, producer: Producer, step: int, produced: Produced,
     (:func:`~posttrain.loop.run.judge_update`) -> weight sync and held-out evaluation every ``eval.every``
     steps, inside ``producer.quiesce()`` (:func:`~posttrain.loop.run.sync_and_evaluate`) -> guards, the
     ledger's records rebuilt once, ledger + metrics (+ checkpoint) (:func:`~posttrain.loop.run.record_step`).
+    The targets and the update are given the run's parts (``run.parts``) and the run state they read: the
+    prompts drawn this step (``run.step_examples``) and the warnings logged once (``run.logged_once``).
     """
     usable, info = consume(produced)
     metrics: StepMetrics = dict(info)
@@ -96,9 +98,9 @@ def update_step(run: Run, producer: Producer, step: int, produced: Produced,
         return skipped_step(run, producer, step, produced.trajectories, metrics, t_step)
     t0 = time.perf_counter()
     batch, fuse = frozen_batch(run.cfg, run.parts, usable, run.state.ref_version)
-    batch, tg, target_metrics = step_targets(run, batch, step)
+    batch, tg, target_metrics = step_targets(run.parts, run.step_examples, batch, step)
     metrics.update(target_metrics)
-    batch, tg, out, slept = train_batch(run, batch, tg, fuse, metrics)
+    batch, tg, out, slept = train_batch(run.parts, batch, tg, fuse, metrics, run.logged_once)
     metrics["time/learner_s"] = time.perf_counter() - t0
     judge_update(run, step, batch, tg, out, produced.trajectories, metrics)
     sync_and_evaluate(run, producer, step, slept, metrics)

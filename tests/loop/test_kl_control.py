@@ -15,7 +15,7 @@ from posttrain.algos.kl import AdaptiveKLController
 from posttrain.learner.actor import PolicyLearner
 from posttrain.loop import targets as targets_module
 from posttrain.loop.builders import build_learner, build_model
-from posttrain.loop.run import Run
+from posttrain.loop.kl_control import kl_coef_of, observe_kl
 from posttrain.loop.training_loop import train
 from posttrain.loop.validate import load_run_config
 
@@ -100,7 +100,7 @@ def test_kl_in_reward_learner_holds_the_controller_and_applies_no_kl_in_its_loss
 
 
 def _run(kl_in_reward: bool, ctl: Any, n: int) -> Any:
-    """A stand-in for the Run fields ``kl_coef_value`` / ``observe_kl`` read."""
+    """A stand-in for what ``kl_coef_of`` / ``observe_kl`` are given: the learner's ``kl_coef``, the cfg."""
     cfg = SimpleNamespace(credit=SimpleNamespace(kl_in_reward=kl_in_reward),
                           loss=SimpleNamespace(kl_estimator="k3", kl_coef=0.05),
                           sampling=SimpleNamespace(prompts_per_step=n // 8, group_size=8))
@@ -121,8 +121,8 @@ def test_observe_kl_hand_trajectory_above_and_below_target(kl_in_reward: bool) -
     # The other key holds 7.0 (e would be +0.2): reading it would give 0.06 * 1.2 = 0.072 at step 2.
     steps = [(0.5, 0.05, 0.06), (0.011, 0.06, 0.066), (0.0, 0.066, 0.0528), (0.009, 0.0528, 0.04752)]
     for kl, beta, nxt in steps:
-        assert Run.kl_coef_value(run) == pytest.approx(beta, rel=1e-12)  # what build_targets / the loss get
+        assert kl_coef_of(run.learner.kl_coef) == pytest.approx(beta, rel=1e-12)  # the beta applied
         metrics = {used: kl, other: 7.0, "kl_coef": beta}
-        Run.observe_kl(run, metrics)
+        observe_kl(run.learner.kl_coef, run.cfg, metrics)
         assert metrics["kl_coef"] == pytest.approx(beta, rel=1e-12)  # logged: the beta applied this step
         assert metrics["kl_coef_next"] == pytest.approx(nxt, rel=1e-12)

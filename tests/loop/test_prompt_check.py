@@ -14,6 +14,7 @@ from posttrain.config import RunConfig
 from posttrain.envs.prompt_render import PromptMismatchError, PromptRenderer
 from posttrain.loop.producer import build_producer
 from posttrain.loop.run import open_run
+from posttrain.loop.sampling_lifecycle import SamplingSource
 from posttrain.loop.training_loop import update_step
 
 
@@ -26,24 +27,25 @@ def test_learner_side_rerendering_mismatch_is_caught_in_a_run(tmp_path) -> None:
         "eval": {"every": 10, "size": 2},
     })
     run = open_run(cfg)
-    producer = build_producer(cfg, run)
+    producer = build_producer(cfg, SamplingSource.of(run))
     try:
         produced = producer.next_batch(1)
         trajs = produced.trajectories
-        engine_side = run.renderer
+        engine_side = run.parts.renderer
         assert engine_side.mode == "chat"
         # the engine sampled from <|system|>Add.<|user|>...<|assistant|> (ids 7 = <|system|>, 5 = <|assistant|>)
         for t in trajs:
             assert t.meta["prompt_format"] == "chat" and t.token_ids[0] == 7 and t.token_ids[t.prompt_length - 1] == 5
-        learner_side = PromptRenderer(run.tokenizer, chat=True, system_prompt="Sum.")  # the learner's side differs
+        # the learner's side differs
+        learner_side = PromptRenderer(run.parts.tokenizer, chat=True, system_prompt="Sum.")
         run.parts = dataclasses.replace(run.parts, renderer=learner_side)
-        version = run.learner.version
+        version = run.parts.learner.version
         with pytest.raises(PromptMismatchError, match=r"prompt '.+' \(trajectory .+\).* at token 1 "):
             update_step(run, producer, 1, produced, time.perf_counter())
-        assert run.learner.version == version  # caught before pi_old and the update
+        assert run.parts.learner.version == version  # caught before pi_old and the update
         run.parts = dataclasses.replace(run.parts, renderer=engine_side)
         update_step(run, producer, 1, produced, time.perf_counter())
-        assert run.learner.version == version + 1
+        assert run.parts.learner.version == version + 1
     finally:
         producer.close()
         run.close()

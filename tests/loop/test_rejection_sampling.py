@@ -138,7 +138,7 @@ def test_prompts_are_the_rl_runs_and_heldout_is_refused(monkeypatch: pytest.Monk
     cfg = load_run_config("grpo", BASE)
     task = build_task(cfg)
     fake = types.SimpleNamespace(cfg=cfg, task=task, state=types.SimpleNamespace(cursor=0), step_examples={})
-    first, second = Run.next_prompts(fake, 3), Run.next_prompts(fake, 2)  # type: ignore[arg-type]
+    first, second = Run.next_prompts(fake, task, 3), Run.next_prompts(fake, task, 2)  # type: ignore[arg-type]
     assert rs.train_prompts(cfg, task, 3, 0) == first and rs.train_prompts(cfg, task, 2, 3) == second
     held = rs.heldout_problems(cfg, task)
     assert list(held) == ["heldout"] and len(held["heldout"][0]) == 20

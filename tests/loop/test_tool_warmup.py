@@ -18,8 +18,9 @@ from posttrain.envs.multiturn import EpisodeState
 from posttrain.envs.task import TaskExample
 from posttrain.envs.tool_calling import calculator_tool_env, product_key
 from posttrain.loop.episode_rollout import EpisodeRollout, context_limit, env_seed, run_episodes, turn_seed
+from posttrain.loop.parts import Parts
 from posttrain.loop.rollout_stage import RolloutStage
-from posttrain.loop.run import Run, open_run
+from posttrain.loop.run import open_run
 from posttrain.loop.validate import load_run_config
 from posttrain.loop.warmup import sft_warmup, warmup_examples
 
@@ -111,14 +112,14 @@ def test_demonstration_rendered_by_smollm2s_template_parses_back_into_its_call()
     _check_demo_parses_back("smollm2_tool_calc_warm", tok)
 
 
-def held_out_tool_calls(run: Run, use_tools: bool = True) -> tuple[float, float]:
+def held_out_tool_calls(parts: Parts, use_tools: bool = True) -> tuple[float, float]:
     """``(tool calls per held-out episode, held-out success)`` of the engine's weights, greedy (tools
     disabled with ``use_tools=False``: the ``heldout_notool`` episodes)."""
-    cfg = run.cfg
-    ro = EpisodeRollout(cfg, run, RolloutStage.from_config(cfg))
+    cfg = parts.cfg
+    ro = EpisodeRollout(cfg, parts, RolloutStage.from_config(cfg))
     eps = [ro.new_episode(ex, traj_id=f"h{i}", group_id=f"h{i}", env_overrides={"use_tools": use_tools})
-           for i, ex in enumerate(run.heldout)]
-    run_episodes(run.engine, eps, ro.sampling(temperature=0.0), context=context_limit(run),
+           for i, ex in enumerate(parts.heldout)]
+    run_episodes(parts.engine, eps, ro.sampling(temperature=0.0), context=context_limit(parts),
                  seed_of=lambda e: turn_seed(cfg.seed, "t", e.traj_id, e.turns))
     trajs = [e.trajectory() for e in eps]
     calls = sum(float(t.reward.components.get("tool_calls", 0.0)) for t in trajs) / len(trajs)
@@ -134,9 +135,9 @@ def test_the_warmup_makes_the_tiny_model_call_the_tool(tmp_path: Path) -> None:
                                         "env.kwargs={digits: 2, demo_direct_fraction: 0.0}"])
     run = open_run(cfg)
     try:
-        calls0, _ = held_out_tool_calls(run)
+        calls0, _ = held_out_tool_calls(run.parts)
         sft_warmup(run.parts, run.dir)
-        calls1, _ = held_out_tool_calls(run)
+        calls1, _ = held_out_tool_calls(run.parts)
     finally:
         run.close()
     assert calls0 < 0.1 and calls1 > 0.5, (calls0, calls1)

@@ -187,14 +187,15 @@ def test_an_engine_that_cannot_sleep_is_logged_once_not_silently_skipped(caplog:
     import logging
     import types
 
-    from posttrain.loop.run import Run
+    from posttrain.loop.update import release_engine
     from posttrain.loop.validate import load_run_config
 
-    run = types.SimpleNamespace(cfg=load_run_config("grpo", ["system.engine_sleep=true"]), engine=object())
+    run = types.SimpleNamespace(cfg=load_run_config("grpo", ["system.engine_sleep=true"]), engine=object(),
+                                logged_once=set())
     with caplog.at_level(logging.WARNING, logger="posttrain"):  # the loop's logger, whatever its level before
-        assert Run.release_engine(run) is False  # type: ignore[arg-type]
-        assert Run.release_engine(run) is False  # type: ignore[arg-type]
+        assert release_engine(run.engine, run.cfg, run.logged_once) is False
+        assert release_engine(run.engine, run.cfg, run.logged_once) is False
     lines = [r.getMessage() for r in caplog.records if "system.engine_sleep" in r.getMessage()]
     assert lines == ["system.engine_sleep: the engine keeps its memory during updates (object has no sleep() hook)"]
     run.cfg = load_run_config("grpo")
-    assert Run.release_engine(run) is False  # type: ignore[arg-type]
+    assert release_engine(run.engine, run.cfg, run.logged_once) is False
