@@ -66,7 +66,21 @@ from posttrain.learner.trainer import MinibatchLoss, Trainer
 from posttrain.trajectory.collate import TrajectoryBatch
 
 
-class PolicyLearner:
+class TrainsItsDriverCopy:
+    """The Learner protocol's driver-copy writes for a learner whose trained weights ARE the driver copy
+    :attr:`model` (:class:`PolicyLearner`; learner ranks push theirs instead, :mod:`posttrain.learner.ranks`)."""
+
+    model: torch.nn.Module
+
+    def load_weights(self, state: Mapping[str, torch.Tensor]) -> None:
+        """Write ``state`` (a state dict of :attr:`model`) into :attr:`model`, the weights this learner trains."""
+        self.model.load_state_dict(state)
+
+    def mark_driver_written(self) -> None:
+        """Nothing to do: a write of :attr:`model` is a write of the weights this learner trains."""
+
+
+class PolicyLearner(TrainsItsDriverCopy):
     """The actor's model, optimiser and primitives (module docstring).
 
     Settings are typed (:mod:`posttrain.learner.settings`; the flat keyword form of
@@ -366,4 +380,4 @@ class PolicyLearner:
             self.kl_coef.load_state_dict(controller_state)
 
 
-__all__ = ["PolicyLearner", "UpdateOutput"]
+__all__ = ["PolicyLearner", "TrainsItsDriverCopy", "UpdateOutput"]

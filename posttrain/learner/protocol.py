@@ -23,7 +23,10 @@ Tinker primitive            here
 :meth:`Learner.forward_backward` trains the learner's own weights (on learner ranks: the ranks' replicas,
 whatever the driver does with its copy). A phase that trains the driver's copy :attr:`Learner.model` with its
 own optimiser (the SFT warm-up, :func:`~posttrain.learner.sft.run_sft`) says so: it runs
-:func:`~posttrain.learner.primitives.forward_backward` on :meth:`Learner.driver_context`.
+:func:`~posttrain.learner.primitives.forward_backward` on :meth:`Learner.driver_context`. Every other write of
+:attr:`Learner.model` says so too: :meth:`Learner.load_weights` (a rejected revision restoring the promoted
+weights) or :meth:`Learner.mark_driver_written` after writing it in place (a resume's ``restore_actor``); the
+learner ranks then push the driver copy to their replicas, the in-process learner has nothing to do.
 """
 
 from __future__ import annotations
@@ -84,6 +87,16 @@ class Learner(Protocol):
     def driver_context(self) -> ForwardContext:
         """The forward context of the driver's copy :attr:`model` (the in-process learner's own context): its
         gradients land in :attr:`model`, for a phase that steps it with its own optimiser (the SFT warm-up)."""
+        ...
+
+    def load_weights(self, state: Mapping[str, torch.Tensor]) -> None:
+        """Write ``state`` (a state dict of :attr:`model`) into the driver copy and the learner's own weights:
+        afterwards the learner trains and samples from ``state`` (learner ranks: pushed to them now)."""
+        ...
+
+    def mark_driver_written(self) -> None:
+        """The driver copy :attr:`model` was written in place outside the learner (a resume's ``restore_actor``):
+        the learner takes those weights before its next call (the in-process learner: they are its weights)."""
         ...
 
     def forward_backward_custom(self, rows: list[int], loss: MinibatchLoss) -> ForwardBackwardOutput:

@@ -1,7 +1,7 @@
 """Learner ranks as processes the loop drives: ``ddp`` and ``fsdp2`` over ``torch.distributed``.
 
 The driver (the loop's process) keeps orchestrating rollout, reward and ledger. :class:`LearnerRanks`
-stands where the embedded :class:`~posttrain.learner.actor.PolicyLearner` stands (``run.learner``)
+stands where the embedded :class:`~posttrain.learner.actor.PolicyLearner` stands (``run.parts.learner``)
 and forwards every learner call to ``world_size`` ranks through a
 :class:`~posttrain.learner.rank_transport.RankTransport`: by default rank processes on this machine
 (``torch.multiprocessing`` spawn, one pipe each, a process group over 127.0.0.1: gloo on CPU, NCCL on
@@ -40,9 +40,12 @@ evaluation and checkpoints use, and the engine sync unless the transport publish
 (Ray actors with ``system.ray.weight_sync=direct``: rank 0's actor puts each bucket in Ray's object
 store and the driver fetches its copy from there): then :meth:`LearnerRanks.weights_for_rollout`
 hands the engines the references, and each engine fetches and verifies the buckets itself.
-Weights the driver changes itself (SFT warm-up, a rejected revision restoring the promoted
-weights, a resume) are detected by the tensors' in-place version counters and pushed to the ranks
-before their next call. Checkpoints are sharded (:meth:`LearnerRanks.save_sharded`,
+Weights the driver writes itself reach the ranks because the writer says so, through the learner:
+:meth:`LearnerRanks.load_weights` (a rejected revision restoring the promoted weights: pushed at once),
+:meth:`LearnerRanks.mark_driver_written` (a resume's ``restore_actor`` into the copy) and
+:meth:`LearnerRanks.driver_context` (the SFT warm-up trains the copy) mark the copy written, and a marked
+copy is pushed to the ranks before their next call (unless that call loads the ranks' weights itself).
+Checkpoints are sharded (:meth:`LearnerRanks.save_sharded`,
 :mod:`~posttrain.learner.sharded_checkpoint`); :meth:`LearnerRanks.state_dict` still gives the
 embedded learner's format (an id-keyed full AdamW state, gathered on rank 0).
 
@@ -144,13 +147,9 @@ class LearnerRanks:
         except BaseException:
             self.close(kill=True)
             raise
-        self._synced = self._fingerprint()
+        self._driver_written = False  # the driver copy holds weights the ranks do not (mark_driver_written)
 
     # ------------------------------------------------------------------ plumbing
-    def _fingerprint(self) -> tuple[int, ...]:
-        # In-place writes (load_state_dict, an optimizer step) bump a tensor's version counter.
-        return tuple(t._version for t in self.model.state_dict().values())
-
     def _live(self) -> RankTransport:
         if self.transport is None:
             raise LearnerRankError("learner ranks are closed")
@@ -172,7 +171,7 @@ class LearnerRanks:
     def _call(self, cmd: str, *args: object) -> list[Any]:
         if self.transport is None:
             raise LearnerRankError(f"learner ranks are closed ({cmd})")
-        if cmd not in ("load_weights", "load_state", "load_sharded") and self._fingerprint() != self._synced:
+        if self._driver_written and cmd not in ("load_weights", "load_state", "load_sharded"):
             self.push_weights()
         try:
             send_all(self._live(), cmd, args)
@@ -185,8 +184,24 @@ class LearnerRanks:
         """Send the driver copy's weights to every rank (after the driver changed them itself)."""
         sd = {k: v.detach().to("cpu").clone() for k, v in self.model.state_dict().items()}
         self._call("load_weights", sd)
-        self._synced = self._fingerprint()
+        self._driver_written = False
         self._published = []  # they hold the weights the driver replaced
+
+    def load_weights(self, state: Mapping[str, torch.Tensor]) -> None:
+        """Write ``state`` (a state dict of :attr:`model`) into the driver copy and push it to every rank now
+        (a rejected revision restoring the promoted weights, :class:`~posttrain.loop.promotion.Promotion`);
+        afterwards the driver copy and every rank's weights equal ``state``."""
+        with torch.no_grad():
+            self.model.load_state_dict(state)
+        self.push_weights()
+
+    def mark_driver_written(self) -> None:
+        """The driver copy :attr:`model` was written in place outside the ranks (a resume's ``restore_actor``):
+        its weights are pushed to the ranks before their next call (none when that call loads the ranks'
+        weights from shards, :meth:`load_sharded`), and the last update's published buckets no longer stand
+        for it (:meth:`weights_for_rollout`)."""
+        self._driver_written = True
+        self._published = []
 
     # ------------------------------------------------------------------ the learner interface
     def can_fuse_old_logprob(self) -> bool:
@@ -221,7 +236,10 @@ class LearnerRanks:
         """The driver copy's side of :func:`~posttrain.learner.primitives.forward_backward`, for a phase that
         trains :attr:`model` itself with its own optimiser (the SFT warm-up,
         :func:`~posttrain.learner.sft.run_sft`): one process, no mixed precision, the gradients landing in
-        :attr:`model`; the changed weights reach the ranks before their next call."""
+        :attr:`model`. Handing it out marks the copy written (:meth:`mark_driver_written`): the changed weights
+        reach the ranks before their next call, so the phase finishes its steps before it calls the learner
+        again (a write after that call is marked again)."""
+        self.mark_driver_written()
         return ForwardContext(model=self.model, temperature=self.temperature, top_k=self.top_k, top_p=self.top_p,
                               microbatch_tokens=self.microbatch_tokens, entropy_chunk_size=None,
                               compute_dtype=_compute_dtype(self.model), autocast=contextlib.nullcontext,
@@ -300,7 +318,6 @@ class LearnerRanks:
             self._on_bucket = None
         self._parked = None  # the ranks dropped the update's batch
         stream.finish(n_buckets, version)
-        self._synced = self._fingerprint()
         self.version, self.optimizer_steps = version, steps
         self._published = _check_published(self._live().published(version), stream.checksums)
         self.last_weights_checksum = stream.digest.hexdigest()
@@ -311,9 +328,10 @@ class LearnerRanks:
         """The driver copy's state dict (live tensors, as PolicyLearner.weights_for_rollout); when the
         ranks published the last update's buckets and the driver copy is unchanged since, a
         :class:`~posttrain.rollout.weight_transfer.PublishedWeights` carrying them too (an engine
-        that reaches the store loads those: ``system.ray.weight_sync=direct``)."""
+        that reaches the store loads those: ``system.ray.weight_sync=direct``). A driver-side write
+        (:meth:`load_weights`, :meth:`mark_driver_written`) drops the published buckets."""
         sd = self.model.state_dict()
-        if self._published and self._published[0].version == self.version and self._fingerprint() == self._synced:
+        if self._published and self._published[0].version == self.version and not self._driver_written:
             return PublishedWeights(sd, self.version, self._published)
         return sd
 
@@ -325,11 +343,12 @@ class LearnerRanks:
         return s
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
-        """Inverse of :meth:`state_dict` (any strategy's / world size's checkpoint)."""
+        """Inverse of :meth:`state_dict` (any strategy's / world size's checkpoint). A driver copy marked written
+        (a resume: ``restore_actor`` then :meth:`mark_driver_written`) is pushed to the ranks first."""
         missing = {"optimizer", "scheduler", "generator", "version", "optimizer_steps"} - set(state)
         if missing:
             raise ValueError(f"policy learner state is missing {sorted(missing)}")
-        if self._fingerprint() != self._synced:
+        if self._driver_written:
             self.push_weights()  # weights first: FSDP's optimizer-state load follows the parameters
         core = {k: state[k] for k in ("optimizer", "scheduler", "generator", "version", "optimizer_steps")}
         self._call("load_state", core)
@@ -357,7 +376,7 @@ class LearnerRanks:
         files were verified against the manifest by the caller. The ranks take the weights from the
         shards, so the driver copy (loaded from the same checkpoint's ``actor/``) counts as in sync."""
         self._call("load_sharded", str(directory), dict(state))
-        self._synced = self._fingerprint()
+        self._driver_written = False
         self._published = []
         self.version, self.optimizer_steps = int(state["version"]), int(state["optimizer_steps"])
         if "kl_controller" in state:

@@ -165,6 +165,7 @@ def restore(run: CheckpointedRun, parts: Parts, path: Path) -> Path:
     ck = load_checkpoint(path)
     check_teacher(run, ck, path)
     restore_actor(parts.learner.model, ck)
+    parts.learner.mark_driver_written()  # learner ranks: pushed before their next call, unless their shards load
     _restore_learners(parts, path, ck)
     snapshot = ck.learner_state.get("promoted")
     run.state = run_state_of(ck)

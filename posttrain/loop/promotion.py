@@ -5,13 +5,15 @@ snapshot to fall back to); one that drops more than ``eval.reject_drop`` below t
 (the promoted weights are restored); anything else is *retained*. A non-finite loss rejects the
 revision the same way. The figures (best accuracy, promoted step, decisions) live in the run's
 checkpointed :class:`~posttrain.loop.run.RunState`; the snapshot goes into the checkpoint's learner
-state as ``promoted``.
+state as ``promoted``. A restore goes through the learner that owns the weights
+(:meth:`~posttrain.learner.protocol.Learner.load_weights`), so learner ranks take the restored weights too.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import logging
+from collections.abc import Mapping
 from typing import Protocol
 
 import torch
@@ -30,15 +32,25 @@ class RevisionRecord(Protocol):
     decisions: list[Decision]
 
 
+class LoadsWeights(Protocol):
+    """The learner whose driver copy is judged (:class:`~posttrain.learner.protocol.Learner`): a restore writes
+    the driver copy and the learner's own weights (learner ranks: their replicas) at once."""
+
+    def load_weights(self, state: Mapping[str, torch.Tensor]) -> None: ...
+
+
 @dataclasses.dataclass
 class Promotion:
     """The judge of a run's revisions: ``model``'s weights, the ``record`` it keeps its figures in,
-    the drop below the best accuracy that rejects (``reject_drop``) and the promoted ``snapshot``."""
+    the drop below the best accuracy that rejects (``reject_drop``) and the promoted ``snapshot``.
+    ``learner``: the learner whose driver copy ``model`` is; a rejection restores through its
+    ``load_weights`` (learner ranks get the weights pushed); ``None``: a bare model, restored in place."""
 
     model: torch.nn.Module
     record: RevisionRecord
     reject_drop: float
     snapshot: dict[str, torch.Tensor] | None = None
+    learner: LoadsWeights | None = None
 
     def judge(self, step: int, accuracy: float) -> tuple[str, str]:
         """Judge the weights evaluated after ``step`` at held-out ``accuracy``; returns ``(decision, reason)``.
@@ -61,11 +73,14 @@ class Promotion:
         return decision, ""
 
     def reject(self, step: int, reason: str) -> None:
-        """Restore the promoted weights (if any) into ``model`` and record the rejection and ``reason``."""
-        if self.snapshot is not None:
+        """Restore the promoted weights (if any) into ``model`` — through ``learner.load_weights`` when there is a
+        learner, so that its ranks hold them too — and record the rejection and ``reason``."""
+        if self.snapshot is not None and self.learner is not None:
+            self.learner.load_weights(self.snapshot)
+        elif self.snapshot is not None:
             self.model.load_state_dict(self.snapshot)
         self.record.decisions.append({"step": step, "decision": "rejected", "reason": reason})
         log.warning("step %d: revision rejected: %s", step, reason)
 
 
-__all__ = ["Decision", "Promotion", "RevisionRecord"]
+__all__ = ["Decision", "LoadsWeights", "Promotion", "RevisionRecord"]

@@ -121,9 +121,8 @@ def test_direct_sync_loads_the_same_tensors_as_the_via_driver_sync(workers: Any)
         req = GenerationRequest("catch-up", [5, 6, 7], SamplingParams(n=1, max_new_tokens=2, seed=1))
         assert {v for c in workers.generate([req]) for v in c.versions} == {1}
         assert [i["loads"] for i in workers.info()] == [5, 4] and _bit_equal(_engine_weights(workers)[0], driver)
-        # a driver-side change (a rejected revision restoring weights) makes it fall back to packing
-        with torch.no_grad():
-            next(iter(ranks.model.parameters())).add_(1.0)
+        # a driver-side change (a rejected revision restoring weights: load_weights) makes it fall back to packing
+        ranks.load_weights(helpers.micro_learner_model(seed=5).state_dict())
         assert not isinstance(ranks.weights_for_rollout(), PublishedWeights)
     finally:
         ranks.close()

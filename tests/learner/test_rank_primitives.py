@@ -20,76 +20,17 @@ import pytest
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from _rank_program import KEYS, KW, rl_program  # noqa: E402
+from _rank_program import micro_model as _model  # noqa: E402
+from _rank_program import rl_advantages as _advantages  # noqa: E402
+from _rank_program import rl_batch as _batch  # noqa: E402
+from _rank_program import weights_of as _weights  # noqa: E402
 from _tolerance import shape_rtol, update_rel_diff  # noqa: E402
 
 from posttrain.algos.registry import CORRECTIONS  # noqa: E402
 from posttrain.learner.actor import PolicyLearner  # noqa: E402
-from posttrain.learner.optim_step import StepTally  # noqa: E402
-from posttrain.learner.policy_loss import Correction, check_advantages, policy_tensors, update_metrics  # noqa: E402
-from posttrain.learner.primitives import ForwardBackwardOutput, ForwardSpec, LossBatch, merge_metrics  # noqa: E402
+from posttrain.learner.primitives import ForwardBackwardOutput, ForwardSpec, LossBatch  # noqa: E402
 from posttrain.learner.ranks import LearnerRankError, LearnerRanks  # noqa: E402
-from posttrain.models import build_tiny_model  # noqa: E402
-from posttrain.trajectory import TrajectoryBatch, collate, make_trajectory  # noqa: E402
-
-# 2 epochs x 2 mini-batches: 4 optimiser steps, 2 generator draws; KL, entropy and a correction all on.
-KW: dict[str, Any] = dict(
-    lr=1e-2, max_grad_norm=1.0, ppo_epochs=2, num_minibatches=2, seed=3, policy_loss="ppo_clip",
-    kl_estimator="k3", kl_coef=0.05, entropy_coef=0.01, correction="tis", correction_kwargs={"cap": 1.5},
-    microbatch_tokens=20,
-)
-KEYS = ("loss", "pg_loss", "kl_loss", "entropy_loss", "kl", "entropy", "ratio_mean", "ratio_min", "ratio_max",
-        "tokens_trained", "grad_norm", "grad_norm_max", "optimizer_steps", "lr", "clip_frac_low", "clip_frac_high")
-
-
-def _model() -> torch.nn.Module:
-    return build_tiny_model("micro", seed=0).to(torch.float64)
-
-
-def _batch(n: int = 11) -> TrajectoryBatch:
-    g = torch.Generator().manual_seed(1)
-    trajs = []
-    for i in range(n):
-        p, a = int(torch.randint(2, 6, (1,), generator=g)), int(torch.randint(1, 9, (1,), generator=g))
-        ids = torch.randint(3, 106, (p + a,), generator=g).tolist()
-        beh = (-torch.rand(a, generator=g, dtype=torch.float64) * 3 - 0.1).tolist()
-        trajs.append(make_trajectory(traj_id=f"t{i}", prompt_id=f"p{i // 4}", group_id=f"g{i // 4}",
-                                     prompt_ids=ids[:p], action_ids=ids[p:], action_logprobs=beh,
-                                     action_versions=0, finish="terminal"))
-    batch = collate(trajs, pad_token_id=0)
-    ref = PolicyLearner(build_tiny_model("micro", seed=7).to(torch.float64), lr=0.0).compute_logprobs(batch)
-    return batch.freeze("ref", ref, 0)
-
-
-def _advantages(batch: TrajectoryBatch) -> torch.Tensor:
-    g = torch.Generator().manual_seed(2)
-    return torch.randn(batch.size, generator=g, dtype=torch.float64)[:, None] * batch.action_mask.to(torch.float64)
-
-
-def _weights(model: torch.nn.Module) -> dict[str, torch.Tensor]:
-    return {k: v.detach().clone() for k, v in model.state_dict().items()}
-
-
-def rl_program(learner: Any, loss_source: PolicyLearner, batch: TrajectoryBatch, adv: torch.Tensor,
-               old: torch.Tensor) -> dict[str, Any]:
-    """PolicyLearner.update's program written against the Learner protocol's primitives (no fused pi_old):
-    the policy tensors and loss built here, then minibatch_plan / forward_backward / optim_step on ``learner``."""
-    t, _ = policy_tensors(batch, check_advantages(batch, adv), old, device=torch.device("cpu"), dtype=torch.float64,
-                          correction=Correction(CORRECTIONS["tis"], loss_source.correction_kwargs),
-                          version=learner.version)
-    loss = loss_source.policy_loss()
-    sums: dict[str, float] = {}
-    steps, outs = StepTally(), []
-    plan = learner.minibatch_plan(batch.size)
-    for i, rows in enumerate(plan):
-        out = learner.forward_backward(LossBatch(t, rows, loss.normaliser(t, rows)), loss)
-        merge_metrics(sums, out.metrics)
-        steps.record(learner.optim_step(ends_update=i == len(plan) - 1))
-        outs.append(out)
-    assert steps.lr is not None
-    metrics = update_metrics(sums, steps, trained=len(plan), empty=0, lr=steps.lr, kl_coef=0.05,
-                             version=learner.version)
-    return {"plan": plan, "outs": outs, "metrics": metrics, "weights": _weights(learner.model),
-            "last": (LossBatch(t, plan[-1], loss.normaliser(t, plan[-1])), loss)}
 
 
 class _Unpicklable:
@@ -126,7 +67,7 @@ def on_ranks(request: pytest.FixtureRequest, in_process: dict[str, Any]) -> Iter
         update = ranks.update(batch, adv, old_logprob=old).metrics
         got: dict[str, Any] = {"update": update, "update_weights": _weights(ranks.model),
                                "update_version": ranks.version, "update_checksum": ranks.last_weights_checksum}
-        ranks.model.load_state_dict(start)  # pushed to the ranks before their next call
+        ranks.load_weights(start)  # the driver copy and the ranks
         ranks.load_state_dict(state)  # a stateless AdamW, the seeded generator, version 0
         got["program"] = rl_program(ranks, in_process["loss_source"], batch, adv, old)
         got["program_version"], got["program_steps"] = ranks.version, ranks.optimizer_steps

@@ -24,19 +24,14 @@ Regenerate (only from the code *before* a change that must not move these number
 
 from __future__ import annotations
 
-import contextlib
-import io
 import json
-import logging
-import os
-import re
-import signal
 import sys
 import tempfile
 from pathlib import Path
 from typing import Any
 
 import numpy as np
+from _golden_cli import capture_run, sigint_at_call, train_lines
 
 HERE = Path(__file__).resolve().parent
 GOLDEN_DIR = HERE / "golden" / "pre39_offline"
@@ -55,55 +50,18 @@ CASES: dict[str, tuple[str, list[str], int]] = {
 WEIGHTS = ("model.embed_tokens.weight", "model.layers.0.self_attn.q_proj.weight", "model.norm.weight", "score.weight")
 """The parameters kept (those the case's model has): an embedding, an attention projection, the last norm and
 the reward model's head."""
-LOG_LINE = re.compile(r"(DEBUG|INFO|WARNING|ERROR|CRITICAL) ")
-"""A line of ``posttrain train``'s logging format (``%(levelname)s %(message)s``)."""
 TIMING = ("step_seconds",)
 """Metrics a clock decides: not kept."""
 
 
-def _mask(text: str, run_dir: Path) -> str:
-    """``text`` with the run directory as ``<RUN>`` and a summary's seconds as ``N``."""
-    return re.sub(r" in \d+ s;", " in N s;", text.replace(str(run_dir), "<RUN>"))
-
-
 def cli(recipe: str, run_dir: Path, overrides: list[str], interrupt_at: int | None = None) -> tuple[int, list[str]]:
     """``posttrain train RECIPE run_dir=RUN_DIR OVERRIDES --no-progress`` in-process; ``(exit code, lines)``:
-    the ``posttrain`` log messages, then the lines printed to stdout, then to stderr (but logging's), masked. ``interrupt_at=k``: a SIGINT as the
-    ``k``-th optimiser step of the run begins (the learners' ``Trainer.train``, which every offline trainer
-    calls once per step)."""
-    from posttrain.cli import main
+    the ``posttrain`` log messages, then the lines printed to stdout, then to stderr (but logging's), masked
+    (:func:`_golden_cli.train_lines`). ``interrupt_at=k``: a SIGINT as the ``k``-th optimiser step of the run
+    begins (the learners' ``Trainer.train``, which every offline trainer calls once per step)."""
     from posttrain.learner.trainer import Trainer
 
-    records: list[str] = []
-
-    class Keep(logging.Handler):
-        def emit(self, record: logging.LogRecord) -> None:
-            records.append(record.getMessage())
-
-    real, calls = Trainer.train, [0]
-
-    def train(self: Trainer, num_rows: int, loss: Any) -> Any:
-        calls[0] += 1
-        if calls[0] == interrupt_at:
-            os.kill(os.getpid(), signal.SIGINT)
-        return real(self, num_rows, loss)
-
-    handler, logger = Keep(level=logging.INFO), logging.getLogger("posttrain")
-    out, err = io.StringIO(), io.StringIO()
-    logger.addHandler(handler)
-    level = logger.level
-    logger.setLevel(logging.INFO)  # the records whatever the root's level (pytest leaves it at WARNING)
-    Trainer.train = train  # type: ignore[method-assign]
-    try:
-        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
-            rc = main(["train", recipe, f"run_dir={run_dir}", *overrides, "--no-progress"])
-    finally:
-        Trainer.train = real  # type: ignore[method-assign]
-        logger.removeHandler(handler)
-        logger.setLevel(level)
-    # stderr without logging's lines (a root handler that logging.basicConfig bound to it): the records above
-    printed = [*out.getvalue().splitlines(), *(e for e in err.getvalue().splitlines() if not LOG_LINE.match(e))]
-    return rc, [_mask(line, run_dir) for line in [*records, *printed]]
+    return train_lines(recipe, run_dir, overrides, sigint_at_call(Trainer, "train", interrupt_at))
 
 
 def run_straight(case: str, run_dir: Path) -> list[str]:
@@ -129,23 +87,10 @@ def run_resumed(case: str, run_dir: Path) -> tuple[list[str], list[str]]:
 
 
 def capture(run_dir: Path) -> dict[str, Any]:
-    """What a finished run left on disk: ``metrics`` (each line but :data:`TIMING`), ``files`` (relative
-    paths), ``checkpoints`` (per checkpoint: ``extra`` but ``wall_seconds``, learner-state keys) and
-    ``render`` (each rendering file's content)."""
-    import torch
-
-    metrics = [{k: v for k, v in json.loads(line).items() if k not in TIMING}
-               for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
-    files = sorted(str(p.relative_to(run_dir)) for p in run_dir.rglob("*") if p.is_file())
-    checkpoints = {}
-    for ck in sorted((run_dir / "checkpoints").glob("step_*")):
-        meta = json.loads((ck / "meta.json").read_text())
-        state = torch.load(ck / "learner_state.pt", weights_only=True)
-        checkpoints[ck.name] = {"step": meta["step"], "format": meta["format"],
-                                "extra": {k: v for k, v in meta["extra"].items() if k != "wall_seconds"},
-                                "learner_state": {k: sorted(v) for k, v in state.items()}}
-    render = {f: (run_dir / f).read_text() for f in files if f.endswith("reward_model.json")}
-    return {"metrics": metrics, "files": files, "checkpoints": checkpoints, "render": render}
+    """What a finished run left on disk (:func:`_golden_cli.capture_run`: ``metrics`` but :data:`TIMING`,
+    ``files``, ``checkpoints``) and ``render`` (each rendering file's content)."""
+    got = capture_run(run_dir, TIMING)
+    return {**got, "render": {f: (run_dir / f).read_text() for f in got["files"] if f.endswith("reward_model.json")}}
 
 
 def final_weights(run_dir: Path) -> dict[str, np.ndarray]:

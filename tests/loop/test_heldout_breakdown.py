@@ -4,7 +4,6 @@ episode of a tool environment under a scripted policy (0.0 is a value; no tools,
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import re
 from typing import Any
@@ -15,6 +14,7 @@ from posttrain.loop.heldout import evaluate, evaluate_episodes
 from posttrain.loop.heldout_breakdown import constraint_rates, tool_calls_per_episode
 from posttrain.rewards.instructions import InstructionsVerifier
 from posttrain.rollout.types import Completion
+from tests.loop._heldout_stubs import CodePointTokenizer, Example, StubTask
 from tests.loop.test_episode_rollout import ScriptedEngine, call, make_run, solver
 
 pytestmark = pytest.mark.timeout(120)
@@ -28,16 +28,8 @@ _TOY = {
 }
 
 
-@dataclasses.dataclass
-class _Ids:
-    input_ids: list[int]
-
-
-class _Tok:
+class _Tok(CodePointTokenizer):
     """A prompt is its characters' code points; a response token ``ord(p)`` decodes to problem ``p``'s response."""
-
-    def __call__(self, text: str) -> _Ids:
-        return _Ids([ord(ch) for ch in text])
 
     def decode(self, ids: list[int], skip_special_tokens: bool = True) -> str:
         return _TOY[chr(ids[0])][1]
@@ -52,20 +44,9 @@ class _Engine:
                 for r in reqs for j in range(r.params.n)]
 
 
-@dataclasses.dataclass(frozen=True)
-class _Ex:
-    prompt_id: str
-    prompt: str
-    reference: Any
-
-
-class _Task:
-    verifier = InstructionsVerifier()
-
-
 def test_per_family_constraint_rates_of_a_three_problem_toy() -> None:
-    examples = [_Ex(p, p, json.dumps(spec)) for p, (spec, _) in _TOY.items()]
-    res = evaluate(_Engine(), _Tok(), _Task(), examples, max_new_tokens=1)
+    examples = [Example(p, p, json.dumps(spec)) for p, (spec, _) in _TOY.items()]
+    res = evaluate(_Engine(), _Tok(), StubTask(InstructionsVerifier()), examples, max_new_tokens=1)
     assert res.accuracy == pytest.approx(1 / 3)  # only c meets all its constraints
     # all_lowercase: a yes, b no -> 1/2; no_commas: a no, c yes -> 1/2; words_at_most: b, c -> 2/2; quoted: c -> 1/1
     assert res.constraint_rates == {"ifc/all_lowercase": 0.5, "ifc/no_commas": 0.5, "ifc/quoted": 1.0,

@@ -15,6 +15,7 @@ from posttrain.loop.validate import load_run_config
 from posttrain.rewards import Verdict
 from posttrain.rollout.types import Completion
 from posttrain.trajectory import Status
+from tests.loop._heldout_stubs import CodePointTokenizer, Example, StubTask
 
 
 def test_pass_at_k_hand_computed() -> None:
@@ -27,15 +28,7 @@ def test_pass_at_k_hand_computed() -> None:
         pass_at_k(2, 1, 3)
 
 
-@dataclasses.dataclass
-class _Ids:
-    input_ids: list[int]
-
-
-class _Tok:
-    def __call__(self, text: str) -> _Ids:
-        return _Ids([ord(ch) for ch in text])
-
+class _Tok(CodePointTokenizer):
     def decode(self, ids: list[int], skip_special_tokens: bool = True) -> str:
         return f"s{ids[0]}"
 
@@ -66,20 +59,12 @@ class _Verifier:
         return Verdict(Status.CORRECT if ok else Status.WRONG, {"task": float(ok)})
 
 
-@dataclasses.dataclass(frozen=True)
-class _Ex:
-    prompt_id: str
-    prompt: str
-    reference: Any
-
-
-class _Task:
-    verifier = _Verifier()
+TASK = StubTask(_Verifier())
 
 
 def test_evaluate_reports_pass_at_k_excluding_infra_errors() -> None:
-    examples = [_Ex("a", "a", (1, -1)), _Ex("b", "b", (0, -1)), _Ex("c", "c", (2, 3))]
-    res = evaluate(_Engine(), _Tok(), _Task(), examples, max_new_tokens=1, temperature=1.0, samples=4, k=2)
+    examples = [Example("a", "a", (1, -1)), Example("b", "b", (0, -1)), Example("c", "c", (2, 3))]
+    res = evaluate(_Engine(), _Tok(), TASK, examples, max_new_tokens=1, temperature=1.0, samples=4, k=2)
     assert res.per_prompt == ((4, 1), (4, 0), (3, 2))  # prompt c: sample 3 is an infra error, n = 3
     m = res.passk_metrics()
     # a: 1 - C(3,2)/C(4,2) = 0.5; b: 0; c: n - c = 1 < 2 -> 1.  Mean 0.5.
@@ -93,8 +78,8 @@ def test_evaluate_reports_pass_at_k_excluding_infra_errors() -> None:
 
 
 def test_prompt_with_fewer_valid_samples_than_k_is_skipped_and_counted() -> None:
-    examples = [_Ex("a", "a", (1, 0)), _Ex("b", "b", (2, -1))]  # a: sample 0 raises -> n=1 < k=2
-    m = evaluate(_Engine(), _Tok(), _Task(), examples, max_new_tokens=1, temperature=1.0, samples=2, k=2).passk_metrics()
+    examples = [Example("a", "a", (1, 0)), Example("b", "b", (2, -1))]  # a: sample 0 raises -> n=1 < k=2
+    m = evaluate(_Engine(), _Tok(), TASK, examples, max_new_tokens=1, temperature=1.0, samples=2, k=2).passk_metrics()
     assert m["heldout/pass@2_prompts_skipped"] == 1.0
     assert m["heldout/pass@2"] == 1.0  # b: both correct
     assert m["heldout/pass@1"] == pytest.approx((0.0 + 1.0) / 2)  # a: 0 of 1 valid; b: 2 of 2

@@ -22,19 +22,7 @@ from posttrain.rewards.scoring import ScoringSpec
 from posttrain.rollout.sampling import SamplingParams
 from posttrain.rollout.types import Completion, GenerationRequest
 from posttrain.trajectory import Status
-
-
-@dataclasses.dataclass
-class _Ids:
-    input_ids: list[int]
-
-
-class _Tok:
-    def __call__(self, text: str) -> _Ids:
-        return _Ids([ord(ch) for ch in text])
-
-    def decode(self, ids: list[int], skip_special_tokens: bool = True) -> str:
-        return "".join(chr(i) for i in ids)
+from tests.loop._heldout_stubs import CodePointTokenizer, Example, StubTask
 
 
 @dataclasses.dataclass(frozen=True)
@@ -49,15 +37,7 @@ class _Verifier:
         return Verdict(Status.CORRECT if ok else Status.WRONG, {"task": float(ok)})
 
 
-@dataclasses.dataclass(frozen=True)
-class _Ex:
-    prompt_id: str
-    prompt: str
-    reference: Any
-
-
-class _Task:
-    verifier = _Verifier()
+TASK = StubTask(_Verifier())
 
 
 def _result(reqs: list[GenerationRequest], dead: str) -> RolloutResult:
@@ -91,12 +71,12 @@ class _WorkerSet(_RaisingEngine):
         return _result(reqs, self.dead)
 
 
-EXAMPLES = [_Ex("a", "12", "12"), _Ex("b", "7", "7"), _Ex("c", "9", "x")]
+EXAMPLES = [Example("a", "12", "12"), Example("b", "7", "7"), Example("c", "9", "x")]
 
 
 @pytest.mark.parametrize("engine", [_RaisingEngine("-b"), _WorkerSet("-b")], ids=["generate_raises", "detailed"])
 def test_heldout_evaluation_turns_a_failed_request_into_infra_error_rows(engine: _RaisingEngine) -> None:
-    res = evaluate(engine, _Tok(), _Task(), EXAMPLES, max_new_tokens=4, temperature=1.0, samples=2, k=2,
+    res = evaluate(engine, CodePointTokenizer(), TASK, EXAMPLES, max_new_tokens=4, temperature=1.0, samples=2, k=2,
                    hidden_verifier=_Verifier())
     assert res.status_counts == {"correct": 2, "infra_error": 2, "wrong": 2}
     assert res.infra_errors == 2 and res.as_metrics()["heldout/infra_errors"] == 2.0
@@ -108,7 +88,7 @@ def test_heldout_evaluation_turns_a_failed_request_into_infra_error_rows(engine:
 
 def test_play_once_rows_of_a_failed_request_are_unrewarded_infra_error_trajectories() -> None:
     played = play_once(_RaisingEngine("r1"), EXAMPLES[:2], SamplingParams(temperature=0.0, max_new_tokens=4, n=1),
-                       request_ids=["r0", "r1"], renderer=_Renderer(), verifier=_Verifier(), tokenizer=_Tok())
+                       request_ids=["r0", "r1"], renderer=_Renderer(), verifier=_Verifier(), tokenizer=CodePointTokenizer())
     assert played.failed == [False, True] and played.rows == [0, 1] and played.request_ids == ["r0", "r1"]
     assert [v.status for v in played.verdicts] == [Status.CORRECT, Status.INFRA_ERROR]
     assert "rollout worker rollout-0 died" in played.verdicts[1].explanation
@@ -125,7 +105,7 @@ def test_play_once_still_refuses_an_engine_that_drops_samples() -> None:
 
     with pytest.raises(RuntimeError, match="engine returned 3 completions for 2 requests x 2 samples"):
         play_once(_Short(), EXAMPLES[:2], SamplingParams(temperature=1.0, max_new_tokens=4, n=2),
-                  request_ids=["r0", "r1"], renderer=_Renderer(), verifier=_Verifier(), tokenizer=_Tok())
+                  request_ids=["r0", "r1"], renderer=_Renderer(), verifier=_Verifier(), tokenizer=CodePointTokenizer())
 
 
 class _Renderer:

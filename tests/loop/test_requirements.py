@@ -22,6 +22,7 @@ from posttrain.rewards import Verdict
 from posttrain.rewards.scoring import ScoringSpec
 from posttrain.rollout.types import Completion
 from posttrain.trajectory import Reward, Status
+from tests.loop._heldout_stubs import CodePointTokenizer
 
 SMALL = ["model.path=builtin:micro", "task.name=chain_sum", "task.kwargs={terms: 2}", "sampling.prompts_per_step=2",
          "sampling.group_size=2", "sampling.max_new_tokens=2", "eval.size=4", "eval.every=100",
@@ -59,19 +60,6 @@ def test_good_combinations_load() -> None:
     load_run_config(None, ["credit.estimator=gae", "critic.enabled=true", "sampling.group_size=1"])
     load_run_config(None, ["credit.estimator=remax", "sampling.group_size=1"])  # ReMax needs no group
     load_run_config(None, ["credit.estimator=reinforce", "sampling.group_size=1"])
-
-
-@dataclasses.dataclass
-class _Ids:
-    input_ids: list[int]
-
-
-class _Tok:
-    def __call__(self, text: str) -> _Ids:
-        return _Ids([ord(ch) for ch in text])
-
-    def decode(self, ids: list[int], skip_special_tokens: bool = True) -> str:
-        return "".join(chr(i) for i in ids)
 
 
 class _Engine:
@@ -128,7 +116,7 @@ def test_greedy_baseline_and_remax_advantages_hand_computed() -> None:
     exs = {"p": TaskExample("p", "1+2=3", 3), "q": TaskExample("q", "2+2=5", 4), "z": TaskExample("z", "x", 1)}
     batch = _batch([("p", 1.0), ("p", 0.0), ("q", 1.0), ("z", 1.0)])
     eng = _Engine()
-    base, m = greedy_baseline(batch, exs, engine=eng, tokenizer=_Tok(), task=_Task(), spec=ScoringSpec({"task": 1.0}),
+    base, m = greedy_baseline(batch, exs, engine=eng, tokenizer=CodePointTokenizer(), task=_Task(), spec=ScoringSpec({"task": 1.0}),
                               max_new_tokens=1, step=3)
     assert eng.temperatures == [0.0, 0.0, 0.0]  # one greedy request per distinct prompt
     assert base.tolist() == [1.0, 1.0, 0.0, 1.0]  # z: no baseline -> its own reward (advantage 0)

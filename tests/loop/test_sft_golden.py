@@ -24,14 +24,8 @@ Regenerate (only from the code *before* a change that must not move these number
 
 from __future__ import annotations
 
-import contextlib
-import io
 import json
-import logging
 import math
-import os
-import re
-import signal
 import sys
 import tempfile
 from pathlib import Path
@@ -44,6 +38,13 @@ HERE = Path(__file__).resolve().parent
 GOLDEN_DIR = HERE / "golden"
 sys.path.insert(0, str(HERE.parent))
 sys.path.insert(0, str(HERE))
+from _golden_cli import (  # noqa: E402
+    capture_run,
+    check_catches_a_moved_loss_and_counter,
+    compare_checkpoints_and_metrics,
+    sigint_at_call,
+    train_lines,
+)
 from test_house_golden import VALUE_RTOL  # noqa: E402
 
 pytestmark = pytest.mark.timeout(300)
@@ -56,49 +57,16 @@ INTERRUPT_AT = 4
 EXACT_METRICS = ("step", "rows_seen", "rows", "tokens", "heldout/tokens", "optimizer_steps", "nonfinite_steps",
                  "zero_grad_steps")
 """Counters: equal on any CPU."""
-LOG_LINE = re.compile(r"(DEBUG|INFO|WARNING|ERROR|CRITICAL) ")
-
-
-def _mask(text: str, run_dir: Path) -> str:
-    return re.sub(r" in \d+ s;", " in N s;", text.replace(str(run_dir), "<RUN>"))
 
 
 def cli(run_dir: Path, overrides: list[str], interrupt_at: int | None = None) -> tuple[int, list[str]]:
     """``posttrain train sft run_dir=RUN_DIR OVERRIDES --no-progress`` in-process; ``(exit code, lines)``: the
-    ``posttrain`` log messages, then stdout's lines, then stderr's but logging's, masked. ``interrupt_at=k``: a
-    SIGINT as step ``k`` takes its rows (the ``k``-th call of the trainer's ``data_rows``)."""
+    ``posttrain`` log messages, then stdout's lines, then stderr's but logging's, masked
+    (:func:`_golden_cli.train_lines`). ``interrupt_at=k``: a SIGINT as step ``k`` takes its rows (the ``k``-th
+    call of the trainer's ``data_rows``)."""
     import posttrain.loop.sft_training as sft_training
-    from posttrain.cli import main
 
-    records: list[str] = []
-
-    class Keep(logging.Handler):
-        def emit(self, record: logging.LogRecord) -> None:
-            records.append(record.getMessage())
-
-    real, calls = sft_training.data_rows, [0]
-
-    def data_rows(n: int, batch_size: int, cursor: int, seed: int) -> list[int]:
-        calls[0] += 1
-        if calls[0] == interrupt_at:
-            os.kill(os.getpid(), signal.SIGINT)
-        return real(n, batch_size, cursor, seed)
-
-    handler, logger = Keep(level=logging.INFO), logging.getLogger("posttrain")
-    out, err = io.StringIO(), io.StringIO()
-    logger.addHandler(handler)
-    level = logger.level
-    logger.setLevel(logging.INFO)
-    sft_training.data_rows = data_rows  # type: ignore[assignment]
-    try:
-        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
-            rc = main(["train", "sft", f"run_dir={run_dir}", *overrides, "--no-progress"])
-    finally:
-        sft_training.data_rows = real  # type: ignore[assignment]
-        logger.removeHandler(handler)
-        logger.setLevel(level)
-    printed = [*out.getvalue().splitlines(), *(e for e in err.getvalue().splitlines() if not LOG_LINE.match(e))]
-    return rc, [_mask(line, run_dir) for line in [*records, *printed]]
+    return train_lines("sft", run_dir, overrides, sigint_at_call(sft_training, "data_rows", interrupt_at))
 
 
 def start_weights(case: str) -> dict[str, torch.Tensor]:
@@ -138,25 +106,9 @@ def weight_fingerprint(final: dict[str, torch.Tensor], start: dict[str, torch.Te
     return {"update_norm": total**0.5, "params": params}
 
 
-def capture(run_dir: Path) -> dict[str, Any]:
-    """What a finished run left on disk: ``metrics`` (each line but ``step_seconds``), ``files``,
-    ``checkpoints`` (``extra`` but ``wall_seconds``, learner-state keys)."""
-    metrics = [{k: v for k, v in json.loads(line).items() if k != "step_seconds"}
-               for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
-    files = sorted(str(p.relative_to(run_dir)) for p in run_dir.rglob("*") if p.is_file())
-    checkpoints = {}
-    for ck in sorted((run_dir / "checkpoints").glob("step_*")):
-        meta = json.loads((ck / "meta.json").read_text())
-        state = torch.load(ck / "learner_state.pt", weights_only=True)
-        checkpoints[ck.name] = {"step": meta["step"], "format": meta["format"],
-                                "extra": {k: v for k, v in meta["extra"].items() if k != "wall_seconds"},
-                                "learner_state": {k: sorted(v) for k, v in state.items()}}
-    return {"metrics": metrics, "files": files, "checkpoints": checkpoints}
-
-
 def run_case(case: str, tmp: Path) -> dict[str, Any]:
     """Case ``case`` straight in ``tmp/straight`` and interrupted-then-resumed in ``tmp/resumed``: both runs'
-    :func:`capture` and weight fingerprints, and the three commands' lines."""
+    :func:`_golden_cli.capture_run` and weight fingerprints, and the three commands' lines."""
     rc, straight = cli(tmp / "straight", CASES[case])
     assert rc == 0, f"{case}: posttrain train exited {rc}: {straight}"
     rc, stopped = cli(tmp / "resumed", CASES[case], interrupt_at=INTERRUPT_AT)
@@ -164,7 +116,7 @@ def run_case(case: str, tmp: Path) -> dict[str, Any]:
     rc, resumed = cli(tmp / "resumed", [*CASES[case], "resume=true"])
     assert rc == 0, f"{case}: the resumed posttrain train exited {rc}: {resumed}"
     start = start_weights(case)
-    return {"runs": {name: {**capture(tmp / name), "weights": weight_fingerprint(final_weights(tmp / name), start)}
+    return {"runs": {name: {**capture_run(tmp / name), "weights": weight_fingerprint(final_weights(tmp / name), start)}
                      for name in ("straight", "resumed")},
             "lines": {"straight": straight, "interrupted": stopped, "resumed": resumed}}
 
@@ -174,24 +126,9 @@ def _close(a: float, b: float) -> bool:
 
 
 def compare_run(new: dict[str, Any], old: dict[str, Any]) -> None:
-    """One run's :func:`capture` + fingerprint against the golden's (module docstring)."""
+    """One run's :func:`_golden_cli.capture_run` + fingerprint against the golden's (module docstring)."""
     assert new["files"] == old["files"], f"files: {sorted(set(new['files']) ^ set(old['files']))}"
-    assert sorted(new["checkpoints"]) == sorted(old["checkpoints"])
-    for name, g in old["checkpoints"].items():
-        c = new["checkpoints"][name]
-        for k in ("step", "format", "learner_state"):
-            assert c[k] == g[k], f"{name}: {k} {c[k]} != {g[k]}"
-        assert sorted(c["extra"]) == sorted(g["extra"]), f"{name}: extra keys {sorted(c['extra'])}"
-        assert (c["extra"]["trainer"], c["extra"]["cursor"]) == (g["extra"]["trainer"], g["extra"]["cursor"]), name
-        assert [s for s, _ in c["extra"]["curve"]] == [s for s, _ in g["extra"]["curve"]], f"{name}: curve steps"
-        assert all(_close(v, w) for (_, v), (_, w) in zip(c["extra"]["curve"], g["extra"]["curve"], strict=True)), (
-            f"{name}: curve {c['extra']['curve']} != {g['extra']['curve']}")
-    assert len(new["metrics"]) == len(old["metrics"]), f"{len(new['metrics'])} lines, golden {len(old['metrics'])}"
-    for m, g in zip(new["metrics"], old["metrics"], strict=True):
-        assert sorted(m) == sorted(g), f"step {g['step']}: metrics {sorted(set(m) ^ set(g))} added or lost"
-        moved = [(k, m[k], v) for k, v in g.items()
-                 if (m[k] != v if k in EXACT_METRICS or v is None else not _close(m[k], v))]
-        assert not moved, f"step {g['step']}: {len(moved)} metrics moved, e.g. {moved[:6]}"
+    compare_checkpoints_and_metrics(new, old, EXACT_METRICS, _close)
     w, ref = new["weights"], old["weights"]
     tol = VALUE_RTOL * ref["update_norm"]
     assert sorted(w["params"]) == sorted(ref["params"])
@@ -217,16 +154,7 @@ def test_the_comparison_catches_a_moved_loss_a_counter_and_another_update() -> N
     """Not vacuous: a loss moved by 0.2%, a cursor off by one or one parameter's update moved by a tenth of the
     whole update's norm fails the comparison against the golden it was copied from."""
     golden = json.loads((GOLDEN_DIR / "sft_packed.json").read_text())["runs"]["straight"]
-    compare_run(golden, golden)
-    off = json.loads(json.dumps(golden))
-    line = next(m for m in off["metrics"] if "loss" in m)
-    line["loss"] = line["loss"] * 1.002 + 2e-3
-    with pytest.raises(AssertionError, match="metrics moved"):
-        compare_run(off, golden)
-    off = json.loads(json.dumps(golden))
-    next(m for m in off["metrics"] if "rows_seen" in m)["rows_seen"] += 1
-    with pytest.raises(AssertionError, match="metrics moved"):
-        compare_run(off, golden)
+    check_catches_a_moved_loss_and_counter(compare_run, golden, "rows_seen")
     off = json.loads(json.dumps(golden))
     name = "model.layers.0.self_attn.q_proj.weight"
     off["weights"]["params"][name][2] += 0.1 * golden["weights"]["update_norm"]
