@@ -93,9 +93,14 @@ def check_behavior_vs_old(batch: TrajectoryBatch, old: torch.Tensor, cfg: RunCon
     lk = (batch.behavior_logprob - old).abs()[mask]
     p99 = float(torch.quantile(lk, 0.99)) if lk.numel() else 0.0
     thr = cfg.guards.max_abs_log_kappa
-    return ("behavior_vs_old", float(lk.max()) < thr,
+    ok = float(lk.max()) < thr
+    hint = ""
+    if not ok and cfg.correction.name is None:  # a real mismatch the loss does not correct
+        hint = ("; the loss treats these samples as on-policy: set correction.name (tis, icepop, mis; "
+                "docs/rollout.md) and guards.max_abs_log_kappa to the mismatch you accept")
+    return ("behavior_vs_old", ok,
             f"|log k| mean {float(lk.mean()):.2e}, p99 {p99:.2e}, max {float(lk.max()):.2e} (limit {thr:g}, "
-            f"rollout.precision={cfg.rollout.precision})")
+            f"rollout.precision={cfg.rollout.precision}, correction.name={cfg.correction.name}){hint}")
 
 
 def check_save_resume(cfg: RunConfig, learner: PolicyLearner, tok: PreTrainedTokenizerBase, batch: TrajectoryBatch,

@@ -137,3 +137,9 @@ def test_posttrain_check_reports_the_mismatch_of_the_recipes_precision() -> None
     ok16, d16 = rows["bf16"]["behavior_vs_old"]
     assert ok32 is True and "rollout.precision=auto" in d32
     assert ok16 is False and "rollout.precision=bf16" in d16, d16
+    assert "set correction.name" in d16 and "set correction.name" not in d32  # the fix is named where it is needed
+    over = ["model.path=builtin:tiny", "rollout.precision=bf16", "guards.max_abs_log_kappa=1e-3", "correction.name=tis"]
+    data, source = read_recipe("grpo", over)
+    rows_tis = {n: (ok, d) for n, ok, d in run_checks(parse_config(data, source, over), 4)}
+    ok_tis, d_tis = rows_tis["behavior_vs_old"]
+    assert ok_tis is False and "correction.name=tis" in d_tis and "set correction.name" not in d_tis
