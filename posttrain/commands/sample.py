@@ -1,13 +1,14 @@
 """``posttrain sample RECIPE [key=value ...] --k K --prompts N --keep-per-prompt M --out DIR``: rejection sampling
 for expert iteration (STaR, Zelikman et al. 2022; RFT, Yuan et al. 2023).
 
-The RL recipe's policy samples ``K`` answers to each of ``N`` of its training prompts, the run's verifier judges
+The RL recipe's policy samples ``K`` answers to each of ``N`` of its training prompts with the recipe's engine
+(``rollout.engine``: builtin in process, or a vLLM server whose files go under ``DIR``), the run's verifier judges
 them, and the correct ones (at most ``M`` per prompt, distinct first) become ``DIR/sft.jsonl`` for
 ``posttrain train sft sft.data=DIR/sft.jsonl``; every sample and its verdict goes to ``DIR/ledger/``, the counts
 to ``DIR/summary.json`` (:mod:`posttrain.loop.rejection_sampling`). An existing non-empty ``DIR`` is refused
 unless ``--resume`` (go on with the pass in it: the steps in its ledger are read back, not sampled again; the same
-recipe, overrides, ``--k`` and ``--keep-per-prompt``; ``--prompts`` may grow) or ``--force`` (start over). Ctrl-C
-ends with exit code 130 and one line naming the command that continues the pass.
+recipe, overrides, engine, ``--k`` and ``--keep-per-prompt``; ``--prompts`` may grow) or ``--force`` (start over).
+Ctrl-C stops the engine and ends with exit code 130 and one line naming the command that continues the pass.
 """
 
 from __future__ import annotations
@@ -69,7 +70,8 @@ def run(args: argparse.Namespace) -> int:
     if args.force and out.is_dir():
         import shutil
 
-        for old in ("ledger", "sft.jsonl", "summary.json", "request.json"):  # an earlier pass's files; nothing else
+        # an earlier pass's files (its engine's too); nothing else
+        for old in ("ledger", "sft.jsonl", "summary.json", "request.json", "engine_model", "engine_server.log"):
             p = out / old
             if p.is_dir():
                 shutil.rmtree(p)

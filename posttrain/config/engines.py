@@ -11,7 +11,7 @@ its own module is read from its entry:
 - ``section``: the name of its own ``rollout.<section>`` key (``rollout.vllm``), or None; the dead-settings
   rules (:data:`posttrain.config.dead_settings.RULES`) refuse that section under any other engine;
 - ``has_precision_axis`` / ``computes_in``: whether ``rollout.precision`` applies to it, and where its compute
-  dtype is set instead (the refusal names it); held-out evaluation, ``posttrain check`` and rejection sampling
+  dtype is set instead (the refusal names it); held-out evaluation and ``posttrain check``
   sample with the in-process built-in engine at ``rollout.precision`` only for such an engine;
 - ``runs_as_server_option`` / ``no_server_why``: whether ``rollout.process: server`` applies to it, and why
   not;

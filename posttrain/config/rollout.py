@@ -113,7 +113,7 @@ class RolloutConfig(Section):
 
     def builtin_precision(self) -> Literal["auto", "fp32", "bf16"]:
         """The precision at which the in-process built-in engine samples as this section's engine did (held-out
-        evaluation, ``posttrain check``, rejection sampling): ``rollout.precision`` for an engine it applies to
+        evaluation, ``posttrain check``): ``rollout.precision`` for an engine it applies to
         (:attr:`~posttrain.config.engines.EngineEntry.has_precision_axis`), else ``auto`` (the model's dtype;
         the others sample at their own)."""
         return self.precision if engine_entry(self.engine).has_precision_axis else "auto"

@@ -8,11 +8,19 @@ Large Language Models", RFT: k samples per problem, the correct ones kept, disti
 kept samples are then trained on with ``trainer: sft`` and RL starts from that checkpoint.
 
 Nothing here samples or judges on its own: the prompts are the RL run's (``task.examples("train", n, seed)`` at
-the run's data cursor, :meth:`posttrain.loop.run.Run.next_prompts`), rendered by the run's renderer and sampled
-and judged by :func:`~posttrain.loop.single_turn.play_once` (the path of held-out evaluation and ``posttrain
-check``) under the run's guarded verification (``reward.workers`` / ``timeout_s`` / ``retries``, learned reward
-components); only the number of samples per prompt is ``k`` instead of ``sampling.group_size``. A verifier
-failure is an ``infra_error`` verdict: counted apart, never a failure, never kept.
+the run's data cursor, :meth:`posttrain.loop.run.Run.next_prompts`), rendered by the run's renderer, sampled by
+the recipe's engine and judged by :func:`~posttrain.loop.single_turn.play_once` (the path of held-out evaluation
+and ``posttrain check``) under the run's guarded verification (``reward.workers`` / ``timeout_s`` / ``retries``,
+learned reward components); only the number of samples per prompt is ``k`` instead of ``sampling.group_size``. A
+verifier failure is an ``infra_error`` verdict: counted apart, never a failure, never kept.
+
+**Engine**: ``rollout.engine`` through the engine registry (:data:`posttrain.config.engines.ENGINES`), built as
+the RL run's local backend builds it (:func:`posttrain.loop.builders.build_engine` with the output directory as
+its work directory): ``builtin`` in this process over a copy of the weights at ``rollout.precision``; ``vllm``
+a vLLM server on the policy exported to ``engine_model/`` (removed when the pass ends), its log
+``engine_server.log``; ``http`` the running server of ``rollout.http``; ``builtin`` with ``rollout.process:
+server`` its own process. It is started only when a step is left to sample, and closed when the pass ends,
+fails or is interrupted. Prompts must fit the engine's context (``rollout.vllm.max_model_len`` caps vLLM's).
 
 Output directory::
 
@@ -20,7 +28,8 @@ Output directory::
     ledger/metrics/step_000001.parquet        per-step counts (samples, kept, status/<name>)
     sft.jsonl                                 {"prompt", "completion", "source": traj_id} per kept sample
     summary.json                              prompts, samples, kept, per-status counts, pass rate, the command
-    request.json                              the resolved recipe and k / prompts / keep_per_prompt of the pass
+    request.json                              the resolved recipe, its engine and k / prompts / keep_per_prompt
+    engine_server.log                         the engine server's log (an engine with a server process)
 
 A step of the ledger is one draw of ``sampling.prompts_per_step`` prompts (the last may be smaller), as an RL
 step draws them. ``sft.jsonl`` and ``summary.json`` are written once every step is in the ledger, so a directory
@@ -33,11 +42,13 @@ run's later steps are, :meth:`~posttrain.trajectory.Ledger.discard_after`). The 
 ledger, not sampled again: their kept rows, verdict counts and the texts already kept per prompt (the cap and
 the distinctness of :func:`select_kept` run across steps as in one pass). Each step's sampling seed is its own
 (``seed * 1_000_003 + step * 101``), so a resumed pass writes what an uninterrupted one writes (the builtin
-engine's samples, within float rounding of the thread count). Refused in one line: a directory without
-``request.json`` that holds a ledger, another recipe (:func:`~posttrain.loop.run_dir.recipe_diff` of the
-resolved configs: ``steps``, ``run_dir`` and the placement-only keys may differ), another ``k`` or
-``keep_per_prompt``, or a ``prompts`` that redraws a step already sampled (more prompts are fine: the pass is
-extended, provided its last step was full).
+engine's samples, within float rounding of the thread count; vLLM's as far as its seeded sampling repeats).
+Refused in one line: a directory without ``request.json`` that holds a ledger, another engine
+(``rollout.engine``; a ``request.json`` without ``engine`` was sampled by the builtin engine, whatever its
+recipe said), another recipe (:func:`~posttrain.loop.run_dir.recipe_diff` of the resolved configs: ``steps``,
+``run_dir`` and the placement-only keys may differ, ``rollout.process`` among them: the builtin engine's samples
+are the same in either process), another ``k`` or ``keep_per_prompt``, or a ``prompts`` that redraws a step
+already sampled (more prompts are fine: the pass is extended, provided its last step was full).
 """
 
 from __future__ import annotations
@@ -45,6 +56,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import shutil
 import time
 from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
@@ -69,7 +81,11 @@ PROMPT_SEED_STRIDE = 7_919
 """The run's prompt seed is ``seed * PROMPT_SEED_STRIDE + cursor`` (:meth:`posttrain.loop.run.Run.next_prompts`)."""
 
 REQUEST_FILE = "request.json"
-"""What a pass was asked (the resolved recipe and the counts): a resume checks it is asked the same."""
+"""What a pass was asked (the resolved recipe, its engine and the counts): a resume checks it is asked the same."""
+
+LEGACY_ENGINE = "builtin"
+"""The engine that sampled a pass whose ``request.json`` names none (every pass before ``posttrain sample`` sampled
+with ``rollout.engine``: the builtin engine in process)."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -79,7 +95,8 @@ class SampleSummary:
     ``pass_rate = correct / (samples - infra_error)``: the share of judged samples that are correct (an
     infra error says nothing about the policy); ``kept <= correct`` (``keep_per_prompt`` caps each prompt,
     and a correct sample whose text is blank cannot be an SFT row: ``blank_correct``). ``wall_s`` is the last
-    invocation's; ``resumed_after_step``: the ledger steps it read back instead of sampling (0: none)."""
+    invocation's; ``resumed_after_step``: the ledger steps it read back instead of sampling (0: none);
+    ``engine``: the ``rollout.engine`` that sampled the pass."""
 
     prompts: int
     samples: int
@@ -93,6 +110,7 @@ class SampleSummary:
     wall_s: float
     command: str
     resumed_after_step: int = 0
+    engine: str = LEGACY_ENGINE
 
     def as_json(self) -> dict[str, Any]:
         """The summary as a JSON object (``summary.json``)."""
@@ -181,18 +199,34 @@ def step_plan(prompts: int, prompts_per_step: int) -> list[tuple[int, int]]:
 
 
 def sample_request(cfg: RunConfig, *, k: int, prompts: int, keep_per_prompt: int) -> dict[str, Any]:
-    """What a pass is asked, as ``request.json`` holds it: ``{"config": the resolved recipe (JSON), "k",
-    "prompts", "keep_per_prompt"}`` (the config through a JSON round trip, so it compares equal to a read one)."""
+    """What a pass is asked, as ``request.json`` holds it: ``{"config": the resolved recipe (JSON), "engine":
+    cfg.rollout.engine (the engine that samples it), "k", "prompts", "keep_per_prompt"}`` (the config through a
+    JSON round trip, so it compares equal to a read one)."""
     config = json.loads(json.dumps(cfg.model_dump(mode="json")))
-    return {"config": config, "k": k, "prompts": prompts, "keep_per_prompt": keep_per_prompt}
+    return {"config": config, "engine": cfg.rollout.engine, "k": k, "prompts": prompts,
+            "keep_per_prompt": keep_per_prompt}
+
+
+def _check_engine(out: Path, old: Mapping[str, Any], request: Mapping[str, Any]) -> None:
+    """``ValueError`` (one line naming ``rollout.engine``) when the pass in ``out`` (its ``request.json``:
+    ``old``) was sampled by another engine than ``request`` samples with: one pass's samples come from one
+    engine. A ``request.json`` without ``engine`` was sampled by :data:`LEGACY_ENGINE`."""
+    had, now = old.get("engine"), request["engine"]
+    if had is None and now != LEGACY_ENGINE:
+        raise ValueError(f"--out {out} was sampled by the {LEGACY_ENGINE} engine (its {REQUEST_FILE} names no "
+                         f"engine), this command samples with rollout.engine={now}; pass --force to start over")
+    if had is not None and had != now:
+        raise ValueError(f"--out {out} was sampled with rollout.engine={had}, this command has rollout.engine={now}; "
+                         f"resume with rollout.engine={had}, or pass --force to start over")
 
 
 def resume_point(out: Path, request: Mapping[str, Any], plan: Sequence[tuple[int, int]]) -> int:
     """How many ledger steps of the pass in ``out`` a resume asked ``request`` (:func:`sample_request`, with
     steps ``plan``: :func:`step_plan`) reads back: the longest run ``1..d`` of steps with a metrics file. 0 for a
     directory without a ledger or ``request.json``. ``ValueError`` (one line naming ``out``, the key and both
-    values) when a ledger has no ``request.json``, the recipe differs (:func:`~posttrain.loop.run_dir.recipe_diff`),
-    ``k`` or ``keep_per_prompt`` differ, or ``plan`` draws another number of prompts at a step already sampled."""
+    values) when a ledger has no ``request.json``, the engine differs (:func:`_check_engine`), the recipe differs
+    (:func:`~posttrain.loop.run_dir.recipe_diff`), ``k`` or ``keep_per_prompt`` differ, or ``plan`` draws another
+    number of prompts at a step already sampled."""
     from posttrain.loop.run_dir import recipe_diff
 
     ledger = Ledger(out / "ledger")
@@ -208,6 +242,7 @@ def resume_point(out: Path, request: Mapping[str, Any], plan: Sequence[tuple[int
             raise ValueError("not a JSON object")
     except (OSError, ValueError) as e:
         raise ValueError(f"{path}: unreadable ({e}); pass --force to start over") from None
+    _check_engine(out, old, request)
     for key, flag in (("k", "--k"), ("keep_per_prompt", "--keep-per-prompt")):
         if old.get(key) != request[key]:
             raise ValueError(f"--out {out} was sampled with {flag} {old.get(key)}, this command has {flag} "
@@ -287,10 +322,12 @@ def rejection_sample(cfg: RunConfig, out: Path, *, k: int, prompts: int, keep_pe
     """Sample ``k`` completions for each of ``prompts`` training prompts of run config ``cfg`` (a single-turn RL
     recipe), judge them with the run's verifier, keep the correct ones (:func:`select_kept`) and write ``out``
     (module docstring). ``resume``: go on with the pass already in ``out`` (module docstring, "Resume";
-    :func:`resume_point`). ``progress(step, steps, counts)`` after each ledger step (and once after the steps read
-    back). ``ValueError`` (one line) for a recipe that samples no task, an ``env.name`` (multi-turn) recipe, a
-    prompt that does not fit the model, a training prompt found in a held-out set (:func:`refuse_heldout`), or a
-    resume :func:`resume_point` refuses."""
+    :func:`resume_point`). The recipe's engine (module docstring, "Engine") samples, started only when a step is
+    left and closed at the end, on an error and on ``KeyboardInterrupt``. ``progress(step, steps, counts)`` after
+    each ledger step (and once after the steps read back). ``ValueError`` (one line) for a recipe that samples
+    no task, an ``env.name`` (multi-turn) recipe, a prompt that does not fit the engine's context, an engine that
+    cannot serve the model, a training prompt found in a held-out set (:func:`refuse_heldout`), or a resume
+    :func:`resume_point` refuses."""
     check_sample_request(cfg, k=k, prompts=prompts, keep_per_prompt=keep_per_prompt)
     t0 = time.perf_counter()
     plan = step_plan(prompts, cfg.sampling.prompts_per_step)
@@ -298,16 +335,18 @@ def rejection_sample(cfg: RunConfig, out: Path, *, k: int, prompts: int, keep_pe
     done = _open_out(out, request, plan, resume)
     sampler = _PassSampler.build(cfg)
     ledger = Ledger(out / "ledger")
-    tally = _read_back(out, cfg, sampler.task, plan, done, k)
-    if done and progress is not None:
-        progress(done, len(plan), tally.progress())
     try:
+        tally = _read_back(out, cfg, sampler.task, plan, done, k)
+        if done and progress is not None:
+            progress(done, len(plan), tally.progress())
+        if done < len(plan):
+            sampler.start_engine(out)
         for step in range(done + 1, len(plan) + 1):
             sampler.sample_step(ledger, step, plan[step - 1], k=k, keep_per_prompt=keep_per_prompt, tally=tally)
             if progress is not None:
                 progress(step, len(plan), tally.progress())
     finally:
-        sampler.pool.close()
+        sampler.close()
     statuses = tally.statuses
     judged = tally.samples - statuses[Status.INFRA_ERROR.value]
     summary = SampleSummary(
@@ -315,7 +354,8 @@ def rejection_sample(cfg: RunConfig, out: Path, *, k: int, prompts: int, keep_pe
         statuses={x.value: statuses.get(x.value, 0) for x in Status},
         pass_rate=statuses[Status.CORRECT.value] / judged if judged else None,
         prompts_with_kept=len(tally.kept_texts), blank_correct=tally.blank, k=k, keep_per_prompt=keep_per_prompt,
-        wall_s=round(time.perf_counter() - t0, 3), command=command, resumed_after_step=done)
+        wall_s=round(time.perf_counter() - t0, 3), command=command, resumed_after_step=done,
+        engine=cfg.rollout.engine)
     _write_atomic(out / "sft.jsonl", "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in tally.rows))
     _write_atomic(out / "summary.json", json.dumps(summary.as_json(), indent=2) + "\n")
     return summary
@@ -354,7 +394,8 @@ def _open_out(out: Path, request: Mapping[str, Any], plan: Sequence[tuple[int, i
 
 @dataclasses.dataclass
 class _PassSampler:
-    """What a pass samples and judges with, built once from the recipe (:meth:`build`)."""
+    """What a pass samples and judges with, built once from the recipe (:meth:`build`); its engine started by
+    :meth:`start_engine`, everything it started stopped by :meth:`close`."""
 
     cfg: RunConfig
     tok: Any  # build_model's tokenizer (typed as it returns it)
@@ -362,49 +403,74 @@ class _PassSampler:
     task: Task
     renderer: PromptRenderer
     heldout: dict[str, tuple[set[str], set[str]]]  # heldout_problems
-    engine: RolloutEngine
-    pool: VerifierPool  # closed by the pass
+    pool: VerifierPool  # closed by close()
     verify: VerifyBatch
     spec: ScoringSpec
+    engine: RolloutEngine | None = None  # start_engine; closed by close()
+    workdir: Path | None = None  # the engine's work directory (its model export is removed by close())
 
     @classmethod
     def build(cls, cfg: RunConfig) -> _PassSampler:
-        """Seed torch with ``cfg.seed``, then build the run's model, task, renderer and held-out sets, the builtin
-        engine in this process computing as the run's builtin engine does (as ``posttrain eval``), and the
-        run's guarded verification (``reward.workers`` / ``timeout_s`` / ``retries``, learned components)."""
+        """Seed torch with ``cfg.seed``, then build the run's model, task, renderer and held-out sets and the
+        run's guarded verification (``reward.workers`` / ``timeout_s`` / ``retries``, learned components); no
+        engine yet (:meth:`start_engine`)."""
         import torch
 
-        from posttrain.loop.builders import build_engine, build_model, build_renderer, build_task
+        from posttrain.loop.builders import build_model, build_renderer, build_task
         from posttrain.rewards import VerifierPool
         from posttrain.rewards.learned import build_learned_rewards
         from posttrain.rewards.scoring import ScoringSpec
-        from posttrain.rollout.precision import engine_copy
 
         torch.manual_seed(cfg.seed)
         tok, model = build_model(cfg)
         task = build_task(cfg)
         renderer = build_renderer(cfg, tok)
         heldout = heldout_problems(cfg, task)
-        engine = build_engine(engine_copy(model, cfg.rollout.builtin_precision()), tok)
         pool = VerifierPool(workers=cfg.reward.workers, timeout_s=cfg.reward.timeout_s, retries=cfg.reward.retries)
         verify = build_learned_rewards(cfg.reward, pool.verify_batch)
-        return cls(cfg, tok, model, task, renderer, heldout, engine, pool, verify, ScoringSpec.of(cfg.reward))
+        return cls(cfg, tok, model, task, renderer, heldout, pool, verify, ScoringSpec.of(cfg.reward))
+
+    def start_engine(self, workdir: Path) -> None:
+        """Start the recipe's engine on the policy: :func:`~posttrain.loop.builders.build_engine` with the run
+        config, as the RL run's local backend starts it (module docstring, "Engine"): ``builtin`` in this process
+        a :class:`~posttrain.rollout.builtin.BuiltinEngine` over a copy of the weights at ``rollout.precision``,
+        any other entry of the engine registry from its factory with ``workdir`` for its files (``engine_model/``,
+        ``engine_server.log``), probed with one 1-token request (one-line ``ValueError`` naming the key)."""
+        from posttrain.loop.builders import build_engine
+
+        self.workdir = workdir
+        self.engine = build_engine(self.model, self.tok, self.cfg, workdir)
+
+    def close(self) -> None:
+        """Stop what the pass started, each step even when one before it fails: the engine (``close()``, where it
+        has one: a server process), its model export ``workdir/engine_model``, then the verifier pool."""
+        try:
+            close = getattr(self.engine, "close", None)
+            if close is not None:
+                close()
+        finally:
+            if self.workdir is not None:
+                shutil.rmtree(self.workdir / "engine_model", ignore_errors=True)
+            self.pool.close()
 
     def sample_step(self, ledger: Ledger, step: int, cursor_n: tuple[int, int], *, k: int, keep_per_prompt: int,
                     tally: _Tally) -> None:
         """Ledger step ``step``: ``n`` prompts at data cursor ``cursor`` (:func:`train_prompts`; refused when
-        held-out or too long for the model), ``k`` samples each with seed ``seed * 1_000_003 + step * 101``
-        played and judged by :func:`play_once`, kept by :func:`select_kept`, counted into ``tally``, written to
-        ``ledger`` (trajectories, then metrics)."""
+        held-out or too long for the engine's context), ``k`` samples each by the started engine with seed
+        ``seed * 1_000_003 + step * 101`` played and judged by :func:`play_once`, kept by :func:`select_kept`,
+        counted into ``tally``, written to ``ledger`` (trajectories, then metrics)."""
         from posttrain.envs.task import check_prompts
+        from posttrain.loop.episode_rollout import engine_context
         from posttrain.rollout.sampling import SamplingParams
 
         cfg, s, task, renderer = self.cfg, self.cfg.sampling, self.task, self.renderer
         cursor, n = cursor_n
+        if self.engine is None:
+            raise RuntimeError("sample_step before start_engine")
         exs = train_prompts(cfg, task, n, cursor)
         refuse_heldout(exs, self.heldout, cfg.task.name)
-        check_prompts(exs, self.tok, max_context=getattr(self.model.config, "max_position_embeddings", None),
-                      max_new_tokens=s.max_new_tokens, renderer=renderer)
+        check_prompts(exs, self.tok, max_context=engine_context(cfg, self.model), max_new_tokens=s.max_new_tokens,
+                      renderer=renderer)
         params = SamplingParams(temperature=s.temperature, top_p=s.top_p, top_k=s.top_k,
                                 max_new_tokens=s.max_new_tokens, n=k, seed=cfg.seed * 1_000_003 + step * 101)
         played = play_once(self.engine, exs, params, request_ids=[f"s{step}p{i}" for i in range(len(exs))],
