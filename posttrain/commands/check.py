@@ -97,6 +97,10 @@ def run_rl_checks(cfg: RunConfig, prompts: int = 4) -> list[CheckResult]:
     from posttrain.loop.targets import build_targets
     from posttrain.trajectory import collate
 
+    rows, per, mbs = prompts * cfg.sampling.group_size, cfg.sampling.group_size, cfg.optim.num_minibatches
+    if rows < mbs:  # refused before the model loads, naming the flag that fixes it
+        raise ValueError(f"check: --prompts {prompts} x sampling.group_size {per} = {rows} rows, fewer than "
+                         f"optim.num_minibatches={mbs}; pass --prompts {-(-mbs // per)} or more")
     torch.manual_seed(cfg.seed)
     tok, model = build_model(cfg)
     task = build_task(cfg)

@@ -43,3 +43,14 @@ def test_checks_run_on_multi_turn_episodes_with_observations_between_turns():
     assert [n for n, _, _ in results] == ["ratio_is_one", "mask_invariance", "behavior_vs_old", "microbatch_split",
                                           "save_resume"]
     assert all(ok for _, ok, _ in results), results
+
+
+def test_too_few_prompts_for_the_minibatches_is_one_line_naming_the_flag():
+    """`posttrain check ppo --prompts 2` (group size 1, 4 mini-batches) failed deep in the learner's schedule with
+    'num_minibatches must be in [1, 2]'; too few rows are refused before the model loads, naming --prompts."""
+    import pytest
+
+    cfg = load_run_config("grpo", [*TINY, "sampling.group_size=3", "optim.num_minibatches=8"])
+    with pytest.raises(ValueError, match=r"^check: --prompts 2 x sampling.group_size 3 = 6 rows, fewer than "
+                       r"optim.num_minibatches=8; pass --prompts 3 or more$"):
+        run_checks(cfg, prompts=2)
