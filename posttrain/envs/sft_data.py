@@ -164,7 +164,11 @@ def load_sft_rows(path: str | Path) -> list[SFTRow]:
     rows is a :class:`~posttrain.errors.UserError` naming the file (and the row)."""
     p = resolve_shipped_path(path)
     if not p.is_file():
-        raise UserError(f"{p}: no such SFT data file")
+        hint = ""
+        if p.name == "sft.jsonl" and not (p.parent / "request.json").is_file():  # a `posttrain sample` output to be
+            hint = (f" (`posttrain sample RECIPE --out {p.parent}` writes it: run that stage first, "
+                     "docs/expert_iteration.md)")
+        raise UserError(f"{p}: no such SFT data file{hint}")
     readers = {".jsonl": iter_jsonl, ".parquet": iter_parquet}
     if p.suffix not in readers:
         raise UserError(f"{p}: unknown SFT data file suffix {p.suffix!r}; valid: .jsonl, .parquet")

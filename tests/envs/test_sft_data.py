@@ -135,8 +135,12 @@ def test_files_jsonl_and_parquet(tmp_path: Path) -> None:
     p.write_text(json.dumps(TWO_TURNS) + "\n" + json.dumps({"messages": [{"role": "user", "content": "x"}]}) + "\n")
     with pytest.raises(UserError, match=rf"^{p}: row 1: field 'messages' has no assistant turn"):
         load_sft_rows(p)
-    with pytest.raises(UserError, match="no such SFT data file"):
+    with pytest.raises(UserError, match=r"no such SFT data file$"):
         load_sft_rows(tmp_path / "none.jsonl")
+    # a pipeline's stage-1 output not written yet names the command that writes it
+    with pytest.raises(UserError, match=rf"^{tmp_path}/ei/sft.jsonl: no such SFT data file \(`posttrain sample RECIPE "
+                       rf"--out {tmp_path}/ei` writes it: run that stage first, docs/expert_iteration.md\)$"):
+        load_sft_rows(tmp_path / "ei" / "sft.jsonl")
     (tmp_path / "d.csv").write_text("x")
     with pytest.raises(UserError, match="unknown SFT data file suffix '.csv'"):
         load_sft_rows(tmp_path / "d.csv")
