@@ -22,3 +22,14 @@ def pytest_report_header(config) -> str:  # noqa: ANN001 - pytest hook signature
     import torch
 
     return f"torch {torch.__version__}: {torch.get_num_threads()} intra-op threads, CPU ISA {_isa()}"
+
+
+def pytest_configure(config) -> None:  # noqa: ANN001 - pytest hook signature
+    """Ctrl-C as a terminal delivers it, whatever the runner: a runner started in the background of a
+    non-interactive shell (``nohup ... &``) inherits SIGINT ignored, and then neither this process nor the
+    ``posttrain train`` children the interrupt tests start would see one (posttrain installs no handler for an
+    ignored SIGINT: posttrain/loop/interrupt.py). Python's own handler is restored so those tests test Ctrl-C."""
+    import signal
+
+    if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
