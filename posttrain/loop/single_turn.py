@@ -113,12 +113,27 @@ class _Verifying:
     verifier: Verifier
 
 
+def request_params(params: SamplingParams, index: int) -> SamplingParams:
+    """The sampling parameters of request ``index`` of a :func:`play_once` call: seed ``params.seed + index``
+    (``None`` stays ``None``: the engine draws one).
+
+    An engine's random stream is a function of (seed, sample index, token index)
+    (:func:`~posttrain.rollout.sampling.uniforms`), so requests that shared one seed would draw the same
+    uniforms at every position: their samples would be correlated across prompts (the same held-out
+    problems all lucky or all unlucky together), which narrows the bootstrap intervals of sampled
+    accuracy and the diversity of rejection-sampled data. The RL player offsets by group the same way
+    (:meth:`SingleTurn.start`).
+    """
+    return params if params.seed is None else dataclasses.replace(params, seed=params.seed + index)
+
+
 def play_once(engine: Sampler, examples: Sequence[TaskExample], params: SamplingParams, *, request_ids: Sequence[str],
               renderer: Renderer, verifier: Verifier, tokenizer: Decoder, verify_batch: VerifyBatch | None = None
               ) -> Played:
     """One request of ``params.n`` samples per example (``request_ids[i]`` names example ``i``'s), played
     to the end under the engine's current weights by the single-turn player and judged in one
-    verification batch (see the module docstring).
+    verification batch (see the module docstring). Request ``i`` samples with seed ``params.seed + i``
+    (:func:`request_params`), so no two requests of a call share a random stream.
 
     Completions come back in request order, each request's by sample index, whatever order the
     engine returns them in (an engine may reorder), so ``rows`` maps each to its example.
@@ -129,8 +144,8 @@ def play_once(engine: Sampler, examples: Sequence[TaskExample], params: Sampling
     player = SingleTurn(_Engine(engine), renderer=renderer, task=_Verifying(verifier), tokenizer=tokenizer,
                         spec=ScoringSpec(weights={}), params=params, seed=0, verify_batch=verify_batch)
     groups: list[Group[_Sample]] = [Group(rid, ex, 0, []) for rid, ex in zip(request_ids, examples, strict=True)]
-    for g in groups:
-        g.members = player.request(g, params)
+    for i, g in enumerate(groups):
+        g.members = player.request(g, request_params(params, i))
     fresh = [s for g in groups for s in g.members]
     adv = player.advance([], fresh, None, 0)
     if len(adv.members) != len(fresh) or any(s.completion is None for s in fresh):
