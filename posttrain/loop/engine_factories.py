@@ -96,7 +96,7 @@ class _VLLMEngineFactory:
         stem, dot, ext = self.log_path.rpartition(".")
         return f"{stem}.{os.getpid()}{dot}{ext}" if dot else f"{self.log_path}.{os.getpid()}"
 
-    def __call__(self) -> Any:
+    def __call__(self) -> RolloutEngine:
         if self.python is None:
             from posttrain.rollout.vllm_engine import build_vllm_engine
 
@@ -114,7 +114,7 @@ class _HTTPEngineFactory:
     def __init__(self, settings: dict[str, Any], state: dict[str, torch.Tensor]) -> None:
         self.settings, self.state = settings, state
 
-    def __call__(self) -> Any:
+    def __call__(self) -> RolloutEngine:
         from posttrain.rollout.http_engine import HTTPEngine
 
         s = self.settings

@@ -43,7 +43,11 @@ class RolloutEngine(Protocol):
     must not be called.
     """
 
-    version: int
+    @property
+    def version(self) -> int:
+        """The weight version the engine samples with (set by ``update_weights``; read-only here, so an engine
+        may keep it as a plain attribute or answer it from a server)."""
+        ...
 
     def generate(
         self, requests: Sequence[GenerationRequest], *, finish_target: int | None = None
