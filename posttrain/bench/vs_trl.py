@@ -22,6 +22,16 @@ Settings matched on the TRL side (``trl.GRPOConfig``): ``num_generations = group
 without warm-up, AdamW with the same betas / weight decay, the same ``max_grad_norm``, float32
 (``bf16 = False``), no gradient checkpointing, no vLLM, ``use_cpu = True``, no dataset shuffling
 (the dataset holds exactly the prompts posttrain's data cursor draws, in order).
+
+``--precision bf16`` runs both sides at the same dtype policy: bf16 compute over float32 master weights
+(Micikevicius et al. 2018, arXiv:1710.03740, with bfloat16: no loss scaling). posttrain:
+``rollout.precision=bf16`` (the engine samples from a bfloat16 copy of the weights) and
+``learner.precision=bf16`` (bf16 autocast); TRL: ``bf16 = True`` with ``use_cpu = True``, which accelerate
+runs as ``torch.autocast("cpu", torch.bfloat16)`` around the model's forward, in generation and in
+training alike (checked during the run). It is refused, in one line and before any work, on a CPU without
+native bf16 products (AVX512_BF16 / AMX-BF16: :func:`posttrain.rollout.precision.native_bf16`), where
+posttrain refuses both keys. The bench's own held-out evaluation stays float32 greedy on both sides (one
+judge for both).
 """
 
 from __future__ import annotations
@@ -39,6 +49,9 @@ from pathlib import Path
 from typing import Any
 
 import torch
+
+from posttrain.bench.rollout import cpu_name
+from posttrain.errors import UserError
 
 log = logging.getLogger("posttrain.bench.vs_trl")
 
@@ -63,6 +76,20 @@ REALISTIC_STEPS = 5
 # Both sides take one constant-LR step per batch: the demo recipe's LR warm-up is switched off here
 # (HF's constant_with_warmup starts at 0, posttrain's at 1/warmup, so a warm-up could not be matched).
 MATCHED_OVERRIDES = ["optim.warmup_steps=0"]
+# ``--precision``: posttrain's keys per choice (fp32: the recipe's own, float32 on the demo and realistic shapes)
+# and TRL's matching TrainingArguments flag (bf16=True: accelerate's CPU autocast over float32 master weights).
+PRECISIONS = ("fp32", "bf16")
+POSTTRAIN_PRECISION_OVERRIDES: dict[str, list[str]] = {
+    "fp32": [], "bf16": ["rollout.precision=bf16", "learner.precision=bf16"]}
+PRECISION_KEYS = ("rollout.precision", "learner.precision")
+PRECISION_DETAIL: dict[str, dict[str, str]] = {
+    "fp32": {"posttrain": "fp32 (rollout.precision=auto: the float32 model's dtype; learner.precision=fp32)",
+             "trl": "fp32 (bf16=False)"},
+    "bf16": {"posttrain": "bf16 (rollout.precision=bf16: a bfloat16 weight copy samples; learner.precision=bf16: "
+                          "bf16 autocast, float32 master weights)",
+             "trl": "bf16 (bf16=True, use_cpu=True: accelerate's torch.autocast('cpu', bfloat16) around generation "
+                    "and training forwards, float32 master weights)"},
+}
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -87,7 +114,45 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="run TRL before posttrain (to check that run order / machine load is not the result)")
     parser.add_argument("--threads", type=int, default=None,
                         help="torch intra-op threads for both sides (default: torch's own choice)")
+    parser.add_argument("--precision", choices=list(PRECISIONS), default="fp32",
+                        help="dtype policy of both sides (default fp32); bf16: bf16 compute over float32 master weights "
+                        "(posttrain rollout.precision=bf16 + learner.precision=bf16; TRL bf16=True), refused on a CPU "
+                        "without AVX512_BF16 or AMX-BF16")
     parser.add_argument("overrides", nargs="*", help="key=value overrides of the recipe (applied to both sides)")
+
+
+# ---------------------------------------------------------------------------------------------- precision
+def cpu_facts() -> dict[str, Any]:
+    """This CPU for the report: ``name`` (``model name`` of /proc/cpuinfo), whether its flags have
+    ``avx512_bf16`` / ``amx_bf16``, and ``native_bf16``, the feature bf16 runs on (None: none)."""
+    from posttrain.rollout import precision as rp
+
+    flags = rp.cpu_flags()
+    return {"name": cpu_name(), **{flag: flag in flags for flag in sorted(rp.BF16_CPU_FLAGS)},
+            "native_bf16": rp.native_bf16(flags)}
+
+
+def check_precision(precision: str, overrides: Sequence[str], cpu: dict[str, Any]) -> None:
+    """Refuse (one-line :class:`~posttrain.errors.UserError`, before any work) what ``--precision`` cannot
+    compare at one dtype: a ``rollout.precision`` / ``learner.precision`` override (the flag sets both);
+    for ``bf16``, a CPU without native bf16 products (``cpu["native_bf16"]`` None: posttrain refuses both keys
+    there, bf16 being slower than fp32 without them), or a torch without CPU bf16 autocast (TRL's bf16)."""
+    if precision not in PRECISIONS:
+        raise UserError(f"vs-trl: --precision must be one of {', '.join(PRECISIONS)}, got {precision!r}")
+    given = sorted({o.partition("=")[0] for o in overrides} & set(PRECISION_KEYS))
+    if given:
+        raise UserError(f"vs-trl: {', '.join(given)} is set by --precision (which sets both sides), not by an "
+                        "override")
+    if precision != "bf16":
+        return
+    if cpu.get("native_bf16") is None:
+        raise UserError(f"vs-trl --precision bf16: refused on this CPU ({cpu.get('name')}: no avx512_bf16, no amx_bf16): "
+                        "posttrain refuses rollout.precision=bf16 and learner.precision=bf16 without native bf16 "
+                        "products (bf16 would run slower than fp32), so the sides would not share a dtype; use "
+                        "--precision fp32")
+    if not torch.amp.is_autocast_available("cpu"):
+        raise UserError("vs-trl --precision bf16: refused: TRL's bf16=True on CPU runs torch.autocast('cpu', "
+                        f"bfloat16), which torch {torch.__version__} does not offer here; use --precision fp32")
 
 
 # ---------------------------------------------------------------------------------------------- helpers
@@ -177,7 +242,8 @@ def prepare_sft(cfg: Any, work: Path, fresh: bool = False) -> tuple[Path, float]
 
         tok, model = build_model(cfg)
         out.mkdir(parents=True, exist_ok=True)
-        model.save_pretrained(str(out))
+        hf_model: Any = model  # a transformers model (save_pretrained)
+        hf_model.save_pretrained(str(out))
         tok.save_pretrained(str(out))
         marker.write_text(json.dumps({"key": key, "seconds": time.perf_counter() - t0}, indent=1))
         return out, time.perf_counter() - t0
@@ -186,7 +252,8 @@ def prepare_sft(cfg: Any, work: Path, fresh: bool = False) -> tuple[Path, float]
     try:
         run.warmup_and_baseline(None)
         out.mkdir(parents=True, exist_ok=True)
-        run.parts.learner.model.save_pretrained(str(out))
+        learner_model: Any = run.parts.learner.model  # a transformers model (save_pretrained)
+        learner_model.save_pretrained(str(out))
         run.parts.tokenizer.save_pretrained(str(out))
     finally:
         run.close()
@@ -197,7 +264,10 @@ def prepare_sft(cfg: Any, work: Path, fresh: bool = False) -> tuple[Path, float]
 
 # ---------------------------------------------------------------------------------------------- posttrain
 def run_posttrain(cfg: Any, sft_dir: Path, work: Path, steps: int) -> dict[str, Any]:
-    """posttrain's synchronous GRPO loop from ``sft_dir`` for ``steps`` steps; timings + held-out."""
+    """posttrain's synchronous GRPO loop from ``sft_dir`` for ``steps`` steps; timings + held-out.
+
+    ``cfg`` carries the precision keys ``--precision`` set (:data:`POSTTRAIN_PRECISION_OVERRIDES`); they are
+    reported as ``precision_keys``."""
     from posttrain.learner.checkpoint import latest_checkpoint
     from posttrain.loop.training_loop import train
 
@@ -237,6 +307,7 @@ def run_posttrain(cfg: Any, sft_dir: Path, work: Path, steps: int) -> dict[str, 
         "heldout": ev, "heldout_accuracy": ev["accuracy"],
         "weight_delta_l2": _weight_delta(model, sft_model.state_dict()),
         "reward_mean_per_step": [r.get("reward/mean") for r in steps_rows],
+        "precision_keys": {"rollout.precision": pcfg.rollout.precision, "learner.precision": pcfg.learner.precision},
     }
 
 
@@ -280,19 +351,109 @@ def _checkpointing_field(config_cls: Any) -> str:
     return "activation_checkpointing" if "activation_checkpointing" in names else "gradient_checkpointing"
 
 
-def run_trl(cfg: Any, sft_dir: Path, work: Path, steps: int) -> dict[str, Any]:
-    """TRL's GRPOTrainer from ``sft_dir`` on the same prompts and settings; timings + held-out."""
+def trl_config(cfg: Any, work: Path, steps: int, precision: str = "fp32") -> Any:
+    """TRL's ``GRPOConfig`` matched to ``cfg`` (the settings listed in this module's docstring), its
+    ``bf16`` flag from ``precision`` (``bf16``: bf16 autocast over float32 master weights on CPU)."""
+    from trl import GRPOConfig  # type: ignore[attr-defined]
+
+    s, o, lk = cfg.sampling, cfg.optim, cfg.loss.kwargs
+    ckpt_kw: dict[str, Any] = {_checkpointing_field(GRPOConfig): False}
+    return GRPOConfig(
+        output_dir=str(work / "trl"),
+        max_steps=steps,
+        per_device_train_batch_size=s.prompts_per_step * s.group_size,
+        gradient_accumulation_steps=1,
+        num_generations=s.group_size,
+        max_completion_length=s.max_new_tokens,
+        temperature=s.temperature,
+        top_p=s.top_p,
+        top_k=s.top_k,
+        learning_rate=o.lr,
+        lr_scheduler_type="constant",
+        warmup_steps=0,
+        weight_decay=o.weight_decay,
+        adam_beta1=o.betas[0],
+        adam_beta2=o.betas[1],
+        max_grad_norm=o.max_grad_norm if o.max_grad_norm is not None else 0.0,
+        beta=0.0,
+        num_iterations=1,
+        loss_type="grpo",
+        epsilon=float(lk.get("eps_low", lk.get("eps", 0.2))),
+        epsilon_high=float(lk.get("eps_high", lk.get("eps_low", lk.get("eps", 0.2)))),
+        scale_rewards="group" if cfg.credit.kwargs.get("norm_std", True) else "none",
+        shuffle_dataset=False,
+        use_cpu=True,
+        bf16=precision == "bf16",  # accelerate: torch.autocast("cpu", bfloat16), float32 master weights
+        fp16=False,
+        report_to="none",
+        save_strategy="no",
+        logging_steps=max(steps, 1),
+        disable_tqdm=True,
+        seed=cfg.seed,
+        dataloader_num_workers=0,
+        # TRL turns activation (gradient) checkpointing on by default; posttrain's demo does not use it.
+        **ckpt_kw,
+    )
+
+
+def check_trl_mixed_precision(accelerator: Any, precision: str) -> None:
+    """The accelerator TRL's trainer built runs ``precision``: ``bf16`` = ``mixed_precision == "bf16"`` with
+    accelerate's native autocast (``native_amp``), ``fp32`` = ``mixed_precision == "no"``; ``RuntimeError``
+    (one line) otherwise, so that a bf16 comparison never runs TRL in float32."""
+    want = "bf16" if precision == "bf16" else "no"
+    got, amp = getattr(accelerator, "mixed_precision", None), bool(getattr(accelerator, "native_amp", False))
+    if got != want or (precision == "bf16") != amp:
+        raise RuntimeError(f"vs-trl --precision {precision}: TRL's accelerator runs mixed_precision={got!r} "
+                           f"(native autocast {amp}), not {want!r}; the sides would not share a dtype")
+
+
+def _linear_dtype_probe(model: torch.nn.Module) -> tuple[set[tuple[str, str]], Any]:
+    """A forward hook on ``model``'s first ``nn.Linear`` that records ``(phase, output dtype)`` per call,
+    phase ``no_grad`` (generation, old log-probs) or ``grad`` (the training forward); the set and the
+    hook's handle (None: no Linear)."""
+    seen: set[tuple[str, str]] = set()
+    lin = next((m for m in model.modules() if isinstance(m, torch.nn.Linear)), None)
+    if lin is None:
+        return seen, None
+
+    def hook(_m: torch.nn.Module, _i: Any, out: Any) -> None:
+        if isinstance(out, torch.Tensor):
+            seen.add(("grad" if torch.is_grad_enabled() else "no_grad", str(out.dtype).removeprefix("torch.")))
+
+    return seen, lin.register_forward_hook(hook)
+
+
+def check_trl_dtypes_seen(seen: set[tuple[str, str]], model: torch.nn.Module, precision: str) -> dict[str, Any]:
+    """What TRL computed in: the Linear output dtypes ``seen`` per phase (:func:`_linear_dtype_probe`) must be
+    bfloat16 (``bf16``) or float32 (``fp32``) in each phase that ran, and the master weights float32;
+    ``RuntimeError`` (one line) otherwise. Returns ``{"no_grad": [...], "grad": [...], "param_dtypes": [...]}``."""
+    want = "bfloat16" if precision == "bf16" else "float32"
+    by_phase = {ph: sorted(d for p, d in seen if p == ph) for ph in ("no_grad", "grad")}
+    params = sorted({str(p.dtype).removeprefix("torch.") for p in model.parameters()})
+    if any(d and d != [want] for d in by_phase.values()):
+        raise RuntimeError(f"vs-trl --precision {precision}: TRL's forwards computed in {by_phase} (no_grad = "
+                           f"generation, grad = training), not {want} throughout")
+    if params != ["float32"]:
+        raise RuntimeError(f"vs-trl --precision {precision}: TRL's master weights are {params}, not float32")
+    return {**by_phase, "param_dtypes": params}
+
+
+def run_trl(cfg: Any, sft_dir: Path, work: Path, steps: int, precision: str = "fp32") -> dict[str, Any]:
+    """TRL's GRPOTrainer from ``sft_dir`` on the same prompts and settings; timings + held-out.
+
+    ``precision`` (``--precision``) sets TRL's ``bf16`` (:func:`trl_config`); the accelerator is checked to
+    run it (:func:`check_trl_mixed_precision`) and its forwards to compute in it (:func:`check_trl_dtypes_seen`)."""
     try:
         from datasets import Dataset
         from transformers import TrainerCallback
-        from trl import GRPOConfig, GRPOTrainer  # type: ignore[attr-defined]
+        from trl import GRPOTrainer  # type: ignore[attr-defined]
     except ImportError as e:
         raise ImportError("posttrain bench vs-trl needs TRL: pip install 'posttrain[bench]'") from e
     from posttrain.algos.shaping import dapo_overlong_penalty
     from posttrain.loop.builders import build_task
     from posttrain.rewards import compose
 
-    s, o, lk = cfg.sampling, cfg.optim, cfg.loss.kwargs
+    o = cfg.optim
     if cfg.loss.kl_estimator is not None or cfg.credit.estimator != "grpo" or cfg.loss.policy_loss != "ppo_clip":
         raise ValueError("vs-trl compares GRPO with a clipped ratio and no KL (the demo recipe's composition)")
     if cfg.loss.reduction != "seq_mean_token_mean":
@@ -338,43 +499,7 @@ def run_trl(cfg: Any, sft_dir: Path, work: Path, steps: int) -> dict[str, Any]:
             step_s.append(now - self.t)
             self.t = now
 
-    ckpt_kw: dict[str, Any] = {_checkpointing_field(GRPOConfig): False}
-    args = GRPOConfig(
-        output_dir=str(work / "trl"),
-        max_steps=steps,
-        per_device_train_batch_size=s.prompts_per_step * s.group_size,
-        gradient_accumulation_steps=1,
-        num_generations=s.group_size,
-        max_completion_length=s.max_new_tokens,
-        temperature=s.temperature,
-        top_p=s.top_p,
-        top_k=s.top_k,
-        learning_rate=o.lr,
-        lr_scheduler_type="constant",
-        warmup_steps=0,
-        weight_decay=o.weight_decay,
-        adam_beta1=o.betas[0],
-        adam_beta2=o.betas[1],
-        max_grad_norm=o.max_grad_norm if o.max_grad_norm is not None else 0.0,
-        beta=0.0,
-        num_iterations=1,
-        loss_type="grpo",
-        epsilon=float(lk.get("eps_low", lk.get("eps", 0.2))),
-        epsilon_high=float(lk.get("eps_high", lk.get("eps_low", lk.get("eps", 0.2)))),
-        scale_rewards="group" if cfg.credit.kwargs.get("norm_std", True) else "none",
-        shuffle_dataset=False,
-        use_cpu=True,
-        bf16=False,
-        fp16=False,
-        report_to="none",
-        save_strategy="no",
-        logging_steps=max(steps, 1),
-        disable_tqdm=True,
-        seed=cfg.seed,
-        dataloader_num_workers=0,
-        # TRL turns activation (gradient) checkpointing on by default; posttrain's demo does not use it.
-        **ckpt_kw,
-    )
+    args = trl_config(cfg, work, steps, precision)
     if getattr(args, "gradient_checkpointing", False):
         raise RuntimeError("vs-trl: TRL gradient checkpointing could not be switched off")
     sft_state = {k: v.detach().clone() for k, v in model.state_dict().items()}
@@ -383,10 +508,17 @@ def run_trl(cfg: Any, sft_dir: Path, work: Path, steps: int) -> dict[str, Any]:
         warnings.simplefilter("ignore")
         trainer = GRPOTrainer(model=model_any, reward_funcs=task_reward, args=args, train_dataset=ds,
                               processing_class=tok, callbacks=[_Timer()])
+        check_trl_mixed_precision(trainer.accelerator, precision)
+        seen, probe = _linear_dtype_probe(model)
         t0 = time.perf_counter()
-        trainer.train()
+        try:
+            trainer.train()
+        finally:
+            if probe is not None:
+                probe.remove()
         wall = time.perf_counter() - t0
     trained = trainer.accelerator.unwrap_model(trainer.model).eval()
+    precision_seen = check_trl_dtypes_seen(seen, trained, precision)
     ev = evaluate_model(trained, tok, cfg)
     toks = [float(n) for n in gen_tokens]
     return {
@@ -396,12 +528,19 @@ def run_trl(cfg: Any, sft_dir: Path, work: Path, steps: int) -> dict[str, Any]:
         "heldout": ev, "heldout_accuracy": ev["accuracy"],
         "weight_delta_l2": _weight_delta(trained, sft_state),
         "trl_version": __import__("trl").__version__,
+        "precision_seen": precision_seen,
     }
 
 
 # ---------------------------------------------------------------------------------------------- report
 def _fmt(x: Any, spec: str) -> str:
     return "-" if x is None or (isinstance(x, float) and not math.isfinite(x)) else format(x, spec)
+
+
+def _cpu_text(cpu: dict[str, Any]) -> str:
+    """``NAME (avx512_bf16 yes, amx_bf16 no)`` from :func:`cpu_facts`."""
+    flags = ", ".join(f"{f} {'yes' if cpu.get(f) else 'no'}" for f in ("avx512_bf16", "amx_bf16"))
+    return f"{cpu.get('name')} ({flags})"
 
 
 def _table(res: dict[str, Any]) -> str:
@@ -413,7 +552,9 @@ def _table(res: dict[str, Any]) -> str:
             return None
         return float(side["heldout_accuracy"] - sft) / (float(side["generated_tokens"]) / 1000.0)
 
+    prec = res.get("precision", "fp32")
     rows = [
+        ("precision", prec if p else "-", prec if t else "-", "same dtype policy"),
         ("wall-clock per step (s)", _fmt(p.get("step_s_mean"), ".3f"), _fmt(t.get("step_s_mean"), ".3f"),
          _fmt(res.get("speedup_vs_trl"), ".2f") + "x faster"),
         ("generated tokens / s", _fmt(p.get("gen_tokens_per_s"), ".0f"), _fmt(t.get("gen_tokens_per_s"), ".0f"),
@@ -428,7 +569,10 @@ def _table(res: dict[str, Any]) -> str:
     ]
     w0 = max(len(r[0]) for r in rows)
     head = f"{'':<{w0}}  {'posttrain':>10}  {'TRL':>10}  ratio"
-    return "\n".join([head] + [f"{a:<{w0}}  {b:>10}  {c:>10}  {d}" for a, b, c, d in rows])
+    lines = [head] + [f"{a:<{w0}}  {b:>10}  {c:>10}  {d}" for a, b, c, d in rows]
+    if res.get("cpu"):
+        lines.append(f"CPU: {_cpu_text(res['cpu'])}")
+    return "\n".join(lines)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -442,6 +586,8 @@ def run(args: argparse.Namespace) -> int:
     steps = args.steps if args.steps is not None else (QUICK_STEPS if args.quick else default_steps)
     if steps < 1:
         raise ValueError("--steps must be >= 1")
+    cpu = cpu_facts()
+    check_precision(getattr(args, "precision", "fp32"), overrides, cpu)  # one line, before any work
     threads_before = torch.get_num_threads()
     if args.threads is not None:
         torch.set_num_threads(max(int(args.threads), 1))
@@ -452,15 +598,18 @@ def run(args: argparse.Namespace) -> int:
         level_before = plog.level
         plog.setLevel(logging.ERROR)
         try:
-            return _run(args, overrides, steps)
+            return _run(args, overrides, steps, cpu)
         finally:
             plog.setLevel(level_before)
     finally:
         torch.set_num_threads(threads_before)
 
 
-def _run(args: argparse.Namespace, overrides: list[str], steps: int) -> int:
-    cfg = _config(args.recipe, overrides)
+def _run(args: argparse.Namespace, overrides: list[str], steps: int, cpu: dict[str, Any]) -> int:
+    precision = getattr(args, "precision", "fp32")
+    cfg = _config(args.recipe, overrides)  # SFT start, TRL's settings, the held-out judge: float32
+    precision_overrides = POSTTRAIN_PRECISION_OVERRIDES[precision]
+    pt_cfg = _config(args.recipe, overrides + precision_overrides) if precision_overrides else cfg
     work = Path(args.work_dir)
     work.mkdir(parents=True, exist_ok=True)
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
@@ -473,6 +622,8 @@ def _run(args: argparse.Namespace, overrides: list[str], steps: int) -> int:
           f"{s.prompts_per_step} prompts x G={s.group_size}, max_new_tokens={s.max_new_tokens}, lr={cfg.optim.lr}, "
           f"torch threads={torch.get_num_threads()}; SFT held-out accuracy {sft_eval['accuracy']:.3f}"
           + (f" (SFT took {sft_s:.0f} s)" if sft_s else " (SFT checkpoint reused)"), flush=True)
+    print(f"precision {precision}: posttrain {PRECISION_DETAIL[precision]['posttrain']}; TRL "
+          f"{PRECISION_DETAIL[precision]['trl']}; CPU {_cpu_text(cpu)}", flush=True)
 
     res: dict[str, Any] = {
         "shape": args.shape, "recipe": args.recipe, "overrides": overrides, "steps": steps, "task": cfg.task.name,
@@ -480,6 +631,9 @@ def _run(args: argparse.Namespace, overrides: list[str], steps: int) -> int:
         "lr": cfg.optim.lr, "temperature": s.temperature, "torch_threads": torch.get_num_threads(),
         "cpu_count": os.cpu_count(), "torch": torch.__version__, "sft_dir": str(sft_dir),
         "sft_heldout_accuracy": sft_eval["accuracy"], "heldout_size": cfg.eval.size,
+        "precision": precision, "posttrain_precision": precision, "trl_precision": precision,
+        "precision_detail": PRECISION_DETAIL[precision], "posttrain_precision_overrides": precision_overrides,
+        "trl_bf16": precision == "bf16", "cpu": cpu,
         "posttrain": None, "trl": None,
     }
     order = ["trl", "posttrain"] if args.trl_first else ["posttrain", "trl"]
@@ -488,7 +642,8 @@ def _run(args: argparse.Namespace, overrides: list[str], steps: int) -> int:
         if args.only not in ("both", side):
             continue
         print("posttrain GRPO ..." if side == "posttrain" else "TRL GRPOTrainer ...", flush=True)
-        res[side] = (run_posttrain if side == "posttrain" else run_trl)(cfg, sft_dir, work, steps)
+        res[side] = (run_posttrain(pt_cfg, sft_dir, work, steps) if side == "posttrain"
+                     else run_trl(cfg, sft_dir, work, steps, precision))
     p, t = res["posttrain"], res["trl"]
     if p and t:
         res["speedup_vs_trl"] = t["step_s_mean"] / p["step_s_mean"]
