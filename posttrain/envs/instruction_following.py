@@ -20,6 +20,17 @@ distribution) but prompts whose (topic, constraints with parameters) fall in ``h
 ``heldout_fraction``, so never trained on under any wording; ``heldout_unseen`` = held-out topic
 *and* held-out combination *and* held-out wordings of the request and every constraint. Prompts
 that mix seen and unseen parts are served by no split.
+
+A fourth thing can be held out by name: whole constraint families (``heldout_families``, e.g.
+``("json_keys", "all_capitals")``). Then ``train``, ``heldout`` and ``heldout_unseen`` never carry
+one of them: they are exactly the splits of ``families`` = the other families (same prompts, ids and
+references), so they keep meaning "families seen in training". The split ``heldout_families`` asks
+them: every prompt carries at least one held-out family (its first constraint is drawn from them, the
+rest from all of ``families``), and everything else is as the in-distribution ``heldout`` split draws
+it (training topic, training combination, (topic, constraints) in ``heldout`` at ``heldout_fraction``,
+training wordings of the request and of every constraint), so the family is the only part training
+never showed; had it been trained, the prompt would be an in-distribution held-out one. (No wording of
+a held-out family was trained; drawing its training wordings keeps that counterfactual exact.)
 """
 
 from __future__ import annotations
@@ -27,6 +38,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import hashlib
+import itertools
 import json
 import random
 from collections.abc import Callable, Mapping, Sequence
@@ -232,6 +244,13 @@ def compatible(families: Sequence[str]) -> bool:
                                                        for group in EXCLUSIVE)
 
 
+def can_hold(pool: Sequence[str], k: int, carrying: Sequence[str] = ()) -> bool:
+    """Whether some :func:`compatible` set of ``k`` families of ``pool`` includes one of ``carrying``
+    (``carrying`` empty: any such set)."""
+    return any(compatible(c) and (not carrying or set(c) & set(carrying))
+               for c in itertools.combinations(pool, k))
+
+
 def _hash(key: str) -> int:
     return int.from_bytes(hashlib.sha256(key.encode()).digest()[:8], "big")
 
@@ -272,6 +291,10 @@ class InstructionFollowingTask:
     IFEval checks only the explicit constraints, so an off-topic one-liner ("Sabotage.") meets "no
     commas" and "at most 40 words"; a policy trained on that verdict learns to say nothing. The
     prompts (texts, ids, splits) are the same with and without it; only the references differ.
+    ``heldout_families`` (a subset of ``families``) keeps whole families out of ``train``, ``heldout``
+    and ``heldout_unseen`` (those become the splits of ``families`` minus them) and offers the split
+    ``heldout_families``: prompts carrying at least one of them, otherwise in-distribution (module
+    docstring). Empty (the default): every split exactly as without the knob.
     """
 
     min_constraints: int = 1
@@ -279,6 +302,7 @@ class InstructionFollowingTask:
     train_max_constraints: int | None = None
     on_topic: bool = False
     families: tuple[str, ...] | list[str] = tuple(FAMILIES)
+    heldout_families: tuple[str, ...] | list[str] = ()
     heldout_fraction: float = 0.2
     combo_heldout_fraction: float = 0.25
     verifier: Verifier = dataclasses.field(default_factory=InstructionsVerifier)
@@ -292,14 +316,35 @@ class InstructionFollowingTask:
         if not fams or bad or len(set(fams)) != len(fams):
             raise ValueError(f"instruction_following: families must be distinct names of {list(FAMILIES)}, "
                              f"got {list(fams)}")
+        held = tuple(self.heldout_families)
+        object.__setattr__(self, "heldout_families", held)
+        bad = [f for f in held if f not in fams]
+        if bad or len(set(held)) != len(held):
+            what = f"{bad[0]!r} is not one of" if bad else f"{list(held)} names a family twice; give distinct"
+            raise ValueError(f"instruction_following: heldout_families: {what} families {list(fams)}")
         splits = tuple(self.eval_splits)
         object.__setattr__(self, "eval_splits", splits)
-        if not splits or not set(splits) <= {"heldout", "heldout_unseen"}:
-            raise ValueError(f"instruction_following: eval_splits must be a non-empty subset of heldout, "
-                             f"heldout_unseen; got {list(splits)}")
+        valid = ("heldout", "heldout_unseen", *(("heldout_families",) if held else ()))
+        if not splits or not set(splits) <= set(valid):
+            need = "" if held else " (heldout_families needs the task kwarg heldout_families)"
+            raise ValueError(f"instruction_following: eval_splits must be a non-empty subset of "
+                             f"{', '.join(valid)}; got {list(splits)}{need}")
         if not 1 <= self.min_constraints <= self.max_constraints <= 3:
             raise ValueError(f"instruction_following: need 1 <= min_constraints <= max_constraints <= 3, got "
                              f"{self.min_constraints}, {self.max_constraints}")
+        if held:
+            trained = self._trained()
+            if not trained:
+                raise ValueError(f"instruction_following: heldout_families {list(held)} hold out every family of "
+                                 f"families, leaving the train split none to draw; hold out fewer")
+            if not can_hold(trained, self.min_constraints):
+                raise ValueError(f"instruction_following: heldout_families {list(held)} leave the train split "
+                                 f"only {list(trained)}, which cannot hold min_constraints={self.min_constraints} "
+                                 f"together; hold out fewer families")
+            alone = [f for f in held if not can_hold(fams, self.min_constraints, (f,))]
+            if alone:
+                raise ValueError(f"instruction_following: held-out family {alone[0]!r} fits in no compatible "
+                                 f"set of min_constraints={self.min_constraints} families of {list(fams)}")
         if self.train_max_constraints is not None and not (
                 self.min_constraints <= self.train_max_constraints <= self.max_constraints):
             raise ValueError(f"instruction_following: need min_constraints <= train_max_constraints <= "
@@ -316,11 +361,18 @@ class InstructionFollowingTask:
             return self.train_max_constraints
         return self.max_constraints
 
-    def _families(self, rng: random.Random, max_count: int) -> list[str]:
+    def _trained(self) -> tuple[str, ...]:
+        """The families training sees: ``families`` without ``heldout_families``, in order."""
+        return tuple(f for f in self.families if f not in self.heldout_families)
+
+    def _families(self, rng: random.Random, max_count: int, pool: Sequence[str],
+                   first: Sequence[str] = ()) -> list[str]:
+        """A uniform count in ``[min_constraints, max_count]``, then a family of ``first`` (when given)
+        and compatible ones of ``pool`` one at a time; fewer when none fits."""
         k = rng.randint(self.min_constraints, max_count)
-        chosen: list[str] = []
+        chosen: list[str] = [rng.choice(first)] if first else []
         while len(chosen) < k:
-            options = [f for f in self.families if compatible([*chosen, f])]
+            options = [f for f in pool if compatible([*chosen, f])]
             if not options:
                 break
             chosen.append(rng.choice(options))
@@ -329,7 +381,12 @@ class InstructionFollowingTask:
     def _draw(self, rng: random.Random, split: str) -> tuple[str, TaskExample] | None:
         """One proposal: ``(problem key, example)``, or None when it belongs to no part of ``split``."""
         unseen = split == "heldout_unseen"
-        fams = self._families(rng, self._max_count(split))
+        if split == "heldout_families":  # a held-out family first, then any; the rest as in ``heldout``
+            fams = self._families(rng, self._max_count(split), self.families, self.heldout_families)
+            surface = "heldout"
+        else:
+            fams = self._families(rng, self._max_count(split), self._trained())
+            surface = split
         if len(fams) < self.min_constraints:  # the allowed families cannot hold that many together
             return None
         combo = combo_key(fams)
@@ -339,7 +396,7 @@ class InstructionFollowingTask:
         topic = rng.choice(sorted(held) if unseen else [t for t in TOPICS if t not in held])
         specs = [{"family": f, **FAMILIES[f].sample(rng)} for f in fams]
         key = json.dumps([topic, specs], sort_keys=True)
-        if not unseen and split_of(f"{self.name}|{key}", self.heldout_fraction) != split:
+        if not unseen and split_of(f"{self.name}|{key}", self.heldout_fraction) != surface:
             return None
 
         def wording(family: str, n: int) -> int:
@@ -362,8 +419,10 @@ class InstructionFollowingTask:
         return key, ex
 
     def examples(self, split: str, n: int, seed: int) -> list[TaskExample]:
-        """``n`` distinct prompts of ``split`` (``train`` | ``heldout`` | ``heldout_unseen``, module
-        docstring); deterministic in ``(split, n, seed)`` and the knobs."""
+        """``n`` distinct prompts of ``split`` (``train`` | ``heldout`` | ``heldout_unseen`` |
+        ``heldout_families`` when listed in ``eval_splits``, module docstring); deterministic in
+        ``(split, n, seed)`` and the knobs. ``train``, ``heldout`` and ``heldout_unseen`` under
+        ``heldout_families`` are those of ``families`` = the other families (the same stream)."""
         if split not in ("train", *self.eval_splits):
             raise ValueError(f"unknown split {split!r}; valid: train, {', '.join(self.eval_splits)}")
         if n < 0:
@@ -371,7 +430,11 @@ class InstructionFollowingTask:
         counts = f"{self.min_constraints}:{self.max_constraints}"
         if self._max_count(split) != self.max_constraints:  # only the train split's stream moves with the cap
             counts += f":train{self._max_count(split)}"
-        rng = random.Random(f"{self.name}|{counts}:{','.join(self.families)}|{split}|{seed}")
+        if split == "heldout_families":
+            fams = f"{','.join(self.families)}|held:{','.join(self.heldout_families)}"
+        else:
+            fams = ",".join(self._trained())
+        rng = random.Random(f"{self.name}|{counts}:{fams}|{split}|{seed}")
         out: list[TaskExample] = []
         seen: set[str] = set()
         tries = 0
@@ -391,5 +454,6 @@ class InstructionFollowingTask:
 @TASKS.register("instruction_following")
 def instruction_following(**kwargs: object) -> InstructionFollowingTask:
     """Factory of :class:`InstructionFollowingTask` (kwargs: ``min_constraints``, ``max_constraints``,
-    ``train_max_constraints``, ``on_topic``, ``families``, ``heldout_fraction``, ``combo_heldout_fraction``, ``eval_splits``)."""
+    ``train_max_constraints``, ``on_topic``, ``families``, ``heldout_families``, ``heldout_fraction``,
+    ``combo_heldout_fraction``, ``eval_splits``)."""
     return build_with_typed_kwargs(InstructionFollowingTask, kwargs, what="task 'instruction_following'")
