@@ -1,7 +1,8 @@
 """Issue 39 ("one learner API"): golden ledgers and metrics of the trainers that reach the learner outside
 the RL update, recorded *before* the learner became primitives (forward_backward / optim_step), so the
-refactor can show it changed no number. The SFT warm-up's golden is ``demo5`` of ``_house_golden.py``
-(200 warm-up steps, then GRPO); this module adds:
+refactor can show it changed no number (the sampled held-out metrics, ``heldout_sampled/*``, were
+re-recorded after 62795e3: per-request seeds in ``play_once``, issue 43). The SFT warm-up's golden is
+``demo5`` of ``_house_golden.py`` (200 warm-up steps, then GRPO); this module adds:
 
 - ``online_dpo``: ``trainer: preference`` with ``preference.online: true`` (recipe dpo_online): a 30-step
   SFT warm-up, then 3 online DPO steps whose pairs come from the run's own sampled groups.

@@ -1,8 +1,10 @@
 """Issue 23 ("One house"): the rebuilt loop floor changes no number.
 
 The golden files (``golden/house_pre23/``) were written by ``_house_golden.py`` from the code before
-the first structural change of issue 23 (commit ef037eb). Each case here runs the same command line
-with the current code and compares what the run left on disk:
+the first structural change of issue 23 (commit ef037eb), except the sampled held-out metrics
+(``heldout_sampled/*`` of ``sync``, ``partial``, ``async_partial`` and ``demo5``), re-recorded after
+62795e3 (per-request seeds in ``play_once``, issue 43; ``demo5_avx512``'s are still ef037eb's: no AVX-512
+Xeon was at hand to re-record them on). Each case here runs the same command line with the current code and compares what the run left on disk:
 
 - exactly: which trajectories were trained at which step (ids, groups, prompts), their tokens, action
   masks, behaviour versions, statuses, finish reasons, policy lags, old versions and rewards — one
@@ -90,14 +92,16 @@ def compare_arrays(new: dict[str, np.ndarray], old: dict[str, np.ndarray]) -> No
         assert d <= VALUE_RTOL, f"advantage: max|a-b|/max|b| = {d:.3e} > {VALUE_RTOL:.3e}"
 
 
-def compare_metrics(new: list[dict[str, float]], old: list[dict[str, float]], case: str = "sync") -> None:
+def compare_metrics(new: list[dict[str, float]], old: list[dict[str, float]], case: str = "sync",
+                    logged_only: tuple[str, ...] = ()) -> None:
     """Every numeric metric of every golden step is logged again, equal within VALUE_RTOL (scale >= 1);
-    counters a worker thread's timing decides are only required to be logged."""
+    counters a worker thread's timing decides, and metrics under a prefix of ``logged_only``, are only
+    required to be logged."""
     assert len(new) == len(old), f"{len(new)} steps logged, golden has {len(old)}"
     for i, (m, g) in enumerate(zip(new, old, strict=True)):
         missing = sorted(set(g) - set(m))
         assert not missing, f"step {i + 1} lost metrics {missing[:8]}"
-        bad = [(k, m[k], v) for k, v in g.items() if not timing_dependent(case, k)
+        bad = [(k, m[k], v) for k, v in g.items() if not timing_dependent(case, k) and not k.startswith(logged_only)
                and not math.isclose(m[k], v, rel_tol=VALUE_RTOL, abs_tol=VALUE_RTOL)]
         assert not bad, f"step {i + 1}: {len(bad)} metrics moved, e.g. {bad[:6]}"
     if threaded(case):  # which step collected a call's metrics was timing; the run's totals were not
@@ -120,6 +124,11 @@ def compare_metrics(new: list[dict[str, float]], old: list[dict[str, float]], ca
 # seeded initialisation and run 5 steps: they compare exactly on every CPU.
 GOLDENS = {"demo5": ("demo5", "demo5_avx512")}
 GOLDEN_BY_KERNELS = {"demo5": {"fe35f8bdb8b504b1": "demo5"}}  # AMD EPYC: MKL AVX2 path, ATen AVX-512
+# Golden metrics recorded before 62795e3 (per-request seeds in play_once) on kernels no session has had since:
+# the sampled held-out figures moved with that change and cannot be re-recorded here, so on those kernels they
+# are only required to be logged (everything else, and every ledger array, is still compared in full).
+# Re-record them on an AVX-512 Xeon (python tests/loop/_house_golden.py) and drop the entry.
+LOGGED_ONLY = {"demo5_avx512": ("heldout_sampled/",)}
 
 
 def golden_for(case: str, fingerprint: str, arrays: dict[str, np.ndarray]) -> str | None:
@@ -162,7 +171,7 @@ def test_short_run_matches_the_pre_redesign_golden(case, tmp_path):
         return
     old_arrays, old_metrics = _golden(name)
     compare_arrays(arrays, old_arrays)
-    compare_metrics(metrics, old_metrics, case)
+    compare_metrics(metrics, old_metrics, case, LOGGED_ONLY.get(name, ()))
     start = _start_weights(case, tmp_path)
     if start is not None:
         w = {k: torch.from_numpy(v) for k, v in final_actor(tmp_path / case).items()}
@@ -197,6 +206,25 @@ def test_the_comparison_catches_a_one_token_change_and_a_moved_metric():
     with pytest.raises(AssertionError, match="lost metrics"):
         compare_ids_and_metric_names(arrays, arrays, lost, metrics)
     compare_ids_and_metric_names(arrays, arrays, metrics, metrics)
+
+
+def test_logged_only_metrics_must_be_logged_but_may_move():
+    """demo5_avx512's sampled held-out metrics predate per-request seeds (LOGGED_ONLY): a moved
+    ``heldout_sampled/*`` value passes there, a lost one or a moved metric outside the prefix still fails."""
+    _, metrics = _golden("demo5")
+    step = max(i for i, m in enumerate(metrics) if "heldout_sampled/accuracy" in m)
+    moved = [dict(m) for m in metrics]
+    moved[step]["heldout_sampled/accuracy"] += 0.1
+    with pytest.raises(AssertionError, match="metrics moved"):
+        compare_metrics(moved, metrics, "demo5")
+    compare_metrics(moved, metrics, "demo5", LOGGED_ONLY["demo5_avx512"])
+    lost = [dict(m) for m in moved]
+    del lost[step]["heldout_sampled/accuracy"]
+    with pytest.raises(AssertionError, match="lost metrics"):
+        compare_metrics(lost, metrics, "demo5", LOGGED_ONLY["demo5_avx512"])
+    moved[step]["loss"] = metrics[step]["loss"] * 1.01 + 1e-2
+    with pytest.raises(AssertionError, match="metrics moved"):
+        compare_metrics(moved, metrics, "demo5", LOGGED_ONLY["demo5_avx512"])
 
 
 def test_golden_is_keyed_by_kernels_not_by_instruction_set():
