@@ -2,7 +2,7 @@
 stages of docs/expert_iteration.md (issue 43).
 
     python scripts/ei_study.py base OUT [--recipe smollm2_instruction_following] [KEY=VALUE ...]
-    python scripts/ei_study.py summary --base OUT SEED=PIPELINE_DIR [SEED=PIPELINE_DIR ...] [--markdown]
+    python scripts/ei_study.py summary --base OUT SEED=PIPELINE_DIR [SEED=PIPELINE_DIR ...]
 
 ``base`` evaluates the recipe's own model (``model.path``) exactly as a training run of that recipe evaluates at
 step 0 (:func:`posttrain.loop.heldout.heldout_evaluation` over :class:`posttrain.evaluation.heldout.HeldoutRun`:
@@ -108,7 +108,7 @@ def _fmt(iv: Interval) -> str:
     return f"{100 * iv.estimate:+.1f} [{100 * iv.low:+.1f}, {100 * iv.high:+.1f}]"
 
 
-def summary(base: Path, pipelines: dict[int, Path], markdown: bool) -> None:
+def summary(base: Path, pipelines: dict[int, Path]) -> None:
     """Print the per-seed table and the per-family table (module docstring)."""
     bo = read_outcomes(base)
     bm = _rows(base / "metrics.jsonl")[-1]
@@ -161,7 +161,6 @@ def summary(base: Path, pipelines: dict[int, Path], markdown: bool) -> None:
     print("|---|---|" + "---|" * len(seeds))
     for _, row in sorted(fam_rows.items()):
         print("| " + " | ".join(row) + " |")
-    del markdown
 
 
 def main() -> None:
@@ -174,13 +173,12 @@ def main() -> None:
     s = sub.add_parser("summary")
     s.add_argument("--base", type=Path, required=True)
     s.add_argument("pipelines", nargs="+", help="SEED=PIPELINE_DIR")
-    s.add_argument("--markdown", action="store_true")
     a = ap.parse_args()
     if a.cmd == "base":
         m = base_eval(a.out, a.recipe, a.overrides)
         print(json.dumps({k: v for k, v in m.items() if k.endswith("/accuracy")}, indent=2))
     else:
-        summary(a.base, {int(x.split("=", 1)[0]): Path(x.split("=", 1)[1]) for x in a.pipelines}, a.markdown)
+        summary(a.base, {int(x.split("=", 1)[0]): Path(x.split("=", 1)[1]) for x in a.pipelines})
 
 
 if __name__ == "__main__":

@@ -49,6 +49,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from torch.utils.hooks import RemovableHandle
 
 from posttrain.bench.rollout import cpu_name
 from posttrain.errors import UserError
@@ -407,7 +408,7 @@ def check_trl_mixed_precision(accelerator: Any, precision: str) -> None:
                            f"(native autocast {amp}), not {want!r}; the sides would not share a dtype")
 
 
-def _linear_dtype_probe(model: torch.nn.Module) -> tuple[set[tuple[str, str]], Any]:
+def _linear_dtype_probe(model: torch.nn.Module) -> tuple[set[tuple[str, str]], RemovableHandle | None]:
     """A forward hook on ``model``'s first ``nn.Linear`` that records ``(phase, output dtype)`` per call,
     phase ``no_grad`` (generation, old log-probs) or ``grad`` (the training forward); the set and the
     hook's handle (None: no Linear)."""
