@@ -37,6 +37,7 @@ judge for both).
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import logging
 import math
@@ -44,15 +45,22 @@ import os
 import statistics
 import time
 import warnings
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, TypedDict
 
 import torch
 from torch.utils.hooks import RemovableHandle
 
 from posttrain.bench.rollout import cpu_name
 from posttrain.errors import UserError
+
+if TYPE_CHECKING:  # annotations only: the CLI imports every bench module, these stay lazy
+    from transformers import PreTrainedModel, PreTrainedTokenizerBase, TrainerCallback
+    from trl.trainer.grpo_config import GRPOConfig  # the optional [bench] extra: Any for mypy without it
+
+    from posttrain.config import RunConfig
+    from posttrain.envs.task import Task, TaskExample
 
 log = logging.getLogger("posttrain.bench.vs_trl")
 
@@ -123,20 +131,36 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 # ---------------------------------------------------------------------------------------------- precision
-def cpu_facts() -> dict[str, Any]:
+@dataclasses.dataclass(frozen=True)
+class CpuFacts:
     """This CPU for the report: ``name`` (``model name`` of /proc/cpuinfo), whether its flags have
-    ``avx512_bf16`` / ``amx_bf16``, and ``native_bf16``, the feature bf16 runs on (None: none)."""
+    ``amx_bf16`` / ``avx512_bf16`` (one field per key of :data:`posttrain.rollout.precision.BF16_CPU_FLAGS`,
+    in sorted order), and ``native_bf16``, the feature bf16 runs on (None: none)."""
+
+    name: str
+    amx_bf16: bool
+    avx512_bf16: bool
+    native_bf16: str | None
+
+    def as_json(self) -> dict[str, str | bool | None]:
+        """The JSON's ``cpu`` object: the fields in declaration order (``name``, the flags sorted,
+        ``native_bf16``)."""
+        return dataclasses.asdict(self)
+
+
+def cpu_facts() -> CpuFacts:
+    """This machine's :class:`CpuFacts` (flags from :func:`posttrain.rollout.precision.cpu_flags`)."""
     from posttrain.rollout import precision as rp
 
     flags = rp.cpu_flags()
-    return {"name": cpu_name(), **{flag: flag in flags for flag in sorted(rp.BF16_CPU_FLAGS)},
-            "native_bf16": rp.native_bf16(flags)}
+    return CpuFacts(name=cpu_name(), amx_bf16="amx_bf16" in flags, avx512_bf16="avx512_bf16" in flags,
+                    native_bf16=rp.native_bf16(flags))
 
 
-def check_precision(precision: str, overrides: Sequence[str], cpu: dict[str, Any]) -> None:
+def check_precision(precision: str, overrides: Sequence[str], cpu: CpuFacts) -> None:
     """Refuse (one-line :class:`~posttrain.errors.UserError`, before any work) what ``--precision`` cannot
     compare at one dtype: a ``rollout.precision`` / ``learner.precision`` override (the flag sets both);
-    for ``bf16``, a CPU without native bf16 products (``cpu["native_bf16"]`` None: posttrain refuses both keys
+    for ``bf16``, a CPU without native bf16 products (``cpu.native_bf16`` None: posttrain refuses both keys
     there, bf16 being slower than fp32 without them), or a torch without CPU bf16 autocast (TRL's bf16)."""
     if precision not in PRECISIONS:
         raise UserError(f"vs-trl: --precision must be one of {', '.join(PRECISIONS)}, got {precision!r}")
@@ -146,8 +170,8 @@ def check_precision(precision: str, overrides: Sequence[str], cpu: dict[str, Any
                         "override")
     if precision != "bf16":
         return
-    if cpu.get("native_bf16") is None:
-        raise UserError(f"vs-trl --precision bf16: refused on this CPU ({cpu.get('name')}: no avx512_bf16, no amx_bf16): "
+    if cpu.native_bf16 is None:
+        raise UserError(f"vs-trl --precision bf16: refused on this CPU ({cpu.name}: no avx512_bf16, no amx_bf16): "
                         "posttrain refuses rollout.precision=bf16 and learner.precision=bf16 without native bf16 "
                         "products (bf16 would run slower than fp32), so the sides would not share a dtype; use "
                         "--precision fp32")
@@ -157,20 +181,33 @@ def check_precision(precision: str, overrides: Sequence[str], cpu: dict[str, Any
 
 
 # ---------------------------------------------------------------------------------------------- helpers
-def _config(recipe: str, overrides: Sequence[str]) -> Any:
+def _config(recipe: str, overrides: Sequence[str]) -> RunConfig:
+    """``recipe`` with ``overrides``, parsed and validated
+    (:func:`posttrain.loop.validate.load_run_config`)."""
     from posttrain.loop.validate import load_run_config
 
     return load_run_config(recipe, list(overrides))
 
 
-def _heldout(cfg: Any) -> tuple[Any, list[Any]]:
+def _heldout(cfg: RunConfig) -> tuple[Task, list[TaskExample]]:
+    """``cfg``'s task and its ``eval.size`` held-out examples (seed ``cfg.seed``)."""
     from posttrain.loop.builders import build_task
 
-    task = build_task(cfg)
+    task: Task = build_task(cfg)
     return task, list(task.examples("heldout", cfg.eval.size, seed=cfg.seed))
 
 
-def evaluate_model(model: torch.nn.Module, tokenizer: Any, cfg: Any) -> dict[str, Any]:
+class HeldoutFigures(TypedDict):
+    """The JSON's ``heldout`` object of one model (:func:`evaluate_model`)."""
+
+    accuracy: float
+    reward_mean: float
+    n: int
+    status_counts: dict[str, int]
+
+
+def evaluate_model(model: torch.nn.Module, tokenizer: PreTrainedTokenizerBase,
+                   cfg: RunConfig) -> HeldoutFigures:
     """Greedy held-out accuracy of ``model`` with posttrain's evaluator (the same for both sides)."""
     from posttrain.loop.builders import build_engine, build_renderer
     from posttrain.loop.heldout import evaluate
@@ -183,12 +220,14 @@ def evaluate_model(model: torch.nn.Module, tokenizer: Any, cfg: Any) -> dict[str
     return {"accuracy": res.accuracy, "reward_mean": res.reward_mean, "n": res.n, "status_counts": res.status_counts}
 
 
-def _load(path: Path) -> tuple[Any, torch.nn.Module]:
+def _load(path: Path) -> tuple[PreTrainedTokenizerBase, PreTrainedModel]:
+    """The tokenizer and the float32 causal LM (eval mode) of the ``save_pretrained`` folder ``path``."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     tok = AutoTokenizer.from_pretrained(str(path))
-    model: Any = AutoModelForCausalLM.from_pretrained(str(path), dtype=torch.float32)
-    return tok, model.eval()
+    model: PreTrainedModel = AutoModelForCausalLM.from_pretrained(str(path), dtype=torch.float32)
+    model.eval()  # type: ignore[no-untyped-call]  # transformers' PreTrainedModel.eval has no annotations
+    return tok, model
 
 
 def _weight_delta(model: torch.nn.Module, ref: dict[str, torch.Tensor]) -> float:
@@ -208,7 +247,47 @@ def _steady(xs: Sequence[int], drop_last: bool = False) -> list[int]:
     return ys
 
 
-def _side_summary(step_s: Sequence[float], step_tokens: Sequence[float], drop_last: bool) -> dict[str, float]:
+class StepSummary(TypedDict):
+    """Steady-step figures of one side (:func:`_side_summary`); NaN where no step is steady."""
+
+    step_s_mean: float
+    step_s_median: float
+    steady_steps: float
+    gen_tokens_per_s: float
+
+
+class SideResult(StepSummary):
+    """The JSON's ``posttrain`` / ``trl`` object: per-step timings and generated tokens, their steady-step
+    summary, the held-out figures after training and how far the weights moved from the start."""
+
+    steps: int
+    step_s: list[float]
+    generated_tokens_per_step: list[float]
+    generated_tokens: float
+    train_wall_s: float
+    heldout: HeldoutFigures
+    heldout_accuracy: float
+    weight_delta_l2: float
+
+
+class PosttrainResult(SideResult):
+    """posttrain's side (:func:`run_posttrain`): also the mean rollout / reward / learner split of a steady
+    step, the reward mean per step and the precision keys the run used."""
+
+    time_split_s: dict[str, float]
+    reward_mean_per_step: list[float | None]
+    precision_keys: dict[str, str]
+
+
+class TrlResult(SideResult):
+    """TRL's side (:func:`run_trl`): also TRL's version and the dtypes its forwards computed in."""
+
+    trl_version: str
+    precision_seen: TrlDtypesSeen
+
+
+def _side_summary(step_s: Sequence[float], step_tokens: Sequence[float], drop_last: bool) -> StepSummary:
+    """Mean / median step time and generated tokens per second over the steady steps (:func:`_steady`)."""
     idx = list(range(len(step_s)))
     keep = _steady(idx, drop_last=drop_last)
     t = [step_s[i] for i in keep]
@@ -222,7 +301,13 @@ def _side_summary(step_s: Sequence[float], step_tokens: Sequence[float], drop_la
 
 
 # ---------------------------------------------------------------------------------------------- SFT
-def prepare_sft(cfg: Any, work: Path, fresh: bool = False) -> tuple[Path, float]:
+def _save_pretrained(model: torch.nn.Module, out: Path) -> None:
+    """``model.save_pretrained(out)``: posttrain's builders type the model as an ``nn.Module``; it is a
+    transformers (or PEFT) model, whose ``save_pretrained`` ``nn.Module.__getattr__``'s typing hides."""
+    model.save_pretrained(str(out))  # type: ignore[operator]
+
+
+def prepare_sft(cfg: RunConfig, work: Path, fresh: bool = False) -> tuple[Path, float]:
     """Run posttrain's SFT warm-up of ``cfg`` once and save the model to ``work/sft_model`` (with
     ``sft.steps == 0``: the model of ``model.path`` itself, so both sides share the same start).
 
@@ -243,8 +328,7 @@ def prepare_sft(cfg: Any, work: Path, fresh: bool = False) -> tuple[Path, float]
 
         tok, model = build_model(cfg)
         out.mkdir(parents=True, exist_ok=True)
-        hf_model: Any = model  # a transformers model (save_pretrained)
-        hf_model.save_pretrained(str(out))
+        _save_pretrained(model, out)
         tok.save_pretrained(str(out))
         marker.write_text(json.dumps({"key": key, "seconds": time.perf_counter() - t0}, indent=1))
         return out, time.perf_counter() - t0
@@ -253,8 +337,7 @@ def prepare_sft(cfg: Any, work: Path, fresh: bool = False) -> tuple[Path, float]
     try:
         run.warmup_and_baseline(None)
         out.mkdir(parents=True, exist_ok=True)
-        learner_model: Any = run.parts.learner.model  # a transformers model (save_pretrained)
-        learner_model.save_pretrained(str(out))
+        _save_pretrained(run.parts.learner.model, out)
         run.parts.tokenizer.save_pretrained(str(out))
     finally:
         run.close()
@@ -264,7 +347,7 @@ def prepare_sft(cfg: Any, work: Path, fresh: bool = False) -> tuple[Path, float]
 
 
 # ---------------------------------------------------------------------------------------------- posttrain
-def run_posttrain(cfg: Any, sft_dir: Path, work: Path, steps: int) -> dict[str, Any]:
+def run_posttrain(cfg: RunConfig, sft_dir: Path, work: Path, steps: int) -> PosttrainResult:
     """posttrain's synchronous GRPO loop from ``sft_dir`` for ``steps`` steps; timings + held-out.
 
     ``cfg`` carries the precision keys ``--precision`` set (:data:`POSTTRAIN_PRECISION_OVERRIDES`); they are
@@ -313,19 +396,20 @@ def run_posttrain(cfg: Any, sft_dir: Path, work: Path, steps: int) -> dict[str, 
 
 
 # ---------------------------------------------------------------------------------------------- TRL
-def _trl_prompts(cfg: Any, steps: int) -> list[Any]:
+def _trl_prompts(cfg: RunConfig, steps: int) -> list[TaskExample]:
     """Exactly the prompts posttrain's data cursor hands out over ``steps`` steps, in order."""
     from posttrain.loop.builders import build_task
 
-    task = build_task(cfg)
+    task: Task = build_task(cfg)
     p = cfg.sampling.prompts_per_step
-    out: list[Any] = []
+    out: list[TaskExample] = []
     for s in range(steps):  # mirrors Run.next_prompts: seed = seed * 7919 + cursor
         out.extend(task.examples("train", p, seed=cfg.seed * 7_919 + s * p))
     return out
 
 
-def _trl_prompt_texts(cfg: Any, tokenizer: Any, examples: Sequence[Any]) -> list[str]:
+def _trl_prompt_texts(cfg: RunConfig, tokenizer: PreTrainedTokenizerBase,
+                      examples: Sequence[TaskExample]) -> list[str]:
     """The prompt text TRL gets for each example: posttrain's own rendering (chat template and system
     prompt when ``task.chat_template``), checked to tokenize to the very ids posttrain samples from.
 
@@ -344,20 +428,19 @@ def _trl_prompt_texts(cfg: Any, tokenizer: Any, examples: Sequence[Any]) -> list
     return texts
 
 
-def _checkpointing_field(config_cls: Any) -> str:
+def _checkpointing_field(config_cls: type[GRPOConfig]) -> str:
     """``activation_checkpointing`` (transformers >= 5) or its older name ``gradient_checkpointing``."""
-    import dataclasses
-
     names = {f.name for f in dataclasses.fields(config_cls)}
     return "activation_checkpointing" if "activation_checkpointing" in names else "gradient_checkpointing"
 
 
-def trl_config(cfg: Any, work: Path, steps: int, precision: str = "fp32") -> Any:
+def trl_config(cfg: RunConfig, work: Path, steps: int, precision: str = "fp32") -> GRPOConfig:
     """TRL's ``GRPOConfig`` matched to ``cfg`` (the settings listed in this module's docstring), its
     ``bf16`` flag from ``precision`` (``bf16``: bf16 autocast over float32 master weights on CPU)."""
     from trl import GRPOConfig  # type: ignore[attr-defined]
 
     s, o, lk = cfg.sampling, cfg.optim, cfg.loss.kwargs
+    # Any: a field name known only at run time, which mypy cannot match to one of GRPOConfig's parameters
     ckpt_kw: dict[str, Any] = {_checkpointing_field(GRPOConfig): False}
     return GRPOConfig(
         output_dir=str(work / "trl"),
@@ -397,10 +480,11 @@ def trl_config(cfg: Any, work: Path, steps: int, precision: str = "fp32") -> Any
     )
 
 
-def check_trl_mixed_precision(accelerator: Any, precision: str) -> None:
+def check_trl_mixed_precision(accelerator: object, precision: str) -> None:
     """The accelerator TRL's trainer built runs ``precision``: ``bf16`` = ``mixed_precision == "bf16"`` with
     accelerate's native autocast (``native_amp``), ``fp32`` = ``mixed_precision == "no"``; ``RuntimeError``
-    (one line) otherwise, so that a bf16 comparison never runs TRL in float32."""
+    (one line) otherwise, so that a bf16 comparison never runs TRL in float32. ``accelerator``: an
+    ``accelerate.Accelerator`` (the optional [bench] extra), read by ``getattr`` (absent: a mismatch)."""
     want = "bf16" if precision == "bf16" else "no"
     got, amp = getattr(accelerator, "mixed_precision", None), bool(getattr(accelerator, "native_amp", False))
     if got != want or (precision == "bf16") != amp:
@@ -417,14 +501,24 @@ def _linear_dtype_probe(model: torch.nn.Module) -> tuple[set[tuple[str, str]], R
     if lin is None:
         return seen, None
 
-    def hook(_m: torch.nn.Module, _i: Any, out: Any) -> None:
+    def hook(_m: torch.nn.Module, _i: tuple[object, ...], out: object) -> None:
         if isinstance(out, torch.Tensor):
             seen.add(("grad" if torch.is_grad_enabled() else "no_grad", str(out.dtype).removeprefix("torch.")))
 
     return seen, lin.register_forward_hook(hook)
 
 
-def check_trl_dtypes_seen(seen: set[tuple[str, str]], model: torch.nn.Module, precision: str) -> dict[str, Any]:
+class TrlDtypesSeen(TypedDict):
+    """What TRL computed in (:func:`check_trl_dtypes_seen`): the Linear output dtypes per phase, the
+    parameters' dtypes."""
+
+    no_grad: list[str]
+    grad: list[str]
+    param_dtypes: list[str]
+
+
+def check_trl_dtypes_seen(seen: set[tuple[str, str]], model: torch.nn.Module,
+                          precision: str) -> TrlDtypesSeen:
     """What TRL computed in: the Linear output dtypes ``seen`` per phase (:func:`_linear_dtype_probe`) must be
     bfloat16 (``bf16``) or float32 (``fp32``) in each phase that ran, and the master weights float32;
     ``RuntimeError`` (one line) otherwise. Returns ``{"no_grad": [...], "grad": [...], "param_dtypes": [...]}``."""
@@ -436,24 +530,13 @@ def check_trl_dtypes_seen(seen: set[tuple[str, str]], model: torch.nn.Module, pr
                            f"generation, grad = training), not {want} throughout")
     if params != ["float32"]:
         raise RuntimeError(f"vs-trl --precision {precision}: TRL's master weights are {params}, not float32")
-    return {**by_phase, "param_dtypes": params}
+    return {"no_grad": by_phase["no_grad"], "grad": by_phase["grad"], "param_dtypes": params}
 
 
-def run_trl(cfg: Any, sft_dir: Path, work: Path, steps: int, precision: str = "fp32") -> dict[str, Any]:
-    """TRL's GRPOTrainer from ``sft_dir`` on the same prompts and settings; timings + held-out.
-
-    ``precision`` (``--precision``) sets TRL's ``bf16`` (:func:`trl_config`); the accelerator is checked to
-    run it (:func:`check_trl_mixed_precision`) and its forwards to compute in it (:func:`check_trl_dtypes_seen`)."""
-    try:
-        from datasets import Dataset
-        from transformers import TrainerCallback
-        from trl import GRPOTrainer  # type: ignore[attr-defined]
-    except ImportError as e:
-        raise ImportError("posttrain bench vs-trl needs TRL: pip install 'posttrain[bench]'") from e
-    from posttrain.algos.shaping import dapo_overlong_penalty
-    from posttrain.loop.builders import build_task
-    from posttrain.rewards import compose
-
+def check_trl_composition(cfg: RunConfig) -> None:
+    """Refuse (``ValueError``) a recipe TRL's GRPOTrainer cannot match: it must be GRPO with a clipped ratio
+    and no KL, ``loss.reduction=seq_mean_token_mean`` (TRL's ``loss_type='grpo'``), and one constant-LR
+    optimiser step per rollout batch (``ppo_epochs = num_minibatches = 1``, no warm-up)."""
     o = cfg.optim
     if cfg.loss.kl_estimator is not None or cfg.credit.estimator != "grpo" or cfg.loss.policy_loss != "ppo_clip":
         raise ValueError("vs-trl compares GRPO with a clipped ratio and no KL (the demo recipe's composition)")
@@ -463,18 +546,26 @@ def run_trl(cfg: Any, sft_dir: Path, work: Path, steps: int, precision: str = "f
     if o.ppo_epochs != 1 or o.num_minibatches != 1 or o.schedule != "constant" or o.warmup_steps:
         raise ValueError("vs-trl matches one constant-LR optimiser step per rollout batch")
 
-    task = build_task(cfg)
-    examples = _trl_prompts(cfg, steps)
-    tok, model = _load(sft_dir)
-    texts = _trl_prompt_texts(cfg, tok, examples)
-    ds = Dataset.from_list([{"prompt": t, "example_index": i} for i, t in enumerate(texts)])
+
+TrlRewardFunc = Callable[..., list[float | None]]
+"""A TRL reward function: called with keyword lists (``prompts``, ``completions``, ``completion_ids``, the
+dataset's columns) and TRL's own extras; one reward per completion."""
+
+
+def _trl_reward(cfg: RunConfig, task: Task, examples: Sequence[TaskExample],
+                gen_tokens: list[int]) -> TrlRewardFunc:
+    """posttrain's reward as a TRL reward function: the task's verifier (with ``reward.extract``) against
+    ``examples[example_index].reference`` and, when the recipe sets ``reward.overlong_max_len``, DAPO's
+    overlong penalty of the completion's length (Yu et al. 2025, arXiv:2503.14476), composed with the
+    recipe's weights: ``total = sum_k weights[k] * components[k]`` (as posttrain scores). Each call appends
+    the batch's generated token count to ``gen_tokens``."""
+    from posttrain.algos.shaping import dapo_overlong_penalty
+    from posttrain.rewards import compose
+
     weights = dict(cfg.reward.weights)
-    gen_tokens: list[int] = []
 
     def task_reward(prompts: list[str], completions: list[str], completion_ids: list[list[int]],
-                         example_index: list[int], **_: Any) -> list[float | None]:
-        """The task's verifier (with ``reward.extract``) and, when the recipe sets it, DAPO's overlong penalty of
-        the completion's length, composed with the recipe's reward weights (as posttrain scores)."""
+                    example_index: list[int], **_: object) -> list[float | None]:
         gen_tokens.append(sum(len(c) for c in completion_ids))
         lengths = torch.tensor([len(c) for c in completion_ids], dtype=torch.float64)
         overlong = (dapo_overlong_penalty(lengths, cfg.reward.overlong_max_len, cfg.reward.overlong_cache_len).tolist()
@@ -487,28 +578,59 @@ def run_trl(cfg: Any, sft_dir: Path, work: Path, steps: int, precision: str = "f
             out.append(float(compose(components, weights).total or 0.0))
         return out
 
-    step_s: list[float] = []
+    return task_reward
+
+
+def _step_timer(step_s: list[float]) -> TrainerCallback:
+    """A TRL (transformers) callback appending to ``step_s`` the wall-clock seconds between optimiser steps
+    (generation + reward + update all inside), the first step timed from the start of training."""
+    from transformers import TrainerCallback
 
     class _Timer(TrainerCallback):
-        """Wall-clock between optimiser steps (generation + reward + update all inside)."""
+        """Wall-clock between optimiser steps, into ``step_s``."""
 
-        def on_train_begin(self, *a: Any, **k: Any) -> None:
+        def on_train_begin(self, *a: object, **k: object) -> None:
             self.t = time.perf_counter()
 
-        def on_step_end(self, *a: Any, **k: Any) -> None:
+        def on_step_end(self, *a: object, **k: object) -> None:
             now = time.perf_counter()
             step_s.append(now - self.t)
             self.t = now
 
+    return _Timer()
+
+
+def run_trl(cfg: RunConfig, sft_dir: Path, work: Path, steps: int, precision: str = "fp32") -> TrlResult:
+    """TRL's GRPOTrainer from ``sft_dir`` on the same prompts and settings; timings + held-out.
+
+    The recipe must be one TRL can match (:func:`check_trl_composition`); the reward is posttrain's
+    (:func:`_trl_reward`). ``precision`` (``--precision``) sets TRL's ``bf16`` (:func:`trl_config`); the
+    accelerator is checked to run it (:func:`check_trl_mixed_precision`) and its forwards to compute in it
+    (:func:`check_trl_dtypes_seen`)."""
+    try:
+        from datasets import Dataset
+        from trl import GRPOTrainer  # type: ignore[attr-defined]
+    except ImportError as e:
+        raise ImportError("posttrain bench vs-trl needs TRL: pip install 'posttrain[bench]'") from e
+    from posttrain.loop.builders import build_task
+
+    check_trl_composition(cfg)
+    task: Task = build_task(cfg)
+    examples = _trl_prompts(cfg, steps)
+    tok, model = _load(sft_dir)
+    texts = _trl_prompt_texts(cfg, tok, examples)
+    ds = Dataset.from_list([{"prompt": t, "example_index": i} for i, t in enumerate(texts)])
+    gen_tokens: list[int] = []
+    step_s: list[float] = []
     args = trl_config(cfg, work, steps, precision)
     if getattr(args, "gradient_checkpointing", False):
         raise RuntimeError("vs-trl: TRL gradient checkpointing could not be switched off")
     sft_state = {k: v.detach().clone() for k, v in model.state_dict().items()}
-    model_any: Any = model
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        trainer = GRPOTrainer(model=model_any, reward_funcs=task_reward, args=args, train_dataset=ds,
-                              processing_class=tok, callbacks=[_Timer()])
+        reward = _trl_reward(cfg, task, examples, gen_tokens)
+        trainer = GRPOTrainer(model=model, reward_funcs=reward, args=args, train_dataset=ds,
+                              processing_class=tok, callbacks=[_step_timer(step_s)])
         check_trl_mixed_precision(trainer.accelerator, precision)
         seen, probe = _linear_dtype_probe(model)
         t0 = time.perf_counter()
@@ -534,17 +656,21 @@ def run_trl(cfg: Any, sft_dir: Path, work: Path, steps: int, precision: str = "f
 
 
 # ---------------------------------------------------------------------------------------------- report
-def _fmt(x: Any, spec: str) -> str:
+def _fmt(x: float | None, spec: str) -> str:
+    """``x`` formatted with ``spec``; ``-`` for None or a non-finite float."""
     return "-" if x is None or (isinstance(x, float) and not math.isfinite(x)) else format(x, spec)
 
 
-def _cpu_text(cpu: dict[str, Any]) -> str:
+def _cpu_text(cpu: CpuFacts) -> str:
     """``NAME (avx512_bf16 yes, amx_bf16 no)`` from :func:`cpu_facts`."""
-    flags = ", ".join(f"{f} {'yes' if cpu.get(f) else 'no'}" for f in ("avx512_bf16", "amx_bf16"))
-    return f"{cpu.get('name')} ({flags})"
+    flags = ", ".join(f"{f} {'yes' if on else 'no'}" for f, on in (("avx512_bf16", cpu.avx512_bf16),
+                                                                    ("amx_bf16", cpu.amx_bf16)))
+    return f"{cpu.name} ({flags})"
 
 
-def _table(res: dict[str, Any]) -> str:
+def _table(res: dict[str, Any], cpu: CpuFacts | None = None) -> str:
+    """The printed comparison of the results ``res`` (the JSON object; a side not run: ``-``), with a
+    ``CPU:`` line when ``cpu`` is given."""
     p, t = res.get("posttrain") or {}, res.get("trl") or {}
     sft = res["sft_heldout_accuracy"]
 
@@ -571,8 +697,8 @@ def _table(res: dict[str, Any]) -> str:
     w0 = max(len(r[0]) for r in rows)
     head = f"{'':<{w0}}  {'posttrain':>10}  {'TRL':>10}  ratio"
     lines = [head] + [f"{a:<{w0}}  {b:>10}  {c:>10}  {d}" for a, b, c, d in rows]
-    if res.get("cpu"):
-        lines.append(f"CPU: {_cpu_text(res['cpu'])}")
+    if cpu is not None:
+        lines.append(f"CPU: {_cpu_text(cpu)}")
     return "\n".join(lines)
 
 
@@ -606,7 +732,7 @@ def run(args: argparse.Namespace) -> int:
         torch.set_num_threads(threads_before)
 
 
-def _run(args: argparse.Namespace, overrides: list[str], steps: int, cpu: dict[str, Any]) -> int:
+def _run(args: argparse.Namespace, overrides: list[str], steps: int, cpu: CpuFacts) -> int:
     precision = getattr(args, "precision", "fp32")
     cfg = _config(args.recipe, overrides)  # SFT start, TRL's settings, the held-out judge: float32
     precision_overrides = POSTTRAIN_PRECISION_OVERRIDES[precision]
@@ -626,7 +752,7 @@ def _run(args: argparse.Namespace, overrides: list[str], steps: int, cpu: dict[s
     print(f"precision {precision}: posttrain {PRECISION_DETAIL[precision]['posttrain']}; TRL "
           f"{PRECISION_DETAIL[precision]['trl']}; CPU {_cpu_text(cpu)}", flush=True)
 
-    res: dict[str, Any] = {
+    res: dict[str, Any] = {  # the JSON written (mixed values; a side not run: None)
         "shape": args.shape, "recipe": args.recipe, "overrides": overrides, "steps": steps, "task": cfg.task.name,
         "prompts_per_step": s.prompts_per_step, "group_size": s.group_size, "max_new_tokens": s.max_new_tokens,
         "lr": cfg.optim.lr, "temperature": s.temperature, "torch_threads": torch.get_num_threads(),
@@ -634,7 +760,7 @@ def _run(args: argparse.Namespace, overrides: list[str], steps: int, cpu: dict[s
         "sft_heldout_accuracy": sft_eval["accuracy"], "heldout_size": cfg.eval.size,
         "precision": precision, "posttrain_precision": precision, "trl_precision": precision,
         "precision_detail": PRECISION_DETAIL[precision], "posttrain_precision_overrides": precision_overrides,
-        "trl_bf16": precision == "bf16", "cpu": cpu,
+        "trl_bf16": precision == "bf16", "cpu": cpu.as_json(),
         "posttrain": None, "trl": None,
     }
     order = ["trl", "posttrain"] if args.trl_first else ["posttrain", "trl"]
@@ -656,7 +782,7 @@ def _run(args: argparse.Namespace, overrides: list[str], steps: int, cpu: dict[s
         res["speedup_vs_trl"] = None
     res["posttrain_heldout_accuracy"] = p["heldout_accuracy"] if p else None
     res["trl_heldout_accuracy"] = t["heldout_accuracy"] if t else None
-    print(_table(res))
+    print(_table(res, cpu))
     if p:
         sp = p["time_split_s"]
         print(f"posttrain step split (mean s): rollout {sp['time/rollout_s']:.3f}, reward {sp['time/reward_s']:.3f}, "

@@ -6,17 +6,21 @@ A smoke test of the wiring (no timing assertion: benchmarks are never timed test
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import logging
 import math
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pytest
 import torch
 
 from posttrain.bench import vs_trl
 from posttrain.errors import UserError
+
+if TYPE_CHECKING:
+    from posttrain.config import RunConfig
 
 
 def test_vs_trl_quick_writes_json_and_both_sides_train(tmp_path: Path) -> None:
@@ -99,11 +103,12 @@ def _stub_sides(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> dict[str, An
             "gen_tokens_per_s": 10.0, "heldout_accuracy": 0.5,
             "time_split_s": {"time/rollout_s": 0.1, "time/reward_s": 0.1, "time/learner_s": 0.1}}
 
-    def run_posttrain(cfg: Any, sft_dir: Path, work: Path, steps: int) -> dict[str, Any]:
+    def run_posttrain(cfg: RunConfig, sft_dir: Path, work: Path, steps: int) -> dict[str, Any]:
         got["posttrain_cfg"] = cfg
         return dict(side)
 
-    def run_trl(cfg: Any, sft_dir: Path, work: Path, steps: int, precision: str = "fp32") -> dict[str, Any]:
+    def run_trl(cfg: RunConfig, sft_dir: Path, work: Path, steps: int,
+                precision: str = "fp32") -> dict[str, Any]:
         got["trl_cfg"], got["trl_precision"] = cfg, precision
         return dict(side)
 
@@ -169,6 +174,24 @@ def test_json_and_table_name_both_precisions_and_the_cpu(monkeypatch: pytest.Mon
     row = next(line for line in text.splitlines() if line.startswith("precision ") and "same dtype" in line)
     assert row.split()[1:3] == ["bf16", "bf16"]  # the table's columns: posttrain, TRL
     assert "CPU: Test CPU 9000 (avx512_bf16 yes, amx_bf16 no)" in text
+
+
+def test_cpu_facts_json_is_the_reports_cpu_object_key_for_key(monkeypatch: pytest.MonkeyPatch) -> None:
+    """:class:`vs_trl.CpuFacts` serialises to the ``cpu`` object the bench has always written: ``name``, one
+    bool per key of ``BF16_CPU_FLAGS`` in sorted order, ``native_bf16`` (a new flag there fails this test)."""
+    from posttrain.rollout import precision as rp
+
+    _flags(monkeypatch, {"avx512f", "amx_bf16"})
+    monkeypatch.setattr(vs_trl, "cpu_name", lambda *_a: "Test CPU 9000")
+    cpu = vs_trl.cpu_facts()
+    flags = rp.cpu_flags()
+    before = {"name": "Test CPU 9000", **{flag: flag in flags for flag in sorted(rp.BF16_CPU_FLAGS)},
+              "native_bf16": rp.native_bf16(flags)}
+    assert json.dumps(cpu.as_json(), indent=1) == json.dumps(before, indent=1)
+    assert cpu == vs_trl.CpuFacts("Test CPU 9000", amx_bf16=True, avx512_bf16=False, native_bf16="AMX-BF16")
+    assert vs_trl._cpu_text(cpu) == "Test CPU 9000 (avx512_bf16 no, amx_bf16 yes)"
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        cpu.name = "other"  # type: ignore[misc]
 
 
 def test_bf16_refused_in_one_line_on_a_cpu_without_native_bf16(monkeypatch: pytest.MonkeyPatch, tmp_path: Path,
