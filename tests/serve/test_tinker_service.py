@@ -4,6 +4,8 @@ engine call fails only its request; cancel_future and a session without heartbea
 
 from __future__ import annotations
 
+import ctypes
+import ctypes.util
 import json
 import threading
 import time
@@ -126,13 +128,23 @@ def test_a_session_without_heartbeats_loses_its_queued_work(svc: TinkerService) 
     assert svc.hub.get(f"{sid}:train:0").steps == 0
 
 
+def _trim_threshold(bytes_: int) -> None:
+    """glibc ``mallopt(M_TRIM_THRESHOLD, bytes_)``: free memory at the top of a heap above this is returned by
+    ``free`` itself (default 128 KiB)."""
+    libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
+    assert libc.mallopt(-1, bytes_)  # M_TRIM_THRESHOLD
+
+
 @pytest.mark.skipif(rss_mb() is None, reason="reads /proc/self/statm")
 def test_memory_a_job_freed_goes_back_to_the_system(svc: TinkerService) -> None:
     """glibc keeps the freed heap of a job (here 300 blocks of 2 MB, allocated after a freed 2 MB block
     raised the mmap threshold, as a long forward_backward's activations do): the worker trims it. A server
     (make_server) fixes the threshold at 1 MB for the whole process, where the blocks would not stay: the
-    test sets it above them, as glibc's own raising does."""
+    test sets it above them, as glibc's own raising does. It also raises the trim threshold (glibc's raising
+    sets it to twice the mmap threshold): with the default 128 KiB, ``free`` returns the blocks itself whenever
+    they happen to end the heap, the worker has nothing to trim, and ``trims`` stayed 0 (stop 49's CI)."""
     assert return_large_blocks(32)
+    _trim_threshold(2**31 - 1)
 
     def heavy() -> Outcome:
         x = torch.ones(2**19)
@@ -149,9 +161,10 @@ def test_memory_a_job_freed_goes_back_to_the_system(svc: TinkerService) -> None:
     after = rss_mb()
     # 600 MB were allocated and freed: untrimmed they stay resident; halfway between that and 0 leaves room for
     # what other threads of the process allocate meanwhile (a 150 MB bound failed once under a load of 7)
+    _trim_threshold(128 * 1024)
+    assert return_large_blocks()  # the server's setting, for the tests after this one
     assert after is not None and after - before < 300, (before, after)
     assert svc.trims == 1
-    assert return_large_blocks()  # the server's setting, for the tests after this one
 
 
 def test_a_refused_or_crashed_request_takes_its_seq_id(svc: TinkerService, monkeypatch: pytest.MonkeyPatch) -> None:
