@@ -14,7 +14,9 @@ On the configured model, engine and recipe (a few prompts, no training) it check
 
 With ``env.name`` set the trajectories are multi-turn episodes played as in training, so checks
 1-4 also cover the observation tokens between turns (never in a ratio, a loss or a gradient). With
-``loss.distill`` the advantages are the teacher's reverse-KL ones the run trains on.
+``loss.distill`` the advantages are the teacher's reverse-KL ones the run trains on. With ``loss.kl_estimator`` the
+batch carries pi_ref's log-probs as a run's first step has them (the starting policy's), so the KL term (in the loss,
+or in the reward with ``credit.kl_in_reward``) is part of every check.
 
 The list depends on the recipe's ``trainer`` (:func:`run_checks`, through its registry entry's ``checks``):
 ``preference`` (offline) and ``reward_model`` run their own checks on a few pairs of ``preference.data``
@@ -112,10 +114,12 @@ def run_rl_checks(cfg: RunConfig, prompts: int = 4) -> list[CheckResult]:
     trajs = sample_trajectories(cfg, prompts, tok, model, task, engine)
     batch = collate(trajs, pad_token_id=int(tok.pad_token_id or 0))
     old = learner.compute_logprobs(batch)
+    if cfg.loss.kl_estimator is not None:  # a run's pi_ref is its starting policy (loop/parts.py), version 0
+        batch = batch.freeze("ref", old, 0)  # equal to pi_old at the first step
     distill = cfg.loss.distill  # on-policy distillation: the teacher's reverse-KL advantages, as the run trains
     with quiet_hf_progress():
         teacher = build_teacher(cfg, tok) if distill is not None else None
-    adv = build_targets(batch, old_logprob=old, ref_logprob=None, values=None,
+    adv = build_targets(batch, old_logprob=old, ref_logprob=batch.ref_logprob, values=None,
                         estimator=cfg.credit.estimator if not cfg.critic.enabled else "grpo",
                         estimator_kwargs=cfg.credit.kwargs if not cfg.critic.enabled else {},
                         teacher_logprob=None if teacher is None else _teacher_logprobs(teacher, learner, batch, cfg),
@@ -138,6 +142,8 @@ def run_rl_checks(cfg: RunConfig, prompts: int = 4) -> list[CheckResult]:
     junk = copy.copy(batch)
     noise = torch.randn(batch.input_ids.shape, generator=torch.Generator().manual_seed(1), dtype=torch.float64)
     junk.behavior_logprob = torch.where(mask, batch.behavior_logprob, -50.0 + noise)
+    if batch.ref_logprob is not None:
+        junk.ref_logprob = torch.where(mask, batch.ref_logprob, -40.0 + noise)
     junk.input_ids = torch.where(batch.attention_mask > 0, batch.input_ids, (batch.input_ids + 7) % 50)
     loss_b, g_b = learner.compute_gradients(junk, torch.where(mask, adv, 1e3 * noise),
                                             old_logprob=torch.where(mask, old, -30.0 + noise))

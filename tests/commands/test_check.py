@@ -54,3 +54,15 @@ def test_too_few_prompts_for_the_minibatches_is_one_line_naming_the_flag():
     with pytest.raises(ValueError, match=r"^check: --prompts 2 x sampling.group_size 3 = 6 rows, fewer than "
                        r"optim.num_minibatches=8; pass --prompts 3 or more$"):
         run_checks(cfg, prompts=2)
+
+
+def test_checks_run_with_a_kl_term_in_the_loss():
+    """`posttrain check RECIPE loss.kl_estimator=k3 loss.kl_coef=0.1` stopped with "kl_estimator='k3' needs
+    ref_logprob" while `posttrain train` ran the same config: the check's batch had no pi_ref. It carries the
+    starting policy's log-probs as a run's first step does, and every check passes with the KL term."""
+    for kl in (["loss.kl_estimator=k3", "loss.kl_coef=0.1"],
+               ["loss.kl_estimator=k1", "loss.kl_coef=0.05", "credit.kl_in_reward=true"]):
+        results = run_checks(load_run_config("grpo", [*TINY, *kl]), prompts=3)
+        assert [n for n, _, _ in results] == ["ratio_is_one", "mask_invariance", "behavior_vs_old",
+                                              "microbatch_split", "save_resume"]
+        assert all(ok for _, ok, _ in results), (kl, results)
