@@ -47,7 +47,7 @@ import time
 import warnings
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, TypedDict
+from typing import TYPE_CHECKING, Any, NotRequired, TypedDict
 
 import torch
 from torch.utils.hooks import RemovableHandle
@@ -656,6 +656,57 @@ def run_trl(cfg: RunConfig, sft_dir: Path, work: Path, steps: int, precision: st
 
 
 # ---------------------------------------------------------------------------------------------- report
+class VsTrlReport(TypedDict):
+    """The JSON ``bench vs-trl`` writes and :func:`_table` prints: the run's settings and CPU, the SFT start's
+    held-out accuracy, each side's result (``None``: that side did not run) and, when both ran, the ratios
+    ``speedup_vs_trl`` = TRL step s / posttrain step s, ``tokens_per_s_ratio`` (posttrain / TRL generated tokens
+    per second), ``heldout_accuracy_diff`` (posttrain - TRL) and ``generated_tokens_ratio``."""
+
+    shape: str
+    recipe: str
+    overrides: list[str]
+    steps: int
+    task: str
+    prompts_per_step: int
+    group_size: int
+    max_new_tokens: int
+    lr: float
+    temperature: float
+    torch_threads: int
+    cpu_count: int | None
+    torch: str
+    sft_dir: str
+    sft_heldout_accuracy: float
+    heldout_size: int
+    precision: str
+    posttrain_precision: str
+    trl_precision: str
+    precision_detail: dict[str, str]
+    posttrain_precision_overrides: list[str]
+    trl_bf16: bool
+    cpu: dict[str, str | bool | None]
+    posttrain: PosttrainResult | None
+    trl: TrlResult | None
+    order: list[str]
+    speedup_vs_trl: float | None
+    speedup_vs_trl_by_shape: NotRequired[dict[str, float]]
+    tokens_per_s_ratio: NotRequired[float]
+    heldout_accuracy_diff: NotRequired[float]
+    generated_tokens_ratio: NotRequired[float]
+    posttrain_heldout_accuracy: float | None
+    trl_heldout_accuracy: float | None
+
+
+def _printed_figures(side: SideResult | None) -> dict[str, float]:
+    """The figures :func:`_table` prints of one side, those it has (``{}`` for a side that did not run)."""
+    if side is None:
+        return {}
+    got = (("step_s_mean", side.get("step_s_mean")), ("gen_tokens_per_s", side.get("gen_tokens_per_s")),
+           ("generated_tokens", side.get("generated_tokens")), ("heldout_accuracy", side.get("heldout_accuracy")),
+           ("train_wall_s", side.get("train_wall_s")))
+    return {k: float(v) for k, v in got if v is not None}
+
+
 def _fmt(x: float | None, spec: str) -> str:
     """``x`` formatted with ``spec``; ``-`` for None or a non-finite float."""
     return "-" if x is None or (isinstance(x, float) and not math.isfinite(x)) else format(x, spec)
@@ -668,18 +719,19 @@ def _cpu_text(cpu: CpuFacts) -> str:
     return f"{cpu.name} ({flags})"
 
 
-def _table(res: dict[str, Any], cpu: CpuFacts | None = None) -> str:
+def _table(res: VsTrlReport, cpu: CpuFacts | None = None) -> str:
     """The printed comparison of the results ``res`` (the JSON object; a side not run: ``-``), with a
-    ``CPU:`` line when ``cpu`` is given."""
-    p, t = res.get("posttrain") or {}, res.get("trl") or {}
+    ``CPU:`` line when ``cpu`` is given. Held-out gain per 1k generated tokens = (accuracy after RL - the SFT
+    start's) / (generated tokens / 1000)."""
+    p, t = _printed_figures(res["posttrain"]), _printed_figures(res["trl"])
     sft = res["sft_heldout_accuracy"]
 
-    def gain(side: dict[str, Any]) -> float | None:
+    def gain(side: dict[str, float]) -> float | None:
         if not side or not side.get("generated_tokens"):
             return None
-        return float(side["heldout_accuracy"] - sft) / (float(side["generated_tokens"]) / 1000.0)
+        return (side["heldout_accuracy"] - sft) / (side["generated_tokens"] / 1000.0)
 
-    prec = res.get("precision", "fp32")
+    prec = res["precision"]
     rows = [
         ("precision", prec if p else "-", prec if t else "-", "same dtype policy"),
         ("wall-clock per step (s)", _fmt(p.get("step_s_mean"), ".3f"), _fmt(t.get("step_s_mean"), ".3f"),
@@ -752,7 +804,8 @@ def _run(args: argparse.Namespace, overrides: list[str], steps: int, cpu: CpuFac
     print(f"precision {precision}: posttrain {PRECISION_DETAIL[precision]['posttrain']}; TRL "
           f"{PRECISION_DETAIL[precision]['trl']}; CPU {_cpu_text(cpu)}", flush=True)
 
-    res: dict[str, Any] = {  # the JSON written (mixed values; a side not run: None)
+    order = ["trl", "posttrain"] if args.trl_first else ["posttrain", "trl"]
+    res: VsTrlReport = {  # the JSON written (a side not run: None)
         "shape": args.shape, "recipe": args.recipe, "overrides": overrides, "steps": steps, "task": cfg.task.name,
         "prompts_per_step": s.prompts_per_step, "group_size": s.group_size, "max_new_tokens": s.max_new_tokens,
         "lr": cfg.optim.lr, "temperature": s.temperature, "torch_threads": torch.get_num_threads(),
@@ -761,25 +814,25 @@ def _run(args: argparse.Namespace, overrides: list[str], steps: int, cpu: CpuFac
         "precision": precision, "posttrain_precision": precision, "trl_precision": precision,
         "precision_detail": PRECISION_DETAIL[precision], "posttrain_precision_overrides": precision_overrides,
         "trl_bf16": precision == "bf16", "cpu": cpu.as_json(),
-        "posttrain": None, "trl": None,
+        "posttrain": None, "trl": None, "order": order, "speedup_vs_trl": None,
+        "posttrain_heldout_accuracy": None, "trl_heldout_accuracy": None,
     }
-    order = ["trl", "posttrain"] if args.trl_first else ["posttrain", "trl"]
-    res["order"] = order
     for side in order:
         if args.only not in ("both", side):
             continue
         print("posttrain GRPO ..." if side == "posttrain" else "TRL GRPOTrainer ...", flush=True)
-        res[side] = (run_posttrain(pt_cfg, sft_dir, work, steps) if side == "posttrain"
-                     else run_trl(cfg, sft_dir, work, steps, precision))
+        if side == "posttrain":
+            res["posttrain"] = run_posttrain(pt_cfg, sft_dir, work, steps)
+        else:
+            res["trl"] = run_trl(cfg, sft_dir, work, steps, precision)
     p, t = res["posttrain"], res["trl"]
     if p and t:
-        res["speedup_vs_trl"] = t["step_s_mean"] / p["step_s_mean"]
-        res["speedup_vs_trl_by_shape"] = {args.shape: res["speedup_vs_trl"]}
+        speedup = t["step_s_mean"] / p["step_s_mean"]
+        res["speedup_vs_trl"] = speedup
+        res["speedup_vs_trl_by_shape"] = {str(args.shape): speedup}
         res["tokens_per_s_ratio"] = p["gen_tokens_per_s"] / t["gen_tokens_per_s"]
         res["heldout_accuracy_diff"] = p["heldout_accuracy"] - t["heldout_accuracy"]
         res["generated_tokens_ratio"] = p["generated_tokens"] / max(t["generated_tokens"], 1.0)
-    else:
-        res["speedup_vs_trl"] = None
     res["posttrain_heldout_accuracy"] = p["heldout_accuracy"] if p else None
     res["trl_heldout_accuracy"] = t["heldout_accuracy"] if t else None
     print(_table(res, cpu))
