@@ -36,11 +36,15 @@ With ``--dtype bfloat16`` the probe multiplies bfloat16 matrices.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import platform
+import shutil
 import statistics
+import tempfile
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -128,6 +132,26 @@ def _vllm_server(model: Any, python: Path, workdir: Path, dtype: str = "float32"
     return SpawnedEngine(python, "posttrain.rollout.vllm_engine:build_vllm_engine",
                          {"model": str(workdir / "model"), "dtype": dtype, "seed": 0},
                          log_path=workdir / "server.log", startup_timeout_s=900)
+
+
+@contextlib.contextmanager
+def vllm_peer(model: Any, python: Path, prefix: str, dtype: str = "float32") -> Iterator[Any]:
+    """:func:`_vllm_server` on ``model`` in a fresh temporary folder (``prefix``), closed and removed on exit, so a
+    benchmark leaves no exported weights behind (257-514 MiB for SmolLM2 per run). A server that fails to start
+    raises with its folder's ``server.log`` kept (the error names it); only the exported weights are removed."""
+    workdir = Path(tempfile.mkdtemp(prefix=prefix))
+    try:
+        server = _vllm_server(model, python, workdir, dtype)
+    except BaseException:
+        shutil.rmtree(workdir / "model", ignore_errors=True)
+        raise
+    try:
+        yield server
+    finally:
+        try:
+            server.close()
+        finally:
+            shutil.rmtree(workdir, ignore_errors=True)
 
 
 def run_case(
@@ -245,40 +269,31 @@ def run(args: argparse.Namespace) -> int:
         model.generation_config.eos_token_id = None
         params = count_parameters(model)
         head_dim = model.config.hidden_size // model.config.num_attention_heads
-        server = None
-        if vllm_python is not None and head_dim >= 32:
-            import tempfile
-
-            server = _vllm_server(model, vllm_python, Path(tempfile.mkdtemp(prefix=f"bench_vllm_{preset}_")),
-                                  args.dtype)
-        elif vllm_python is not None:
-            print(f"{preset}: head_dim {head_dim} < 32, which vLLM's CPU attention rejects: no vllm column")
-        cases = [("batch", args.batch, 1)]
-        if args.n > 1:
-            cases.append((f"n{args.n}", max(1, args.batch // args.n), args.n))
-        for case, n_prompts, n in cases:
-            prompts = [torch.randint(3, model.config.vocab_size, (args.prompt_len,), generator=g).tolist()
-                       for _ in range(n_prompts)]
-            try:
+        with contextlib.ExitStack() as stack:
+            server = None
+            if vllm_python is not None and head_dim >= 32:
+                server = stack.enter_context(vllm_peer(model, vllm_python, f"bench_vllm_{preset}_", args.dtype))
+            elif vllm_python is not None:
+                print(f"{preset}: head_dim {head_dim} < 32, which vLLM's CPU attention rejects: no vllm column")
+            cases = [("batch", args.batch, 1)]
+            if args.n > 1:
+                cases.append((f"n{args.n}", max(1, args.batch // args.n), args.n))
+            for case, n_prompts, n in cases:
+                prompts = [torch.randint(3, model.config.vocab_size, (args.prompt_len,), generator=g).tolist()
+                           for _ in range(n_prompts)]
                 res = run_case(model, prompts, n, args.new_tokens, args.reps, args.seed, not args.no_sdpa_baseline,
                                server)
-            except BaseException:
-                if server is not None:
-                    server.close()
-                raise
-            tps = res["tokens_per_s"]
-            entry: dict[str, Any] = {
-                "model": preset, "params": params, "case": case, "prompts": n_prompts, "n": n,
-                "rows": n_prompts * n, "new_tokens": args.new_tokens, **res,
-                "ratio_vs_hf": tps["builtin"] / tps["hf"],
-            }
-            if "hf_sdpa" in tps:
-                entry["ratio_vs_hf_sdpa"] = tps["builtin"] / tps["hf_sdpa"]
-            if "vllm" in tps:
-                entry["ratio_vs_vllm"] = tps["builtin"] / tps["vllm"]
-            results.append(entry)
-        if server is not None:
-            server.close()
+                tps = res["tokens_per_s"]
+                entry: dict[str, Any] = {
+                    "model": preset, "params": params, "case": case, "prompts": n_prompts, "n": n,
+                    "rows": n_prompts * n, "new_tokens": args.new_tokens, **res,
+                    "ratio_vs_hf": tps["builtin"] / tps["hf"],
+                }
+                if "hf_sdpa" in tps:
+                    entry["ratio_vs_hf_sdpa"] = tps["builtin"] / tps["hf_sdpa"]
+                if "vllm" in tps:
+                    entry["ratio_vs_vllm"] = tps["builtin"] / tps["vllm"]
+                results.append(entry)
     probes.append(probe())
     flops = max(probes)
     for entry in results:

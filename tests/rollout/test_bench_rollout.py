@@ -45,12 +45,20 @@ def test_bench_rollout_rejects_bad_sizes() -> None:
 
 @pytest.mark.timeout(900)
 @pytest.mark.parametrize("preset", ["tiny"] if vllm_wanted() else [])
-def test_bench_rollout_has_a_vllm_peer_column(tmp_path: Path, preset: str) -> None:
+def test_bench_rollout_has_a_vllm_peer_column(tmp_path: Path, preset: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The vllm column, and the weights exported for the vLLM server are gone afterwards (each run used to leave
+    a bench_vllm_* folder in the temporary directory: 257-514 MiB for SmolLM2)."""
+    import tempfile
+
+    scratch = tmp_path / "scratch"
+    scratch.mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(scratch))
     out = tmp_path / "rollout.json"
     args = ["bench", "rollout", "--models", preset, "--batch", "2", "--new-tokens", "4", "--n", "1", "--reps", "1",
             "--threads", "1", "--gemm-size", "64", "--no-sdpa-baseline", "--vllm-python", str(vllm_python()),
             "--json", str(out)]
     assert main(args) == 0
+    assert not [p.name for p in scratch.iterdir() if p.name.startswith("bench_vllm_")]
     (r,) = json.loads(out.read_text())["results"]
     assert set(r["tokens_per_s"]) == {"builtin", "hf", "vllm"} and r["tokens_per_s"]["vllm"] > 0
     assert r["ratio_vs_vllm"] == pytest.approx(r["tokens_per_s"]["builtin"] / r["tokens_per_s"]["vllm"])
@@ -99,3 +107,44 @@ def test_cpu_name_reads_model_name(tmp_path: Path) -> None:
     f = tmp_path / "cpuinfo"
     f.write_text("processor\t: 0\nmodel name\t: AMD EPYC 9B14\nflags\t: avx2\n")
     assert cpu_name(f) == "AMD EPYC 9B14"
+
+
+def test_vllm_peer_removes_its_folder_and_keeps_the_log_of_a_failed_start(tmp_path: Path,
+                                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    """``vllm_peer`` closes the server and removes its folder; when the server fails to start, the folder keeps
+    ``server.log`` (the error names it) and loses only the exported weights."""
+    import tempfile
+
+    from posttrain.bench import rollout as bench_rollout
+
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    closed: list[bool] = []
+
+    class Server:
+        def close(self) -> None:
+            closed.append(True)
+
+    def export(workdir: Path) -> None:
+        (workdir / "model").mkdir()
+        (workdir / "model" / "weights.safetensors").write_bytes(b"w" * 1024)
+        (workdir / "server.log").write_text("started\n")
+
+    def starts(model: object, python: Path, workdir: Path, dtype: str = "float32") -> Server:
+        export(workdir)
+        return Server()
+
+    def fails(model: object, python: Path, workdir: Path, dtype: str = "float32") -> Server:
+        export(workdir)
+        raise RuntimeError(f"vLLM server did not start; see {workdir / 'server.log'}")
+
+    monkeypatch.setattr(bench_rollout, "_vllm_server", starts)
+    with bench_rollout.vllm_peer(None, Path("python"), "bench_vllm_x_"):
+        (folder,) = tmp_path.iterdir()
+        assert (folder / "model" / "weights.safetensors").is_file()
+    assert closed == [True] and not list(tmp_path.iterdir())
+
+    monkeypatch.setattr(bench_rollout, "_vllm_server", fails)
+    with pytest.raises(RuntimeError, match="did not start"), bench_rollout.vllm_peer(None, Path("python"), "bench_vllm_x_"):
+        pass
+    (folder,) = tmp_path.iterdir()
+    assert (folder / "server.log").read_text() == "started\n" and not (folder / "model").exists()
