@@ -15,7 +15,8 @@ and no end of sequence (every row generates exactly ``new_tokens``), by:
   vLLM on the same weights (fp32), driven exactly as ``rollout.engine=vllm`` drives it, a
   127.0.0.1 server per model (start-up not timed; each timed call includes the HTTP/JSON round
   trip of the completions, as in training). Only for models with head_dim >= 32 (vLLM's CPU
-  attention), so not for ``micro``.
+  attention), so not for ``micro``. The weights are exported for it to a temporary folder that is
+  removed when its server closes (:func:`vllm_peer`; a failed start keeps that folder's ``server.log``).
 
 ``--dtype`` (float32 or bfloat16) is the dtype of every column: the model is cast once and each engine
 computes in it (vLLM is started with the same ``dtype``), and the GEMM probe of the roofline multiplies
