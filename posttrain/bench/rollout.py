@@ -47,11 +47,16 @@ import tempfile
 import time
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 from posttrain.rollout.precision import cpu_flags, native_bf16
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedModel
+
+    from posttrain.rollout.server_process import SpawnedEngine
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -125,7 +130,7 @@ def _time_hf(model: Any, prompts: list[list[int]], n: int, new_tokens: int, seed
     return dt, int(out.shape[0] * (out.shape[1] - ids.shape[1]))
 
 
-def _vllm_server(model: Any, python: Path, workdir: Path, dtype: str = "float32") -> Any:
+def _vllm_server(model: PreTrainedModel, python: Path, workdir: Path, dtype: str = "float32") -> SpawnedEngine:
     """A vLLM engine server (the ``rollout.engine=vllm`` path) on ``model``'s weights, in ``dtype``."""
     from posttrain.rollout.server_process import SpawnedEngine
 
@@ -136,7 +141,7 @@ def _vllm_server(model: Any, python: Path, workdir: Path, dtype: str = "float32"
 
 
 @contextlib.contextmanager
-def vllm_peer(model: Any, python: Path, prefix: str, dtype: str = "float32") -> Iterator[Any]:
+def vllm_peer(model: PreTrainedModel, python: Path, prefix: str, dtype: str = "float32") -> Iterator[SpawnedEngine]:
     """:func:`_vllm_server` on ``model`` in a fresh temporary folder (``prefix``), closed and removed on exit, so a
     benchmark leaves no exported weights behind (257-514 MiB for SmolLM2 per run). A server that fails to start
     raises with its folder's ``server.log`` kept (the error names it); only the exported weights are removed."""
