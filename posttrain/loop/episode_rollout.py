@@ -325,25 +325,36 @@ def episode_metrics(trajs: Sequence[Trajectory]) -> dict[str, float]:
     }
 
 
-def sft_pairs(rollout: EpisodeRollout, examples: Sequence[TaskExample]) -> list[tuple[list[int], list[int]]]:
-    """SFT warm-up pairs from the environment's demonstrations (``env.demonstration(seed) -> turns``).
+def sft_demonstrations(rollout: EpisodeRollout, examples: Sequence[TaskExample]
+                       ) -> list[list[tuple[list[int], list[int]]]]:
+    """SFT warm-up data from the environment's demonstrations (``env.demonstration(seed) -> turns``), one list
+    per example: its demonstration's pairs in turn order.
 
     Each demonstration is played through an episode exactly as the rollout renders it (same
     template, tool prompt and observations), and each of its assistant turns becomes one pair
     ``(all tokens before the turn, the turn's tokens + eos)`` (:func:`posttrain.learner.sft.run_sft`).
+    The warm-up draws whole demonstrations (:func:`posttrain.loop.warmup.sft_warmup`), so a call and the
+    answer that follows it are in the same step.
     """
     tok = rollout.run.tokenizer
-    pairs: list[tuple[list[int], list[int]]] = []
+    demos: list[list[tuple[list[int], list[int]]]] = []
     for i, ex in enumerate(examples):
         ep = rollout.new_episode(ex, traj_id=f"sft{i}", group_id=f"sft{i}")
         demo = getattr(ep.env, "demonstration", None)
         if demo is None:
             raise ValueError(f"env.name={rollout.cfg.env.name}: the environment has no demonstration(seed) for the "
                              "SFT warm-up (set sft.steps=0)")
+        pairs: list[tuple[list[int], list[int]]] = []
         for text in demo(env_seed(ex)):
             if not ep.wants_action():
                 break
             ids = list(tok(text, add_special_tokens=False).input_ids) + [tok.eos_token_id]
             pairs.append((ep.context(), ids))
             ep.apply(ids, [0.0] * len(ids), 0, "stop")
-    return pairs
+        demos.append(pairs)
+    return demos
+
+
+def sft_pairs(rollout: EpisodeRollout, examples: Sequence[TaskExample]) -> list[tuple[list[int], list[int]]]:
+    """The pairs of :func:`sft_demonstrations`, flat: every demonstrated turn of ``examples`` in order."""
+    return [pair for demo in sft_demonstrations(rollout, examples) for pair in demo]

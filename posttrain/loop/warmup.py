@@ -1,8 +1,9 @@
 """The SFT warm-up before RL (``sft.steps`` > 0): supervised steps on reference responses.
 
-Single-turn, the pairs are (rendered prompt, the example's ``meta['answer']`` + EOS); with ``env.name``,
-the environment's demonstrations, one pair per turn. ``sft.batch_size`` pairs are drawn per step with
-replacement (seeded by ``seed``) from ``sft.examples`` training examples; the per-step losses go to
+Single-turn, a demonstration is one pair (rendered prompt, the example's ``meta['answer']`` + EOS); with
+``env.name``, the environment's demonstration, one pair per assistant turn. ``sft.batch_size`` demonstrations
+are drawn per step with replacement (seeded by ``seed``) from ``sft.examples`` training examples, each with all
+its turns (a call and the answer that follows it train in the same step); the per-step losses go to
 ``sft_losses.json``. The reference model and the engine then take the warmed weights, so the step-0
 held-out evaluation and the KL are measured from them. The warm-up's problems are training ones,
 less any that states a held-out problem in other words (:func:`warmup_examples`): no problem of the
@@ -54,13 +55,13 @@ def sft_warmup(parts: Parts, run_dir: Path, progress: Progress | None = None) ->
     from posttrain.loop.parts import sync_weights
 
     cfg = parts.cfg
-    pairs = warmup_pairs(parts)
+    demos = warmup_demonstrations(parts)
     g = torch.Generator().manual_seed(cfg.seed)
     bar = progress.add_task("SFT warm-up", total=cfg.sft.steps) if progress else None
 
     def batches(s: int) -> list[tuple[list[int], list[int]]]:
-        idx = torch.randint(len(pairs), (cfg.sft.batch_size,), generator=g).tolist()
-        return [pairs[i] for i in idx]
+        idx = torch.randint(len(demos), (cfg.sft.batch_size,), generator=g).tolist()
+        return [pair for i in idx for pair in demos[i]]
 
     def on_step(s: int, loss: float) -> None:
         if progress is not None and bar is not None:
@@ -74,23 +75,24 @@ def sft_warmup(parts: Parts, run_dir: Path, progress: Progress | None = None) ->
     sync_weights(parts)
 
 
-def warmup_pairs(parts: Parts) -> list[tuple[list[int], list[int]]]:
-    """The warm-up's (prompt ids, response ids) pairs over :func:`warmup_examples` (none of the run's held-out
-    sets): single-turn, the rendered prompt and ``meta['answer']`` + EOS; with ``env.name``, the environment's
-    demonstrations, one pair per turn."""
+def warmup_demonstrations(parts: Parts) -> list[list[tuple[list[int], list[int]]]]:
+    """The warm-up's demonstrations over :func:`warmup_examples` (none of the run's held-out sets), each a list of
+    (prompt ids, response ids) pairs: single-turn, one pair (the rendered prompt and ``meta['answer']`` + EOS);
+    with ``env.name``, the environment's demonstration, one pair per assistant turn in turn order
+    (:func:`posttrain.loop.episode_rollout.sft_demonstrations`)."""
     from posttrain.loop.heldout import eval_splits, split_examples
 
     cfg = parts.cfg
     held = [ex for split in eval_splits(parts.task) for ex in split_examples(parts, split)]
     pool = warmup_examples(parts.task, cfg, held)
     if cfg.env.name is not None:  # multi-turn: the environment's demonstrations, one pair per turn
-        from posttrain.loop.episode_rollout import EpisodeRollout, sft_pairs
+        from posttrain.loop.episode_rollout import EpisodeRollout, sft_demonstrations
         from posttrain.loop.rollout_stage import RolloutStage
 
-        return sft_pairs(EpisodeRollout(cfg, parts, RolloutStage.from_config(cfg)), pool)
+        return sft_demonstrations(EpisodeRollout(cfg, parts, RolloutStage.from_config(cfg)), pool)
     tok = parts.tokenizer
-    return [(parts.renderer.ids(ex), tok(reference_answer(parts.task, ex)).input_ids + [tok.eos_token_id])
+    return [[(parts.renderer.ids(ex), tok(reference_answer(parts.task, ex)).input_ids + [tok.eos_token_id])]
             for ex in pool]
 
 
-__all__ = ["reference_answer", "sft_warmup", "warmup_examples", "warmup_pairs"]
+__all__ = ["reference_answer", "sft_warmup", "warmup_demonstrations", "warmup_examples"]

@@ -127,11 +127,11 @@ def held_out_tool_calls(parts: Parts, use_tools: bool = True) -> tuple[float, fl
 
 
 def test_the_warmup_makes_the_tiny_model_call_the_tool(tmp_path: Path) -> None:
-    """``tool_calc``'s warm-up, shortened (150 steps of 16, every demonstration a call): before it the tiny
+    """``tool_calc``'s warm-up, shortened (150 steps of 8 demonstrations, 16 turns: every demonstration a call): before it the tiny
     model never emits a parsable call on held-out problems; after it, more than one call per two episodes
     (~110 s on the loaded 2-core box, most of it the SFT)."""
     cfg = load_run_config("tool_calc", [f"run_dir={tmp_path}", "steps=0", "logging.progress=false", "eval.size=24",
-                                        "sft.steps=150", "sft.batch_size=16", "sft.examples=600",
+                                        "sft.steps=150", "sft.batch_size=8", "sft.examples=600",
                                         "env.kwargs={digits: 2, demo_direct_fraction: 0.0}"])
     run = open_run(cfg)
     try:
@@ -141,3 +141,42 @@ def test_the_warmup_makes_the_tiny_model_call_the_tool(tmp_path: Path) -> None:
     finally:
         run.close()
     assert calls0 < 0.1 and calls1 > 0.5, (calls0, calls1)
+
+
+def test_the_warmup_draws_whole_demonstrations(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each warm-up step holds ``sft.batch_size`` whole demonstrations: every demonstrated call with the answer
+    that follows it (its prompt extends the call's prompt + call), so no step trains the answer turn alone. A
+    draw per turn (the warm-up before this test) left most calls without their answer and the opposite, and
+    which of the two a short warm-up's last steps held decided whether SmolLM2 called at all (docs/models.md)."""
+    import posttrain.learner.sft as sft_mod
+
+    seen: list[list[tuple[list[int], list[int]]]] = []
+
+    def fake_run_sft(learner, batches, *, steps, lr, pad_token_id, on_step=None):  # type: ignore[no-untyped-def]
+        seen.extend(list(batches(s)) for s in range(steps))
+        return [0.0] * steps
+
+    monkeypatch.setattr(sft_mod, "run_sft", fake_run_sft)
+    cfg = load_run_config("tool_calc", [f"run_dir={tmp_path}", "steps=0", "logging.progress=false", "eval.size=8",
+                                        "sft.steps=6", "sft.batch_size=5", "sft.examples=50",
+                                        "env.kwargs={digits: 2, demo_direct_fraction: 0.5}"])
+    run = open_run(cfg)
+    try:
+        sft_warmup(run.parts, run.dir)
+        tok = run.parts.tokenizer
+    finally:
+        run.close()
+    assert len(seen) == 6
+    n_calls = 0
+    for batch in seen:
+        prompts = [p for p, _ in batch]
+        firsts = [p for p in prompts if not any(len(q) < len(p) and p[:len(q)] == q for q in prompts)]
+        assert len(firsts) == 5, [tok.decode(p) for p in prompts]  # five demonstrations, counted by first turn
+        for p, a in batch:
+            if tok.decode(a).startswith("<tool_call>"):
+                n_calls += 1
+                follow = [q for q, _ in batch if len(q) > len(p) + len(a) and q[:len(p) + len(a)] == p + a]
+                assert follow, f"a call without its answer in the step: {tok.decode(p + a)!r}"
+            else:
+                assert tok.decode(a).startswith("<answer>")
+    assert n_calls > 0
