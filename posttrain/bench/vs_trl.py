@@ -53,6 +53,7 @@ import torch
 from torch.utils.hooks import RemovableHandle
 
 from posttrain.bench.rollout import cpu_name
+from posttrain.bench.vs_trl_seeds import parse_seeds
 from posttrain.errors import UserError
 
 if TYPE_CHECKING:  # annotations only: the CLI imports every bench module, these stay lazy
@@ -127,6 +128,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="dtype policy of both sides (default fp32); bf16: bf16 compute over float32 master weights "
                         "(posttrain rollout.precision=bf16 + learner.precision=bf16; TRL bf16=True), refused on a CPU "
                         "without AVX512_BF16 or AMX-BF16")
+    parser.add_argument("--seeds", type=parse_seeds, default=None,
+                        help="comma-separated seeds (e.g. 0,1,2): the whole comparison once per seed (its own SFT "
+                        "start, prompts and sampling; work dir WORK_DIR/seed_S), the held-out problems drawn once for "
+                        "all (eval.heldout_seed: the first seed unless given), then posttrain - TRL held-out accuracy "
+                        "pooled over seeds with its paired bootstrap interval over problems, and the paired t-interval "
+                        "over seeds")
     parser.add_argument("overrides", nargs="*", help="key=value overrides of the recipe (applied to both sides)")
 
 
@@ -190,11 +197,21 @@ def _config(recipe: str, overrides: Sequence[str]) -> RunConfig:
 
 
 def _heldout(cfg: RunConfig) -> tuple[Task, list[TaskExample]]:
-    """``cfg``'s task and its ``eval.size`` held-out examples (seed ``cfg.seed``)."""
+    """``cfg``'s task and its ``eval.size`` held-out examples, drawn as a run draws them: with ``eval.heldout_seed``,
+    else the run's ``seed`` (:meth:`~posttrain.config.monitoring.EvalConfig.heldout_seed_of`)."""
     from posttrain.loop.builders import build_task
 
     task: Task = build_task(cfg)
-    return task, list(task.examples("heldout", cfg.eval.size, seed=cfg.seed))
+    return task, list(task.examples("heldout", cfg.eval.size, seed=cfg.eval.heldout_seed_of(cfg.seed)))
+
+
+class OutcomesJson(TypedDict):
+    """Per held-out problem (one entry per distinct prompt id): samples judged and samples correct
+    (:class:`~posttrain.diagnostics.heldout_outcomes.SetOutcomes` as JSON), what ``--seeds`` pairs the sides on."""
+
+    prompt_ids: list[str]
+    valid: list[int]
+    correct: list[int]
 
 
 class HeldoutFigures(TypedDict):
@@ -204,20 +221,23 @@ class HeldoutFigures(TypedDict):
     reward_mean: float
     n: int
     status_counts: dict[str, int]
+    outcomes: OutcomesJson
 
 
 def evaluate_model(model: torch.nn.Module, tokenizer: PreTrainedTokenizerBase,
                    cfg: RunConfig) -> HeldoutFigures:
     """Greedy held-out accuracy of ``model`` with posttrain's evaluator (the same for both sides)."""
     from posttrain.loop.builders import build_engine, build_renderer
-    from posttrain.loop.heldout import evaluate
+    from posttrain.loop.heldout import evaluate, outcomes_of
 
     task, heldout = _heldout(cfg)
     engine = build_engine(model, tokenizer)
     res = evaluate(engine, tokenizer, task, heldout,
                    max_new_tokens=cfg.eval.max_new_tokens or cfg.sampling.max_new_tokens,
                    temperature=0.0, seed=cfg.seed, renderer=build_renderer(cfg, tokenizer))
-    return {"accuracy": res.accuracy, "reward_mean": res.reward_mean, "n": res.n, "status_counts": res.status_counts}
+    out = outcomes_of(res, heldout)
+    return {"accuracy": res.accuracy, "reward_mean": res.reward_mean, "n": res.n, "status_counts": res.status_counts,
+            "outcomes": {"prompt_ids": list(out.prompt_ids), "valid": list(out.valid), "correct": list(out.correct)}}
 
 
 def _load(path: Path) -> tuple[PreTrainedTokenizerBase, PreTrainedModel]:
@@ -676,6 +696,8 @@ class VsTrlReport(TypedDict):
     cpu_count: int | None
     torch: str
     sft_dir: str
+    seed: int
+    heldout_seed: int
     sft_heldout_accuracy: float
     heldout_size: int
     precision: str
@@ -777,19 +799,50 @@ def run(args: argparse.Namespace) -> int:
         level_before = plog.level
         plog.setLevel(logging.ERROR)
         try:
-            return _run(args, overrides, steps, cpu)
+            seeds: list[int] | None = getattr(args, "seeds", None)
+            if seeds:
+                return _run_seeds(args, overrides, steps, cpu, seeds)
+            res = _run(args, overrides, steps, cpu, Path(args.work_dir))
+            _write_json(args, res)
+            return 0
         finally:
             plog.setLevel(level_before)
     finally:
         torch.set_num_threads(threads_before)
 
 
-def _run(args: argparse.Namespace, overrides: list[str], steps: int, cpu: CpuFacts) -> int:
+def _write_json(args: argparse.Namespace, obj: object) -> None:
+    """``obj`` as indented JSON to ``--json`` (when given), its folder made."""
+    if getattr(args, "json_path", None):
+        Path(args.json_path).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.json_path).write_text(json.dumps(obj, indent=1, default=str))
+        print(f"json: {args.json_path}")
+
+
+def _run_seeds(args: argparse.Namespace, overrides: list[str], steps: int, cpu: CpuFacts, seeds: list[int]) -> int:
+    """``--seeds``: :func:`_run` once per seed (``seed=S``, work dir ``WORK_DIR/seed_S``, the held-out problems of
+    :func:`~posttrain.bench.vs_trl_seeds.seeded_overrides`), then the per-seed table and the pooled difference
+    (:func:`~posttrain.bench.vs_trl_seeds.summarize`); the JSON holds every seed's report and the summary."""
+    from posttrain.bench.vs_trl_seeds import seeded_overrides, seeds_table, summarize
+
+    base, heldout_seed = seeded_overrides(overrides, seeds)
+    reports: list[VsTrlReport] = []
+    for seed in seeds:
+        print(f"--- seed {seed} (held-out problems drawn with seed {heldout_seed}) ---", flush=True)
+        reports.append(_run(args, [*base, f"seed={seed}"], steps, cpu, Path(args.work_dir) / f"seed_{seed}"))
+    summary = summarize(seeds, heldout_seed, reports)
+    print(seeds_table(summary))
+    _write_json(args, {"seeds": seeds, "runs": reports, "summary": summary})
+    return 0
+
+
+def _run(args: argparse.Namespace, overrides: list[str], steps: int, cpu: CpuFacts, work: Path) -> VsTrlReport:
+    """One comparison with ``overrides`` in ``work``: the SFT start, then both sides in ``--trl-first`` order;
+    prints the header, the table and posttrain's step split; returns the report (the JSON of one run)."""
     precision = getattr(args, "precision", "fp32")
     cfg = _config(args.recipe, overrides)  # SFT start, TRL's settings, the held-out judge: float32
     precision_overrides = POSTTRAIN_PRECISION_OVERRIDES[precision]
     pt_cfg = _config(args.recipe, overrides + precision_overrides) if precision_overrides else cfg
-    work = Path(args.work_dir)
     work.mkdir(parents=True, exist_ok=True)
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
@@ -810,6 +863,7 @@ def _run(args: argparse.Namespace, overrides: list[str], steps: int, cpu: CpuFac
         "prompts_per_step": s.prompts_per_step, "group_size": s.group_size, "max_new_tokens": s.max_new_tokens,
         "lr": cfg.optim.lr, "temperature": s.temperature, "torch_threads": torch.get_num_threads(),
         "cpu_count": os.cpu_count(), "torch": torch.__version__, "sft_dir": str(sft_dir),
+        "seed": cfg.seed, "heldout_seed": cfg.eval.heldout_seed_of(cfg.seed),
         "sft_heldout_accuracy": sft_eval["accuracy"], "heldout_size": cfg.eval.size,
         "precision": precision, "posttrain_precision": precision, "trl_precision": precision,
         "precision_detail": PRECISION_DETAIL[precision], "posttrain_precision_overrides": precision_overrides,
@@ -840,8 +894,4 @@ def _run(args: argparse.Namespace, overrides: list[str], steps: int, cpu: CpuFac
         sp = p["time_split_s"]
         print(f"posttrain step split (mean s): rollout {sp['time/rollout_s']:.3f}, reward {sp['time/reward_s']:.3f}, "
               f"learner {sp['time/learner_s']:.3f}, other {p['step_s_mean'] - sum(sp.values()):.3f}")
-    if getattr(args, "json_path", None):
-        Path(args.json_path).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.json_path).write_text(json.dumps(res, indent=1, default=str))
-        print(f"json: {args.json_path}")
-    return 0
+    return res

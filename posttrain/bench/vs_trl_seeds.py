@@ -1,0 +1,189 @@
+"""``posttrain bench vs-trl --seeds 0,1,2``: the comparison once per seed, and what the seeds say together.
+
+Each seed is one whole ``bench vs-trl`` run: its own SFT start, prompts and sampling on both sides. The held-out
+problems are drawn once for every seed (``eval.heldout_seed``: the first seed unless the overrides give it), so
+the seeds compare like with like. What the summary reports:
+
+- ``heldout_accuracy_diff``: posttrain - TRL held-out accuracy after RL, pooled over the seeds, with the paired
+  percentile bootstrap over problems (Efron & Tibshirani 1993, ch. 13): each problem is one unit, its judged and
+  correct samples summed over the seeds on each side
+  (:func:`~posttrain.diagnostics.outcome_difference.paired_difference`). It says how far the difference could move
+  with another draw of problems at these seeds;
+- ``heldout_accuracy_diff_over_seeds``: the mean of the per-seed differences with the paired Student-t 95%
+  interval over seeds (:func:`~posttrain.diagnostics.budget.difference`), how far it could move with other seeds;
+- ``speedup_vs_trl``: TRL's mean steady step time over posttrain's, each averaged over the seeds (per seed too).
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import statistics
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, TypedDict
+
+from posttrain.diagnostics.budget import difference
+from posttrain.diagnostics.heldout_outcomes import SetOutcomes
+from posttrain.diagnostics.outcome_difference import paired_difference
+from posttrain.errors import UserError
+
+if TYPE_CHECKING:
+    from posttrain.bench.vs_trl import OutcomesJson, VsTrlReport
+
+
+def parse_seeds(text: str) -> list[int]:
+    """``"0,1,2"`` -> ``[0, 1, 2]`` (``--seeds``): distinct non-negative integers, at least one; anything else is
+    refused naming the item (:class:`argparse.ArgumentTypeError`)."""
+    items = [t.strip() for t in text.split(",")]
+    seeds: list[int] = []
+    for t in items:
+        if not t.isdigit():
+            raise argparse.ArgumentTypeError(f"--seeds {text!r}: {t!r} is not a non-negative integer")
+        if int(t) in seeds:
+            raise argparse.ArgumentTypeError(f"--seeds {text!r}: seed {int(t)} is given twice")
+        seeds.append(int(t))
+    return seeds
+
+
+def seeded_overrides(overrides: Sequence[str], seeds: Sequence[int]) -> tuple[list[str], int]:
+    """The overrides every seed's run shares and the seed its held-out problems are drawn with.
+
+    ``seed=`` among the overrides is refused (``--seeds`` sets it per run: it could not take effect);
+    ``eval.heldout_seed=N`` is kept and used, else ``eval.heldout_seed=<first seed>`` is added."""
+    if any(o.strip().startswith("seed=") for o in overrides):
+        raise UserError("bench vs-trl: a seed= override cannot take effect with --seeds (each run's seed is one of "
+                        "--seeds); drop it")
+    given = [o for o in overrides if o.strip().startswith("eval.heldout_seed=")]
+    if given:
+        value = given[-1].split("=", 1)[1].strip()
+        if not value.isdigit():
+            raise UserError(f"bench vs-trl --seeds: {given[-1]!r}: the held-out problems need a fixed seed (an integer)")
+        return list(overrides), int(value)
+    return [*overrides, f"eval.heldout_seed={seeds[0]}"], seeds[0]
+
+
+class SeedRow(TypedDict):
+    """One seed's figures in the summary (NaN where a side did not run)."""
+
+    seed: int
+    sft_heldout_accuracy: float
+    posttrain_heldout_accuracy: float
+    trl_heldout_accuracy: float
+    heldout_accuracy_diff: float
+    posttrain_step_s: float
+    trl_step_s: float
+    speedup_vs_trl: float
+
+
+class PooledDifference(TypedDict):
+    """posttrain - TRL pooled over seeds with its paired bootstrap interval over ``n_problems`` problems."""
+
+    estimate: float
+    low: float
+    high: float
+    n_problems: int
+    level: float
+
+
+class SeedDifference(TypedDict):
+    """The mean per-seed posttrain - TRL difference with its interval over seeds (``None`` bounds: no interval)."""
+
+    mean: float
+    low: float | None
+    high: float | None
+    seeds: int
+    method: str
+
+
+class SeedsSummary(TypedDict):
+    """The ``summary`` object of ``bench vs-trl --seeds`` (:func:`summarize`)."""
+
+    seeds: list[int]
+    heldout_seed: int
+    per_seed: list[SeedRow]
+    heldout_accuracy_diff: PooledDifference | None
+    heldout_accuracy_diff_over_seeds: SeedDifference | None
+    posttrain_step_s_mean: float
+    trl_step_s_mean: float
+    speedup_vs_trl: float
+
+
+def _outcomes(o: OutcomesJson) -> SetOutcomes:
+    return SetOutcomes(tuple(o["prompt_ids"]), tuple(o["valid"]), tuple(o["correct"]))
+
+
+def _num(x: float | None) -> float:
+    return float("nan") if x is None else float(x)
+
+
+def summarize(seeds: Sequence[int], heldout_seed: int, reports: Sequence[VsTrlReport]) -> SeedsSummary:
+    """The per-seed rows of ``reports`` (one per seed of ``seeds``, same order) and what they say together: the
+    pooled paired-bootstrap difference over problems, the paired t-interval over seeds, the step-time ratio.
+
+    The pooled difference is over the seeds where both sides ran (``None`` when none did)."""
+    if len(seeds) != len(reports):
+        raise ValueError(f"summarize: {len(seeds)} seeds and {len(reports)} reports")
+    rows: list[SeedRow] = []
+    pairs: list[tuple[SetOutcomes, SetOutcomes]] = []
+    pt_acc: dict[int, float] = {}
+    trl_acc: dict[int, float] = {}
+    for seed, r in zip(seeds, reports, strict=True):
+        p, t = r["posttrain"], r["trl"]
+        pa = p["heldout_accuracy"] if p else None
+        ta = t["heldout_accuracy"] if t else None
+        ps = p["step_s_mean"] if p else None
+        ts = t["step_s_mean"] if t else None
+        rows.append({"seed": seed, "sft_heldout_accuracy": r["sft_heldout_accuracy"],
+                     "posttrain_heldout_accuracy": _num(pa), "trl_heldout_accuracy": _num(ta),
+                     "heldout_accuracy_diff": _num(pa) - _num(ta), "posttrain_step_s": _num(ps), "trl_step_s": _num(ts),
+                     "speedup_vs_trl": _num(ts) / _num(ps) if ps else float("nan")})
+        if p is not None and t is not None:
+            pairs.append((_outcomes(t["heldout"]["outcomes"]), _outcomes(p["heldout"]["outcomes"])))
+            pt_acc[seed], trl_acc[seed] = p["heldout_accuracy"], t["heldout_accuracy"]
+    pooled: PooledDifference | None = None
+    if pairs:
+        iv = paired_difference(pairs)  # (baseline TRL, other posttrain): posttrain - TRL
+        pooled = {"estimate": iv.estimate, "low": iv.low, "high": iv.high, "n_problems": iv.n, "level": iv.level}
+    d = difference(trl_acc, pt_acc)  # b - a = posttrain - TRL, paired by seed
+    over: SeedDifference | None = None
+    if d is not None:
+        over = {"mean": d.mean, "low": d.low, "high": d.high, "seeds": d.n_a, "method": d.method}
+    p_steps = [x["posttrain_step_s"] for x in rows if math.isfinite(x["posttrain_step_s"])]
+    t_steps = [x["trl_step_s"] for x in rows if math.isfinite(x["trl_step_s"])]
+    p_mean = statistics.fmean(p_steps) if p_steps else float("nan")
+    t_mean = statistics.fmean(t_steps) if t_steps else float("nan")
+    return {"seeds": list(seeds), "heldout_seed": heldout_seed, "per_seed": rows, "heldout_accuracy_diff": pooled,
+            "heldout_accuracy_diff_over_seeds": over, "posttrain_step_s_mean": p_mean, "trl_step_s_mean": t_mean,
+            "speedup_vs_trl": t_mean / p_mean if p_steps and t_steps else float("nan")}
+
+
+def _f(x: float | None, spec: str) -> str:
+    return "-" if x is None or not math.isfinite(x) else format(x, spec)
+
+
+def seeds_table(summary: SeedsSummary) -> str:
+    """The printed per-seed table and the two intervals of ``summary`` (accuracies and differences in points)."""
+    lines = [f"held-out problems drawn with seed {summary['heldout_seed']} for every seed",
+             f"{'seed':>4}  {'SFT start':>9}  {'posttrain':>9}  {'TRL':>9}  {'pt - TRL':>9}  {'pt s/step':>9}  "
+             f"{'TRL s/step':>10}  speed-up"]
+    for r in summary["per_seed"]:
+        lines.append(f"{r['seed']:>4}  {_f(r['sft_heldout_accuracy'], '.3f'):>9}  "
+                     f"{_f(r['posttrain_heldout_accuracy'], '.3f'):>9}  {_f(r['trl_heldout_accuracy'], '.3f'):>9}  "
+                     f"{_f(100 * r['heldout_accuracy_diff'], '+.1f'):>9}  {_f(r['posttrain_step_s'], '.3f'):>9}  "
+                     f"{_f(r['trl_step_s'], '.3f'):>10}  {_f(r['speedup_vs_trl'], '.2f')}x")
+    pooled = summary["heldout_accuracy_diff"]
+    if pooled is not None:
+        lines.append(f"posttrain - TRL, pooled over seeds: {_f(100 * pooled['estimate'], '+.1f')} points "
+                     f"[{_f(100 * pooled['low'], '+.1f')}, {_f(100 * pooled['high'], '+.1f')}] "
+                     f"({pooled['level']:.0%} paired bootstrap over {pooled['n_problems']} problems)")
+    over = summary["heldout_accuracy_diff_over_seeds"]
+    if over is not None:
+        bounds = ("no interval" if over["low"] is None or over["high"] is None
+                  else f"[{100 * over['low']:+.1f}, {100 * over['high']:+.1f}]")
+        lines.append(f"posttrain - TRL, mean over seeds: {100 * over['mean']:+.1f} points {bounds} ({over['method']})")
+    lines.append(f"speed-up vs TRL (mean step times over seeds): {_f(summary['speedup_vs_trl'], '.2f')}x")
+    return "\n".join(lines)
+
+
+__all__ = ["PooledDifference", "SeedDifference", "SeedRow", "SeedsSummary", "parse_seeds", "seeded_overrides",
+           "seeds_table", "summarize"]
