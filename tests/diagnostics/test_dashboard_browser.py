@@ -12,7 +12,6 @@ from __future__ import annotations
 import fcntl
 import json
 import os
-import tempfile
 import threading
 import time
 from collections.abc import Iterator
@@ -25,8 +24,15 @@ from posttrain.diagnostics.dashboard_data import MAX_POINTS
 from posttrain.diagnostics.viewer_server import make_dashboard
 from tests.diagnostics.synthetic import CONFIG, rl_metrics, step1, traj, write_outcomes, write_run
 
-IMG = Path(os.environ.get("POSTTRAIN_SCREENSHOTS") or tempfile.mkdtemp(prefix="posttrain-view-shots-"))
-IMG.mkdir(parents=True, exist_ok=True)
+
+@pytest.fixture(scope="module")
+def shots(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Where the screenshots go: ``POSTTRAIN_SCREENSHOTS``, else a folder of pytest's own temporary tree (pruned by
+    pytest with the rest; a ``mkdtemp`` of the system's /tmp was left behind by every run)."""
+    env = os.environ.get("POSTTRAIN_SCREENSHOTS")
+    path = Path(env) if env else tmp_path_factory.mktemp("view-shots")
+    path.mkdir(parents=True, exist_ok=True)
+    return path
 
 
 @pytest.fixture
@@ -87,7 +93,7 @@ def trace(browser: Any, panel: str, key: str) -> dict[str, Any]:
     )
 
 
-def test_runs_page_and_run_page_of_a_finished_run(runs: tuple[str, Path], browser: Any) -> None:
+def test_runs_page_and_run_page_of_a_finished_run(runs: tuple[str, Path], browser: Any, shots: Path) -> None:
     from selenium.webdriver.common.by import By
     from selenium.webdriver.support.ui import Select, WebDriverWait
 
@@ -102,7 +108,7 @@ def test_runs_page_and_run_page_of_a_finished_run(runs: tuple[str, Path], browse
     held = rows[1].find_element(By.CSS_SELECTOR, ".heldout").text
     assert held.startswith("heldout/accuracy 0.600 [") and "@ step 20 (n=60)" in held
     assert "grpo" in rows[1].text and "grpo_demo" in rows[1].text
-    browser.save_screenshot(str(IMG / "view_runs.png"))
+    browser.save_screenshot(str(shots / "view_runs.png"))
 
     rows[1].find_element(By.TAG_NAME, "a").click()
     wait_ready(browser)
@@ -140,7 +146,7 @@ def test_runs_page_and_run_page_of_a_finished_run(runs: tuple[str, Path], browse
     assert (
         len(ann) == 1 and "entropy collapse" in ann[0][0] and ann[0][1] == step and "Clip-Higher" in ann[0][2]
     )
-    browser.save_screenshot(str(IMG / "view_run.png"))
+    browser.save_screenshot(str(shots / "view_run.png"))
 
     # x axis: generated tokens (640 per step, cumulative), then wall time (1.6 s per step)
     Select(browser.find_element(By.ID, "xaxis")).select_by_value("tokens")
@@ -162,7 +168,7 @@ def test_runs_page_and_run_page_of_a_finished_run(runs: tuple[str, Path], browse
     assert severe(browser) == []
 
 
-def test_click_on_a_point_opens_that_steps_trajectories(runs: tuple[str, Path], browser: Any) -> None:
+def test_click_on_a_point_opens_that_steps_trajectories(runs: tuple[str, Path], browser: Any, shots: Path) -> None:
     from selenium.webdriver.common.action_chains import ActionChains
     from selenium.webdriver.common.by import By
     from selenium.webdriver.support.ui import WebDriverWait
@@ -188,7 +194,7 @@ def test_click_on_a_point_opens_that_steps_trajectories(runs: tuple[str, Path], 
     assert not browser.find_element(By.ID, "back").get_attribute("hidden")
     browser.find_elements(By.CSS_SELECTOR, ".traj")[0].click()
     wait.until(lambda d: len(d.find_elements(By.CSS_SELECTOR, ".tok")) == 4)
-    browser.save_screenshot(str(IMG / "view_traj.png"))
+    browser.save_screenshot(str(shots / "view_traj.png"))
     # a step without trajectories (the step-0 evaluation) opens the nearest step and says so
     browser.get(base + "/run/demo/traj/?step=0")
     wait.until(lambda d: d.find_elements(By.CSS_SELECTOR, "#step-1.sel"))
@@ -257,7 +263,7 @@ def test_bad_metrics_show_a_message_never_a_blank_page(runs: tuple[str, Path], b
     assert severe(browser) == []
 
 
-def test_compare_overlays_two_runs(runs: tuple[str, Path], browser: Any) -> None:
+def test_compare_overlays_two_runs(runs: tuple[str, Path], browser: Any, shots: Path) -> None:
     from selenium.webdriver.common.by import By
     from selenium.webdriver.support.ui import WebDriverWait
 
@@ -283,7 +289,7 @@ def test_compare_overlays_two_runs(runs: tuple[str, Path], browser: Any) -> None
     assert severe(browser) == []
 
 
-def test_compare_shows_a_recipes_seeds_as_a_band(runs: tuple[str, Path], browser: Any) -> None:
+def test_compare_shows_a_recipes_seeds_as_a_band(runs: tuple[str, Path], browser: Any, shots: Path) -> None:
     from selenium.webdriver.common.by import By
 
     base, root = runs
@@ -319,7 +325,7 @@ def test_compare_shows_a_recipes_seeds_as_a_band(runs: tuple[str, Path], browser
         and "x 3 seeds pooled" in rows[1]
         and "(paired t over 3 seeds)" in rows[1]
     )
-    browser.save_screenshot(str(IMG / "view_compare.png"))
+    browser.save_screenshot(str(shots / "view_compare.png"))
     assert severe(browser) == []
 
 
