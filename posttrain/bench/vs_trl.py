@@ -60,6 +60,7 @@ if TYPE_CHECKING:  # annotations only: the CLI imports every bench module, these
     from transformers import PreTrainedModel, PreTrainedTokenizerBase, TrainerCallback
     from trl.trainer.grpo_config import GRPOConfig  # the optional [bench] extra: Any for mypy without it
 
+    from posttrain.bench.vs_trl_seeds import SideFigures
     from posttrain.config import RunConfig
     from posttrain.envs.task import Task, TaskExample
 
@@ -823,17 +824,30 @@ def _run_seeds(args: argparse.Namespace, overrides: list[str], steps: int, cpu: 
     """``--seeds``: :func:`_run` once per seed (``seed=S``, work dir ``WORK_DIR/seed_S``, the held-out problems of
     :func:`~posttrain.bench.vs_trl_seeds.seeded_overrides`), then the per-seed table and the pooled difference
     (:func:`~posttrain.bench.vs_trl_seeds.summarize`); the JSON holds every seed's report and the summary."""
-    from posttrain.bench.vs_trl_seeds import seeded_overrides, seeds_table, summarize
+    from posttrain.bench.vs_trl_seeds import SeedResult, seeded_overrides, seeds_table, summarize
 
     base, heldout_seed = seeded_overrides(overrides, seeds)
     reports: list[VsTrlReport] = []
     for seed in seeds:
         print(f"--- seed {seed} (held-out problems drawn with seed {heldout_seed}) ---", flush=True)
         reports.append(_run(args, [*base, f"seed={seed}"], steps, cpu, Path(args.work_dir) / f"seed_{seed}"))
-    summary = summarize(seeds, heldout_seed, reports)
+    summary = summarize(heldout_seed, [SeedResult(r["seed"], r["sft_heldout_accuracy"], _side_figures(r["posttrain"]),
+                                                  _side_figures(r["trl"])) for r in reports])
     print(seeds_table(summary))
     _write_json(args, {"seeds": seeds, "runs": reports, "summary": summary})
     return 0
+
+
+def _side_figures(side: SideResult | None) -> SideFigures | None:
+    """What ``--seeds``' summary reads of one side's result (``None``: the side did not run)."""
+    from posttrain.bench.vs_trl_seeds import SideFigures
+    from posttrain.diagnostics.heldout_outcomes import SetOutcomes
+
+    if side is None:
+        return None
+    o = side["heldout"]["outcomes"]
+    return SideFigures(side["heldout_accuracy"], side["step_s_mean"],
+                       SetOutcomes(tuple(o["prompt_ids"]), tuple(o["valid"]), tuple(o["correct"])))
 
 
 def _run(args: argparse.Namespace, overrides: list[str], steps: int, cpu: CpuFacts, work: Path) -> VsTrlReport:

@@ -17,18 +17,16 @@ the seeds compare like with like. What the summary reports:
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import math
 import statistics
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, TypedDict
+from typing import TypedDict
 
 from posttrain.diagnostics.budget import difference
 from posttrain.diagnostics.heldout_outcomes import SetOutcomes
 from posttrain.diagnostics.outcome_difference import paired_difference
 from posttrain.errors import UserError
-
-if TYPE_CHECKING:
-    from posttrain.bench.vs_trl import OutcomesJson, VsTrlReport
 
 
 def parse_seeds(text: str) -> list[int]:
@@ -108,38 +106,49 @@ class SeedsSummary(TypedDict):
     speedup_vs_trl: float
 
 
-def _outcomes(o: OutcomesJson) -> SetOutcomes:
-    return SetOutcomes(tuple(o["prompt_ids"]), tuple(o["valid"]), tuple(o["correct"]))
+@dataclasses.dataclass(frozen=True)
+class SideFigures:
+    """What the summary reads of one side of one seed's run: held-out accuracy after RL, the mean steady step time
+    and the per-problem outcomes behind that accuracy."""
+
+    heldout_accuracy: float
+    step_s_mean: float
+    outcomes: SetOutcomes
 
 
-def _num(x: float | None) -> float:
-    return float("nan") if x is None else float(x)
+@dataclasses.dataclass(frozen=True)
+class SeedResult:
+    """One seed's run: its SFT start's held-out accuracy and each side's figures (``None``: that side did not run)."""
+
+    seed: int
+    sft_heldout_accuracy: float
+    posttrain: SideFigures | None
+    trl: SideFigures | None
 
 
-def summarize(seeds: Sequence[int], heldout_seed: int, reports: Sequence[VsTrlReport]) -> SeedsSummary:
-    """The per-seed rows of ``reports`` (one per seed of ``seeds``, same order) and what they say together: the
-    pooled paired-bootstrap difference over problems, the paired t-interval over seeds, the step-time ratio.
+def _num(side: SideFigures | None, field: str) -> float:
+    return float("nan") if side is None else float(getattr(side, field))
+
+
+def summarize(heldout_seed: int, results: Sequence[SeedResult]) -> SeedsSummary:
+    """The per-seed rows of ``results`` and what they say together: the pooled paired-bootstrap difference over
+    problems, the paired t-interval over seeds, the step-time ratio.
 
     The pooled difference is over the seeds where both sides ran (``None`` when none did)."""
-    if len(seeds) != len(reports):
-        raise ValueError(f"summarize: {len(seeds)} seeds and {len(reports)} reports")
     rows: list[SeedRow] = []
     pairs: list[tuple[SetOutcomes, SetOutcomes]] = []
     pt_acc: dict[int, float] = {}
     trl_acc: dict[int, float] = {}
-    for seed, r in zip(seeds, reports, strict=True):
-        p, t = r["posttrain"], r["trl"]
-        pa = p["heldout_accuracy"] if p else None
-        ta = t["heldout_accuracy"] if t else None
-        ps = p["step_s_mean"] if p else None
-        ts = t["step_s_mean"] if t else None
-        rows.append({"seed": seed, "sft_heldout_accuracy": r["sft_heldout_accuracy"],
-                     "posttrain_heldout_accuracy": _num(pa), "trl_heldout_accuracy": _num(ta),
-                     "heldout_accuracy_diff": _num(pa) - _num(ta), "posttrain_step_s": _num(ps), "trl_step_s": _num(ts),
-                     "speedup_vs_trl": _num(ts) / _num(ps) if ps else float("nan")})
+    for r in results:
+        p, t = r.posttrain, r.trl
+        pa, ta = _num(p, "heldout_accuracy"), _num(t, "heldout_accuracy")
+        ps, ts = _num(p, "step_s_mean"), _num(t, "step_s_mean")
+        rows.append({"seed": r.seed, "sft_heldout_accuracy": r.sft_heldout_accuracy,
+                     "posttrain_heldout_accuracy": pa, "trl_heldout_accuracy": ta, "heldout_accuracy_diff": pa - ta,
+                     "posttrain_step_s": ps, "trl_step_s": ts, "speedup_vs_trl": ts / ps if ps else float("nan")})
         if p is not None and t is not None:
-            pairs.append((_outcomes(t["heldout"]["outcomes"]), _outcomes(p["heldout"]["outcomes"])))
-            pt_acc[seed], trl_acc[seed] = p["heldout_accuracy"], t["heldout_accuracy"]
+            pairs.append((t.outcomes, p.outcomes))
+            pt_acc[r.seed], trl_acc[r.seed] = p.heldout_accuracy, t.heldout_accuracy
     pooled: PooledDifference | None = None
     if pairs:
         iv = paired_difference(pairs)  # (baseline TRL, other posttrain): posttrain - TRL
@@ -152,7 +161,7 @@ def summarize(seeds: Sequence[int], heldout_seed: int, reports: Sequence[VsTrlRe
     t_steps = [x["trl_step_s"] for x in rows if math.isfinite(x["trl_step_s"])]
     p_mean = statistics.fmean(p_steps) if p_steps else float("nan")
     t_mean = statistics.fmean(t_steps) if t_steps else float("nan")
-    return {"seeds": list(seeds), "heldout_seed": heldout_seed, "per_seed": rows, "heldout_accuracy_diff": pooled,
+    return {"seeds": [r.seed for r in results], "heldout_seed": heldout_seed, "per_seed": rows, "heldout_accuracy_diff": pooled,
             "heldout_accuracy_diff_over_seeds": over, "posttrain_step_s_mean": p_mean, "trl_step_s_mean": t_mean,
             "speedup_vs_trl": t_mean / p_mean if p_steps and t_steps else float("nan")}
 
@@ -185,5 +194,5 @@ def seeds_table(summary: SeedsSummary) -> str:
     return "\n".join(lines)
 
 
-__all__ = ["PooledDifference", "SeedDifference", "SeedRow", "SeedsSummary", "parse_seeds", "seeded_overrides",
+__all__ = ["PooledDifference", "SeedDifference", "SeedResult", "SeedRow", "SeedsSummary", "SideFigures", "parse_seeds", "seeded_overrides",
            "seeds_table", "summarize"]

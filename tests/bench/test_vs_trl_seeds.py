@@ -12,7 +12,15 @@ from typing import TYPE_CHECKING, Any
 import pytest
 
 from posttrain.bench import vs_trl
-from posttrain.bench.vs_trl_seeds import parse_seeds, seeded_overrides, seeds_table, summarize
+from posttrain.bench.vs_trl_seeds import (
+    SeedResult,
+    SideFigures,
+    parse_seeds,
+    seeded_overrides,
+    seeds_table,
+    summarize,
+)
+from posttrain.diagnostics.heldout_outcomes import SetOutcomes
 from posttrain.errors import UserError
 
 if TYPE_CHECKING:
@@ -44,23 +52,24 @@ def test_seeded_overrides_fix_the_heldout_problems_and_refuse_a_seed() -> None:
         seeded_overrides(["eval.heldout_seed=null"], [0, 1])
 
 
-def _side(acc_correct: list[int], step_s: float) -> dict[str, Any]:
-    ids = [f"p{i}" for i in range(len(acc_correct))]
-    return {"heldout_accuracy": sum(acc_correct) / len(acc_correct), "step_s_mean": step_s,
-            "heldout": {"outcomes": {"prompt_ids": ids, "valid": [1] * len(ids), "correct": acc_correct}}}
+def _side(correct: list[int], step_s: float, ids: list[str] | None = None) -> SideFigures:
+    ids = ids or [f"p{i}" for i in range(len(correct))]
+    return SideFigures(sum(correct) / len(correct), step_s, SetOutcomes(tuple(ids), (1,) * len(ids), tuple(correct)))
 
 
-def _report(sft: float, pt: dict[str, Any] | None, trl: dict[str, Any] | None) -> Any:
-    return {"sft_heldout_accuracy": sft, "posttrain": pt, "trl": trl}
+def _side_json(correct: list[int], step_s: float) -> dict[str, Any]:
+    """A stubbed side's result as the bench's JSON holds it."""
+    ids = [f"p{i}" for i in range(len(correct))]
+    return {"heldout_accuracy": sum(correct) / len(correct), "step_s_mean": step_s,
+            "heldout": {"outcomes": {"prompt_ids": ids, "valid": [1] * len(ids), "correct": correct}}}
 
 
 def test_summary_equals_a_hand_computation() -> None:
     """Two seeds on the same four problems. Seed 0: posttrain right on p0-p2, TRL on p0 (diff +0.50); seed 1:
     posttrain on p0, TRL on p0-p1 (diff -0.25). Pooled: posttrain 4/8, TRL 3/8 -> +0.125; per seed the
     mean is +0.125 and the paired t over 2 seeds is +-12.706 * sd / sqrt(2) with sd = |0.5 + 0.25| / sqrt(2)."""
-    reports = [_report(0.3, _side([1, 1, 1, 0], 1.0), _side([1, 0, 0, 0], 3.0)),
-               _report(0.2, _side([1, 0, 0, 0], 2.0), _side([1, 1, 0, 0], 3.0))]
-    s = summarize([0, 1], 0, reports)
+    s = summarize(0, [SeedResult(0, 0.3, _side([1, 1, 1, 0], 1.0), _side([1, 0, 0, 0], 3.0)),
+                      SeedResult(1, 0.2, _side([1, 0, 0, 0], 2.0), _side([1, 1, 0, 0], 3.0))])
     assert [r["heldout_accuracy_diff"] for r in s["per_seed"]] == [0.5, -0.25]
     assert [r["speedup_vs_trl"] for r in s["per_seed"]] == [3.0, 1.5]
     pooled = s["heldout_accuracy_diff"]
@@ -80,10 +89,9 @@ def test_summary_pairs_problems_not_positions() -> None:
     estimate, and swapping which side got p0 right flips its sign (a positional pairing would not care)."""
     a = _side([1, 0, 0], 1.0)
     b = _side([0, 1, 1], 1.0)
-    b_shuffled = {**b, "heldout": {"outcomes": {"prompt_ids": ["p2", "p0", "p1"], "valid": [1, 1, 1],
-                                                "correct": [1, 0, 1]}}}
-    s1 = summarize([0], 0, [_report(0.0, a, b)])
-    s2 = summarize([0], 0, [_report(0.0, a, b_shuffled)])
+    b_shuffled = _side([1, 0, 1], 1.0, ids=["p2", "p0", "p1"])
+    s1 = summarize(0, [SeedResult(0, 0.0, a, b)])
+    s2 = summarize(0, [SeedResult(0, 0.0, a, b_shuffled)])
     assert s1["heldout_accuracy_diff"] == s2["heldout_accuracy_diff"]
     assert s1["heldout_accuracy_diff"] is not None and s1["heldout_accuracy_diff"]["estimate"] == pytest.approx(-1 / 3)
     assert s1["heldout_accuracy_diff_over_seeds"] is not None
@@ -91,7 +99,7 @@ def test_summary_pairs_problems_not_positions() -> None:
 
 
 def test_summary_with_one_side_missing_has_no_difference() -> None:
-    s = summarize([0, 1], 0, [_report(0.1, _side([1, 0], 1.0), None), _report(0.1, _side([1, 1], 1.0), None)])
+    s = summarize(0, [SeedResult(0, 0.1, _side([1, 0], 1.0), None), SeedResult(1, 0.1, _side([1, 1], 1.0), None)])
     assert s["heldout_accuracy_diff"] is None and math.isnan(s["speedup_vs_trl"])
     assert "pooled" not in seeds_table(s)
 
@@ -105,7 +113,7 @@ def test_seeds_run_each_seed_on_the_same_heldout_problems(monkeypatch: pytest.Mo
     def run_side(cfg: RunConfig, sft_dir: Path, work: Path, steps: int, precision: str = "fp32") -> dict[str, Any]:
         seen.append((cfg.seed, cfg.eval.heldout_seed, work))
         return {"step_s_mean": 1.0 + cfg.seed, "gen_tokens_per_s": 1.0, "generated_tokens": 1.0,
-                **_side([1, cfg.seed % 2], 1.0 + cfg.seed),
+                **_side_json([1, cfg.seed % 2], 1.0 + cfg.seed),
                 "time_split_s": {"time/rollout_s": 0.1, "time/reward_s": 0.1, "time/learner_s": 0.1}}
 
     monkeypatch.setattr(vs_trl, "prepare_sft", lambda cfg, work, fresh=False: (work / "sft", 0.0))
