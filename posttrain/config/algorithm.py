@@ -130,13 +130,18 @@ class SFTConfig(Section):
 
     ``trainer: sft`` takes the run's ``steps`` (not ``sft.steps``) and ``optim.*`` (not ``sft.lr``: the whole
     AdamW and schedule of the other trainers), ``sft.batch_size`` rows per step, and the keys below ``data``;
-    the warm-up reads ``steps``, ``batch_size``, ``lr`` and ``examples`` of this section and none below."""
+    the warm-up reads ``steps``, ``batch_size``, ``lr``, ``examples`` and ``warmup_draw`` of this section and none
+    below."""
 
     steps: int = Field(default=0, ge=0, description="RL warm-up steps before the first RL step (0 = no warm-up); "
                        "trainer=sft counts its steps with the run's steps instead")
     batch_size: int = Field(default=64, ge=1, description="demonstrations per step (warm-up and trainer=sft)")
     lr: float = Field(default=3e-3, gt=0, description="the warm-up's learning rate (trainer=sft: optim.lr)")
     examples: int = Field(default=2000, ge=1, description="distinct training examples the warm-up sees")
+    warmup_draw: Literal["demonstration", "turn"] = Field(
+        default="demonstration", description="with env.name, what the warm-up draws sft.batch_size of per step: "
+        "whole demonstrations, each with all its turns (a call and the answer that follows it in the same step), or "
+        "single turns (the draw before 2026-12-07, which tool_calc's measured curve was made with)")
     data: str | None = Field(
         default=None, description="trainer=sft: a JSONL or Parquet file of demonstrations, each row a chat "
         "({messages: [{role, content}, ...]}) or a prompt-completion pair ({prompt, completion}: two strings, or two "

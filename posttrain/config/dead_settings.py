@@ -259,8 +259,11 @@ RULES: tuple[Rule, ...] = (
     # posttrain/commands/train.py: the SFT warm-up runs only with sft.steps > 0. A warning: shipped
     # recipes with a warm-up (demo, tool_calc) are commonly run with sft.steps=0. The warm-up precedes the trainers
     # that sample (rl, online preference); the others refuse sft.* below, and trainer=sft reads it itself.
-    Rule(("sft.batch_size", "sft.lr", "sft.examples"), lambda c: _samples(c) and c.sft.steps == 0,
+    Rule(("sft.batch_size", "sft.lr", "sft.examples", "sft.warmup_draw"), lambda c: _samples(c) and c.sft.steps == 0,
          "sft.steps=0 (no SFT warm-up)", "warn"),
+    # posttrain/loop/warmup.py: a single-turn demonstration is one turn, so the two draws are one and the same.
+    Rule(("sft.warmup_draw",), lambda c: c.env.name is None,
+         "env.name is not set: a single-turn demonstration is one turn (both draws are the same)"),
     # posttrain/loop/sft_training.py: the supervised data and its batching are read by trainer=sft only (the
     # warm-up of the other trainers trains on the task's reference answers).
     Rule(("sft.data", "sft.max_length", "sft.packing", "sft.heldout_data", "sft.heldout_fraction"),
@@ -335,7 +338,7 @@ RULES: tuple[Rule, ...] = (
     # task.system_prompt (the rendering) and eval.every (held-out loss) are read.
     Rule(("sampling", "credit", "correction", "loss", "critic", "rollout", "env", "reward", "system", "guards", "lora",
           "learner", "preference", "task.name", "task.kwargs", "sft.steps", "sft.lr", "sft.examples",
-          "optim.ppo_epochs", "optim.num_minibatches", "optim.fuse_old_logprob", "optim.skip_no_signal_rows",
+          "sft.warmup_draw", "optim.ppo_epochs", "optim.num_minibatches", "optim.fuse_old_logprob", "optim.skip_no_signal_rows",
           "optim.gradient_checkpointing", "eval.size", "eval.heldout_seed", "eval.temperature", "eval.sampled_temperature",
           "eval.max_new_tokens", "eval.reject_drop", "eval.k", "eval.hidden_verifier", "eval.hidden_verifier_kwargs"),
          lambda c: c.trainer == "sft",

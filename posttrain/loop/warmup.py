@@ -3,8 +3,8 @@
 Single-turn, a demonstration is one pair (rendered prompt, the example's ``meta['answer']`` + EOS); with
 ``env.name``, the environment's demonstration, one pair per assistant turn. ``sft.batch_size`` demonstrations
 are drawn per step with replacement (seeded by ``seed``) from ``sft.examples`` training examples, each with all
-its turns (a call and the answer that follows it train in the same step); the per-step losses go to
-``sft_losses.json``. The reference model and the engine then take the warmed weights, so the step-0
+its turns (a call and the answer that follows it train in the same step; ``sft.warmup_draw: turn`` draws single
+turns instead); the per-step losses go to ``sft_losses.json``. The reference model and the engine then take the warmed weights, so the step-0
 held-out evaluation and the KL are measured from them. The warm-up's problems are training ones,
 less any that states a held-out problem in other words (:func:`warmup_examples`): no problem of the
 run's held-out sets is ever demonstrated.
@@ -58,6 +58,9 @@ def sft_warmup(parts: Parts, run_dir: Path, progress: Progress | None = None) ->
     demos = warmup_demonstrations(parts)
     g = torch.Generator().manual_seed(cfg.seed)
     bar = progress.add_task("SFT warm-up", total=cfg.sft.steps) if progress else None
+
+    if cfg.sft.warmup_draw == "turn":  # single turns, as drawn before whole demonstrations (tool_calc's curve)
+        demos = [[pair] for demo in demos for pair in demo]
 
     def batches(s: int) -> list[tuple[list[int], list[int]]]:
         idx = torch.randint(len(demos), (cfg.sft.batch_size,), generator=g).tolist()

@@ -127,11 +127,11 @@ def held_out_tool_calls(parts: Parts, use_tools: bool = True) -> tuple[float, fl
 
 
 def test_the_warmup_makes_the_tiny_model_call_the_tool(tmp_path: Path) -> None:
-    """``tool_calc``'s warm-up, shortened (150 steps of 8 demonstrations, 16 turns: every demonstration a call): before it the tiny
+    """``tool_calc``'s warm-up, shortened (150 steps of 16 turns, every demonstration a call): before it the tiny
     model never emits a parsable call on held-out problems; after it, more than one call per two episodes
     (~110 s on the loaded 2-core box, most of it the SFT)."""
     cfg = load_run_config("tool_calc", [f"run_dir={tmp_path}", "steps=0", "logging.progress=false", "eval.size=24",
-                                        "sft.steps=150", "sft.batch_size=8", "sft.examples=600",
+                                        "sft.steps=150", "sft.batch_size=16", "sft.examples=600",
                                         "env.kwargs={digits: 2, demo_direct_fraction: 0.0}"])
     run = open_run(cfg)
     try:
@@ -158,7 +158,7 @@ def test_the_warmup_draws_whole_demonstrations(tmp_path: Path, monkeypatch: pyte
 
     monkeypatch.setattr(sft_mod, "run_sft", fake_run_sft)
     cfg = load_run_config("tool_calc", [f"run_dir={tmp_path}", "steps=0", "logging.progress=false", "eval.size=8",
-                                        "sft.steps=6", "sft.batch_size=5", "sft.examples=50",
+                                        "sft.steps=6", "sft.batch_size=5", "sft.examples=50", "sft.warmup_draw=demonstration",
                                         "env.kwargs={digits: 2, demo_direct_fraction: 0.5}"])
     run = open_run(cfg)
     try:
@@ -180,3 +180,36 @@ def test_the_warmup_draws_whole_demonstrations(tmp_path: Path, monkeypatch: pyte
             else:
                 assert tok.decode(a).startswith("<answer>")
     assert n_calls > 0
+
+
+def test_the_turn_draw_is_the_per_turn_warmup_exactly(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``sft.warmup_draw: turn`` (``tool_calc``'s measured setting) draws ``sft.batch_size`` single turns per step by
+    the very generator calls of the warm-up before whole demonstrations: the flat pair list of
+    :func:`~posttrain.loop.episode_rollout.sft_pairs`, ``torch.randint`` seeded with the run's seed."""
+    import torch
+
+    import posttrain.learner.sft as sft_mod
+    from posttrain.loop.episode_rollout import sft_pairs
+    from posttrain.loop.heldout import eval_splits, split_examples
+
+    seen: list[list[tuple[list[int], list[int]]]] = []
+
+    def fake_run_sft(learner, batches, *, steps, lr, pad_token_id, on_step=None):  # type: ignore[no-untyped-def]
+        seen.extend(list(batches(s)) for s in range(steps))
+        return [0.0] * steps
+
+    monkeypatch.setattr(sft_mod, "run_sft", fake_run_sft)
+    cfg = load_run_config("tool_calc", [f"run_dir={tmp_path}", "steps=0", "logging.progress=false", "eval.size=8",
+                                        "sft.steps=4", "sft.batch_size=5", "sft.examples=40", "seed=3"])
+    assert cfg.sft.warmup_draw == "turn"
+    run = open_run(cfg)
+    try:
+        sft_warmup(run.parts, run.dir)
+        held = [ex for split in eval_splits(run.parts.task) for ex in split_examples(run.parts, split)]
+        pairs = sft_pairs(EpisodeRollout(cfg, run.parts, RolloutStage.from_config(cfg)),
+                          warmup_examples(run.parts.task, cfg, held))
+    finally:
+        run.close()
+    g = torch.Generator().manual_seed(3)
+    expected = [[pairs[i] for i in torch.randint(len(pairs), (5,), generator=g).tolist()] for _ in range(4)]
+    assert seen == expected and all(len(b) == 5 for b in seen)
