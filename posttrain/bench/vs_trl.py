@@ -826,7 +826,7 @@ def _run_seeds(args: argparse.Namespace, overrides: list[str], steps: int, cpu: 
     (:func:`~posttrain.bench.vs_trl_seeds.summarize`); the JSON holds every seed's report and the summary."""
     from posttrain.bench.vs_trl_seeds import SeedResult, seeded_overrides, seeds_table, summarize
 
-    base, heldout_seed = seeded_overrides(overrides, seeds)
+    base, heldout_seed = seeded_overrides(overrides, seeds, _config(args.recipe, overrides).eval.heldout_seed)
     reports: list[VsTrlReport] = []
     for seed in seeds:
         print(f"--- seed {seed} (held-out problems drawn with seed {heldout_seed}) ---", flush=True)

@@ -43,11 +43,13 @@ def parse_seeds(text: str) -> list[int]:
     return seeds
 
 
-def seeded_overrides(overrides: Sequence[str], seeds: Sequence[int]) -> tuple[list[str], int]:
+def seeded_overrides(overrides: Sequence[str], seeds: Sequence[int],
+                     recipe_heldout_seed: int | None = None) -> tuple[list[str], int]:
     """The overrides every seed's run shares and the seed its held-out problems are drawn with.
 
     ``seed=`` among the overrides is refused (``--seeds`` sets it per run: it could not take effect);
-    ``eval.heldout_seed=N`` is kept and used, else ``eval.heldout_seed=<first seed>`` is added."""
+    ``eval.heldout_seed=N`` is kept and used; else the recipe's own ``eval.heldout_seed`` (``recipe_heldout_seed``)
+    when it fixes one; else ``eval.heldout_seed=<first seed>`` is added."""
     if any(o.strip().startswith("seed=") for o in overrides):
         raise UserError("bench vs-trl: a seed= override cannot take effect with --seeds (each run's seed is one of "
                         "--seeds); drop it")
@@ -57,6 +59,8 @@ def seeded_overrides(overrides: Sequence[str], seeds: Sequence[int]) -> tuple[li
         if not value.isdigit():
             raise UserError(f"bench vs-trl --seeds: {given[-1]!r}: the held-out problems need a fixed seed (an integer)")
         return list(overrides), int(value)
+    if recipe_heldout_seed is not None:
+        return list(overrides), recipe_heldout_seed
     return [*overrides, f"eval.heldout_seed={seeds[0]}"], seeds[0]
 
 

@@ -46,6 +46,8 @@ def test_seeds_parse_and_bad_items_are_refused_by_name() -> None:
 def test_seeded_overrides_fix_the_heldout_problems_and_refuse_a_seed() -> None:
     assert seeded_overrides(["a=1"], [3, 4]) == (["a=1", "eval.heldout_seed=3"], 3)
     assert seeded_overrides(["eval.heldout_seed=9"], [0, 1]) == (["eval.heldout_seed=9"], 9)
+    assert seeded_overrides(["a=1"], [3, 4], recipe_heldout_seed=0) == (["a=1"], 0)  # the recipe fixes its own
+    assert seeded_overrides(["eval.heldout_seed=9"], [3], recipe_heldout_seed=0) == (["eval.heldout_seed=9"], 9)
     with pytest.raises(UserError, match="seed= override cannot take effect"):
         seeded_overrides(["seed=2"], [0, 1])
     with pytest.raises(UserError, match="fixed seed"):
@@ -133,6 +135,11 @@ def test_seeds_run_each_seed_on_the_same_heldout_problems(monkeypatch: pytest.Mo
     assert "held-out problems drawn with seed 2 for every seed" in capsys.readouterr().out
     with pytest.raises(UserError, match="seed= override"):
         vs_trl.run(_parser().parse_args(["--quick", "--seeds", "0,1", "--work-dir", str(tmp_path / "w"), "seed=3"]))
+    seen.clear()  # a recipe that fixes its own held-out draw (smollm2_word_problems: eval.heldout_seed 0) keeps it
+    args = _parser().parse_args(["--shape", "realistic", "--steps", "2", "--seeds", "2,5", "--work-dir",
+                                 str(tmp_path / "r")])
+    assert vs_trl.run(args) == 0
+    assert [(s, h) for s, h, _ in seen] == [(2, 0), (2, 0), (5, 0), (5, 0)]
 
 
 def test_the_bench_draws_heldout_problems_as_a_run_does() -> None:
