@@ -143,11 +143,8 @@ def test_the_warmup_makes_the_tiny_model_call_the_tool(tmp_path: Path) -> None:
     assert calls0 < 0.1 and calls1 > 0.5, (calls0, calls1)
 
 
-def test_the_warmup_draws_whole_demonstrations(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """Each warm-up step holds ``sft.batch_size`` whole demonstrations: every demonstrated call with the answer
-    that follows it (its prompt extends the call's prompt + call), so no step trains the answer turn alone. A
-    draw per turn (the warm-up before this test) left most calls without their answer and the opposite, and
-    which of the two a short warm-up's last steps held decided whether SmolLM2 called at all (docs/models.md)."""
+def _captured_warmup_batches(monkeypatch: pytest.MonkeyPatch) -> list[list[tuple[list[int], list[int]]]]:
+    """Replace the warm-up's SFT steps by a recorder: the returned list fills with each step's batch."""
     import posttrain.learner.sft as sft_mod
 
     seen: list[list[tuple[list[int], list[int]]]] = []
@@ -157,6 +154,15 @@ def test_the_warmup_draws_whole_demonstrations(tmp_path: Path, monkeypatch: pyte
         return [0.0] * steps
 
     monkeypatch.setattr(sft_mod, "run_sft", fake_run_sft)
+    return seen
+
+
+def test_the_warmup_draws_whole_demonstrations(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each warm-up step holds ``sft.batch_size`` whole demonstrations: every demonstrated call with the answer
+    that follows it (its prompt extends the call's prompt + call), so no step trains the answer turn alone. A
+    draw per turn (the warm-up before this test) left most calls without their answer and the opposite, and
+    which of the two a short warm-up's last steps held decided whether SmolLM2 called at all (docs/models.md)."""
+    seen = _captured_warmup_batches(monkeypatch)
     cfg = load_run_config("tool_calc", [f"run_dir={tmp_path}", "steps=0", "logging.progress=false", "eval.size=8",
                                         "sft.steps=6", "sft.batch_size=5", "sft.examples=50", "sft.warmup_draw=demonstration",
                                         "env.kwargs={digits: 2, demo_direct_fraction: 0.5}"])
@@ -188,17 +194,10 @@ def test_the_turn_draw_is_the_per_turn_warmup_exactly(tmp_path: Path, monkeypatc
     :func:`~posttrain.loop.episode_rollout.sft_pairs`, ``torch.randint`` seeded with the run's seed."""
     import torch
 
-    import posttrain.learner.sft as sft_mod
     from posttrain.loop.episode_rollout import sft_pairs
     from posttrain.loop.heldout import eval_splits, split_examples
 
-    seen: list[list[tuple[list[int], list[int]]]] = []
-
-    def fake_run_sft(learner, batches, *, steps, lr, pad_token_id, on_step=None):  # type: ignore[no-untyped-def]
-        seen.extend(list(batches(s)) for s in range(steps))
-        return [0.0] * steps
-
-    monkeypatch.setattr(sft_mod, "run_sft", fake_run_sft)
+    seen = _captured_warmup_batches(monkeypatch)
     cfg = load_run_config("tool_calc", [f"run_dir={tmp_path}", "steps=0", "logging.progress=false", "eval.size=8",
                                         "sft.steps=4", "sft.batch_size=5", "sft.examples=40", "seed=3"])
     assert cfg.sft.warmup_draw == "turn"
