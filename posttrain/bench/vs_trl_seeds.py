@@ -130,8 +130,7 @@ class SeedResult:
     trl: SideFigures | None
 
 
-def _num(side: SideFigures | None, field: str) -> float:
-    return float("nan") if side is None else float(getattr(side, field))
+_NAN = float("nan")
 
 
 def summarize(heldout_seed: int, results: Sequence[SeedResult]) -> SeedsSummary:
@@ -145,11 +144,11 @@ def summarize(heldout_seed: int, results: Sequence[SeedResult]) -> SeedsSummary:
     trl_acc: dict[int, float] = {}
     for r in results:
         p, t = r.posttrain, r.trl
-        pa, ta = _num(p, "heldout_accuracy"), _num(t, "heldout_accuracy")
-        ps, ts = _num(p, "step_s_mean"), _num(t, "step_s_mean")
+        pa, ps = (p.heldout_accuracy, p.step_s_mean) if p else (_NAN, _NAN)
+        ta, ts = (t.heldout_accuracy, t.step_s_mean) if t else (_NAN, _NAN)
         rows.append({"seed": r.seed, "sft_heldout_accuracy": r.sft_heldout_accuracy,
                      "posttrain_heldout_accuracy": pa, "trl_heldout_accuracy": ta, "heldout_accuracy_diff": pa - ta,
-                     "posttrain_step_s": ps, "trl_step_s": ts, "speedup_vs_trl": ts / ps if ps else float("nan")})
+                     "posttrain_step_s": ps, "trl_step_s": ts, "speedup_vs_trl": ts / ps if ps else _NAN})
         if p is not None and t is not None:
             pairs.append((t.outcomes, p.outcomes))
             pt_acc[r.seed], trl_acc[r.seed] = p.heldout_accuracy, t.heldout_accuracy
