@@ -12,6 +12,7 @@ import importlib
 import sys
 from collections.abc import Sequence
 
+from posttrain.commands.malloc_preload import apply_malloc_flag
 from posttrain.errors import UserError
 
 EXIT_INTERRUPTED = 130  # the shell's code for SIGINT (128 + 2)
@@ -37,6 +38,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="posttrain",
         description="Online RL post-training of language models with verifiable rewards.",
+        epilog="anywhere on the line: --traceback (the full traceback of an error); --malloc tcmalloc|jemalloc|PATH "
+               "(the command under that C allocator, preloaded: a lower learner peak, docs/learner.md)",
     )
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     for mod in COMMANDS.values():
@@ -48,10 +51,19 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the console script; returns the exit code (0, 1 for a bug, 2 for a user error, 130
     after Ctrl-C). ``posttrain train`` records SIGINT in a flag while it runs (posttrain/loop/interrupt.py)
     and restores the previous handler before it returns."""
+    fresh_process = argv is None
     argv = list(sys.argv[1:] if argv is None else argv)
     # --traceback (anywhere on the line) shows the full traceback instead of the one-line error.
     show_tb = "--traceback" in argv
     argv = [a for a in argv if a != "--traceback"]
+    # --malloc NAME (anywhere on the line): the command again under that C allocator (commands/malloc_preload.py)
+    try:
+        argv = apply_malloc_flag(argv, may_exec=fresh_process)
+    except UserError as e:
+        if show_tb:
+            raise
+        print(f"posttrain: error: {one_line(e)}", file=sys.stderr)
+        return 2
     try:  # the imports of every command take a second or two: Ctrl-C then is one line too
         parser = build_parser()
     except KeyboardInterrupt:
