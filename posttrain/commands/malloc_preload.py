@@ -36,7 +36,7 @@ LIBRARIES: dict[str, tuple[tuple[str, ...], str]] = {
 """The allocators ``--malloc`` knows by name."""
 
 LIB_DIRS: tuple[str, ...] = ("/usr/lib/x86_64-linux-gnu", "/usr/lib/aarch64-linux-gnu", "/lib/x86_64-linux-gnu",
-                             "/lib/aarch64-linux-gnu", "/usr/lib64", "/usr/lib", "/usr/local/lib", "/opt/homebrew/lib")
+                             "/lib/aarch64-linux-gnu", "/usr/lib64", "/usr/lib", "/usr/local/lib")
 """Where a named allocator's library is looked for, in order."""
 
 
@@ -118,13 +118,16 @@ def reexec_plan(library: Path, orig_argv: Sequence[str], environ: Mapping[str, s
 def apply_malloc_flag(argv: list[str], *, may_exec: bool) -> list[str]:
     """``argv`` without ``--malloc``. With the flag, in a fresh process (``may_exec``): re-execute the command
     under the allocator (this call then never returns); in the re-executed process (the same command line,
-    :data:`ENV_MARK` naming the library): check that the library is mapped and say so on stderr. Called by :func:`posttrain.cli.main` before anything else."""
+    :data:`ENV_MARK` naming the library): check that the library is mapped and say so on stderr. Linux only
+    (``LD_PRELOAD``, ``/proc/self/maps``). Called by :func:`posttrain.cli.main` before anything else."""
     choice, rest = take_malloc_flag(argv)
     if choice is None:
         return rest
+    if not sys.platform.startswith("linux"):
+        raise UserError(f"{FLAG} needs Linux (LD_PRELOAD and /proc/self/maps); this is {sys.platform}")
     library = find_allocator(choice)
     if os.environ.get(ENV_MARK) == str(library):
-        maps = Path("/proc/self/maps").read_text() if Path("/proc/self/maps").exists() else ""
+        maps = Path("/proc/self/maps").read_text()
         if not is_mapped(library, maps):
             raise UserError(f"{FLAG} {choice}: LD_PRELOAD={os.environ.get('LD_PRELOAD', '')} did not load {library} "
                             "(the dynamic loader ignores LD_PRELOAD for set-user-ID programs and unloadable libraries)")

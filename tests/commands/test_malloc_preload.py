@@ -16,6 +16,7 @@ from posttrain.commands.malloc_preload import (
     ENV_MARK,
     LIB_DIRS,
     LIBRARIES,
+    apply_malloc_flag,
     find_allocator,
     is_mapped,
     reexec_plan,
@@ -148,3 +149,10 @@ def test_the_check_in_the_new_process_refuses_a_library_the_loader_did_not_map(t
     r = _run(["train", "--malloc", str(fake), "--help"], env={ENV_MARK: str(fake)})
     assert r.returncode == 2
     assert f"did not load {fake}" in r.stderr and len(r.stderr.strip().splitlines()) == 1
+
+
+def test_off_linux_the_flag_is_refused_in_one_line(monkeypatch):
+    monkeypatch.setattr(sys, "platform", "darwin")
+    with pytest.raises(UserError, match=r"^--malloc needs Linux \(LD_PRELOAD and /proc/self/maps\); this is darwin$"):
+        apply_malloc_flag(["--malloc", "tcmalloc", "train"], may_exec=True)
+    assert apply_malloc_flag(["train", "demo"], may_exec=True) == ["train", "demo"]  # no flag: nothing asked
