@@ -52,6 +52,7 @@ class Reexec:
 def take_malloc_flag(argv: Sequence[str]) -> tuple[str | None, list[str]]:
     """``(value of --malloc or None, argv without it)``; ``--malloc X`` and ``--malloc=X`` are read anywhere
     on the line (like ``--traceback``). A second ``--malloc`` or one without a value is a :class:`UserError`."""
+    needs_value = f"{FLAG} needs a value: {' | '.join(LIBRARIES)} or the path of a shared library"
     value: str | None = None
     rest: list[str] = []
     it = iter(range(len(argv)))
@@ -62,13 +63,13 @@ def take_malloc_flag(argv: Sequence[str]) -> tuple[str | None, list[str]]:
                 raise UserError(f"{FLAG} given twice")
             if a == FLAG:
                 if i + 1 >= len(argv) or argv[i + 1].startswith("-"):
-                    raise UserError(f"{FLAG} needs a value: {' | '.join(LIBRARIES)} or the path of a shared library")
+                    raise UserError(needs_value)
                 value = argv[i + 1]
                 next(it, None)
             else:
                 value = a.split("=", 1)[1]
             if not value:
-                raise UserError(f"{FLAG} needs a value: {' | '.join(LIBRARIES)} or the path of a shared library")
+                raise UserError(needs_value)
             continue
         rest.append(a)
     return value, rest
