@@ -94,3 +94,29 @@ class NotAVerdict:
 
     def verify(self, response: str, reference: Any, **context: Any) -> Any:
         return 1.0
+
+
+@dataclasses.dataclass(frozen=True)
+class Spins:
+    """A pure-Python infinite loop: only an asynchronous interrupt (in-process guard) or a kill stops it."""
+
+    name: str = "spins"
+    version: str = "1"
+
+    def verify(self, response: str, reference: Any, **context: Any) -> Verdict:
+        n = 0
+        while True:
+            n += 1
+
+
+@dataclasses.dataclass(frozen=True)
+class OnThread:
+    """correct; the explanation names the thread that verified it."""
+
+    name: str = "on_thread"
+    version: str = "1"
+
+    def verify(self, response: str, reference: Any, **context: Any) -> Verdict:
+        import threading
+
+        return Verdict(Status.CORRECT, {"task": 1.0}, f"thread {threading.get_ident()}")

@@ -2,10 +2,22 @@
 
 from __future__ import annotations
 
+import queue
+import threading
 import time
 
 import pytest
-from _verifiers_for_tests import Crashes, Echo, FailsOnce, HangsBlockingAlarm, NotAVerdict, Raises, Sleeps
+from _verifiers_for_tests import (
+    Crashes,
+    Echo,
+    FailsOnce,
+    HangsBlockingAlarm,
+    NotAVerdict,
+    OnThread,
+    Raises,
+    Sleeps,
+    Spins,
+)
 
 from posttrain.rewards import VerifierPool
 from posttrain.rewards.basic import IntegerVerifier
@@ -102,3 +114,67 @@ def test_in_process_guard_thread_exits_when_idle_and_comes_back(monkeypatch):
     assert pool.verify_batch(items)[0].status is Status.CORRECT
     assert len(pool.guard_threads()) == 1
     pool.close()
+
+
+def test_in_process_batch_is_one_hand_off(monkeypatch):
+    """workers=0 verifies a batch at one queue hand-off to one guard thread, not one per item (the per-item
+    hand-off was 20-30x the verification at the demo's 512 samples a step)."""
+    import posttrain.rewards.pool as pool_mod
+
+    puts: list[object] = []
+
+    class Counting(queue.SimpleQueue):  # type: ignore[type-arg]
+        def put(self, item, block=True, timeout=None):
+            puts.append(item)
+            super().put(item, block, timeout)
+
+    monkeypatch.setattr(pool_mod.queue, "SimpleQueue", Counting)
+    p = VerifierPool(workers=0, timeout_s=5, retries=0)
+    out = p.verify_batch([(OnThread(), str(i), None, {}) for i in range(50)])
+    assert [v.status for v in out] == [Status.CORRECT] * 50
+    assert len({v.explanation for v in out}) == 1  # one guard thread verified them all
+    assert out[0].explanation != f"thread {threading.get_ident()}"  # not the caller's thread
+    assert len([x for x in puts if x is not None]) == 1
+    p.close()
+
+
+def test_in_process_batch_deadline_is_per_item():
+    """Each item has its own time limit: four 0.3 s verifications under a 0.8 s limit all succeed although the
+    batch takes 1.2 s."""
+    p = VerifierPool(workers=0, timeout_s=0.8, retries=0)
+    out = p.verify_batch([(Sleeps(seconds=0.3), str(i), None, {}) for i in range(4)])
+    assert [v.status for v in out] == [Status.CORRECT] * 4
+    assert p.counts["timeouts"] == 0
+    p.close()
+
+
+@pytest.mark.timeout(30)
+def test_in_process_batch_interrupts_only_the_stuck_item():
+    """A pure-Python infinite loop in the middle of a batch: it is interrupted at its deadline (each attempt),
+    becomes an infra_error after its retry, and the items before and after it keep their verdicts."""
+    p = VerifierPool(workers=0, timeout_s=0.3, retries=1)
+    t0 = time.perf_counter()
+    out = p.verify_batch([(Echo(), "a", "a", {}), (Spins(), "x", None, {}), (Echo(), "b", "b", {}),
+                          (Echo(), "c", "z", {})])
+    assert time.perf_counter() - t0 < 10
+    assert [v.status for v in out] == [Status.CORRECT, Status.INFRA_ERROR, Status.CORRECT, Status.WRONG]
+    assert "spins exceeded 0.3s" in out[1].explanation and "2 attempt" in out[1].explanation
+    assert out[1].components == {}
+    assert {k: p.counts[k] for k in ("calls", "attempts", "ok", "timeouts", "retries", "infra_error")} == {
+        "calls": 4, "attempts": 5, "ok": 3, "timeouts": 2, "retries": 1, "infra_error": 1}
+    time.sleep(0.2)
+    assert not [t for t in threading.enumerate() if t.name == "verify-abandoned"]  # the loops were stopped
+    p.close()
+
+
+def test_in_process_counts_match_the_worker_path(pool):
+    """The same batch through worker processes and in-process: the same statuses and the same counts."""
+    items = [(Raises(), "a", None, {}), (Echo(), "b", "b", {}), (Echo(), "c", "d", {}), (NotAVerdict(), "e", None, {})]
+    before = dict(pool.counts)
+    via_workers = pool.verify_batch(items)
+    worker_counts = {k: pool.counts[k] - before.get(k, 0) for k in pool.counts}
+    inline = VerifierPool(workers=0, timeout_s=1.0, retries=1)
+    in_process = inline.verify_batch(items)
+    assert [v.status for v in in_process] == [v.status for v in via_workers]
+    assert {k: v for k, v in inline.counts.items() if v} == {k: v for k, v in worker_counts.items() if v}
+    inline.close()
