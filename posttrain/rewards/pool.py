@@ -139,19 +139,17 @@ def call_guarded(verifier: Verifier, response: str, reference: Any, context: Map
 
 
 class InlineGuard:
-    """:func:`call_guarded`'s contract at a queue hand-off's cost instead of a thread start per call.
+    """:func:`call_guarded`'s contract at one queue hand-off per batch instead of a thread start per call.
 
-    One long-lived daemon thread runs the calls one at a time; the caller waits on each call's
-    event for ``timeout_s``. At the deadline the call gets an asynchronous
+    One long-lived daemon thread runs a batch's calls one at a time (:meth:`call_batch`); the caller
+    waits for the running call's deadline. At the deadline the call gets an asynchronous
     :class:`VerifierTimeout` and its thread is abandoned (told to exit after that call, if it ever
-    returns) and replaced by a fresh one, so one stuck verifier never blocks the next call. Not
-    shared between threads: each calling thread uses its own guard (``VerifierPool`` keeps one per
+    returns) and replaced by a fresh one for the rest, so one stuck verifier never blocks the next call.
+    Not shared between threads: each calling thread uses its own guard (``VerifierPool`` keeps one per
     thread). The thread exits after ``IDLE_EXIT_S`` without work and on :meth:`close`, so pools that
-    are never closed leak no threads. :meth:`call_batch` hands a whole batch over at once (what
-    ``VerifierPool(workers=0)`` uses), each item still under its own limit. Measured (arithmetic
-    verifier, loaded 2-core box): 9-12 us raw, ~540 us through a thread per call, ~67 us per
-    :meth:`call`; on a quiet AVX2 EPYC, 512 integer verdicts: 2.4 ms direct, 80-90 ms through
-    :meth:`call` each, 3.0 ms through :meth:`call_batch`.
+    are never closed leak no threads. Measured on a quiet 2-core AVX2 EPYC, 512 integer verdicts:
+    2.4 ms called directly, 80-90 ms at one hand-off per call (the design before this one), 3.0 ms
+    through :meth:`call_batch`.
     """
 
     IDLE_EXIT_S = 5.0
@@ -198,29 +196,6 @@ class InlineGuard:
         t.start()
         return jobs
 
-    def call(self, verifier: Verifier, response: str, reference: Any, context: Mapping[str, Any],
-             timeout_s: float) -> tuple[str, Any]:
-        """:func:`run_one` under ``timeout_s`` (``("timeout", msg)`` past it, the call abandoned)."""
-        box: list[tuple[str, Any]] = []
-        done = threading.Event()
-        with self._lock:
-            jobs = self._jobs if self._jobs is not None else self._spawn()
-            thread = self._thread
-            jobs.put((lambda: run_one(verifier, response, reference, context, None), box, done))
-        if done.wait(timeout_s) and box:
-            return box[0]
-        if not done.is_set():
-            assert thread is not None
-            thread.name = "verify-abandoned"  # visible as such until the interrupted call returns
-            _async_raise(thread, VerifierTimeout)
-            with self._lock:
-                jobs.put(None)  # that thread exits once the stuck call returns; later calls get a new one
-                if self._jobs is jobs:
-                    self._jobs = None
-            name = getattr(verifier, "name", type(verifier).__name__)
-            return "timeout", f"{name} exceeded {timeout_s:g}s (in-process call abandoned)"
-        return box[0] if box else ("timeout", "verifier call interrupted")
-
     def call_batch(self, items: Sequence[Item], timeout_s: float) -> list[tuple[str, Any]]:
         """:func:`run_one` of each of ``items`` in order, each under its own ``timeout_s``, at one hand-off.
 
@@ -228,9 +203,10 @@ class InlineGuard:
         the next under a lock; the caller sleeps until the batch is done or the running item's deadline
         (its start + ``timeout_s``; the first item's start is the submission). An item past its deadline
         gets ``("timeout", msg)`` and an asynchronous :class:`VerifierTimeout`; its thread is abandoned
-        as in :meth:`call` and the items after it go to a fresh thread. Same verdicts as :meth:`call` per
-        item, without a thread wake-up per item: at the demo's 512 samples a step the per-call hand-off
-        (~140 us each on a 2-core box) was 20-30 times the verification itself.
+        and the items after it go to a fresh thread. A verifier that ends the worker's loop with a
+        ``BaseException`` ``run_one`` lets through (``SystemExit``) gets ``("error", msg)`` naming it. No
+        thread wake-up per item: at the demo's 512 samples a step a hand-off per item (about 160 us each
+        on a 2-core box) was about 35 times the verification itself.
         """
         out: list[tuple[str, Any]] = []
         while len(out) < len(items):
@@ -258,10 +234,11 @@ class InlineGuard:
                     state["started"] = time.monotonic()
             return "ok", None
 
+        box: list[tuple[str, Any]] = []  # the worker's ("error", msg) when the body raised
         with self._lock:
             jobs = self._jobs if self._jobs is not None else self._spawn()
             thread = self._thread
-            jobs.put((body, [], done))
+            jobs.put((body, box, done))
         while True:
             with lock:
                 k = len(results)
@@ -276,12 +253,13 @@ class InlineGuard:
                     stuck = list(results)
                     break
             if done.wait(left) and len(results) < len(items):
-                # the body ended early: only an interrupt that reached it outside run_one does that
+                # the body ended early: the verifier raised what run_one lets through (the worker boxed it)
                 with lock:
-                    if len(results) < len(items):
-                        state["abandoned"] = True
-                        stuck = list(results)
-                        break
+                    state["abandoned"] = True
+                    stuck = list(results)
+                v = items[len(stuck)][0]
+                name = getattr(v, "name", type(v).__name__)
+                return stuck, ("error", f"{name} raised {box[0][1] if box else 'an exception'}"[:500])
         with self._lock:
             jobs.put(None)
             if self._jobs is jobs:

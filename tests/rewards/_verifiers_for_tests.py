@@ -120,3 +120,16 @@ class OnThread:
         import threading
 
         return Verdict(Status.CORRECT, {"task": 1.0}, f"thread {threading.get_ident()}")
+
+
+@dataclasses.dataclass(frozen=True)
+class Exits:
+    """Calls ``sys.exit`` (a BaseException that ``run_one``'s ``except Exception`` lets through)."""
+
+    name: str = "exits"
+    version: str = "1"
+
+    def verify(self, response: str, reference: Any, **context: Any) -> Verdict:
+        import sys
+
+        sys.exit(3)

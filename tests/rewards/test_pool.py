@@ -10,6 +10,7 @@ import pytest
 from _verifiers_for_tests import (
     Crashes,
     Echo,
+    Exits,
     FailsOnce,
     HangsBlockingAlarm,
     NotAVerdict,
@@ -118,7 +119,7 @@ def test_in_process_guard_thread_exits_when_idle_and_comes_back(monkeypatch):
 
 def test_in_process_batch_is_one_hand_off(monkeypatch):
     """workers=0 verifies a batch at one queue hand-off to one guard thread, not one per item (the per-item
-    hand-off was 20-30x the verification at the demo's 512 samples a step)."""
+    hand-off was about 35x the verification at the demo's 512 samples a step)."""
     import posttrain.rewards.pool as pool_mod
 
     puts: list[object] = []
@@ -178,3 +179,16 @@ def test_in_process_counts_match_the_worker_path(pool):
     assert [v.status for v in in_process] == [v.status for v in via_workers]
     assert {k: v for k, v in inline.counts.items() if v} == {k: v for k, v in worker_counts.items() if v}
     inline.close()
+
+
+def test_in_process_batch_verifier_exit_is_an_error_not_a_timeout():
+    """A verifier that raises SystemExit ends the batch's worker body early: that item is an ``error`` (named),
+    not a timeout, and the items after it are still verified."""
+    p = VerifierPool(workers=0, timeout_s=5, retries=0)
+    t0 = time.perf_counter()
+    out = p.verify_batch([(Echo(), "a", "a", {}), (Exits(), "x", None, {}), (Echo(), "b", "b", {})])
+    assert time.perf_counter() - t0 < 4  # not waited out to the 5 s limit
+    assert [v.status for v in out] == [Status.CORRECT, Status.INFRA_ERROR, Status.CORRECT]
+    assert "SystemExit" in out[1].explanation
+    assert p.counts["errors"] == 1 and p.counts["timeouts"] == 0
+    p.close()
