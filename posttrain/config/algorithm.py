@@ -112,6 +112,12 @@ class OptimConfig(Section):
         default=False, description="recompute the policy's layer activations in the backward instead of keeping them "
         "(transformers' gradient checkpointing; needs a model without dropout): lower peak memory per micro-batch "
         "for one more forward of the backbone (measured: docs/benchmarks.md, `posttrain bench memory`)")
+    share_prompts: bool = Field(
+        default=False, description="the RL update's forward runs each distinct prompt of a micro-batch once and its "
+        "responses against a copy of its KV cache (a GRPO group's G samples share one prompt forward; Prefix "
+        "Grouper, Liu et al. 2025): the same log-probs and gradients up to float rounding, fewer tokens through the "
+        "model (docs/learner.md); needs a model with a plain linear LM head (llama / mistral / qwen2 / qwen3), not "
+        "with gradient_checkpointing or learner.strategy=fsdp2")
     ppo_epochs: int = Field(default=1, ge=1)
     num_minibatches: int = Field(default=1, ge=1)
     fuse_old_logprob: bool = Field(

@@ -286,7 +286,7 @@ RULES: tuple[Rule, ...] = (
     # Its Trainer steps AdamW over the bare model (no actor learner): no activation checkpointing.
     Rule(("sampling", "credit", "correction", "loss", "critic", "rollout", "env", "reward", "sft", "system",
           "task.name", "task.kwargs", "guards", "lora", "learner", "optim.ppo_epochs", "optim.num_minibatches",
-          "optim.fuse_old_logprob", "optim.skip_no_signal_rows", "optim.gradient_checkpointing", "eval.size", "eval.heldout_seed",
+          "optim.fuse_old_logprob", "optim.skip_no_signal_rows", "optim.share_prompts", "optim.gradient_checkpointing", "eval.size", "eval.heldout_seed",
           "eval.temperature", "eval.sampled_temperature", "eval.max_new_tokens", "eval.reject_drop", "eval.k",
           "eval.hidden_verifier", "eval.hidden_verifier_kwargs"),
          lambda c: c.trainer == "preference" and not _samples(c),
@@ -300,7 +300,7 @@ RULES: tuple[Rule, ...] = (
          lambda c: c.trainer == "preference" and _samples(c),
          "preference.online=true: the pairs come from the task's sampled groups (task.*, sampling.*)"),
     Rule(("credit", "correction", "loss", "critic", "env", "lora", "learner", "optim.fuse_old_logprob",
-          "optim.skip_no_signal_rows"),
+          "optim.skip_no_signal_rows", "optim.share_prompts"),
          lambda c: c.trainer == "preference" and _samples(c),
          "trainer=preference updates the policy with the preference loss (preference.loss) on single-turn task "
          "groups (no advantages, no critic, no episodes; single process, full fine-tuning)"),
@@ -323,7 +323,7 @@ RULES: tuple[Rule, ...] = (
     # Its Trainer steps AdamW over the bare model: no activation checkpointing.
     Rule(("sampling", "credit", "correction", "loss", "critic", "rollout", "env", "reward", "sft", "system",
           "task.name", "task.kwargs", "task.system_prompt", "guards", "lora", "learner", "optim.ppo_epochs",
-          "optim.num_minibatches", "optim.fuse_old_logprob", "optim.skip_no_signal_rows",
+          "optim.num_minibatches", "optim.fuse_old_logprob", "optim.skip_no_signal_rows", "optim.share_prompts",
           "optim.gradient_checkpointing", "eval.size", "eval.heldout_seed",
           "eval.temperature", "eval.sampled_temperature", "eval.max_new_tokens", "eval.reject_drop", "eval.k",
           "eval.hidden_verifier", "eval.hidden_verifier_kwargs"),
@@ -338,7 +338,7 @@ RULES: tuple[Rule, ...] = (
     # task.system_prompt (the rendering) and eval.every (held-out loss) are read.
     Rule(("sampling", "credit", "correction", "loss", "critic", "rollout", "env", "reward", "system", "guards", "lora",
           "learner", "preference", "task.name", "task.kwargs", "sft.steps", "sft.lr", "sft.examples",
-          "sft.warmup_draw", "optim.ppo_epochs", "optim.num_minibatches", "optim.fuse_old_logprob", "optim.skip_no_signal_rows",
+          "sft.warmup_draw", "optim.ppo_epochs", "optim.num_minibatches", "optim.fuse_old_logprob", "optim.skip_no_signal_rows", "optim.share_prompts",
           "optim.gradient_checkpointing", "eval.size", "eval.heldout_seed", "eval.temperature", "eval.sampled_temperature",
           "eval.max_new_tokens", "eval.reject_drop", "eval.k", "eval.hidden_verifier", "eval.hidden_verifier_kwargs"),
          lambda c: c.trainer == "sft",

@@ -149,6 +149,15 @@ def check_new_run(cfg: RunConfig, given: GivenKeys | None = None) -> None:
         raise ValueError(f"lora.dropout={cfg.lora.dropout} with optim.gradient_checkpointing=true: checkpointing "
                          "runs the gradient forward in train mode, where the adapters' dropout is active (pi_theta "
                          "would differ from pi_old); set lora.dropout=0 or optim.gradient_checkpointing=false")
+    if cfg.optim.share_prompts and cfg.optim.gradient_checkpointing:
+        # posttrain/learner/shared_prompt.py: the prompt forward's KV cache, which checkpointing turns off
+        raise ValueError("optim.share_prompts=true with optim.gradient_checkpointing=true: the shared prompt is "
+                         "reused through the model's KV cache, which a checkpointed gradient forward turns off; "
+                         "set one of them")
+    if cfg.optim.share_prompts and cfg.learner.strategy == "fsdp2":
+        raise ValueError("optim.share_prompts=true with learner.strategy=fsdp2: the shared-prompt forward runs the "
+                         "LM head on gathered hidden states, which a sharded head does not allow; use "
+                         "learner.strategy=single or ddp")
     if cfg.learner.precision == "bf16" and cfg.model.dtype != "float32":
         raise ValueError(f"learner.precision=bf16 keeps float32 master weights: needs model.dtype=float32, "
                          f"got {cfg.model.dtype}")

@@ -33,10 +33,12 @@ from posttrain.learner.logprobs import (
     LinearHead,
     first_scored_position,
     forward_logprobs,
+    linear_head_of,
 )
 from posttrain.learner.lora import is_peft_model
 from posttrain.learner.microbatch import Microbatch, RowTensors, microbatches
 from posttrain.learner.optim_step import StepOutcome
+from posttrain.learner.shared_prompt import shared_prompt_logprobs, shared_prompt_microbatches
 
 
 @dataclasses.dataclass(frozen=True)
@@ -146,6 +148,9 @@ class ForwardContext:
     grad_mode: Callable[[], contextlib.AbstractContextManager[object]]
     grad_sync: GradientSync
     params: Sequence[torch.nn.Parameter]
+    share_prompts: bool = False
+    """The sampler replay forwards each distinct prompt of a micro-batch once
+    (:func:`~posttrain.learner.shared_prompt.shared_prompt_logprobs`; ``optim.share_prompts``)."""
 
 
 def _plain_head(model: torch.nn.Module) -> LinearHead | None:
@@ -252,10 +257,27 @@ def _forward(ctx: ForwardContext, mb: Microbatch, spec: ForwardSpec,
         if _positions(mb) is not None:
             raise ValueError("packed rows (a position_ids tensor) go through the plain forward only "
                              "(ForwardSpec(sampler_replay=False))")
+        if ctx.share_prompts:
+            return _shared_prompt_forward(ctx, mb, spec)
         lp, ent = forward_logprobs(
             ctx.model, mb["input_ids"], mb["attention_mask"], first_position=first_scored_position(mb["action_mask"]),
             temperature=ctx.temperature, top_k=ctx.top_k, top_p=ctx.top_p, with_entropy=spec.with_entropy,
             entropy_grad=spec.entropy_grad, entropy_chunk_size=ctx.entropy_chunk_size)
+    return lp.to(ctx.compute_dtype), ent
+
+
+def _shared_prompt_forward(ctx: ForwardContext, mb: Microbatch,
+                           spec: ForwardSpec) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """The sampler replay of ``mb`` through :func:`~posttrain.learner.shared_prompt.shared_prompt_logprobs`
+    (under the caller's modes); ``ValueError`` when the model has no linear LM head to split at."""
+    head = linear_head_of(ctx.model)
+    if head is None:
+        raise ValueError("optim.share_prompts needs a model split at a plain linear LM head (model types "
+                         f"{sorted(HEAD_IS_LM_HEAD_OF_LAST_HIDDEN)}, the head not sharded); this one has none")
+    lp, ent = shared_prompt_logprobs(
+        head, mb["input_ids"], mb["attention_mask"], mb["action_mask"], temperature=ctx.temperature,
+        top_k=ctx.top_k, top_p=ctx.top_p, with_entropy=spec.with_entropy, entropy_grad=spec.entropy_grad,
+        chunk_cap=ctx.entropy_chunk_size)
     return lp.to(ctx.compute_dtype), ent
 
 
@@ -315,8 +337,9 @@ def forward_backward(ctx: ForwardContext, batch: LossBatch, loss: TokenLoss) -> 
     lockstep = bool(getattr(sync, "lockstep", False))
     quiet = loss.rows_without_gradient(batch, mine) if mine and not lockstep and sync.world_size == 1 else []
     loud = [r for r in mine if r not in set(quiet)]
-    mbs = [(mb, True) for mb in microbatches(batch.tensors, loud, ctx.microbatch_tokens)]
-    mbs += [(mb, False) for mb in microbatches(batch.tensors, quiet, ctx.microbatch_tokens)]
+    split = shared_prompt_microbatches if ctx.share_prompts and loss.spec.sampler_replay else microbatches
+    mbs = [(mb, True) for mb in split(batch.tensors, loud, ctx.microbatch_tokens)]
+    mbs += [(mb, False) for mb in split(batch.tensors, quiet, ctx.microbatch_tokens)]
     if lockstep:  # every process runs as many passes as the busiest one
         n_max = -int(sync.reduce_min(torch.tensor([-float(len(mbs))], dtype=torch.float64))[0])
         for _ in range(n_max - len(mbs)):

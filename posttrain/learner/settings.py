@@ -104,12 +104,19 @@ class SamplerReplay:
 @dataclasses.dataclass(frozen=True)
 class ComputeSettings:
     """How the forward runs: ``autocast_dtype`` (``"bfloat16"`` / ``"float16"``; ``None``: the model's
-    dtype), ``entropy_chunk_size`` (rows of logits per entropy chunk; ``None``: all at once) and
-    ``gradient_checkpointing`` (needs a model without dropout)."""
+    dtype), ``entropy_chunk_size`` (rows of logits per entropy chunk; ``None``: all at once),
+    ``gradient_checkpointing`` (needs a model without dropout) and ``share_prompts`` (the update's forward runs
+    each distinct prompt once: :mod:`posttrain.learner.shared_prompt`; not with checkpointing)."""
 
     autocast_dtype: str | None = None
     entropy_chunk_size: int | None = None
     gradient_checkpointing: bool = False
+    share_prompts: bool = False
+
+    def __post_init__(self) -> None:
+        if self.share_prompts and self.gradient_checkpointing:
+            raise ValueError("share_prompts needs the model's KV cache, which gradient checkpointing turns off in "
+                             "the gradient forward: set one of them")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -182,6 +189,7 @@ class FlatPolicyArgs(FlatOptimizerArgs, total=False):
     autocast_dtype: str | None
     entropy_chunk_size: int | None
     gradient_checkpointing: bool
+    share_prompts: bool
     lora_rank: int
     lora_alpha: float | None
     lora_target_modules: Sequence[str] | str | None

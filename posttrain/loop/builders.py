@@ -336,7 +336,8 @@ def policy_settings(cfg: RunConfig, *, autocast_dtype: str | None = None) -> Pol
             mask_truncated=cfg.loss.mask_truncated,
         ),
         sampler=_sampler_replay(cfg),
-        compute=ComputeSettings(autocast_dtype=autocast_dtype, gradient_checkpointing=cfg.optim.gradient_checkpointing),
+        compute=ComputeSettings(autocast_dtype=autocast_dtype, gradient_checkpointing=cfg.optim.gradient_checkpointing,
+                                share_prompts=cfg.optim.share_prompts),
         lora=LoraSettings(rank=cfg.lora.rank, alpha=cfg.lora.alpha, target_modules=cfg.lora.target_modules,
                           dropout=cfg.lora.dropout),
     )

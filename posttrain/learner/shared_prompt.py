@@ -1,0 +1,206 @@
+"""The shared-prompt forward: each distinct prompt of a micro-batch through the model once, its keys and values
+reused by every response that follows it (``optim.share_prompts``).
+
+A GRPO group's ``G`` samples repeat one prompt; the padded forward runs it ``G`` times. In a causal
+transformer (Vaswani et al. 2017) a response position sees its prompt only through the prompt's keys and values
+at each layer, and the prompt's own states never see the response. So the ``U`` distinct prompts are forwarded
+once (``[U, P]``, right-padded, their cache kept with its graph), each row's cache is a row-copy of its prompt's
+(``index_select``: the backward sums every response's gradient into the one prompt forward), and the ``B``
+responses run against it (``[B, C]``, position ids continuing from each row's prompt length, the prompt's
+padding masked out). Every log-prob and gradient is that of the padded forward, up to the float rounding of an
+attention reduction over a different key layout. This is the shared-prefix forward of Prefix Grouper (Liu et
+al. 2025, arXiv:2506.05433), here through the model's own KV cache rather than a rewritten attention.
+
+Fewer tokens go through the projections and MLPs: ``U * P + B * C`` instead of ``B * (P + C)`` padded.
+Attention still runs once per row and head. Needs a model split at a linear LM head (:func:`linear_head_of`),
+since the head runs on the gathered hidden states, and the model's cache (no gradient checkpointing: a
+checkpointed forward in train mode turns the cache off).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import inspect
+from collections.abc import Sequence
+
+import torch
+
+from posttrain.learner.chunked_head import chunk_tokens_for, chunked_token_logprobs
+from posttrain.learner.logprobs import LinearHead
+from posttrain.learner.microbatch import Microbatch, RowTensors, take_rows
+
+
+@dataclasses.dataclass(frozen=True)
+class PromptGroups:
+    """Rows grouped by their prompt: ``group[b]`` the index of row ``b``'s prompt among the ``U`` distinct ones,
+    ``first[u]`` the first row holding prompt ``u``, ``prompt_len[b]`` row ``b``'s prompt length (its first action
+    column; the whole row when it has no action token), ``length[b]`` its real length (attention-mask sum)."""
+
+    group: torch.Tensor
+    first: torch.Tensor
+    prompt_len: torch.Tensor
+    length: torch.Tensor
+
+    @property
+    def num_prompts(self) -> int:
+        """``U``: distinct prompts."""
+        return int(self.first.shape[0])
+
+
+def prompt_groups(input_ids: torch.Tensor, attention_mask: torch.Tensor, action_mask: torch.Tensor) -> PromptGroups:
+    """Group the rows of ``[B, T]`` right-padded tensors by prompt: two rows share a prompt when their token ids
+    before their first action token are equal (equal length and equal ids; a group id is never trusted).
+
+    Contract: a row's prompt is columns ``0 .. p - 1`` with ``p`` its first action column, at least 1 (column 0
+    has no context to be scored from); a row without an action token is all prompt (``p`` = its length, at least
+    1). Groups are numbered in order of first appearance."""
+    if not (input_ids.shape == attention_mask.shape == action_mask.shape) or input_ids.dim() != 2:
+        raise ValueError(f"input_ids {tuple(input_ids.shape)}, attention_mask {tuple(attention_mask.shape)} and "
+                         f"action_mask {tuple(action_mask.shape)} must be equal [B, T]")
+    length = attention_mask.ne(0).sum(dim=1).cpu()
+    acts = action_mask.ne(0).cpu()
+    has_action = acts.any(dim=1)
+    first_action = acts.to(torch.int8).argmax(dim=1)
+    plen = torch.where(has_action, first_action, length).clamp(min=1)
+    ids = input_ids.cpu()
+    index: dict[bytes, int] = {}
+    group = torch.empty(ids.shape[0], dtype=torch.long)
+    first: list[int] = []
+    for b in range(ids.shape[0]):
+        p = int(plen[b])
+        key = p.to_bytes(8, "little") + ids[b, :p].numpy().tobytes()
+        u = index.get(key)
+        if u is None:
+            u = index[key] = len(first)
+            first.append(b)
+        group[b] = u
+    return PromptGroups(group=group, first=torch.tensor(first, dtype=torch.long), prompt_len=plen, length=length)
+
+
+def _cache_kw(backbone: torch.nn.Module) -> str:
+    """The backbone's cache argument: transformers 5 calls it ``cache``, earlier versions ``past_key_values``."""
+    return "cache" if "cache" in inspect.signature(backbone.forward).parameters else "past_key_values"
+
+
+def _layer_states(cache: object) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """Each layer's ``(keys, values)`` ``[U, H_kv, P, D]`` of a transformers ``DynamicCache``."""
+    layers = getattr(cache, "layers", None)
+    if layers is not None:  # transformers 5: one DynamicLayer per layer
+        return [(layer.keys, layer.values) for layer in layers]
+    return list(zip(cache.key_cache, cache.value_cache, strict=True))  # type: ignore[attr-defined]
+
+
+def _expanded_cache(cache: object, index: torch.Tensor) -> object:
+    """A new ``DynamicCache`` whose row ``b`` is row ``index[b]`` of ``cache`` (copies, with their graph)."""
+    from transformers import DynamicCache
+
+    states = [(k.index_select(0, index), v.index_select(0, index)) for k, v in _layer_states(cache)]
+    from_legacy = getattr(DynamicCache, "from_legacy_cache", None)
+    try:
+        return DynamicCache(states)
+    except TypeError:  # an older transformers without the data argument
+        assert from_legacy is not None
+        return from_legacy(tuple(states))
+
+
+def shared_prompt_logprobs(
+    head: LinearHead, input_ids: torch.Tensor, attention_mask: torch.Tensor, action_mask: torch.Tensor, *,
+    temperature: float = 1.0, top_k: int = 0, top_p: float = 1.0, with_entropy: bool = False,
+    entropy_grad: bool = True, chunk_cap: int | None = None,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """``logprob[b, t] = log softmax(z[b, t-1] / T)[input_ids[b, t]]`` (over the sampler's kept set with
+    ``top_k`` / ``top_p``) and the entropy, as :func:`~posttrain.learner.logprobs.forward_logprobs` computes them,
+    for every real column from each row's first action column on (:func:`prompt_groups`); 0 before it and on
+    padding. The prompt is forwarded once per distinct prompt (module docstring); the head runs chunked on the
+    gathered hidden states (:func:`~posttrain.learner.chunked_head.chunked_token_logprobs`)."""
+    B, T = input_ids.shape
+    if not temperature > 0:
+        raise ValueError(f"temperature must be > 0, got {temperature}")
+    dev = input_ids.device
+    pg = prompt_groups(input_ids, attention_mask, action_mask)
+    group, plen, length = pg.group.to(dev), pg.prompt_len.to(dev), pg.length.to(dev)
+    P = int(pg.prompt_len.max())
+    cols = torch.arange(P, device=dev)[None]
+    first = pg.first.to(dev)
+    p_mask = (cols < plen[first][:, None]).long()  # [U, P]
+    p_ids = input_ids[first, :P] * p_mask
+    kw = _cache_kw(head.backbone)
+    out = head.backbone(input_ids=p_ids, attention_mask=p_mask, use_cache=True)
+    cache = getattr(out, "cache", None)
+    if cache is None:
+        cache = getattr(out, "past_key_values", None)
+    if cache is None:
+        raise RuntimeError("share_prompts: the model returned no KV cache from its prompt forward (gradient "
+                           "checkpointing in train mode turns the cache off)")
+    resp_len = (length - plen).clamp(min=0)
+    C = int(resp_len.max())
+    # the hidden state predicting response token j: the prompt's last position (j = 0), else response j - 1
+    h_first = out.last_hidden_state[group, plen - 1]  # [B, D]
+    if C > 1:
+        rc = torch.arange(C, device=dev)[None]
+        r_mask = (rc < resp_len[:, None]).long()
+        r_ids = input_ids.gather(1, (plen[:, None] + rc).clamp(max=T - 1)) * r_mask
+        full_mask = torch.cat([p_mask.index_select(0, group), r_mask], dim=1)
+        out_r = head.backbone(input_ids=r_ids[:, : C - 1], attention_mask=full_mask[:, : P + C - 1],
+                              position_ids=plen[:, None] + rc[:, : C - 1], use_cache=True,
+                              **{kw: _expanded_cache(cache, group)})
+        hidden = torch.cat([h_first[:, None], out_r.last_hidden_state], dim=1)  # [B, C, D]
+    else:
+        hidden = h_first[:, None]
+    rc = torch.arange(max(C, 1), device=dev)[None]
+    rows, j = (rc < resp_len[:, None]).nonzero(as_tuple=True)
+    cols_t = plen[rows] + j
+    lp, ent = chunked_token_logprobs(
+        hidden[rows, j], head.weight, input_ids[rows, cols_t], temperature=temperature, top_k=top_k, top_p=top_p,
+        with_entropy=with_entropy, entropy_grad=entropy_grad,
+        chunk_tokens=chunk_tokens_for(head.weight.shape[0], chunk_cap))
+    logprob = lp.new_zeros(B, T).index_put((rows, cols_t), lp)
+    entropy = ent.new_zeros(B, T).index_put((rows, cols_t), ent) if ent is not None else None
+    return logprob, entropy
+
+
+def shared_prompt_microbatches(tensors: RowTensors, rows: Sequence[int], budget: int | None) -> list[Microbatch]:
+    """The micro-batches of mini-batch ``rows`` for the shared-prompt forward: whole prompt groups
+    (:func:`prompt_groups`, in order of first appearance) packed greedily while a micro-batch's shared cost
+    ``U * P_max + B * C_max`` (prompt tokens once per distinct prompt, response tokens per row) stays within
+    ``budget`` (``None``: one micro-batch). A group that alone exceeds it is cut into runs of its rows (longest
+    first) that fit, at least one row each. Every row appears once; each micro-batch is trimmed to its longest
+    row (:func:`~posttrain.learner.microbatch.take_rows`). Padded micro-batches sort rows by length instead
+    (:func:`~posttrain.learner.microbatch.microbatches`), which scatters a group's rows over several passes."""
+    if not rows:
+        return []
+    ids, am, act = tensors["input_ids"], tensors["attention_mask"], tensors["action_mask"]
+    if ids is None or am is None or act is None:
+        raise ValueError("the shared-prompt micro-batches need input_ids, attention_mask and action_mask")
+    index = torch.as_tensor(list(rows), dtype=torch.long, device=ids.device)
+    pg = prompt_groups(ids.index_select(0, index), am.index_select(0, index), act.index_select(0, index))
+    plen, resp = pg.prompt_len.tolist(), (pg.length - pg.prompt_len).clamp(min=0).tolist()
+    members: list[list[int]] = [[] for _ in range(pg.num_prompts)]
+    for i, u in enumerate(pg.group.tolist()):
+        members[u].append(i)
+    parts: list[list[int]] = []
+    cur: list[int] = []
+    n_prompts = p_max = c_max = 0
+    for m in members:
+        m = sorted(m, key=lambda i: (-resp[i], i))
+        p_g, c_g = plen[m[0]], resp[m[0]]
+        alone_too_large = budget is not None and p_g + len(m) * c_g > budget
+        joint = (n_prompts + 1) * max(p_max, p_g) + (len(cur) + len(m)) * max(c_max, c_g)
+        if cur and (alone_too_large or (budget is not None and joint > budget)):
+            parts.append(cur)
+            cur, n_prompts, p_max, c_max = [], 0, 0, 0
+        if alone_too_large:
+            assert budget is not None
+            step = max(1, (budget - p_g) // max(c_g, 1))
+            parts += [m[k:k + step] for k in range(0, len(m), step)]
+            continue
+        cur += m
+        n_prompts, p_max, c_max = n_prompts + 1, max(p_max, p_g), max(c_max, c_g)
+    if cur:
+        parts.append(cur)
+    lengths = pg.length.tolist()
+    out = []
+    for part in parts:
+        idx = [rows[i] for i in sorted(part)]
+        out.append(Microbatch(idx, take_rows(tensors, idx, max(1, max(lengths[i] for i in part)))))
+    return out
