@@ -95,12 +95,10 @@ def _expanded_cache(cache: object, index: torch.Tensor) -> object:
     from transformers import DynamicCache
 
     states = [(k.index_select(0, index), v.index_select(0, index)) for k, v in _layer_states(cache)]
-    from_legacy = getattr(DynamicCache, "from_legacy_cache", None)
-    try:
+    if "ddp_cache_data" in inspect.signature(DynamicCache.__init__).parameters:
         return DynamicCache(states)
-    except TypeError:  # an older transformers without the data argument
-        assert from_legacy is not None
-        return from_legacy(tuple(states))
+    # an older transformers, whose first argument is not the data (it would be taken silently as another one)
+    return DynamicCache.from_legacy_cache(tuple(states))  # type: ignore[attr-defined]
 
 
 def shared_prompt_logprobs(

@@ -12,7 +12,13 @@ from posttrain.learner.actor import PolicyLearner
 from posttrain.learner.logprobs import FullLogits, forward_logprobs, linear_head_of
 from posttrain.learner.microbatch import microbatches
 from posttrain.learner.settings import ComputeSettings
-from posttrain.learner.shared_prompt import prompt_groups, shared_prompt_logprobs, shared_prompt_microbatches
+from posttrain.learner.shared_prompt import (
+    _expanded_cache,
+    _layer_states,
+    prompt_groups,
+    shared_prompt_logprobs,
+    shared_prompt_microbatches,
+)
 from posttrain.trajectory import collate, make_trajectory
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
@@ -200,3 +206,19 @@ def test_shared_prompt_microbatches_keep_groups_whole_within_the_budget(seed, bu
             alone = int(plen[members[0]]) + len(members) * int(resp[members].max())
             if budget is None or alone <= budget:
                 assert set(members) <= set(mb.rows)
+
+
+def test_the_expanded_cache_holds_each_rows_prompt_states():
+    """Row b of the responses' cache is row group[b] of the prompts' cache, every layer (the cache a response runs
+    against; a cache built empty would silently score responses without their prompt)."""
+    model = _micro()
+    head = linear_head_of(model)
+    ids = torch.tensor([[5, 6, 7], [8, 9, 10]])
+    out = head.backbone(input_ids=ids, attention_mask=torch.ones_like(ids), use_cache=True)
+    cache = getattr(out, "cache", None) or out.past_key_values
+    group = torch.tensor([1, 0, 1, 1])
+    big = _layer_states(_expanded_cache(cache, group))
+    small = _layer_states(cache)
+    assert len(big) == len(small) == model.config.num_hidden_layers
+    for (k, v), (k0, v0) in zip(big, small, strict=True):
+        assert torch.equal(k, k0[group]) and torch.equal(v, v0[group])
