@@ -25,7 +25,7 @@ import torch
 
 from posttrain.algos.policy_objective import PolicyObjective
 from posttrain.learner.grad_sync import GradientSync, LocalSync
-from posttrain.learner.logprobs import HEAD_IS_LM_HEAD_OF_LAST_HIDDEN, linear_head_of, token_logprobs
+from posttrain.learner.logprobs import token_logprobs
 from posttrain.learner.lora import is_peft_model, merged_state_dict
 from posttrain.learner.microbatch import minibatch_rows
 from posttrain.learner.optim_step import StepOutcome, StepTally
@@ -62,6 +62,7 @@ from posttrain.learner.settings import (
     SamplerReplay,
     policy_settings,
 )
+from posttrain.learner.shared_prompt import check_shareable
 from posttrain.learner.trainer import MinibatchLoss, Trainer
 from posttrain.trajectory.collate import TrajectoryBatch
 
@@ -123,11 +124,7 @@ class PolicyLearner(TrainsItsDriverCopy):
         self._diag_keys: list[str] | None = None
         self.gradient_checkpointing = cs.gradient_checkpointing
         model = prepare_model(model, s.lora, cs)  # LoRA adapters; checkpointing (refused with dropout)
-        self.share_prompts = bool(cs.share_prompts)
-        if self.share_prompts and linear_head_of(model) is None:
-            raise ValueError("share_prompts (optim.share_prompts) needs a model split at a plain linear LM head "
-                             f"(model types {sorted(HEAD_IS_LM_HEAD_OF_LAST_HIDDEN)}); this "
-                             f"{type(model).__name__} has none")
+        self.share_prompts = bool(cs.share_prompts) and check_shareable(model)
         self.model = model.eval()
         self.trainer = Trainer(list(model.parameters()), s.optim, s.batching)
         self.params = self.trainer.params

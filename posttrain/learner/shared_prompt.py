@@ -26,7 +26,7 @@ from collections.abc import Sequence
 import torch
 
 from posttrain.learner.chunked_head import chunk_tokens_for, chunked_token_logprobs
-from posttrain.learner.logprobs import LinearHead
+from posttrain.learner.logprobs import HEAD_IS_LM_HEAD_OF_LAST_HIDDEN, LinearHead, linear_head_of
 from posttrain.learner.microbatch import Microbatch, RowTensors, take_rows
 
 
@@ -75,6 +75,15 @@ def prompt_groups(input_ids: torch.Tensor, attention_mask: torch.Tensor, action_
             first.append(b)
         group[b] = u
     return PromptGroups(group=group, first=torch.tensor(first, dtype=torch.long), prompt_len=plen, length=length)
+
+
+def check_shareable(model: torch.nn.Module) -> bool:
+    """True when ``model`` can run the shared-prompt forward: it splits at a plain linear LM head
+    (:func:`~posttrain.learner.logprobs.linear_head_of`); else ``ValueError`` naming ``optim.share_prompts``."""
+    if linear_head_of(model) is None:
+        raise ValueError("share_prompts (optim.share_prompts) needs a model split at a plain linear LM head "
+                         f"(model types {sorted(HEAD_IS_LM_HEAD_OF_LAST_HIDDEN)}); this {type(model).__name__} has none")
+    return True
 
 
 def _cache_kw(backbone: torch.nn.Module) -> str:
