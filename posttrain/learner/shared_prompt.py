@@ -11,8 +11,10 @@ padding masked out). Every log-prob and gradient is that of the padded forward, 
 attention reduction over a different key layout. This is the shared-prefix forward of Prefix Grouper (Liu et
 al. 2025, arXiv:2506.05433), here through the model's own KV cache rather than a rewritten attention.
 
-Fewer tokens go through the projections and MLPs: ``U * P + B * C`` instead of ``B * (P + C)`` padded.
-Attention still runs once per row and head. Needs a model split at a linear LM head (:func:`linear_head_of`),
+Fewer tokens go through the projections and MLPs: ``U * P + sum_b C_b`` instead of ``B * (P + C)`` padded. The
+responses run in length buckets (:func:`length_buckets`): rows sorted by response length, each bucket padded only
+to its own longest, all against row-copies of the one prompt cache, so a group of responses of 40 to 128 tokens
+is not padded to 128 throughout. Attention still runs once per row and head. Needs a model split at a linear LM head (:func:`linear_head_of`),
 since the head runs on the gathered hidden states, and the model's cache (no gradient checkpointing: a
 checkpointed forward in train mode turns the cache off).
 """
@@ -23,6 +25,7 @@ import dataclasses
 import inspect
 from collections.abc import Sequence
 
+import numpy as np
 import torch
 
 from posttrain.learner.chunked_head import chunk_tokens_for, chunked_token_logprobs
@@ -77,6 +80,54 @@ def prompt_groups(input_ids: torch.Tensor, attention_mask: torch.Tensor, action_
     return PromptGroups(group=group, first=torch.tensor(first, dtype=torch.long), prompt_len=plen, length=length)
 
 
+BUCKET_OVERHEAD_TOKENS = 32
+"""What one more response forward costs, in padded tokens: :func:`length_buckets` opens a new bucket only where
+it saves more padding than this (a forward's fixed cost: one pass through every layer's kernels)."""
+
+
+def length_buckets(lengths: Sequence[int], overhead: int | None = None) -> list[list[int]]:
+    """Partition the indices of ``lengths`` into buckets of rows padded together, minimising
+    ``sum_k (|k| * max_{i in k} lengths[i] + overhead)``: the padded tokens of every bucket plus a fixed cost per
+    bucket (``None``: :data:`BUCKET_OVERHEAD_TOKENS`, read at the call). Contract: buckets are runs of the indices sorted by length, longest first (ties by index), and never
+    split equal lengths (an optimal partition need not: the rows of a split run cost their length in either
+    bucket); the exact optimum by dynamic programming over the ``D`` distinct lengths, ``O(D^2)``. Every index
+    appears once; ``[]`` for no rows."""
+    if overhead is None:
+        overhead = BUCKET_OVERHEAD_TOKENS
+    if overhead < 0:
+        raise ValueError(f"overhead must be >= 0, got {overhead}")
+    order = sorted(range(len(lengths)), key=lambda i: (-lengths[i], i))
+    values: list[int] = []
+    counts: list[int] = []
+    for i in order:
+        if values and values[-1] == lengths[i]:
+            counts[-1] += 1
+        else:
+            values.append(lengths[i])
+            counts.append(1)
+    D = len(values)
+    vals = np.asarray(values, dtype=np.int64)
+    prefix = np.concatenate([[0], np.cumsum(counts)])  # prefix[d]: rows of the first d distinct lengths
+    best = np.zeros(D + 1, dtype=np.int64)  # best[d]: the least cost of the first d distinct lengths
+    cut = [0] * (D + 1)
+    for d in range(1, D + 1):  # the last bucket is distinct lengths j .. d-1, padded to values[j]
+        cost = best[:d] + (prefix[d] - prefix[:d]) * vals[:d] + overhead
+        cut[d] = int(np.argmin(cost))
+        best[d] = cost[cut[d]]
+    bounds: list[int] = []
+    d = D
+    while d > 0:
+        bounds.append(d)
+        d = cut[d]
+    starts = [0] + [int(prefix[b]) for b in reversed(bounds)]
+    return [order[a:b] for a, b in zip(starts[:-1], starts[1:], strict=True)]
+
+
+def bucketed_tokens(lengths: Sequence[int], overhead: int | None = None) -> int:
+    """The padded tokens of :func:`length_buckets`' partition: ``sum_k |k| * max_{i in k} lengths[i]``."""
+    return sum(len(k) * max(lengths[i] for i in k) for k in length_buckets(lengths, overhead))
+
+
 def check_shareable(model: torch.nn.Module) -> bool:
     """True when ``model`` can run the shared-prompt forward: it splits at a plain linear LM head
     (:func:`~posttrain.learner.logprobs.linear_head_of`); else ``ValueError`` naming ``optim.share_prompts``."""
@@ -110,6 +161,52 @@ def _expanded_cache(cache: object, index: torch.Tensor) -> object:
     return DynamicCache.from_legacy_cache(tuple(states))  # type: ignore[attr-defined]
 
 
+@dataclasses.dataclass(frozen=True)
+class _Bucket:
+    """One length bucket's response forward: rows ``idx``, response tokens ``1 .. C - 1`` as ``ids`` / ``mask``
+    ``[n, C - 1]`` at ``positions`` (continuing from each row's prompt); ``C`` its longest response."""
+
+    idx: torch.Tensor
+    C: int
+    ids: torch.Tensor
+    mask: torch.Tensor
+    positions: torch.Tensor
+
+
+def _buckets(input_ids: torch.Tensor, plen: torch.Tensor, resp_len: torch.Tensor) -> list[_Bucket]:
+    """The length buckets (:func:`length_buckets`) of the rows with a response, each padded to its own longest."""
+    out = []
+    for rows in length_buckets(resp_len.tolist()):
+        idx = torch.tensor(rows, dtype=torch.long, device=input_ids.device)
+        n_resp = resp_len[idx]
+        C = int(n_resp.max())
+        if C == 0:
+            continue
+        rc = torch.arange(C - 1, device=idx.device)[None]
+        mask = (rc < n_resp[:, None]).long()
+        ids = input_ids[idx].gather(1, (plen[idx][:, None] + rc).clamp(max=input_ids.shape[1] - 1)) * mask
+        out.append(_Bucket(idx=idx, C=C, ids=ids, mask=mask, positions=plen[idx][:, None] + rc))
+    return out
+
+
+def _bucket_hidden(head: LinearHead, kw: str, cache: object, bucket: _Bucket, embeds: torch.Tensor,
+                   p_mask: torch.Tensor, group: torch.Tensor, resp_len: torch.Tensor, h_first: torch.Tensor,
+                   ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The hidden states predicting every response token of one length bucket: ``(hidden [N, D], r, j)`` for its
+    ``N`` real tokens, token ``j`` of row ``bucket.idx[r]``. Token 0 is predicted by the prompt's last position
+    (``h_first``); tokens ``1 .. C - 1`` by the response forward (``embeds``, the bucket's ids embedded) against
+    the rows' copies of their prompt's cache."""
+    idx = bucket.idx
+    hidden = h_first[idx][:, None]
+    if bucket.C > 1:
+        g = group[idx]
+        out_r = head.backbone(inputs_embeds=embeds, attention_mask=torch.cat([p_mask.index_select(0, g), bucket.mask], 1),
+                              position_ids=bucket.positions, use_cache=True, **{kw: _expanded_cache(cache, g)})
+        hidden = torch.cat([hidden, out_r.last_hidden_state], dim=1)  # [n, C, D]
+    r, j = (torch.arange(bucket.C, device=idx.device)[None] < resp_len[idx][:, None]).nonzero(as_tuple=True)
+    return hidden[r, j], r, j
+
+
 def shared_prompt_logprobs(
     head: LinearHead, input_ids: torch.Tensor, attention_mask: torch.Tensor, action_mask: torch.Tensor, *,
     temperature: float = 1.0, top_k: int = 0, top_p: float = 1.0, with_entropy: bool = False,
@@ -132,33 +229,32 @@ def shared_prompt_logprobs(
     p_mask = (cols < plen[first][:, None]).long()  # [U, P]
     p_ids = input_ids[first, :P] * p_mask
     kw = _cache_kw(head.backbone)
-    out = head.backbone(input_ids=p_ids, attention_mask=p_mask, use_cache=True)
+    resp_len = (length - plen).clamp(min=0)
+    buckets = _buckets(input_ids, plen, resp_len)
+    # every token of the micro-batch embedded in one call: one (dense) embedding gradient in the backward, not one
+    # per forward
+    flat = [p_ids.reshape(-1)] + [bk.ids.reshape(-1) for bk in buckets]
+    parts = head.backbone.get_input_embeddings()(torch.cat(flat)).split([f.numel() for f in flat])
+    out = head.backbone(inputs_embeds=parts[0].view(*p_ids.shape, parts[0].shape[-1]), attention_mask=p_mask, use_cache=True)
     cache = getattr(out, "cache", None)
     if cache is None:
         cache = getattr(out, "past_key_values", None)
     if cache is None:
         raise RuntimeError("share_prompts: the model returned no KV cache from its prompt forward (gradient "
                            "checkpointing in train mode turns the cache off)")
-    resp_len = (length - plen).clamp(min=0)
-    C = int(resp_len.max())
     # the hidden state predicting response token j: the prompt's last position (j = 0), else response j - 1
     h_first = out.last_hidden_state[group, plen - 1]  # [B, D]
-    if C > 1:
-        rc = torch.arange(C, device=dev)[None]
-        r_mask = (rc < resp_len[:, None]).long()
-        r_ids = input_ids.gather(1, (plen[:, None] + rc).clamp(max=T - 1)) * r_mask
-        full_mask = torch.cat([p_mask.index_select(0, group), r_mask], dim=1)
-        out_r = head.backbone(input_ids=r_ids[:, : C - 1], attention_mask=full_mask[:, : P + C - 1],
-                              position_ids=plen[:, None] + rc[:, : C - 1], use_cache=True,
-                              **{kw: _expanded_cache(cache, group)})
-        hidden = torch.cat([h_first[:, None], out_r.last_hidden_state], dim=1)  # [B, C, D]
-    else:
-        hidden = h_first[:, None]
-    rc = torch.arange(max(C, 1), device=dev)[None]
-    rows, j = (rc < resp_len[:, None]).nonzero(as_tuple=True)
+    hiddens, rows_all, j_all = [h_first[:0]], [group[:0]], [group[:0]]
+    for bk, emb in zip(buckets, parts[1:], strict=True):
+        hidden, r, j = _bucket_hidden(head, kw, cache, bk, emb.view(*bk.ids.shape, emb.shape[-1]), p_mask, group, resp_len,
+                                      h_first)
+        hiddens.append(hidden)
+        rows_all.append(bk.idx[r])
+        j_all.append(j)
+    rows, j = torch.cat(rows_all), torch.cat(j_all)
     cols_t = plen[rows] + j
     lp, ent = chunked_token_logprobs(
-        hidden[rows, j], head.weight, input_ids[rows, cols_t], temperature=temperature, top_k=top_k, top_p=top_p,
+        torch.cat(hiddens), head.weight, input_ids[rows, cols_t], temperature=temperature, top_k=top_k, top_p=top_p,
         with_entropy=with_entropy, entropy_grad=entropy_grad,
         chunk_tokens=chunk_tokens_for(head.weight.shape[0], chunk_cap))
     logprob = lp.new_zeros(B, T).index_put((rows, cols_t), lp)
@@ -169,11 +265,13 @@ def shared_prompt_logprobs(
 def shared_prompt_microbatches(tensors: RowTensors, rows: Sequence[int], budget: int | None) -> list[Microbatch]:
     """The micro-batches of mini-batch ``rows`` for the shared-prompt forward: whole prompt groups
     (:func:`prompt_groups`, in order of first appearance) packed greedily while a micro-batch's shared cost
-    ``U * P_max + B * C_max`` (prompt tokens once per distinct prompt, response tokens per row) stays within
-    ``budget`` (``None``: one micro-batch). A group that alone exceeds it is cut into runs of its rows (longest
-    first) that fit, at least one row each. Every row appears once; each micro-batch is trimmed to its longest
-    row (:func:`~posttrain.learner.microbatch.take_rows`). Padded micro-batches sort rows by length instead
-    (:func:`~posttrain.learner.microbatch.microbatches`), which scatters a group's rows over several passes."""
+    ``U * P_max + bucketed_tokens(C_b)`` (prompt tokens once per distinct prompt, response tokens per row padded
+    within the forward's own length buckets, :func:`length_buckets`) stays within ``budget`` (``None``: one
+    micro-batch). A group that alone exceeds it is cut into runs of its rows (longest first) with
+    ``P + n * C_max`` within it, at least one row each. Every row appears once; each micro-batch is trimmed to its
+    longest row (:func:`~posttrain.learner.microbatch.take_rows`). Padded micro-batches sort rows by length
+    instead (:func:`~posttrain.learner.microbatch.microbatches`), which scatters a group's rows over several
+    passes."""
     if not rows:
         return []
     ids, am, act = tensors["input_ids"], tensors["attention_mask"], tensors["action_mask"]
@@ -187,22 +285,22 @@ def shared_prompt_microbatches(tensors: RowTensors, rows: Sequence[int], budget:
         members[u].append(i)
     parts: list[list[int]] = []
     cur: list[int] = []
-    n_prompts = p_max = c_max = 0
+    n_prompts = p_max = 0
     for m in members:
         m = sorted(m, key=lambda i: (-resp[i], i))
         p_g, c_g = plen[m[0]], resp[m[0]]
-        alone_too_large = budget is not None and p_g + len(m) * c_g > budget
-        joint = (n_prompts + 1) * max(p_max, p_g) + (len(cur) + len(m)) * max(c_max, c_g)
+        alone_too_large = budget is not None and p_g + bucketed_tokens([resp[i] for i in m]) > budget
+        joint = (n_prompts + 1) * max(p_max, p_g) + bucketed_tokens([resp[i] for i in cur + m])
         if cur and (alone_too_large or (budget is not None and joint > budget)):
             parts.append(cur)
-            cur, n_prompts, p_max, c_max = [], 0, 0, 0
+            cur, n_prompts, p_max = [], 0, 0
         if alone_too_large:
             assert budget is not None
             step = max(1, (budget - p_g) // max(c_g, 1))
             parts += [m[k:k + step] for k in range(0, len(m), step)]
             continue
         cur += m
-        n_prompts, p_max, c_max = n_prompts + 1, max(p_max, p_g), max(c_max, c_g)
+        n_prompts, p_max = n_prompts + 1, max(p_max, p_g)
     if cur:
         parts.append(cur)
     lengths = pg.length.tolist()

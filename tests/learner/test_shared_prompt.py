@@ -8,6 +8,7 @@ import pytest
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
+from posttrain.learner import shared_prompt
 from posttrain.learner.actor import PolicyLearner
 from posttrain.learner.logprobs import FullLogits, forward_logprobs, linear_head_of
 from posttrain.learner.microbatch import microbatches
@@ -15,6 +16,8 @@ from posttrain.learner.settings import ComputeSettings
 from posttrain.learner.shared_prompt import (
     _expanded_cache,
     _layer_states,
+    bucketed_tokens,
+    length_buckets,
     prompt_groups,
     shared_prompt_logprobs,
     shared_prompt_microbatches,
@@ -88,8 +91,14 @@ def test_prompt_groups_by_ids_not_adjacency_or_prefix():
 @pytest.mark.parametrize("build", [_micro, _llama], ids=["qwen2", "llama"])
 @pytest.mark.parametrize("replay", [dict(temperature=1.0), dict(temperature=0.7, top_k=20, top_p=0.9)],
                          ids=["plain", "truncated"])
-def test_logprobs_entropy_and_gradients_equal_the_padded_forward(build, replay):
+@pytest.mark.parametrize("overhead", [32, 0], ids=["one_bucket", "a_bucket_per_length"])
+def test_logprobs_entropy_and_gradients_equal_the_padded_forward(build, replay, overhead, monkeypatch):
+    """With overhead 0 every response length runs as its own bucket (its own forward against its rows' cache
+    copies); with 32 these responses of 1-6 tokens run as one."""
+    monkeypatch.setattr(shared_prompt, "BUCKET_OVERHEAD_TOKENS", overhead)
     batch, _ = grouped_batch()
+    resp = (batch.lengths - prompt_groups(batch.input_ids, batch.attention_mask, batch.action_mask).prompt_len)
+    assert len(length_buckets(resp.tolist())) == (1 if overhead else len(set(resp.tolist())))
     act = batch.action_mask.to(torch.float64)
     w = torch.randn(batch.input_ids.shape, generator=torch.Generator().manual_seed(4), dtype=torch.float64) * act
     res = {}
@@ -135,7 +144,9 @@ def _tokens_through(model: torch.nn.Module, fn) -> int:
     return n[0]
 
 
-def test_the_update_equals_the_padded_update_with_fewer_tokens(make_advantages):
+@pytest.mark.parametrize("overhead", [32, 0])
+def test_the_update_equals_the_padded_update_with_fewer_tokens(make_advantages, overhead, monkeypatch):
+    monkeypatch.setattr(shared_prompt, "BUCKET_OVERHEAD_TOKENS", overhead)
     batch, base = grouped_batch(prompts=6, group=4)
     adv = make_advantages(batch)
     res, tokens = {}, {}
@@ -150,17 +161,25 @@ def test_the_update_equals_the_padded_update_with_fewer_tokens(make_advantages):
     rtol = shape_rtol(int(batch.lengths.max()))
     assert l1 == pytest.approx(l0, rel=rtol, abs=1e-12)
     assert_grads_close(g1, g0, rtol, msg="shared vs padded")
-    # per micro-batch: U * P_max prompt tokens + B * (C_max - 1) response tokens, against B * T_max padded
+    # per micro-batch: U * P_max prompt tokens + n * (C_max - 1) response tokens of each length bucket, against
+    # B * T_max padded; one bucket is the bound B * (C_max - 1)
     tensors = {"input_ids": batch.input_ids, "attention_mask": batch.attention_mask, "action_mask": batch.action_mask}
-    expect_shared = expect_padded = 0
+    expect_shared = expect_padded = one_bucket = 0
     for mb in shared_prompt_microbatches(tensors, list(range(batch.size)), 200):
         pg = prompt_groups(mb["input_ids"], mb["attention_mask"], mb["action_mask"])
-        P, C = int(pg.prompt_len.max()), int((pg.length - pg.prompt_len).max())
-        expect_shared += pg.num_prompts * P + (len(mb.rows) * (C - 1) if C > 1 else 0)
+        P, resp = int(pg.prompt_len.max()), (pg.length - pg.prompt_len).tolist()
+        C = max(resp)
+        expect_shared += pg.num_prompts * P
+        one_bucket += pg.num_prompts * P + len(resp) * (C - 1)
+        if overhead == 0:  # a bucket per distinct length: each row padded to its own length
+            expect_shared += sum(c - 1 for c in resp if c > 1)
+        else:  # the least-cost buckets (test_length_buckets_are_the_least_cost_partition)
+            expect_shared += sum(len(b) * (max(resp[i] for i in b) - 1) for b in length_buckets(resp))
     for mb in microbatches(tensors, list(range(batch.size)), 200):
         expect_padded += mb["input_ids"].numel()
     assert (tokens[True], tokens[False]) == (expect_shared, expect_padded)
     assert tokens[True] < 0.75 * tokens[False]
+    assert tokens[True] < one_bucket
 
 
 def test_refused_without_a_linear_head_or_with_checkpointing():
@@ -196,14 +215,14 @@ def test_shared_prompt_microbatches_keep_groups_whole_within_the_budget(seed, bu
         assert mb["input_ids"].shape == (len(mb.rows), int(pg.length[mb.rows].max()))
         assert torch.equal(mb["input_ids"], batch.input_ids[mb.rows, : mb["input_ids"].shape[1]])
         groups = {int(pg.group[r]) for r in mb.rows}
-        cost = len(groups) * int(plen[mb.rows].max()) + len(mb.rows) * int(resp[mb.rows].max())
+        cost = len(groups) * int(plen[mb.rows].max()) + bucketed_tokens(resp[mb.rows].tolist())
         if budget is None:
             assert len(mbs) == 1
         elif len(groups) > 1:  # several groups share a pass only within the budget
             assert cost <= budget
         for u in groups:  # a group that fits alone is never split
             members = [r for r in rows if int(pg.group[r]) == u]
-            alone = int(plen[members[0]]) + len(members) * int(resp[members].max())
+            alone = int(plen[members[0]]) + bucketed_tokens(resp[members].tolist())
             if budget is None or alone <= budget:
                 assert set(members) <= set(mb.rows)
 
@@ -222,3 +241,42 @@ def test_the_expanded_cache_holds_each_rows_prompt_states():
     assert len(big) == len(small) == model.config.num_hidden_layers
     for (k, v), (k0, v0) in zip(big, small, strict=True):
         assert torch.equal(k, k0[group]) and torch.equal(v, v0[group])
+
+
+def _brute_force_cost(lengths: list[int], overhead: int) -> int:
+    """The least ``sum_k (|k| * max_k + overhead)`` over every cut of the length-sorted rows into runs."""
+    order = sorted(lengths, reverse=True)
+    best = None
+    for mask in range(1 << max(len(order) - 1, 0)):
+        cost, start = 0, 0
+        for k in range(1, len(order) + 1):
+            if k == len(order) or mask >> (k - 1) & 1:
+                cost += (k - start) * order[start] + overhead
+                start = k
+        best = cost if best is None else min(best, cost)
+    return best if best is not None else 0
+
+
+def test_length_buckets_by_hand():
+    assert length_buckets([]) == []
+    assert length_buckets([3, 3, 3], 0) == [[0, 1, 2]]  # equal lengths never split
+    # 128 + 127 padded together (1 token wasted) and 41 + 40 (1 wasted): two buckets beat one (2 * 87 wasted) at 32
+    assert length_buckets([128, 40, 41, 127], 32) == [[0, 3], [2, 1]]
+    assert length_buckets([128, 40, 41, 127], 0) == [[0], [3], [2], [1]]
+    assert length_buckets([128, 40, 41, 127], 200) == [[0, 3, 2, 1]]  # one more forward costs more than it saves
+    assert bucketed_tokens([128, 40, 41, 127], 32) == 2 * 128 + 2 * 41
+    with pytest.raises(ValueError, match="overhead"):
+        length_buckets([1], -1)
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_length_buckets_are_the_least_cost_partition(seed):
+    g = torch.Generator().manual_seed(seed)
+    lengths = torch.randint(0, 30, (int(torch.randint(1, 10, (1,), generator=g)),), generator=g).tolist()
+    overhead = [0, 1, 7, 32][seed % 4]
+    buckets = length_buckets(lengths, overhead)
+    assert sorted(i for b in buckets for i in b) == list(range(len(lengths)))
+    order = [i for b in buckets for i in b]
+    assert [lengths[i] for i in order] == sorted(lengths, reverse=True)
+    cost = sum(len(b) * max(lengths[i] for i in b) + overhead for b in buckets)
+    assert cost == _brute_force_cost(lengths, overhead)
