@@ -234,8 +234,10 @@ def shared_prompt_logprobs(
     # every token of the micro-batch embedded in one call: one (dense) embedding gradient in the backward, not one
     # per forward
     flat = [p_ids.reshape(-1)] + [bk.ids.reshape(-1) for bk in buckets]
-    parts = head.backbone.get_input_embeddings()(torch.cat(flat)).split([f.numel() for f in flat])
-    out = head.backbone(inputs_embeds=parts[0].view(*p_ids.shape, parts[0].shape[-1]), attention_mask=p_mask, use_cache=True)
+    embed: torch.nn.Module = head.backbone.get_input_embeddings()  # type: ignore[operator]
+    parts = embed(torch.cat(flat)).split([f.numel() for f in flat])
+    out = head.backbone(inputs_embeds=parts[0].view(*p_ids.shape, parts[0].shape[-1]), attention_mask=p_mask,
+                        use_cache=True)
     cache = getattr(out, "cache", None)
     if cache is None:
         cache = getattr(out, "past_key_values", None)
