@@ -14,9 +14,9 @@ al. 2025, arXiv:2506.05433), here through the model's own KV cache rather than a
 Fewer tokens go through the projections and MLPs: ``U * P + sum_b C_b`` instead of ``B * (P + C)`` padded. The
 responses run in length buckets (:func:`length_buckets`): rows sorted by response length, each bucket padded only
 to its own longest, all against row-copies of the one prompt cache, so a group of responses of 40 to 128 tokens
-is not padded to 128 throughout. Attention still runs once per row and head. Needs a model split at a linear LM head (:func:`linear_head_of`),
-since the head runs on the gathered hidden states, and the model's cache (no gradient checkpointing: a
-checkpointed forward in train mode turns the cache off).
+is not padded to 128 throughout. Attention still runs once per row and head. Needs a model split at a linear LM
+head (:func:`linear_head_of`), since the head runs on the gathered hidden states, and the model's cache (no
+gradient checkpointing: a checkpointed forward in train mode turns the cache off).
 """
 
 from __future__ import annotations
@@ -82,16 +82,18 @@ def prompt_groups(input_ids: torch.Tensor, attention_mask: torch.Tensor, action_
 
 BUCKET_OVERHEAD_TOKENS = 32
 """What one more response forward costs, in padded tokens: :func:`length_buckets` opens a new bucket only where
-it saves more padding than this (a forward's fixed cost: one pass through every layer's kernels)."""
+it saves more padding than this. Measured on SmolLM2-135M (docs/benchmarks.md): each forward adds a sum of every
+parameter's gradient in the backward and smaller, slower weight-gradient GEMMs; 8, 32 and 128 gave about the same
+step there, and a single bucket none of the gain."""
 
 
 def length_buckets(lengths: Sequence[int], overhead: int | None = None) -> list[list[int]]:
     """Partition the indices of ``lengths`` into buckets of rows padded together, minimising
     ``sum_k (|k| * max_{i in k} lengths[i] + overhead)``: the padded tokens of every bucket plus a fixed cost per
-    bucket (``None``: :data:`BUCKET_OVERHEAD_TOKENS`, read at the call). Contract: buckets are runs of the indices sorted by length, longest first (ties by index), and never
-    split equal lengths (an optimal partition need not: the rows of a split run cost their length in either
-    bucket); the exact optimum by dynamic programming over the ``D`` distinct lengths, ``O(D^2)``. Every index
-    appears once; ``[]`` for no rows."""
+    bucket (``None``: :data:`BUCKET_OVERHEAD_TOKENS`, read at the call). Contract: buckets are runs of the indices
+    sorted by length, longest first (ties by index), and never split equal lengths (an optimal partition need not:
+    the rows of a split run cost their length in either bucket); the exact optimum by dynamic programming over the
+    ``D`` distinct lengths, ``O(D^2)``. Every index appears once; ``[]`` for no rows."""
     if overhead is None:
         overhead = BUCKET_OVERHEAD_TOKENS
     if overhead < 0:
@@ -200,8 +202,9 @@ def _bucket_hidden(head: LinearHead, kw: str, cache: object, bucket: _Bucket, em
     hidden = h_first[idx][:, None]
     if bucket.C > 1:
         g = group[idx]
-        out_r = head.backbone(inputs_embeds=embeds, attention_mask=torch.cat([p_mask.index_select(0, g), bucket.mask], 1),
-                              position_ids=bucket.positions, use_cache=True, **{kw: _expanded_cache(cache, g)})
+        mask = torch.cat([p_mask.index_select(0, g), bucket.mask], 1)
+        out_r = head.backbone(inputs_embeds=embeds, attention_mask=mask, position_ids=bucket.positions,
+                              use_cache=True, **{kw: _expanded_cache(cache, g)})
         hidden = torch.cat([hidden, out_r.last_hidden_state], dim=1)  # [n, C, D]
     r, j = (torch.arange(bucket.C, device=idx.device)[None] < resp_len[idx][:, None]).nonzero(as_tuple=True)
     return hidden[r, j], r, j
@@ -248,8 +251,8 @@ def shared_prompt_logprobs(
     h_first = out.last_hidden_state[group, plen - 1]  # [B, D]
     hiddens, rows_all, j_all = [h_first[:0]], [group[:0]], [group[:0]]
     for bk, emb in zip(buckets, parts[1:], strict=True):
-        hidden, r, j = _bucket_hidden(head, kw, cache, bk, emb.view(*bk.ids.shape, emb.shape[-1]), p_mask, group, resp_len,
-                                      h_first)
+        embeds = emb.view(*bk.ids.shape, emb.shape[-1])
+        hidden, r, j = _bucket_hidden(head, kw, cache, bk, embeds, p_mask, group, resp_len, h_first)
         hiddens.append(hidden)
         rows_all.append(bk.idx[r])
         j_all.append(j)
