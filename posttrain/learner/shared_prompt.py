@@ -295,8 +295,8 @@ def shared_prompt_microbatches(tensors: RowTensors, rows: Sequence[int], budget:
         m = sorted(m, key=lambda i: (-resp[i], i))
         p_g, c_g = plen[m[0]], resp[m[0]]
         alone_too_large = budget is not None and p_g + bucketed_tokens([resp[i] for i in m]) > budget
-        joint = (n_prompts + 1) * max(p_max, p_g) + bucketed_tokens([resp[i] for i in cur + m])
-        if cur and (alone_too_large or (budget is not None and joint > budget)):
+        if cur and budget is not None and (alone_too_large or (n_prompts + 1) * max(p_max, p_g)
+                                           + bucketed_tokens([resp[i] for i in cur + m]) > budget):
             parts.append(cur)
             cur, n_prompts, p_max = [], 0, 0
         if alone_too_large:
