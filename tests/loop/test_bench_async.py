@@ -2,18 +2,22 @@
 
 from __future__ import annotations
 
+import argparse
 import json
 import subprocess
 import sys
 
 import pytest
 
+from posttrain.bench import async_modes
+
 
 @pytest.mark.timeout(180)
 def test_bench_async_quick_writes_speedup_per_mode(tmp_path):
     out = tmp_path / "out.json"
     p = subprocess.run([sys.executable, "-m", "posttrain.cli", "bench", "async", "--quick", "--steps", "2", "--sft-steps", "5",
-                        "--json", str(out)], capture_output=True, text=True, timeout=170)
+                        "--intra-op-threads", "1", "--sync-threads", "2", "--json", str(out)],
+                       capture_output=True, text=True, timeout=170)
     assert p.returncode == 0, p.stderr[-3000:]
     res = json.loads(out.read_text())
     assert set(res["speedup_vs_sync"]) == {"sync", "one_step_off", "async", "partial"}
@@ -26,3 +30,46 @@ def test_bench_async_quick_writes_speedup_per_mode(tmp_path):
     assert "| mode | tokens/s |" in p.stdout and "(5 SFT steps" in p.stdout
     split = {r["mode"]: r["threads_per_side"] for r in res["modes"]}
     assert split["sync"]["concurrent"] is False and split["async"]["concurrent"] is True
+    # --sync-threads: the modes that do not overlap get their own thread count, the overlapping ones one per side
+    threads = {r["mode"]: r["torch_threads"] for r in res["modes"]}
+    assert threads == {"sync": 2, "partial": 2, "one_step_off": 1, "async": 1}, threads
+    assert res["shape"] == "letter_run" and res["threads"] == 1 and res["sync_threads"] == 2
+
+
+def _args(*argv: str) -> argparse.Namespace:
+    parser = argparse.ArgumentParser()
+    async_modes.add_arguments(parser)
+    return parser.parse_args(list(argv))
+
+
+def test_the_realistic_shape_is_the_vs_trl_realistic_run_in_each_mode(tmp_path):
+    """Every mode of ``--shape realistic`` loads the realistic recipe and shape of ``bench vs-trl``, from the
+    pretrained model, with only ``system.*`` / the correction differing between modes."""
+    from posttrain.bench.vs_trl import REALISTIC_RECIPE
+    from posttrain.loop.validate import load_run_config
+
+    p = async_modes._shape_params(_args("--shape", "realistic"))
+    assert async_modes._recipe(p) == REALISTIC_RECIPE and p["sft_steps"] == 0
+    cfgs = {m: load_run_config(async_modes._recipe(p), [*async_modes._base(p, 3), f"model.path={p['model']}",
+                                                         "steps=4", f"run_dir={tmp_path / m}", *ov])
+            for m, ov in async_modes.MODES.items()}
+    for cfg in cfgs.values():
+        assert (cfg.sampling.prompts_per_step, cfg.sampling.group_size, cfg.sampling.max_new_tokens) == (4, 8, 128)
+        assert cfg.model.path == "builtin:smollm2-135m-instruct" and cfg.seed == 3 and cfg.sft.steps == 0
+        assert cfg.eval.size == 48 and cfg.eval.sampled_temperature is None and cfg.checkpoint_every == 0
+        assert cfg.optim.lr == cfgs["sync"].optim.lr  # the recipe's own rate in every mode
+    assert {m: c.system.mode for m, c in cfgs.items()} == {
+        "sync": "sync", "one_step_off": "one_step_off", "async": "async", "partial": "sync"}
+    assert cfgs["sync"].correction.name is None and cfgs["async"].correction.name == "tis"
+    assert async_modes._shape_params(_args("--shape", "realistic", "--lr", "3e-5"))["lr"] == 3e-5
+
+
+@pytest.mark.parametrize("argv, says", [
+    (("--shape", "realistic", "--quick"), "--quick"),
+    (("--shape", "realistic", "--sft-steps", "2"), "no warm-up"),
+    (("--sync-threads", "0",), "--sync-threads must be >= 1"),
+    (("--steps", "0",), "--steps must be >= 1"),
+])
+def test_the_bench_refuses_what_cannot_take_effect(argv, says):
+    with pytest.raises(SystemExit, match=says):
+        async_modes.run(_args("--quick", *argv) if "--quick" not in argv and "realistic" not in argv else _args(*argv))
