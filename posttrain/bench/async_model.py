@@ -52,21 +52,27 @@ from collections.abc import Sequence
 
 @dataclasses.dataclass(frozen=True)
 class StepSplit:
-    """Per-step times of a sync run (seconds), one entry per step; ``idle_frac`` may be empty (no streaming gain)."""
+    """Per-step times of a run (seconds), one entry per step; ``idle_frac`` may be empty (no streaming gain).
+
+    The model's input is a sync run's split. An overlapped run's split (:func:`split_from_metrics` of a
+    one_step_off / async run) holds each side's own busy time instead, and ``wait_s`` the learner's waits for
+    the rollout (empty for a sync run, whose learner never waits)."""
 
     rollout_s: tuple[float, ...]
     learner_s: tuple[float, ...]
     sync_s: tuple[float, ...]
     idle_frac: tuple[float, ...] = ()
+    wait_s: tuple[float, ...] = ()
 
     def __post_init__(self) -> None:
         n = len(self.rollout_s)
         if n == 0:
             raise ValueError("StepSplit: no steps")
-        for name in ("learner_s", "sync_s") + (("idle_frac",) if self.idle_frac else ()):
+        for name in ("learner_s", "sync_s") + (("idle_frac",) if self.idle_frac else ()) + (
+                ("wait_s",) if self.wait_s else ()):
             if len(getattr(self, name)) != n:
                 raise ValueError(f"StepSplit.{name}: {len(getattr(self, name))} entries for {n} steps")
-        if min(self.rollout_s + self.learner_s + self.sync_s) < 0:
+        if min(self.rollout_s + self.learner_s + self.sync_s + self.wait_s) < 0:
             raise ValueError("StepSplit: negative time")
         if self.idle_frac and not all(0.0 <= x < 1.0 for x in self.idle_frac):
             raise ValueError("StepSplit.idle_frac: every entry must be in [0, 1)")
@@ -141,19 +147,29 @@ def idle_for_speedup(speedup: float) -> float:
 
 
 def split_from_metrics(metrics: Sequence[dict[str, float]]) -> StepSplit:
-    """The split of a sync run's per-step metrics (``metrics.jsonl`` rows / the ledger's): rollout side =
-    ``time/rollout_s + time/reward_s``; sync = ``time/weight_sync_s``; learner side = the rest of
-    ``time/step_s`` less ``time/eval_s`` (log-probs, update, bookkeeping); idle = ``rollout/group_idle_frac``."""
-    roll, learn, syn, idle = [], [], [], []
+    """The per-step split of a run's metrics (``metrics.jsonl`` rows / the ledger's).
+
+    Rollout side = ``time/rollout_s + time/reward_s``; sync = ``time/weight_sync_s``; idle =
+    ``rollout/group_idle_frac``. Learner side, for a sync run: the rest of ``time/step_s`` less ``time/eval_s``
+    (log-probs, update, bookkeeping). A row with ``time/learner_wait_s`` comes from an overlapped mode, whose
+    rollout call ran beside the learner: its learner side is ``time/step_s`` less ``time/eval_s``, the sync and
+    the learner's waits (``time/learner_wait_s`` for the queue + ``time/quiesce_wait_s`` for the next call),
+    and those waits go to ``wait_s``. Subtracting the concurrent rollout from the step instead would charge the
+    learner's own time to the overlap."""
+    roll, learn, syn, idle, wait = [], [], [], [], []
+    overlapped = any("time/learner_wait_s" in m for m in metrics)
     for m in metrics:
         r = float(m.get("time/rollout_s", 0.0)) + float(m.get("time/reward_s", 0.0))
         s = float(m.get("time/weight_sync_s", 0.0))
-        rest = float(m["time/step_s"]) - float(m.get("time/eval_s", 0.0)) - r - s
+        w = float(m.get("time/learner_wait_s", 0.0)) + float(m.get("time/quiesce_wait_s", 0.0))
+        busy = float(m["time/step_s"]) - float(m.get("time/eval_s", 0.0)) - s
+        rest = busy - w if overlapped else busy - r
         roll.append(r)
         syn.append(s)
         learn.append(max(0.0, rest))
+        wait.append(w)
         idle.append(min(max(float(m.get("rollout/group_idle_frac", 0.0)), 0.0), 0.999))
-    return StepSplit(tuple(roll), tuple(learn), tuple(syn), tuple(idle))
+    return StepSplit(tuple(roll), tuple(learn), tuple(syn), tuple(idle), tuple(wait) if overlapped else ())
 
 
 __all__ = ["SpeedupPrediction", "StepSplit", "idle_for_speedup", "predict_speedup", "split_from_metrics"]

@@ -215,7 +215,8 @@ def run_mode(mode: str, p: dict[str, Any], seed: int, model_dir: Path | str, wor
                              "rollout_in": "thread" if process == "in_process" else "process"},
         # the measured per-step split, means (the speed-up model's input when this is a sync run)
         "split": {"rollout_s": _mean(split.rollout_s), "learner_s": _mean(split.learner_s),
-                  "sync_s": _mean(split.sync_s), "group_idle_frac": _mean(split.idle_frac)},
+                  "sync_s": _mean(split.sync_s), "group_idle_frac": _mean(split.idle_frac),
+                  "learner_wait_s": _mean(split.wait_s)},
         "step_split": dataclasses.asdict(split),
         "wall_s": wall, "total_s": total, "generated_tokens": gen, "tokens_per_s": gen / wall if wall else 0.0,
         "learner_util": learner / wall if wall else 0.0,
@@ -233,6 +234,11 @@ def run_mode(mode: str, p: dict[str, Any], seed: int, model_dir: Path | str, wor
 
 def _mean(xs: tuple[float, ...]) -> float:
     return sum(xs) / len(xs) if xs else 0.0
+
+
+def _sides(split: dict[str, float]) -> str:
+    """``rollout / learner / wait`` seconds per step of a row's split (an overlapped mode's sides ran side by side)."""
+    return f"{split['rollout_s']:.1f} / {split['learner_s']:.1f} / {split.get('learner_wait_s', 0.0):.1f}"
 
 
 def _x(v: float | None) -> str:
@@ -280,7 +286,8 @@ def scale_table(split: dict[str, float], preds: list[dict[str, Any]], source: st
 
 def table(rows: list[dict[str, Any]]) -> str:
     """Markdown table of the per-mode figures."""
-    head = ("| mode | tokens/s | speedup vs sync | model | learner util | group idle | held-out acc before -> after | "
+    head = ("| mode | tokens/s | speedup vs sync | model | rollout / learner / wait s per step | learner util | "
+            "group idle | held-out acc before -> after | "
             "acc gain / 1k tok | acc gain / min | lag 0/1/2/3+ | accepted tok | wall s |")
     out = [head, "|" + "---|" * (head.count("|") - 1)]
     for r in rows:
@@ -288,7 +295,7 @@ def table(rows: list[dict[str, Any]]) -> str:
         model = r.get("model")
         out.append(
             f"| {r['label']} | {r['tokens_per_s']:.0f} | {_x(r.get('speedup_vs_sync'))} | "
-            f"{_x(model['speedup'] if model else None)} | "
+            f"{_x(model['speedup'] if model else None)} | {_sides(r['split'])} | "
             f"{r['learner_util']:.2f} | {r['group_idle_frac']:.2f} | {r['heldout_acc_before']:.3f} -> "
             f"{r['heldout_acc_after']:.3f} | {r['acc_gain_per_1k_tokens']:+.4f} | {r['acc_gain_per_minute']:+.3f} | "
             f"{h['0']}/{h['1']}/{h['2']}/{h['3plus']} | {r['accepted_token_frac']:.2f} | {r['wall_s']:.1f} |")

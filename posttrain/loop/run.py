@@ -206,9 +206,12 @@ def sync_and_evaluate(run: Run, producer: Producer, step: int, slept: bool, metr
     engine's version + 1, :func:`~posttrain.loop.parts.sync_weights`), observe the KL controller
     (:func:`~posttrain.loop.kl_control.observe_kl` of the learner's ``kl_coef``) and (step 7) evaluate
     held-out every ``eval.every`` steps -> promote / retain / reject (:meth:`Run.evaluate_and_judge`). Adds
+    ``time/quiesce_wait_s`` (entering the quiesce: one_step_off waits there for the call of the next step),
     ``time/weight_sync_s``, ``kl_coef(_next)``, the held-out figures and ``time/eval_s``."""
+    t0 = time.perf_counter()
     with producer.quiesce():
         t1 = time.perf_counter()
+        metrics["time/quiesce_wait_s"] = t1 - t0
         if slept:  # re-acquire; the sync below refills every weight
             from posttrain.rollout.engine import engine_wake
 

@@ -82,6 +82,24 @@ def test_split_from_a_sync_runs_metrics():
     assert s.learner_s == (5.0 - 1.0 - 2.0 - 0.25, 3.0 - 1.0 - 0.5) and s.idle_frac == (0.7, 0.0)
 
 
+def test_split_of_an_overlapped_run_charges_the_learner_its_own_time():
+    # one_step_off: step 1 waits 28 s for call 0; later calls (30 s) run beside a 60 s learner, so the step is the
+    # learner's. Subtracting the concurrent rollout (the sync rule) would give the learner 30 s, half its time.
+    ms = [{"time/step_s": 89.0, "time/rollout_s": 28.0, "time/weight_sync_s": 1.0, "time/learner_wait_s": 28.0,
+           "time/quiesce_wait_s": 0.0},
+          {"time/step_s": 71.0, "time/rollout_s": 29.5, "time/reward_s": 0.5, "time/weight_sync_s": 1.0,
+           "time/learner_wait_s": 0.0, "time/quiesce_wait_s": 0.0, "time/eval_s": 10.0}]
+    s = split_from_metrics(ms)
+    assert s.rollout_s == (28.0, 30.0) and s.sync_s == (1.0, 1.0)
+    assert s.learner_s == (60.0, 60.0) and s.wait_s == (28.0, 0.0)
+    # the next call outlasting the learner: the learner waits for it inside the quiesce
+    slow = [{"time/step_s": 50.0, "time/rollout_s": 45.0, "time/weight_sync_s": 1.0, "time/learner_wait_s": 0.0,
+             "time/quiesce_wait_s": 9.0}]
+    assert split_from_metrics(slow).learner_s == (40.0,) and split_from_metrics(slow).wait_s == (9.0,)
+    # a sync run's rows have no waits: its split keeps the sync rule and no wait_s
+    assert split_from_metrics([{"time/step_s": 5.0, "time/rollout_s": 2.0}]).wait_s == ()
+
+
 @pytest.mark.parametrize(("kwargs", "message"), [
     ({"workers": 0}, "workers"), ({"max_staleness": -1}, "max_staleness"), ({"streaming": True}, "idle fraction"),
     ({"steps": 0}, "steps"),

@@ -345,6 +345,11 @@ def test_one_step_off_lag_is_exactly_one_when_the_worker_thread_is_starved(tmp_p
     for step, t in led.iter_trajectories():
         acts = t.behavior_version[t.action_mask.astype(bool)]
         assert set(acts.tolist()) == {max(step - 2, 0)} and t.policy_lag == (0 if step == 1 else 1), step
+    # the learner's wait for that call is its own figure: call 1 returns >= 1.5 s after call 0, whose batch step 1
+    # trained on, so step 1's update plus its wait in the quiesce cover those 1.5 s (less consumption and judging)
+    ms = led.read_metrics()
+    assert all(m["time/quiesce_wait_s"] >= 0.0 for m in ms)
+    assert ms[0]["time/quiesce_wait_s"] + ms[0]["time/learner_s"] >= 1.2
 
 
 def test_one_step_off_reports_each_steps_own_call_whatever_the_timing(tmp_path, monkeypatch):
