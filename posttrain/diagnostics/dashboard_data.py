@@ -151,6 +151,7 @@ PANELS: tuple[Panel, ...] = (
             ("time/reward_s", "reward", "y"),
             ("time/learner_s", "learner", "y"),
             ("time/learner_wait_s", "learner wait", "y"),
+            ("time/quiesce_wait_s", "wait for the next call", "y"),
             ("time/weight_sync_s", "weight sync", "y"),
             ("time/eval_s", "evaluation", "y"),
             ("time/step_s", "whole step", "y"),
