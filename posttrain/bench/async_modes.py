@@ -247,11 +247,22 @@ def _x(v: float | None) -> str:
 
 def predictions(rows: list[dict[str, Any]]) -> None:
     """Set each overlapping row's ``model`` (the predicted speed-up, :func:`predict_speedup` at one worker and
-    the mode's staleness bound, over the measured number of steps) from its process's sync row's split."""
+    the mode's staleness bound, over the measured number of steps) from its process's sync row's split.
+
+    An overlapped row also gets ``overlap_check``: the mean step the same recurrence gives from the row's *own*
+    split (each side's busy time as it ran, overlapped) beside the measured mean step. Equal: the sides overlapped
+    as the model says, and a shortfall against ``model`` comes from each side's own slowdown (fewer threads, a shared
+    interpreter); a measured step above the check's: the overlap itself fell short."""
     sync = {r["process"]: r for r in rows if r["mode"] == "sync"}
     for r in rows:
         s = sync.get(r["process"])
         eta = STALENESS.get(r["mode"], 0 if r["mode"] == "sync" else None)
+        own = r["step_split"]
+        if eta is not None and own.get("wait_s"):
+            check = predict_speedup(StepSplit(tuple(own["rollout_s"]), tuple(own["learner_s"]), tuple(own["sync_s"])),
+                                    max_staleness=eta)
+            r["overlap_check"] = {"predicted_step_s": check.async_step_s,
+                                  "measured_step_s": r["wall_s"] / len(own["rollout_s"])}
         if s is None or eta is None:
             r["model"] = None
             continue
@@ -422,6 +433,11 @@ def run(args: argparse.Namespace) -> int:
             rounds.append(run_round(modes, processes, p, args.seed, actor, work, threads, sync_threads))
         rows = merge_rounds(rounds)
         print(table(rows))
+        for r in rows:
+            if r.get("overlap_check"):
+                c = r["overlap_check"]
+                print(f"overlap check, {r['label']}: the model gives {c['predicted_step_s']:.1f} s a step from the "
+                      f"sides' own times, measured {c['measured_step_s']:.1f} s")
         scale = {}
         for proc in processes:
             splits = [r["step_split"] for rs in rounds for r in rs if r["mode"] == "sync" and r["process"] == proc]

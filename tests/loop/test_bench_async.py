@@ -34,6 +34,25 @@ def test_bench_async_quick_writes_speedup_per_mode(tmp_path):
     threads = {r["mode"]: r["torch_threads"] for r in res["modes"]}
     assert threads == {"sync": 2, "partial": 2, "one_step_off": 1, "async": 1}, threads
     assert res["shape"] == "letter_run" and res["threads"] == 1 and res["sync_threads"] == 2
+    checks = {r["mode"]: r.get("overlap_check") for r in res["modes"]}
+    assert checks["sync"] is None and checks["partial"] is None
+    assert checks["one_step_off"]["predicted_step_s"] > 0 and checks["one_step_off"]["measured_step_s"] > 0
+    assert "overlap check, one_step_off:" in p.stdout
+
+
+def test_the_overlap_check_replays_an_overlapped_runs_own_split():
+    # one_step_off, 2 steps: call 0 takes 2 s alone (the learner waits), call 1 (2 s) runs beside step 1's 3 s update.
+    # By hand: P0 = 2, C0 = 2 + 3 = 5; P1 = 2 + 2 = 4, C1 = max(5, 4) + 3 = 8: 4 s a step, as measured (8 s / 2).
+    def row(mode: str, wait: list[float], wall: float) -> dict:
+        return {"mode": mode, "process": "in_process", "wall_s": wall,
+                "step_split": {"rollout_s": [2.0, 2.0], "learner_s": [3.0, 3.0], "sync_s": [0.0, 0.0], "idle_frac": [],
+                               "wait_s": wait}}
+
+    rows = [row("sync", [], 10.0), row("one_step_off", [2.0, 0.0], 8.0)]
+    async_modes.predictions(rows)
+    assert "overlap_check" not in rows[0]
+    assert rows[1]["overlap_check"] == {"predicted_step_s": 4.0, "measured_step_s": 4.0}
+    assert rows[1]["model"]["speedup"] == pytest.approx(10.0 / 8.0)  # from the sync split: 2 + 3 a step vs 8 / 2
 
 
 def _args(*argv: str) -> argparse.Namespace:
