@@ -238,11 +238,16 @@ def _mean(xs: tuple[float, ...]) -> float:
 
 def _sides(split: dict[str, float]) -> str:
     """``rollout / learner / wait`` seconds per step of a row's split (an overlapped mode's sides ran side by side)."""
-    return f"{split['rollout_s']:.1f} / {split['learner_s']:.1f} / {split.get('learner_wait_s', 0.0):.1f}"
+    return f"{split['rollout_s']:.1f} / {split['learner_s']:.1f} / {split['learner_wait_s']:.1f}"
 
 
 def _x(v: float | None) -> str:
     return "-" if v is None else f"{v:.2f}x"
+
+
+def _step_split(d: dict[str, list[float]]) -> StepSplit:
+    """A row's ``step_split`` (JSON lists) as the :class:`StepSplit` it was written from."""
+    return StepSplit(**{k: tuple(v) for k, v in d.items()})
 
 
 def predictions(rows: list[dict[str, Any]]) -> None:
@@ -259,14 +264,13 @@ def predictions(rows: list[dict[str, Any]]) -> None:
         eta = STALENESS.get(r["mode"], 0 if r["mode"] == "sync" else None)
         own = r["step_split"]
         if eta is not None and own.get("wait_s"):
-            check = predict_speedup(StepSplit(tuple(own["rollout_s"]), tuple(own["learner_s"]), tuple(own["sync_s"])),
-                                    max_staleness=eta)
+            check = predict_speedup(_step_split(own), max_staleness=eta)
             r["overlap_check"] = {"predicted_step_s": check.async_step_s,
                                   "measured_step_s": r["wall_s"] / len(own["rollout_s"])}
         if s is None or eta is None:
             r["model"] = None
             continue
-        pred = predict_speedup(StepSplit(**{k: tuple(v) for k, v in s["step_split"].items()}), max_staleness=eta)
+        pred = predict_speedup(_step_split(s["step_split"]), max_staleness=eta)
         r["model"] = {"speedup": pred.speedup, "bound": pred.bound, "max_staleness": eta, "workers": 1}
 
 
